@@ -1,0 +1,50 @@
+"""FraiLT (Fractal-Iterative Looped Transformer): R passes over the same blocks with a learned iteration vector.
+
+Before pass t the model adds E_iter[t] (one d-vector per pass, shared by every position and block) to the
+hidden state, then runs B1..B4. With R = 4 the effective depth is 16 and the unique parameters are the
+control's plus R*d (4,214,016 in the paper preset). Passes beyond R have no iteration vector, so test-time
+recurrence is bounded by the trained R.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from architectures import register
+from architectures.base import BaseLM
+from architectures.blocks import block_forward_flops
+
+
+@register("frailt")
+class FraiLT(BaseLM):
+    label = "FraiLT"
+    description = "looped blocks with a learned per-pass iteration vector"
+
+    @classmethod
+    def default_n_recur(cls, args: Any) -> int:
+        return 4
+
+    def build_extra(self, args: Any) -> None:
+        self.iter_emb = nn.Parameter(torch.zeros(args.n_recur, args.dim))  # E_iter: (R, d)
+
+    def init_extra(self, args: Any) -> None:
+        if args.frailt_init == "normal":
+            nn.init.normal_(self.iter_emb, mean=0.0, std=args.init_std)
+        else:
+            nn.init.zeros_(self.iter_emb)
+
+    def schedule(self, h, cos, sin, n_recur, cache):
+        for t in range(n_recur):
+            h = h + self.iter_emb[t]  # (B, T, d) + (d,)
+            for layer in self.layers:
+                h = layer(h, cos, sin, cache=cache)
+        return h
+
+    def components(self, n_recur):
+        return [("blocks", self.layers, n_recur), ("depth_encoding", self.iter_emb, 1)]
+
+    def flop_terms(self, n_recur, seq_len):
+        return [(n_recur * self.args.n_layers * block_forward_flops(self.args, seq_len), True)]

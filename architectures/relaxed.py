@@ -1,0 +1,59 @@
+"""Relaxed recursive transformer (Bae et al. 2024): looped shared blocks relaxed by depth-wise LoRA.
+
+R passes over B1..B4 (cycle layout); at pass t, block l uses its shared weights plus its own LoRA
+(alpha/r) B_{l,t} A_{l,t} on all seven projections (wq wk wv wo w1 w2 w3). R*L LoRA sets (16 at rank 16 in
+the paper preset), so the unique parameters are the control's plus R*L*r*(8d + 3(d+h)) = 5,462,272.
+With B = 0 at init the model starts as the plain looped model. Test-time recurrence is bounded by R (each pass
+has its own LoRA set). SVD/average/stepwise initialisation from a trained control ("retrofit") is not
+implemented: models here train from scratch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.nn as nn
+
+from architectures import register
+from architectures.base import BaseLM
+from architectures.blocks import PROJECTIONS, LoRA, block_forward_flops, block_shapes
+
+
+@register("relaxed")
+class Relaxed(BaseLM):
+    label = "Relaxed"
+    description = "looped blocks with a LoRA per pass and block"
+
+    @classmethod
+    def default_n_recur(cls, args: Any) -> int:
+        return 4
+
+    def build_extra(self, args: Any) -> None:
+        shapes = block_shapes(args)
+        alpha = args.lora_alpha if args.lora_alpha is not None else args.lora_rank
+        # lora[t][l][proj]: one set per (pass t, block l)
+        self.lora = nn.ModuleList(
+            nn.ModuleList(
+                nn.ModuleDict({p: LoRA(*shapes[p], args.lora_rank, alpha) for p in PROJECTIONS})
+                for _ in range(args.n_layers)
+            )
+            for _ in range(args.n_recur)
+        )
+
+    def init_extra(self, args: Any) -> None:
+        for m in self.lora.modules():
+            if isinstance(m, LoRA):
+                m.reset_parameters(args.lora_init, args.init_std)
+
+    def schedule(self, h, cos, sin, n_recur, cache):
+        for t in range(n_recur):
+            for l, layer in enumerate(self.layers):
+                h = layer(h, cos, sin, lora=self.lora[t][l], cache=cache)
+        return h
+
+    def components(self, n_recur):
+        return [("blocks", self.layers, n_recur), ("lora", self.lora, 1)]
+
+    def flop_terms(self, n_recur, seq_len):
+        a = self.args
+        return [(n_recur * a.n_layers * block_forward_flops(a, seq_len, lora_rank=a.lora_rank), True)]

@@ -1,0 +1,108 @@
+"""Three-part recurrent depth (prelude / recurrent core / coda), after Geiping et al. 2025 ("Huginn").
+
+    e  = prelude(embedding)                      B1
+    s0 ~ N(0, sigma^2)                           (B, T, d), fresh every forward
+    r times:  s = core(W_ad [s ; e])             W_ad: 2d -> d, no bias; core = B2, B3
+    s  = RMSNorm_rec(s)                          the extra d parameters (default; or an adapter bias)
+    out = coda(s)                                B4
+
+With r = 7 the effective depth is 1 + 7*2 + 1 = 16 and the unique parameters are the control's plus 2d^2 + d
+(4,344,320 in the paper preset). The core can run any r >= 1 at test time.
+
+Options (off in "paper"): Huginn's sampled depth, tau ~ LogNormal(ln r_bar - sigma^2/2, sigma), r = Poisson(tau) + 1
+with r_bar = n_recur, drawn per training forward; and truncated backprop through only the last k iterations
+(`backprop_depth`; Huginn uses k = 8), the earlier ones run without building a graph.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from architectures import register
+from architectures.base import BaseLM
+from architectures.blocks import RMSNorm, block_forward_flops
+
+
+@register("three-part")
+class ThreePart(BaseLM):
+    label = "Three-part"
+    description = "prelude / recurrent core with input injection / coda"
+
+    @classmethod
+    def default_n_recur(cls, args: Any) -> int:
+        return 7
+
+    @classmethod
+    def max_n_recur(cls, args: Any) -> int | None:
+        return None
+
+    @classmethod
+    def validate_args(cls, args: Any) -> None:
+        if args.n_prelude < 0 or args.n_coda < 0 or args.n_prelude + args.n_coda >= args.n_layers:
+            raise ValueError(
+                f"model.n_prelude ({args.n_prelude}) + model.n_coda ({args.n_coda}) must leave at least one of "
+                f"model.n_layers={args.n_layers} blocks for the recurrent core"
+            )
+
+    def build_extra(self, args: Any) -> None:
+        self.adapter = nn.Linear(2 * args.dim, args.dim, bias=args.recur_out == "bias")  # W_ad: [s ; e] -> s
+        self.recur_norm = RMSNorm(args.dim, eps=args.norm_eps) if args.recur_out == "norm" else None
+        L = args.n_layers
+        self._prelude = list(range(args.n_prelude))
+        self._core = list(range(args.n_prelude, L - args.n_coda))
+        self._coda = list(range(L - args.n_coda, L))
+
+    def sample_n_recur(self) -> int:
+        """Huginn's Poisson-lognormal depth, mean r_bar + 1 where r_bar = args.n_recur."""
+        sigma = self.args.recur_sigma
+        mu = math.log(self.args.n_recur) - sigma**2 / 2
+        tau = torch.empty(1).log_normal_(mean=mu, std=sigma)
+        return int(torch.poisson(tau).item()) + 1
+
+    def schedule(self, h, cos, sin, n_recur, cache):
+        a = self.args
+        for i in self._prelude:
+            h = self.layers[i](h, cos, sin, cache=cache)
+        e = h  # (B, T, d)
+        if self.training and a.recur_sampling == "poisson-lognormal":
+            n_recur = self.sample_n_recur()
+        s = torch.randn_like(e) * a.state_init_std  # s0, (B, T, d)
+        k = a.backprop_depth if self.training else 0
+        n_free = max(n_recur - k, 0) if k else 0  # iterations run without a graph
+        with torch.no_grad():
+            for _ in range(n_free):
+                s = self._core_step(s, e, cos, sin, cache)
+        for _ in range(n_recur - n_free):
+            s = self._core_step(s, e, cos, sin, cache)
+        if self.recur_norm is not None:
+            s = self.recur_norm(s)
+        for i in self._coda:
+            s = self.layers[i](s, cos, sin, cache=cache)
+        return s
+
+    def _core_step(self, s, e, cos, sin, cache):
+        s = self.adapter(torch.cat([s, e], dim=-1))  # (B, T, 2d) -> (B, T, d)
+        for i in self._core:
+            s = self.layers[i](s, cos, sin, cache=cache)
+        return s
+
+    def components(self, n_recur):
+        outer = [self.layers[i] for i in self._prelude + self._coda]
+        core = [self.layers[i] for i in self._core]
+        parts = [("blocks", outer, 1), ("blocks", core, n_recur), ("adapter", self.adapter, n_recur)]
+        if self.recur_norm is not None:
+            parts.append(("recurrent_norm", self.recur_norm, 1))
+        return parts
+
+    def flop_terms(self, n_recur, seq_len):
+        a = self.args
+        blk = block_forward_flops(a, seq_len)
+        step = 2.0 * (2 * a.dim) * a.dim + len(self._core) * blk  # adapter + core blocks
+        k = a.backprop_depth
+        n_free = max(n_recur - k, 0) if k else 0
+        outer = (len(self._prelude) + len(self._coda)) * blk
+        return [(outer, True), (n_free * step, False), ((n_recur - n_free) * step, True)]

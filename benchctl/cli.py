@@ -1,0 +1,120 @@
+"""The `benchctl` command line (Typer). Nothing below this module knows about Typer.
+
+Each command is one small function in `benchctl/commands/<name>.py`: parse options, build a config, call one
+engine function, print. Expected failures (`BenchctlError`) are caught once, in `main()`, and printed as one
+line with a non-zero exit code; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pkgutil
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from benchctl.errors import BenchctlError
+
+app = typer.Typer(
+    name="benchctl",
+    help="Benchmark and compare language-model architectures fairly: train, sample, judge, evaluate, report.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    rich_markup_mode=None,
+)
+
+console = Console()
+err_console = Console(stderr=True)
+
+# Options shared by many commands, declared once.
+PresetOpt = Annotated[str, typer.Option("--preset", "-p", help="Named preset: paper, small or tiny.")]
+SetOpt = Annotated[
+    Optional[list[str]],
+    typer.Option("--set", "-s", help="Override a config key, e.g. --set train.lr=3e-4 (repeatable)."),
+]
+DbOpt = Annotated[
+    Optional[Path],
+    typer.Option("--db", help="results database [env BENCHCTL_DB; default results/results.db]."),
+]
+DataOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--data",
+        help="Data source: 'hub' (roneneldan/TinyStories) or a path (directory with train.txt/valid.txt, .jsonl, "
+        ".parquet) [env BENCHCTL_DATA].",
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+def data_source(data: str | None) -> str | None:
+    """--data, else $BENCHCTL_DATA, else None (the preset's default)."""
+    return data or os.environ.get("BENCHCTL_DATA") or None
+
+
+def split_list(value: str | None) -> list[str] | None:
+    """'a,b, c' -> ['a', 'b', 'c']; None stays None."""
+    if value is None:
+        return None
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def parse_seeds(value: str | None) -> list[int] | None:
+    items = split_list(value)
+    if items is None:
+        return None
+    from benchctl.errors import ConfigError
+
+    seeds: list[int] = []
+    for item in items:
+        if "-" in item and not item.startswith("-"):  # a range like 0-4
+            lo, hi = item.split("-", 1)
+            if lo.isdigit() and hi.isdigit() and int(lo) <= int(hi):
+                seeds += list(range(int(lo), int(hi) + 1))
+                continue
+        if not item.isdigit():
+            raise ConfigError(f"--seeds expects non-negative integers like 0,1,2 or 0-4, got {item!r}")
+        seeds.append(int(item))
+    return seeds
+
+
+@app.callback()
+def root(
+    version: Annotated[bool, typer.Option("--version", help="Print the benchctl version and exit.")] = False,
+) -> None:
+    """Benchmark and compare language-model architectures fairly: train, sample, judge, evaluate, report."""
+    if version:
+        from benchctl import __version__
+
+        console.print(f"benchctl {__version__}")
+        raise typer.Exit()
+
+
+def _load_commands() -> None:
+    import benchctl.commands as pkg
+
+    for mod in pkgutil.iter_modules(pkg.__path__):
+        importlib.import_module(f"benchctl.commands.{mod.name}")
+
+
+_load_commands()
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        app(args=argv, prog_name="benchctl", standalone_mode=True)
+    except BenchctlError as e:
+        err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        err_console.print("interrupted; rerun the same command to resume", highlight=False)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

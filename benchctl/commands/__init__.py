@@ -1,0 +1,1 @@
+"""One module per command (or small group of commands); each registers itself on `benchctl.cli.app`."""

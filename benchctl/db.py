@@ -1,0 +1,346 @@
+"""results.db: the single source of truth, and the one module that knows its schema.
+
+SQLite through sqlite-utils, WAL mode, foreign keys on, a busy timeout on every connection. Every stage of
+benchctl (train, sample, judge, eval, bench) writes here and `report` only reads from here, so every number the
+tool prints can be traced back to a row and the settings that produced it. Users query it directly
+(`sqlite3 results/results.db`, `sqlite-utils`, Datasette), so table and column names are meant to be read.
+
+Tables (see README "Querying results.db"):
+  runs            one row per (architecture, preset, seed, data): status, config, losses, telemetry
+  metrics         long format (run_id, step, name) -> value, with tokens seen and wall time
+  checkpoints     checkpoint files written per run and step
+  prompts         the versioned story beginnings used for sampling
+  samples         generated completions, with every sampling setting
+  judge_requests  cache of every judge request/response, keyed by (judge model, prompt hash, sample, repeat)
+  judge_grades    parsed grades (or failures) per (sample, judge model, prompt hash, repeat)
+  eval_results    lm-eval metrics per (run, task, metric, n_recur, limit)
+  bench           benchmark measurements
+  meta            schema version
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable
+
+import sqlite_utils
+
+from benchctl.errors import DatabaseError
+
+SCHEMA_VERSION = 1
+DEFAULT_DB = Path("results") / "results.db"
+
+RUN_STATUSES = ("pending", "running", "done", "failed")
+
+_SCHEMA: dict[str, dict[str, Any]] = {
+    "runs": {
+        "columns": {
+            "id": str,
+            "arch": str,
+            "preset": str,
+            "seed": int,
+            "status": str,  # pending | running | done | failed
+            "config_json": str,
+            "data_fingerprint": str,
+            "data_source": str,
+            "n_params": int,  # unique parameters
+            "effective_params": int,  # parameters applied per token (unrolled)
+            "flops_per_token": float,  # training FLOPs per token (fwd + bwd), recurrence included
+            "step": int,  # last completed optimizer step
+            "max_steps": int,
+            "tokens_seen": int,
+            "initial_val_loss": float,
+            "final_val_loss": float,
+            "train_seconds": float,  # optimizer steps only: excludes warm-up/compile, evaluation, checkpoints
+            "warmup_seconds": float,
+            "eval_seconds": float,
+            "tokens_per_s": float,
+            "step_seconds": float,  # median optimizer-step time
+            "peak_gpu_mem_bytes": int,  # torch.cuda.max_memory_allocated
+            "peak_gpu_reserved_bytes": int,  # torch.cuda.max_memory_reserved
+            "peak_nvml_mem_bytes": int,  # NVML device memory used, sampled in a thread
+            "peak_rss_bytes": int,  # process peak resident set size
+            "device": str,  # cpu | cuda | ...
+            "device_name": str,
+            "device_count": int,
+            "world_size": int,
+            "driver_version": str,
+            "torch_version": str,
+            "cuda_version": str,
+            "python_version": str,
+            "benchctl_version": str,
+            "git_commit": str,
+            "hostname": str,
+            "error": str,
+            "created_at": str,
+            "started_at": str,
+            "finished_at": str,
+            "updated_at": str,
+        },
+        "pk": "id",
+        "not_null": {"arch", "preset", "seed", "status", "config_json"},
+        "defaults": {"status": "pending"},
+    },
+    "metrics": {
+        "columns": {"run_id": str, "step": int, "name": str, "value": float, "tokens": int, "wall_seconds": float},
+        "pk": ("run_id", "step", "name"),
+        "foreign_keys": [("run_id", "runs", "id")],
+        "not_null": {"value"},
+    },
+    "checkpoints": {
+        "columns": {"run_id": str, "step": int, "path": str, "bytes": int, "created_at": str},
+        "pk": ("run_id", "step"),
+        "foreign_keys": [("run_id", "runs", "id")],
+    },
+    "prompts": {
+        "columns": {
+            "id": str,  # f"{prompt_set}:{idx}"
+            "prompt_set": str,  # version id: hash of (source fingerprint, selection rule, n)
+            "idx": int,
+            "text": str,
+            "source_story": int,  # index of the validation story it was taken from
+            "created_at": str,
+        },
+        "pk": "id",
+        "not_null": {"prompt_set", "idx", "text"},
+    },
+    "samples": {
+        "columns": {
+            "id": str,  # hash of (run, prompt, settings)
+            "run_id": str,
+            "prompt_id": str,
+            "prompt_set": str,
+            "completion": str,
+            "settings_json": str,
+            "settings_hash": str,
+            "temperature": float,
+            "top_k": int,
+            "top_p": float,
+            "max_new_tokens": int,
+            "seed": int,
+            "n_recur": int,
+            "n_tokens": int,
+            "finish_reason": str,  # eos | length
+            "created_at": str,
+        },
+        "pk": "id",
+        "foreign_keys": [("run_id", "runs", "id"), ("prompt_id", "prompts", "id")],
+        "not_null": {"run_id", "prompt_id", "completion"},
+    },
+    "judge_requests": {
+        "columns": {
+            "key": str,  # f"{judge_model}|{prompt_hash}|{sample_id}|{repeat}"
+            "judge_model": str,
+            "prompt_hash": str,
+            "sample_id": str,
+            "repeat": int,
+            "request_json": str,
+            "response_json": str,
+            "http_status": int,
+            "attempts": int,
+            "prompt_tokens": int,
+            "output_tokens": int,
+            "thinking_tokens": int,
+            "total_tokens": int,
+            "latency_s": float,
+            "created_at": str,
+        },
+        "pk": "key",
+        "foreign_keys": [("sample_id", "samples", "id")],
+    },
+    "judge_grades": {
+        "columns": {
+            "sample_id": str,
+            "judge_model": str,
+            "prompt_hash": str,
+            "repeat": int,
+            "status": str,  # ok | failed
+            "grammar": int,
+            "creativity": int,
+            "consistency": int,
+            "plot": int,
+            "average": float,
+            "finish_reason": str,
+            "raw_text": str,
+            "error": str,
+            "prompt_tokens": int,
+            "output_tokens": int,
+            "thinking_tokens": int,
+            "created_at": str,
+        },
+        "pk": ("sample_id", "judge_model", "prompt_hash", "repeat"),
+        "foreign_keys": [("sample_id", "samples", "id")],
+        "not_null": {"status"},
+    },
+    "eval_results": {
+        "columns": {
+            "run_id": str,
+            "task": str,
+            "metric": str,
+            "n_recur": int,  # the recurrence used at evaluation (the trained one unless overridden)
+            "limit_n": int,  # lm-eval --limit (0 = all documents)
+            "value": float,
+            "stderr": float,  # NULL when lm-eval gives "N/A"
+            "n_samples": int,
+            "task_version": str,
+            "batch_size": int,
+            "lm_eval_version": str,
+            "created_at": str,
+        },
+        "pk": ("run_id", "task", "metric", "n_recur", "limit_n"),
+        "foreign_keys": [("run_id", "runs", "id")],
+    },
+    "bench": {
+        "columns": {
+            "id": int,
+            "bench_id": str,  # one `benchctl bench` invocation
+            "arch": str,
+            "preset": str,
+            "impl": str,  # benchctl | reference
+            "compiled": int,
+            "device": str,
+            "device_name": str,
+            "steps": int,
+            "repeats": int,
+            "tokens_per_step": int,
+            "tokens_per_s": float,  # median over repeats
+            "tokens_per_s_min": float,
+            "tokens_per_s_max": float,
+            "step_seconds": float,
+            "flops_per_token": float,
+            "achieved_flops": float,
+            "peak_flops": float,
+            "peak_flops_source": str,
+            "mfu": float,
+            "peak_mem_bytes": int,
+            "config_json": str,
+            "torch_version": str,
+            "git_commit": str,
+            "created_at": str,
+        },
+        "pk": "id",
+    },
+    "meta": {"columns": {"key": str, "value": str}, "pk": "key"},
+}
+
+
+def now() -> str:
+    """UTC timestamp, ISO 8601, second resolution."""
+    return datetime.now(timezone.utc).replace(microsecond=0).isoformat()
+
+
+def default_path() -> Path:
+    return Path(os.environ.get("BENCHCTL_DB") or DEFAULT_DB)
+
+
+def connect(path: str | os.PathLike | None = None, *, create: bool = True) -> sqlite_utils.Database:
+    """Open (and create or migrate) results.db with WAL, foreign keys and a busy timeout."""
+    p = Path(path) if path is not None else default_path()
+    if not create and not p.exists():
+        raise DatabaseError(
+            f"no results database at {p}; run 'benchctl train-all' first, or pass --db PATH (or set BENCHCTL_DB)"
+        )
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(str(p), timeout=30.0)
+        conn.execute("PRAGMA busy_timeout = 30000")
+        conn.execute("PRAGMA foreign_keys = ON")
+        db = sqlite_utils.Database(conn)
+        if db.journal_mode != "wal":
+            db.enable_wal()
+        migrate(db)
+    except sqlite3.DatabaseError as e:
+        raise DatabaseError(f"cannot open results database {p}: {e}") from None
+    return db
+
+
+def migrate(db: sqlite_utils.Database) -> None:
+    """Create missing tables and add missing columns; refuse a database from a newer benchctl."""
+    with db.conn:
+        if "meta" in db.table_names():
+            row = db.execute("select value from meta where key = 'schema_version'").fetchone()
+            if row is not None and int(row[0]) > SCHEMA_VERSION:
+                raise DatabaseError(
+                    f"results database has schema version {row[0]}, newer than this benchctl ({SCHEMA_VERSION}); "
+                    "upgrade benchctl or use another --db"
+                )
+        for name, spec in _SCHEMA.items():
+            table = db[name]
+            if not table.exists():
+                table.create(
+                    spec["columns"],
+                    pk=spec["pk"],
+                    foreign_keys=spec.get("foreign_keys"),
+                    not_null=spec.get("not_null"),
+                    defaults=spec.get("defaults"),
+                    if_not_exists=True,
+                )
+            else:
+                have = set(table.columns_dict)
+                for col, tp in spec["columns"].items():
+                    if col not in have:
+                        table.add_column(col, tp)
+        db["meta"].upsert({"key": "schema_version", "value": str(SCHEMA_VERSION)}, pk="key")
+    _ensure_indexes(db)
+
+
+def _ensure_indexes(db: sqlite_utils.Database) -> None:
+    for table, cols in (
+        ("runs", ["arch", "preset", "seed"]),
+        ("samples", ["run_id"]),
+        ("judge_grades", ["judge_model", "prompt_hash"]),
+        ("eval_results", ["task"]),
+    ):
+        db[table].create_index(cols, if_not_exists=True)
+
+
+def schema_columns(table: str) -> list[str]:
+    return list(_SCHEMA[table]["columns"])
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Small helpers, one per table, used by the stages.
+
+
+def retry_locked(fn, *args, attempts: int = 5, **kwargs):
+    """Run a write, retrying briefly when another process holds the write lock beyond the busy timeout."""
+    for i in range(attempts):
+        try:
+            return fn(*args, **kwargs)
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or i == attempts - 1:
+                raise
+            time.sleep(0.5 * (i + 1))
+    return None  # pragma: no cover
+
+
+def get_run(db: sqlite_utils.Database, run_id: str) -> dict[str, Any] | None:
+    rows = list(db.query("select * from runs where id = ?", [run_id]))
+    return rows[0] if rows else None
+
+
+def update_run(db: sqlite_utils.Database, run_id: str, **values: Any) -> None:
+    values["updated_at"] = now()
+    with db.conn:
+        db["runs"].update(run_id, values)
+
+
+def runs(db: sqlite_utils.Database, *, status: str | None = None, preset: str | None = None,
+         ids: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    where, params = [], []
+    if status:
+        where.append("status = ?")
+        params.append(status)
+    if preset:
+        where.append("preset = ?")
+        params.append(preset)
+    ids = list(ids or [])
+    if ids:
+        where.append(f"id in ({','.join('?' * len(ids))})")
+        params += ids
+    sql = "select * from runs" + (" where " + " and ".join(where) if where else "") + " order by created_at, id"
+    return list(db.query(sql, params))

@@ -1,0 +1,56 @@
+"""The one error hierarchy of benchctl.
+
+Expected failures (a user typo, a missing file, a server that says no) are raised deep inside as a
+`BenchctlError` subclass, caught once in `cli.py`, printed as one line and mapped to an exit code.
+Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class BenchctlError(Exception):
+    """A failure the user can fix; the message says what was wrong and what to do."""
+
+    exit_code = 1
+
+
+class ConfigError(BenchctlError):
+    """Unknown key, wrong type, impossible shape, unknown preset or architecture."""
+
+    exit_code = 2
+
+
+class DataError(BenchctlError):
+    """Missing, empty or malformed data; unreachable hub; corrupt cache."""
+
+    exit_code = 3
+
+
+class CheckpointError(BenchctlError):
+    """A checkpoint that is missing, corrupt, or from a different configuration."""
+
+    exit_code = 4
+
+
+class DatabaseError(BenchctlError):
+    """results.db missing, locked, or of an unknown schema."""
+
+    exit_code = 5
+
+
+class JudgeError(BenchctlError):
+    """No API key, or the judge service refused the whole job."""
+
+    exit_code = 6
+
+
+class EvalError(BenchctlError):
+    """lm-eval tasks that cannot run (unknown task, bad recurrence override)."""
+
+    exit_code = 7
+
+
+class Aborted(BenchctlError):
+    """The user declined a confirmation prompt."""
+
+    exit_code = 130
