@@ -27,32 +27,28 @@ def params(
     if as_json:
         print(json.dumps(rows, indent=2))
         return
-    t = Table(title=f"parameters and compute — preset '{preset}'", title_justify="left", box=box.SIMPLE_HEAD)
-    heads = ("arch", "unique", "study", "", "own extras", "depth", "effective", "MFLOP/tok")
-    for head in heads:
-        left = head in ("arch", "own extras")
-        t.add_column(head, justify="left" if left else "right", no_wrap=head != "own extras")
     short = {"depth_encoding": "enc", "adapter": "adapter", "recurrent_norm": "rec-norm", "lora": "lora"}
+    counts = Table(title=f"unique parameters — preset '{preset}'", title_justify="left", box=box.SIMPLE_HEAD)
+    compute = Table(title="depth and compute", title_justify="left", box=box.SIMPLE_HEAD)
+    for head in ("arch", "unique params", "study", "", "own extras"):
+        counts.add_column(head, justify="left" if head in ("arch", "own extras") else "right", no_wrap=True)
+    for head in ("arch", "depth", "effective params", "training MFLOP/token"):
+        compute.add_column(head, justify="left" if head == "arch" else "right", no_wrap=True)
     for r in rows:
-        extras = "\n".join(f"{short.get(c, c)} {r[c]:,}" for c in accounting.COMPONENTS if c in short and r[c])
+        extras = "\n".join(f"{short[c]} {r[c]:,}" for c in accounting.COMPONENTS if c in short and r[c])
         study = f"{r['paper_total_params']:,}" if r["paper_total_params"] else "-"
         mark = {True: "[green]✓[/]", False: "[red]✗[/]", None: ""}[r["matches_paper"]]
-        t.add_row(
-            r["arch"],
-            f"{r['total_params']:,}",
-            study,
-            mark,
-            extras or "-",
-            str(r["effective_depth"]),
-            f"{r['effective_params']:,}",
-            f"{r['flops_per_token'] / 1e6:.1f}",
+        counts.add_row(r["arch"], f"{r['total_params']:,}", study, mark, extras or "-")
+        compute.add_row(
+            r["arch"], str(r["effective_depth"]), f"{r['effective_params']:,}", f"{r['flops_per_token'] / 1e6:.1f}"
         )
-    console.print(t)
+    console.print(counts)
+    console.print(compute)
     r0 = rows[0]
     console.print(
         f"Every model has the tied embedding ({r0['embedding']:,}), {r0['blocks']:,} in its unique blocks and the "
         f"final norm ({r0['final_norm']:,}); 'own extras' are the architecture's additions. "
         "✓ = equals the study's published total. depth = block applications per token; effective = parameters "
-        f"applied per token, unrolled. MFLOP/tok = training FLOPs per token (forward + backward, attention over "
+        f"applied per token, unrolled. MFLOP/token = training FLOPs (forward + backward, attention over "
         f"seq_len {r0['seq_len']} included)."
     )
