@@ -369,7 +369,10 @@ def resolve(cfg: RunConfig) -> RunConfig:
         m = replace(m, n_recur=arch_cls.default_n_recur(m))
     cfg = replace(cfg, model=m)
     validate(cfg)
-    arch_cls.validate_args(cfg.model)
+    try:
+        arch_cls.validate_args(cfg.model)
+    except ValueError as e:  # the architecture's shape check (its message names the key): a user error
+        raise ConfigError(str(e)) from None
     return cfg
 
 

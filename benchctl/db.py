@@ -75,6 +75,7 @@ _SCHEMA: dict[str, dict[str, Any]] = {
             "benchctl_version": str,
             "git_commit": str,
             "hostname": str,
+            "pid": int,  # the process training it while status is running
             "error": str,
             "created_at": str,
             "started_at": str,

@@ -1,0 +1,125 @@
+"""Checkpoints: atomic save/load of a run's full training state, and loading a finished model for inference.
+
+A checkpoint holds everything needed to continue the same stream of batches bit for bit on CPU: model weights,
+optimizer state, step, every RNG state (python, numpy, torch CPU and CUDA), the data sampler's state, cumulative
+telemetry, and the resolved config. Files live in `<db dir>/runs/<run id>/`, next to a copy of the tokenizer, so a
+run directory is self-contained. Writes go to a temp file in the same directory, fsync'd, then renamed: a process
+killed mid-write never leaves a truncated checkpoint under the real name.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from benchctl.config import RunConfig
+from benchctl.errors import CheckpointError
+
+CKPT_NAME = "ckpt.pt"
+TOKENIZER_NAME = "tokenizer.model"
+FORMAT_VERSION = 1
+
+
+def run_dir(db_path: Path, run_id: str) -> Path:
+    return Path(db_path).resolve().parent / "runs" / run_id
+
+
+def atomic_write_bytes(path: Path, write) -> None:
+    """Call write(fileobj) into a temp file next to `path`, fsync, then rename over `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def rng_state() -> dict[str, Any]:
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save(path: Path, state: dict[str, Any]) -> int:
+    """Atomically write a checkpoint dict; returns its size in bytes."""
+    state = {"format_version": FORMAT_VERSION, **state}
+    atomic_write_bytes(path, lambda f: torch.save(state, f))
+    return path.stat().st_size
+
+
+def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    if not path.exists():
+        raise CheckpointError(f"no checkpoint at {path}")
+    try:
+        # Our own files: they carry RNG states (numpy arrays, tuples), so full unpickling is needed.
+        state = torch.load(path, map_location=map_location, weights_only=False)
+    except Exception as e:  # torch raises many types for a truncated/corrupt zip; all mean "unreadable"
+        raise CheckpointError(
+            f"checkpoint {path} is unreadable ({type(e).__name__}: {e}); delete it to restart the run from scratch"
+        ) from None
+    if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION or "config" not in state:
+        raise CheckpointError(f"{path} is not a benchctl checkpoint of format {FORMAT_VERSION}")
+    return state
+
+
+def check_config(state: dict[str, Any], cfg: RunConfig, path: Path) -> None:
+    """A checkpoint written under a different configuration must never be resumed silently."""
+    theirs = RunConfig.from_json(state["config"])
+    if theirs != cfg:
+        a, b = theirs.to_dict(), cfg.to_dict()
+        diffs = []
+        for section in a:
+            if isinstance(a[section], dict):
+                diffs += [f"{section}.{k}: {a[section][k]!r} != {b[section].get(k)!r}"
+                          for k in a[section] if a[section][k] != b[section].get(k)]
+            elif a[section] != b[section]:
+                diffs.append(f"{section}: {a[section]!r} != {b[section]!r}")
+        raise CheckpointError(
+            f"checkpoint {path} was written with a different config ({'; '.join(diffs[:4])}); "
+            "delete its run directory to retrain, or use the original settings"
+        )
+
+
+def load_model(
+    ckpt_path: Path, device: str | torch.device = "cpu"
+) -> tuple[torch.nn.Module, RunConfig, Path]:
+    """(model in eval mode, its config, tokenizer path) from a run's checkpoint, for sampling and evaluation."""
+    import architectures
+
+    state = load(Path(ckpt_path), map_location="cpu")
+    cfg = RunConfig.from_json(state["config"])
+    model = architectures.build(cfg.arch, cfg.model)  # (not on meta: to_empty would untie the embedding)
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as e:
+        raise CheckpointError(f"checkpoint {ckpt_path} does not fit its own config: {e}") from None
+    model.to(device).eval()
+    tok = Path(ckpt_path).parent / TOKENIZER_NAME
+    if not tok.exists():
+        raise CheckpointError(f"run directory {tok.parent} has no {TOKENIZER_NAME}; the run is incomplete")
+    return model, cfg, tok

@@ -1,0 +1,174 @@
+"""`benchctl train`, `benchctl train-all` and `benchctl runs`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich import box
+from rich.table import Table
+
+from benchctl.cli import DataOpt, DbOpt, PresetOpt, SetOpt, app, console, data_source, parse_seeds, split_list
+
+YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before a run estimated to take over an hour.")]
+ProgressOpt = Annotated[bool, typer.Option("--progress/--no-progress", help="Show live progress bars.")]
+
+
+def overrides_with_data(set_: list[str] | None, data: str | None) -> dict[str, Any]:
+    from benchctl.config import parse_set
+
+    overrides: dict[str, Any] = parse_set(set_)
+    src = data_source(data)
+    if src is not None:
+        overrides["data.source"] = src
+    return overrides
+
+
+def db_path_of(db: Path | None) -> Path:
+    from benchctl import db as dbm
+
+    return Path(db) if db is not None else dbm.default_path()
+
+
+def prepare_for(cfg, progress: bool):
+    """Run `prepare` on demand (instant when cached). Under torchrun, rank 0 prepares first, then the others read."""
+    from benchctl import data
+    from benchctl.train import Dist, barrier, init_distributed, resolve_device
+
+    dist_info = Dist.from_env()
+    if dist_info.enabled:
+        init_distributed(dist_info, resolve_device(cfg.train.device, dist_info.local_rank))
+        if not dist_info.is_main:
+            barrier(dist_info)
+        prepared = data.prepare(cfg.data, cfg.model.vocab_size, progress=progress and dist_info.is_main)
+        if dist_info.is_main:
+            barrier(dist_info)
+        return prepared
+    return data.prepare(cfg.data, cfg.model.vocab_size, progress=progress)
+
+
+@app.command()
+def train(
+    arch: Annotated[str, typer.Option("--arch", "-a", help="Architecture: control, frailt, three-part, relaxed.")],
+    preset: PresetOpt = "paper",
+    seed: Annotated[int, typer.Option("--seed", help="Training seed (weights, batches).")] = 0,
+    set_: SetOpt = None,
+    data: DataOpt = None,
+    db: DbOpt = None,
+    yes: YesOpt = False,
+    progress: ProgressOpt = True,
+) -> None:
+    """Train one architecture (resumes an interrupted run; skips a finished one). Works under torchrun for DDP."""
+    from benchctl import db as dbm
+    from benchctl.config import make_config
+    from benchctl.study import confirm_long_run
+    from benchctl.train import Dist, train_run
+
+    cfg = make_config(preset, arch, seed, overrides_with_data(set_, data))
+    dist_info = Dist.from_env()
+    prepared = prepare_for(cfg, progress)
+    path = db_path_of(db)
+    handle = dbm.connect(path) if dist_info.is_main else None
+    log = console.print if dist_info.is_main else (lambda *_: None)
+    if handle is not None:
+        from benchctl.config import run_id
+
+        row = dbm.get_run(handle, run_id(cfg, prepared.fingerprint))
+        if row is None or row["status"] != "done":
+            confirm_long_run([cfg], prepared, yes=yes, log=log, is_main=dist_info.is_main)
+    result = train_run(cfg, prepared, handle, path, progress=progress, log=log)
+    if not dist_info.is_main:
+        return
+    if result.skipped:
+        console.print(f"{result.run_id} is already done (rerun skipped); see 'benchctl runs'")
+    summarize([dbm.get_run(handle, result.run_id)])
+
+
+@app.command("train-all")
+def train_all(
+    preset: PresetOpt = "paper",
+    archs: Annotated[Optional[str], typer.Option("--archs", help="Comma list (default: all registered).")] = None,
+    seeds: Annotated[Optional[str], typer.Option("--seeds", help="Comma list or range, e.g. 0,1,2 or 0-4.")] = None,
+    set_: SetOpt = None,
+    data: DataOpt = None,
+    db: DbOpt = None,
+    yes: YesOpt = False,
+    progress: ProgressOpt = True,
+) -> None:
+    """Train every (architecture, seed) pair, skipping finished runs and resuming interrupted ones."""
+    from benchctl import db as dbm
+    from benchctl import study
+    from benchctl.errors import BenchctlError
+
+    cfgs = study.sweep(preset, split_list(archs), parse_seeds(seeds), overrides_with_data(set_, data))
+    prepared = prepare_for(cfgs[0], progress)
+    path = db_path_of(db)
+    res = study.train_all(cfgs, prepared, path, progress=progress, log=console.print, yes=yes)
+    handle = dbm.connect(path)
+    summarize([dbm.get_run(handle, rid) for rid in res.done + res.skipped])
+    if res.failed:
+        raise BenchctlError(
+            f"{len(res.failed)} run(s) failed: " + "; ".join(f"{rid}: {err}" for rid, err in res.failed)
+        )
+
+
+def _fmt_bytes(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**20:,.0f} MiB"
+
+
+def summarize(rows: list[dict[str, Any] | None]) -> None:
+    """The comparison table: params, initial and final validation loss, train time, tokens/s, peak memory."""
+    rows = [r for r in rows if r]
+    if not rows:
+        return
+    t = Table(title="runs", title_justify="left", box=box.SIMPLE_HEAD)
+    for head in ("arch", "seed", "params", "init loss", "final loss", "train time", "tok/s", "peak mem"):
+        t.add_column(head, justify="left" if head == "arch" else "right", no_wrap=True)
+    for r in rows:
+        mem = _fmt_bytes(r.get("peak_gpu_mem_bytes")) if r.get("peak_gpu_mem_bytes") else (
+            _fmt_bytes(r.get("peak_rss_bytes")) + " RSS" if r.get("peak_rss_bytes") else "-")
+        t.add_row(
+            r["arch"], str(r["seed"]), f"{r['n_params']:,}" if r.get("n_params") else "-",
+            _f(r.get("initial_val_loss")), _f(r.get("final_val_loss")),
+            f"{r['train_seconds']:.1f} s" if r.get("train_seconds") is not None else "-",
+            f"{r['tokens_per_s']:,.0f}" if r.get("tokens_per_s") else "-", mem,
+        )
+    console.print(t)
+    devs = sorted({r.get("device_name") or "?" for r in rows})
+    console.print(f"device: {', '.join(devs)}. train time excludes warm-up, evaluation and checkpoints.")
+
+
+def _f(x: float | None) -> str:
+    return "-" if x is None else f"{x:.4f}"
+
+
+@app.command()
+def runs(
+    db: DbOpt = None,
+    preset: Annotated[Optional[str], typer.Option("--preset", "-p", help="Only this preset.")] = None,
+    status: Annotated[Optional[str], typer.Option("--status", help="pending, running, done or failed.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """List the runs in results.db."""
+    import json
+
+    from benchctl import db as dbm
+
+    handle = dbm.connect(db_path_of(db), create=False)
+    rows = dbm.runs(handle, status=status, preset=preset)
+    if as_json:
+        keep = ("id", "arch", "preset", "seed", "status", "step", "max_steps", "initial_val_loss", "final_val_loss",
+                "train_seconds", "tokens_per_s", "device", "error")
+        print(json.dumps([{k: r.get(k) for k in keep} for r in rows], indent=2))
+        return
+    if not rows:
+        console.print("no runs yet; start with 'benchctl train-all --preset small'")
+        return
+    t = Table(box=box.SIMPLE_HEAD)
+    for head in ("id", "status", "step", "final loss", "error"):
+        t.add_column(head, no_wrap=head != "error", justify="right" if head in ("step", "final loss") else "left")
+    for r in rows:
+        t.add_row(r["id"], r["status"], f"{r.get('step') or 0}/{r.get('max_steps') or '?'}",
+                  _f(r.get("final_val_loss")), (r.get("error") or "")[:60])
+    console.print(t)

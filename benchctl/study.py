@@ -1,0 +1,101 @@
+"""The pipeline: prepare -> train-all -> sample -> judge -> eval -> report, each stage resumable.
+
+A sweep is data: `sweep(preset, archs, seeds, overrides)` returns the list of run configs, seed being one axis. Every
+run has a stable id from its config and data, so rerunning any stage skips what is done and resumes what is not.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import architectures
+from benchctl import db as dbm
+from benchctl.config import RunConfig, make_config
+from benchctl.errors import Aborted, BenchctlError
+
+# Ask before starting work estimated to take longer than this on the current device.
+CONFIRM_ABOVE_SECONDS = 3600.0
+
+
+def sweep(
+    preset: str, archs: list[str] | None, seeds: list[int] | None, overrides: dict[str, Any] | None = None
+) -> list[RunConfig]:
+    """The (architecture x seed) grid, architectures in registry order."""
+    names = archs or architectures.names()
+    return [make_config(preset, a, s, overrides) for s in (seeds or [0]) for a in names]
+
+
+def format_duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def confirm_long_run(
+    cfgs: list[RunConfig], prepared: Any, *, yes: bool, log: Callable[[str], None], is_main: bool = True
+) -> None:
+    """Estimate the wall time of `cfgs` on this device; above an hour, ask (or require --yes when not interactive)."""
+    if yes or not cfgs or not is_main:
+        return
+    from benchctl.train import estimate_seconds, resolve_device
+
+    est = estimate_seconds(cfgs, prepared)
+    if est <= CONFIRM_ABOVE_SECONDS:
+        return
+    device = resolve_device(cfgs[0].train.device)
+    what = f"{len(cfgs)} run(s) of preset '{cfgs[0].preset}'"
+    hint = " (try --preset small on a CPU)" if device.type == "cpu" and cfgs[0].preset != "small" else ""
+    msg = f"{what} would take about {format_duration(est)} on this {device.type.upper()}{hint}"
+    if not sys.stdin.isatty():
+        raise Aborted(f"{msg}; pass --yes to start anyway")
+    import typer
+
+    if not typer.confirm(f"{msg}. Start?", default=False):
+        raise Aborted("not started")
+
+
+@dataclass
+class TrainAllResult:
+    done: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    failed: list[tuple[str, str]] = field(default_factory=list)
+
+
+def train_all(
+    cfgs: list[RunConfig],
+    prepared: Any,
+    db_path: Path,
+    *,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+    yes: bool = False,
+) -> TrainAllResult:
+    """Train every config not yet done (resuming interrupted ones); a failing run is recorded and the rest go on."""
+    from benchctl.config import run_id
+    from benchctl.train import train_run
+
+    db = dbm.connect(db_path)
+    todo = []
+    for c in cfgs:
+        row = dbm.get_run(db, run_id(c, prepared.fingerprint))
+        if row is None or row["status"] != "done":
+            todo.append(c)
+    confirm_long_run(todo, prepared, yes=yes, log=log)
+    result = TrainAllResult()
+    for i, c in enumerate(cfgs, 1):
+        log(f"[{i}/{len(cfgs)}] {c.arch} seed {c.seed} (preset {c.preset})")
+        try:
+            r = train_run(c, prepared, db, db_path, progress=progress, log=log)
+        except BenchctlError as e:
+            result.failed.append((run_id(c, prepared.fingerprint), str(e)))
+            log(f"  failed: {e}")
+            continue
+        (result.skipped if r.skipped else result.done).append(r.run_id)
+        if r.skipped:
+            log(f"  already done: {r.run_id}")
+    return result

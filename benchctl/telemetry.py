@@ -1,0 +1,184 @@
+"""Telemetry: wall-clock timers, peak memory (torch, NVML in a background thread, process RSS), environment.
+
+SPEC.md §4. Timers synchronise CUDA before reading the clock so GPU work is counted where it happens. Peak GPU memory
+is read three ways on CUDA: torch's peak allocated and reserved (reset per phase), and NVML's device memory used,
+sampled in a thread (what nvidia-smi shows, including the CUDA context). Without an NVIDIA driver the same fields
+exist with GPU values None and the process peak RSS is recorded instead; nothing crashes and nothing warns.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import socket
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+PROJECT_DIR = Path(__file__).resolve().parents[1]
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Stopwatch:
+    """Accumulates wall time of the timed sections; `with sw: ...` (CUDA synchronised on both ends)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.total = 0.0
+        self.count = 0
+        self._t0 = 0.0
+        self.last = 0.0
+
+    def __enter__(self) -> Stopwatch:
+        sync(self.device)
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        sync(self.device)
+        self.last = time.perf_counter() - self._t0
+        self.total += self.last
+        self.count += 1
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process (ru_maxrss is KiB on Linux, bytes on macOS)."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)
+
+
+class NvmlSampler:
+    """Samples NVML device memory used (and utilisation) every `interval` seconds in a daemon thread.
+
+    `available` is False without an NVIDIA driver (NVMLError_LibraryNotFound etc.); then every reading is None.
+    """
+
+    def __init__(self, device_index: int = 0, interval: float = 0.1):
+        self.interval = interval
+        self.available = False
+        self.peak_used: int | None = None
+        self.max_util: int | None = None
+        self.driver_version: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._handle = None
+        try:
+            import pynvml
+        except ImportError:
+            return
+        try:
+            pynvml.nvmlInit()
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
+            drv = pynvml.nvmlSystemGetDriverVersion()
+        except pynvml.NVMLError:  # no driver / no device: record nothing on the GPU side
+            return
+        self._nvml = pynvml
+        self.driver_version = drv.decode() if isinstance(drv, bytes) else str(drv)
+        self.available = True
+
+    def _read(self) -> None:
+        mem = self._nvml.nvmlDeviceGetMemoryInfo(self._handle)
+        self.peak_used = max(self.peak_used or 0, int(mem.used))
+        util = self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu
+        self.max_util = max(self.max_util or 0, int(util))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._read()
+
+    def start(self) -> NvmlSampler:
+        if self.available:
+            self._read()
+            self._thread = threading.Thread(target=self._loop, name="benchctl-nvml", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=2.0)
+            self._read()
+            self._thread = None
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def torch_peaks(device: torch.device) -> tuple[int | None, int | None]:
+    """(peak allocated, peak reserved) bytes since the last reset; (None, None) off CUDA."""
+    if device.type != "cuda":
+        return None, None
+    return int(torch.cuda.max_memory_allocated(device)), int(torch.cuda.max_memory_reserved(device))
+
+
+def git_commit() -> str | None:
+    """The project's git commit, with '-dirty' when tracked files differ; None outside a checkout."""
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=PROJECT_DIR, capture_output=True, text=True, timeout=5, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=PROJECT_DIR, capture_output=True, text=True, timeout=5, check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sha + ("-dirty" if dirty else "")
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "mps":
+        return "Apple MPS"
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu} ({os.cpu_count()} cores, {torch.get_num_threads()} threads)"
+
+
+def environment(device: torch.device, driver_version: str | None = None) -> dict[str, Any]:
+    """Device, versions and commit, with the same keys everywhere (GPU values None off CUDA)."""
+    from benchctl import __version__
+
+    return {
+        "device": device.type,
+        "device_name": device_name(device),
+        "device_count": torch.cuda.device_count() if device.type == "cuda" else None,
+        "driver_version": driver_version,
+        "torch_version": torch.__version__,
+        "cuda_version": torch.version.cuda if device.type == "cuda" else None,
+        "python_version": platform.python_version(),
+        "benchctl_version": __version__,
+        "git_commit": git_commit(),
+        "hostname": socket.gethostname(),
+    }
+
+
+@contextmanager
+def timed() -> Iterator[list[float]]:
+    """`with timed() as t: ...` then t[0] is the elapsed seconds (no CUDA sync; for host-side work)."""
+    out = [0.0]
+    t0 = time.perf_counter()
+    try:
+        yield out
+    finally:
+        out[0] = time.perf_counter() - t0
