@@ -148,7 +148,15 @@ _SCHEMA: dict[str, dict[str, Any]] = {
             "thinking_tokens": int,
             "total_tokens": int,
             "latency_s": float,
+            # judge tables (issue 4): tokens and attempts above add up over every call made for the key
+            "status": str,  # ok | failed (of the latest answer)
+            "finish_reason": str,
+            "error": str,
+            "temperature": float,
+            "thinking_budget": int,  # NULL = the model's default (none sent)
+            "max_output_tokens": int,
             "created_at": str,
+            "updated_at": str,
         },
         "pk": "key",
         "foreign_keys": [("sample_id", "samples", "id")],
@@ -171,6 +179,7 @@ _SCHEMA: dict[str, dict[str, Any]] = {
             "prompt_tokens": int,
             "output_tokens": int,
             "thinking_tokens": int,
+            "total_tokens": int,
             "created_at": str,
         },
         "pk": ("sample_id", "judge_model", "prompt_hash", "repeat"),
