@@ -205,6 +205,10 @@ class BaseLM(nn.Module):
         tokens are re-encoded each step), so generation length is not bounded by the context.
         """
         B = idx.shape[0]
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        if max_new_tokens == 0:  # nothing to sample (the loop below needs at least one step)
+            return idx.new_zeros(B, 0), torch.zeros(B, dtype=torch.long, device=idx.device)
         max_len = self.args.max_seq_len
         seq = idx
         cache: KVCache | None = KVCache(max_len)

@@ -24,6 +24,15 @@ class Control(BaseLM):
     def max_n_recur(cls, args: Any) -> int | None:
         return 1
 
+    @classmethod
+    def validate_args(cls, args: Any) -> None:
+        # Anything else would be recorded (run id, n_recur column, effective depth) but never run.
+        if args.n_recur != 1:
+            raise ValueError(
+                f"model.n_recur: the control runs each block once, so it must be 1 (got {args.n_recur}); "
+                "for a deeper control raise model.n_layers"
+            )
+
     def schedule(self, h, cos, sin, n_recur, cache):
         for layer in self.layers:
             h = layer(h, cos, sin, cache=cache)

@@ -1,0 +1,108 @@
+"""Shared pytest fixtures for the benchctl suite.
+
+- one torch thread per test process (the CI box has 2 cores shared by several jobs; tiny models gain nothing from
+  intra-op threads and lose a lot to contention);
+- `tiny_args(arch, **overrides)`: the resolved `ModelArgs` of the `tiny` preset for an architecture, with dotted-free
+  model overrides (`tiny_args("three-part", state_init_std=0.0)`), validated by the real config layer;
+- `tiny_model(arch, seed=0, **overrides)`: that model built under a fixed seed, in eval mode, float32, CPU;
+- tests marked `cuda` are skipped on a machine without a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pytest
+import torch
+
+import architectures
+from benchctl.config import ModelArgs, make_config
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _torch_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def make_tiny_args(arch: str, **overrides: Any) -> ModelArgs:
+    """Resolved tiny-preset model args for `arch`; keyword overrides go through `--set model.<key>=<value>`."""
+    cfg = make_config("tiny", arch, overrides={f"model.{k}": v for k, v in overrides.items()})
+    return cfg.model
+
+
+def make_tiny_model(arch: str, seed: int = 0, **overrides: Any) -> architectures.BaseLM:
+    torch.manual_seed(seed)
+    return architectures.build(arch, make_tiny_args(arch, **overrides)).eval()
+
+
+@pytest.fixture
+def tiny_args() -> Callable[..., ModelArgs]:
+    return make_tiny_args
+
+
+@pytest.fixture
+def tiny_model() -> Callable[..., architectures.BaseLM]:
+    return make_tiny_model
+
+
+# ---- data ----------------------------------------------------------------------------------------------------------
+
+SHARED_DATA = __import__("pathlib").Path(__file__).resolve().parents[2] / "shared" / "data" / "tinystories"
+
+_NAMES = ["Lily", "Tom", "Ben", "Mia", "Sam", "Anna", "Max", "Lucy", "Tim", "Sue", "Jack", "Zoe"]
+_THINGS = ["ball", "kite", "cake", "dog", "cat", "tree", "box", "car", "hat", "boat", "flower", "bird", "toy", "book"]
+_PLACES = ["park", "garden", "house", "forest", "beach", "school", "river", "hill", "shop", "farm"]
+_FEEL = ["happy", "sad", "scared", "excited", "tired", "angry", "proud", "curious"]
+_VERBS = ["found", "lost", "shared", "painted", "hugged", "chased", "fixed", "opened", "carried", "hid"]
+
+
+def synthetic_stories(n: int, seed: int) -> list[str]:
+    """Simple TinyStories-like text for machines without the real sample (varied enough for a 512-piece BPE)."""
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        name, friend = rng.sample(_NAMES, 2)
+        thing, place, feel, verb = rng.choice(_THINGS), rng.choice(_PLACES), rng.choice(_FEEL), rng.choice(_VERBS)
+        n_sent = rng.randint(3, 7)
+        sents = [f"Once upon a time, there was a little {rng.choice(['girl', 'boy'])} named {name}."]
+        for _ in range(n_sent):
+            sents.append(rng.choice([
+                f"{name} went to the {place} with {friend}.",
+                f"One day, {name} {verb} a {rng.choice(_FEEL)} {thing} near the {rng.choice(_PLACES)}.",
+                f"{friend} said, \"Can we play with the {thing}?\"",
+                f"{name} felt {feel} and smiled at {friend}.",
+                f"They {rng.choice(_VERBS)} the {rng.choice(_THINGS)} together {rng.randint(2, 9)} times.",
+            ]))
+        sents.append(f"In the end, {name} and {friend} were {rng.choice(_FEEL)}.")
+        out.append(" ".join(sents))
+    return out
+
+
+@pytest.fixture(scope="session")
+def tinystories_dir(tmp_path_factory) -> "__import__('pathlib').Path":
+    """The real TinyStories sample (../shared/data/tinystories or $BENCHCTL_TEST_DATA), else a synthetic one."""
+    import os
+    from pathlib import Path
+
+    env = os.environ.get("BENCHCTL_TEST_DATA")
+    for cand in ([Path(env)] if env else []) + [SHARED_DATA]:
+        if (cand / "train.txt").exists() and (cand / "valid.txt").exists():
+            return cand
+    d = tmp_path_factory.mktemp("synthetic_tinystories")
+    for split, n, seed in (("train", 2500, 0), ("valid", 500, 1)):
+        (d / f"{split}.txt").write_text("".join(f"{s}\n<|endoftext|>\n" for s in synthetic_stories(n, seed)))
+    return d

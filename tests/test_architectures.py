@@ -1,0 +1,613 @@
+"""Tests of the model zoo (architectures/): the registry, exact parameter accounting (SPEC.md §2), FLOPs per token
+checked against torch.utils.flop_counter, and the behaviour every architecture promises — causality, seeding,
+KV-cached decoding, generation, the reductions to simpler models (FraiLT with one zero-encoded pass is the control;
+relaxed with zero LoRA is the plain looped model), recurrence overrides and their bounds, Huginn's sampled depth and
+truncated backprop.
+
+Behaviour tests are parametrised over `architectures.names()`, so a fifth architecture is picked up automatically.
+Everything runs at the `tiny` preset (dim 32, 4 blocks, vocab 512, context 32) in float32 on the CPU.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+import architectures
+from architectures import BaseLM, RecurrenceError, UnknownArchitectureError
+from architectures.blocks import PROJECTIONS, KVCache
+from benchctl.config import make_config
+
+NAMES = architectures.names()
+STUDY = ["control", "frailt", "three-part", "relaxed"]
+PAPER_TOTALS = {"control": 4_212_992, "frailt": 4_214_016, "three-part": 4_344_320, "relaxed": 5_462_272}
+
+
+def tokens(B: int, T: int, vocab: int = 512, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (B, T), generator=g)  # (B, T)
+
+
+def seeded_logits(model: BaseLM, x: torch.Tensor, seed: int = 123, **kw) -> torch.Tensor:
+    """Logits with the global RNG fixed first (three-part draws its initial state s0 from it every forward)."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        return model(x, **kw)[0]
+
+
+def paper_model(arch: str, **overrides) -> BaseLM:
+    cfg = make_config("paper", arch, overrides={f"model.{k}": v for k, v in overrides.items()})
+    with torch.device("meta"):  # shapes only: counting 5 M parameters needs no memory or init
+        return architectures.build(arch, cfg.model)
+
+
+# ---- registry -------------------------------------------------------------------------------------------------------
+
+
+def test_names_order():
+    assert NAMES[:4] == STUDY
+
+
+def test_unknown_name_suggests(tiny_args):
+    with pytest.raises(UnknownArchitectureError) as info:
+        architectures.get("thre-part")
+    assert str(info.value) == (
+        "unknown architecture 'thre-part'; did you mean 'three-part'? available: " + ", ".join(NAMES)
+    )
+    with pytest.raises(UnknownArchitectureError) as info:
+        architectures.build("transformer-xl", tiny_args("control"))
+    assert "did you mean" not in str(info.value) and "available: control" in str(info.value)
+    assert isinstance(info.value, KeyError)  # callers that catch KeyError keep working
+
+
+def test_duplicate_registration_is_an_error():
+    class Impostor(BaseLM):
+        def schedule(self, h, cos, sin, n_recur, cache):
+            return h
+
+    with pytest.raises(ValueError, match="architecture 'control' is already registered"):
+        architectures.register("control")(Impostor)
+    assert architectures.get("control").__name__ == "Control"
+    assert architectures.register("control")(architectures.get("control")) is architectures.get("control")
+    with pytest.raises(TypeError, match="expects a BaseLM subclass"):
+        architectures.register("not-a-model")(torch.nn.Linear)
+    assert "not-a-model" not in architectures.names()
+
+
+@pytest.fixture
+def reversed_arch():
+    """A fifth architecture registered for one test (blocks run B4..B1), removed from the registry afterwards."""
+
+    class Reversed(BaseLM):
+        label = "Reversed"
+
+        @classmethod
+        def max_n_recur(cls, args):
+            return 1
+
+        def schedule(self, h, cos, sin, n_recur, cache):
+            for layer in reversed(self.layers):
+                h = layer(h, cos, sin, cache=cache)
+            return h
+
+    name = "zz-test-reversed"
+    architectures.register(name)(Reversed)
+    yield name, Reversed
+    architectures._REGISTRY.pop(name)
+    assert name not in architectures.names()
+
+
+def test_registering_a_new_architecture_is_picked_up(reversed_arch, tiny_args):
+    name, cls = reversed_arch
+    assert architectures.names() == STUDY + [name]
+    cfg = make_config("tiny", name)  # the config layer accepts it too
+    torch.manual_seed(0)
+    model = architectures.build(name, cfg.model)
+    assert type(model) is cls and model.name == name
+    torch.manual_seed(0)
+    control = architectures.build("control", tiny_args("control"))
+    model.load_state_dict(control.state_dict())
+    x = tokens(1, 8)
+    assert not torch.allclose(model(x)[0], control(x)[0])  # its own schedule runs
+    assert model.param_report()["total"] == control.param_report()["total"]
+
+
+# ---- parameter accounting -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", STUDY)
+def test_paper_totals_exact(arch):
+    rep = paper_model(arch).param_report()
+    assert rep["total"] == PAPER_TOTALS[arch]
+    assert sum(rep["components"].values()) == rep["total"]
+
+
+def test_paper_components_match_spec_formulas():
+    V, d, L, h, R, r = 4096, 256, 4, 688, 4, 16
+    p_blk = 4 * d * d + 3 * d * h + 2 * d
+    assert p_blk == 791_040
+    common = {"embedding": V * d, "blocks": L * p_blk, "final_norm": d}
+    reps = {a: paper_model(a).param_report() for a in STUDY}
+    assert reps["control"]["components"] == common
+    assert reps["frailt"]["components"] == {**common, "depth_encoding": R * d}
+    assert R * d == 1_024
+    assert reps["three-part"]["components"] == {**common, "adapter": 2 * d * d, "recurrent_norm": d}
+    assert (2 * d * d, d) == (131_072, 256)
+    assert reps["relaxed"]["components"] == {**common, "lora": R * L * r * (8 * d + 3 * (d + h))}
+    assert R * L * r * (8 * d + 3 * (d + h)) == 1_249_280
+    # Effective (unrolled) parameters: what one token passes through at the trained recurrence.
+    assert reps["control"]["effective"] == V * d + L * p_blk + d
+    assert reps["frailt"]["effective"] == V * d + R * L * p_blk + R * d + d
+    assert reps["three-part"]["effective"] == V * d + (2 + 7 * 2) * p_blk + 7 * 2 * d * d + d + d
+    assert reps["relaxed"]["effective"] == V * d + R * L * p_blk + 1_249_280 + d
+    assert reps["frailt"]["effective"] == 13_706_496
+    assert reps["three-part"]["effective"] == 14_623_232
+    # at a test-time recurrence the effective count follows it
+    assert paper_model("three-part").param_report(n_recur=3)["effective"] == V * d + 8 * p_blk + 3 * 2 * d * d + 2 * d
+
+
+def test_three_part_recur_out_bias_gives_same_total():
+    rep = paper_model("three-part", recur_out="bias").param_report()
+    assert rep["total"] == PAPER_TOTALS["three-part"]
+    assert rep["components"]["adapter"] == 2 * 256 * 256 + 256 and "recurrent_norm" not in rep["components"]
+
+
+def test_weight_sharing_is_one_module_per_block():
+    # Sharing is one module called in a loop: no architecture holds more than the n_layers unique blocks.
+    for arch in STUDY:
+        model = paper_model(arch)
+        blocks = [m for m in model.modules() if type(m).__name__ == "Block"]
+        assert len(blocks) == 4
+        assert model.tok_embeddings.weight is model.output.weight  # tied head
+
+
+# ---- FLOPs ----------------------------------------------------------------------------------------------------------
+
+
+def counted_flops_per_token(model: BaseLM, x: torch.Tensor, backward: bool = True, **kw) -> float:
+    """What torch.utils.flop_counter counts for one forward (+ backward) of x (B, T), per token. SDPA is forced to
+    the math backend: the CPU flash kernel has no FLOP formula registered, the math one decomposes into matmuls."""
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        _, loss = model(x, x, **kw)
+        if backward:
+            loss.backward()
+    return counter.get_total_flops() / x.numel()
+
+
+FLOP_CASES = [(a, {}, {}) for a in NAMES] + [
+    ("three-part", {"backprop_depth": 3}, {}),  # truncated: forward of all 7 iterations, backward of the last 3
+    ("three-part", {"backprop_depth": 9}, {}),  # k > r: everything takes part in backward
+    ("three-part", {}, {"n_recur": 2}),
+    ("frailt", {}, {"n_recur": 2}),
+    ("relaxed", {"n_kv_heads": 1}, {"n_recur": 3}),  # grouped-query attention, LoRA on smaller wk/wv
+    ("control", {"n_layers": 2, "hidden_dim": 40}, {}),
+]
+
+
+@pytest.mark.parametrize("arch,overrides,kw", FLOP_CASES)
+def test_flops_per_token_match_flop_counter(arch, overrides, kw, tiny_model):
+    model = tiny_model(arch, **overrides).train()
+    T = 16  # below the context, so the formula must use the actual sequence length
+    x = tokens(2, T)
+    torch.manual_seed(0)
+    counted = counted_flops_per_token(model, x, **kw)
+    assert model.flops_per_token(T, **kw) == counted
+    # forward only
+    model.zero_grad()
+    with torch.no_grad():
+        counted_fwd = counted_flops_per_token(model, x, backward=False, **kw)
+    assert model.flops_per_token(T, training=False, **kw) == counted_fwd
+
+
+@pytest.mark.parametrize("arch", STUDY)
+def test_paper_flops_match_flop_counter_on_meta(arch):
+    model = paper_model(arch).train()
+    with torch.device("meta"):
+        x = torch.zeros(1, 128, dtype=torch.long)
+    assert model.flops_per_token(128) == counted_flops_per_token(model, x)
+
+
+def test_flops_reflect_recurrence():
+    f = {a: paper_model(a).flops_per_token() for a in STUDY}
+    # 16 block passes vs the control's 4: about 4x the block compute (the head is shared), never 6 * N_unique.
+    for a in ("frailt", "three-part", "relaxed"):
+        assert 3.0 < f[a] / f["control"] < 4.0
+    assert f["control"] < f["frailt"] < f["three-part"] < f["relaxed"]
+    assert f["frailt"] != pytest.approx(6 * PAPER_TOTALS["frailt"], rel=0.2)
+
+
+# ---- behaviour, every architecture ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", NAMES)
+def test_forward_shapes_and_initial_loss(arch, tiny_model):
+    model = tiny_model(arch)
+    x, y = tokens(3, 20), tokens(3, 20, seed=1)
+    torch.manual_seed(0)
+    logits, loss = model(x, y)
+    assert logits.shape == (3, 20, 512) and logits.dtype == torch.float32
+    assert torch.isfinite(logits).all() and loss.ndim == 0 and torch.isfinite(loss)
+    assert abs(loss.item() - math.log(512)) < 0.3  # llama2.c init: near-uniform predictions
+    assert model(x)[1] is None
+    y_masked = y.clone()
+    y_masked[:, :10] = -1  # ignore_index -1, as llama2.c
+    ref = F.cross_entropy(logits[:, 10:].reshape(-1, 512), y[:, 10:].reshape(-1))
+    torch.manual_seed(0)  # the same s0 for three-part
+    torch.testing.assert_close(model(x, y_masked)[1], ref)
+    with pytest.raises(ValueError, match="exceeds the context of 32"):
+        model(tokens(1, 33))
+
+
+@pytest.mark.parametrize("arch", NAMES)
+def test_causality(arch, tiny_model):
+    model = tiny_model(arch)
+    T = 16
+    x = tokens(2, T)
+    base = seeded_logits(model, x)
+    for t in (1, 7, T - 1):
+        x2 = x.clone()
+        x2[:, t] = (x2[:, t] + 1) % 512
+        out = seeded_logits(model, x2)
+        assert torch.equal(out[:, :t], base[:, :t]), f"position < {t} saw token {t}"
+        assert not torch.allclose(out[:, t], base[:, t])  # the change is visible where it may be
+
+
+@pytest.mark.parametrize("arch", NAMES)
+def test_same_seed_same_weights(arch, tiny_model):
+    a, b, c = tiny_model(arch, seed=5), tiny_model(arch, seed=5), tiny_model(arch, seed=6)
+    sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
+    assert sa.keys() == sb.keys() == sc.keys()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert not torch.equal(sa["tok_embeddings.weight"], sc["tok_embeddings.weight"])
+
+
+@pytest.mark.parametrize("arch", NAMES)
+def test_init_follows_llama2c(arch, tiny_model):
+    model = tiny_model(arch, seed=0)
+    std_scaled = 0.02 / math.sqrt(2 * 4)
+    for name, p in model.named_parameters():
+        if name.startswith("layers.") and name.endswith(("wo.weight", "w3.weight")):
+            assert p.std().item() == pytest.approx(std_scaled, rel=0.25), name
+        elif name.startswith("layers.") and name.endswith(("wq.weight", "w1.weight", "w2.weight")):
+            assert p.std().item() == pytest.approx(0.02, rel=0.25), name
+        elif name.endswith("norm.weight"):
+            assert torch.equal(p, torch.ones_like(p)), name
+
+
+@pytest.mark.parametrize("arch", NAMES)
+def test_kv_cache_matches_full_forward(arch, tiny_model):
+    # three-part draws s0 with the shape of its input, so incremental and full forwards only agree with s0 = 0.
+    overrides = {"state_init_std": 0.0} if arch == "three-part" else {}
+    model = tiny_model(arch, **overrides)
+    x = tokens(2, 14)
+    with torch.no_grad():
+        full = model(x)[0]
+        cache = KVCache(model.args.max_seq_len)
+        parts = [model(x[:, :5], cache=cache)[0], model(x[:, 5:9], cache=cache)[0]]  # prompt, then a chunk
+        parts += [model(x[:, i : i + 1], cache=cache)[0] for i in range(9, 14)]  # then one token at a time
+    assert cache.pos == 14
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["frailt", "three-part", "relaxed"])
+def test_kv_cache_at_recurrence_override(arch, tiny_model):
+    model = tiny_model(arch, state_init_std=0.0) if arch == "three-part" else tiny_model(arch)
+    x = tokens(1, 6)
+    with torch.no_grad():
+        full = model(x, n_recur=2)[0]
+        cache = KVCache(32)
+        inc = torch.cat([model(x[:, i : i + 1], n_recur=2, cache=cache)[0] for i in range(6)], dim=1)
+    torch.testing.assert_close(inc, full, rtol=1e-5, atol=1e-5)
+
+
+def greedy_by_full_forward(model: BaseLM, idx: torch.Tensor, n: int) -> torch.Tensor:
+    """Reference decoder: re-encode the last max_seq_len tokens for every new token, no cache (llama2.c sampler)."""
+    seq = idx
+    with torch.no_grad():
+        for _ in range(n):
+            logits = model(seq[:, -model.args.max_seq_len :])[0]
+            seq = torch.cat([seq, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return seq[:, idx.shape[1] :]
+
+
+@pytest.mark.parametrize("arch", NAMES)
+def test_generate(arch, tiny_model):
+    overrides = {"state_init_std": 0.0} if arch == "three-part" else {}
+    model = tiny_model(arch, **overrides)
+    prompt = tokens(2, 6)
+    # sampling: shape, lengths, reproducible with a generator
+    new, lengths = model.generate(prompt, 7, temperature=1.0, top_k=20, generator=torch.Generator().manual_seed(1))
+    again, _ = model.generate(prompt, 7, temperature=1.0, top_k=20, generator=torch.Generator().manual_seed(1))
+    assert new.shape == (2, 7) and lengths.tolist() == [7, 7] and torch.equal(new, again)
+    assert new.dtype == torch.long and ((0 <= new) & (new < 512)).all()
+    nucleus, _ = model.generate(prompt, 3, temperature=0.8, top_p=0.9, generator=torch.Generator().manual_seed(2))
+    assert nucleus.shape == (2, 3)
+    # greedy with the KV cache equals greedy by re-encoding
+    greedy, _ = model.generate(prompt, 10, temperature=0.0)
+    assert torch.equal(greedy, greedy_by_full_forward(model, prompt, 10))
+    # sliding beyond the context: 28 + 12 tokens > 32 (the cache fills, then the window slides)
+    long_prompt = tokens(2, 28, seed=3)
+    slid, lengths = model.generate(long_prompt, 12, temperature=0.0)
+    assert slid.shape == (2, 12) and lengths.tolist() == [12, 12]
+    assert torch.equal(slid, greedy_by_full_forward(model, long_prompt, 12))
+    # nothing to sample is an empty result, a negative count an error
+    none, n_none = model.generate(prompt, 0)
+    assert none.shape == (2, 0) and n_none.tolist() == [0, 0]
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 0"):
+        model.generate(prompt, -1)
+    # a prompt longer than the context is cut to its last max_seq_len tokens
+    over, _ = model.generate(tokens(1, 40, seed=4), 3, temperature=0.0)
+    assert torch.equal(over, greedy_by_full_forward(model, tokens(1, 40, seed=4)[:, -32:], 3))
+
+
+@pytest.mark.parametrize("arch", NAMES)
+def test_generate_stops_at_eos(arch, tiny_model):
+    overrides = {"state_init_std": 0.0} if arch == "three-part" else {}
+    model = tiny_model(arch, **overrides)
+    prompt = tokens(2, 5)
+    greedy, _ = model.generate(prompt, 6, temperature=0.0)
+    eos = int(greedy[0, 2])  # row 0 will emit it at step 2 (or earlier, if it also came before)
+    first0 = int((greedy[0] == eos).nonzero()[0])
+    hits1 = (greedy[1] == eos).nonzero()
+    first1 = int(hits1[0]) if len(hits1) else None
+    new, lengths = model.generate(prompt, 6, temperature=0.0, eos_id=eos)
+    assert lengths[0].item() == first0  # tokens before EOS
+    assert new[0, first0].item() == eos
+    assert lengths[1].item() == (first1 if first1 is not None else 6)
+    expected_len = 6 if first1 is None else max(first0, first1) + 1  # generation ends once every row is done
+    assert new.shape[1] == expected_len
+    # a single row stops right after its EOS
+    one, n_one = model.generate(prompt[:1], 6, temperature=0.0, eos_id=eos)
+    assert one.shape == (1, first0 + 1) and n_one.tolist() == [first0]
+
+
+def test_frailt_one_zero_pass_equals_control(tiny_model):
+    control = tiny_model("control", seed=0)
+    frailt = tiny_model("frailt", seed=1)
+    assert frailt.args.frailt_init == "zeros" and frailt.args.n_recur == 4
+    missing, unexpected = frailt.load_state_dict(control.state_dict(), strict=False)
+    assert missing == ["iter_emb"] and unexpected == []
+    assert torch.count_nonzero(frailt.iter_emb) == 0
+    x = tokens(2, 12)
+    with torch.no_grad():
+        assert torch.equal(frailt(x, n_recur=1)[0], control(x)[0])
+        assert not torch.allclose(frailt(x)[0], control(x)[0])  # four passes are a different model
+        frailt.iter_emb[0].normal_(0, 0.02)
+        assert not torch.allclose(frailt(x, n_recur=1)[0], control(x)[0])  # the encoding is really added
+
+
+def test_frailt_schedule_by_hand(tiny_model):
+    model = tiny_model("frailt", frailt_init="normal")
+    assert torch.count_nonzero(model.iter_emb) == model.iter_emb.numel()
+    x = tokens(2, 10)
+    cos, sin = model.rope_cos[:10], model.rope_sin[:10]
+    with torch.no_grad():
+        h = model.tok_embeddings(x)
+        for t in range(4):
+            h = h + model.iter_emb[t]
+            for layer in model.layers:
+                h = layer(h, cos, sin)
+        ref = model.output(model.norm(h))
+        torch.testing.assert_close(model(x)[0], ref, rtol=0, atol=0)
+
+
+def looped_by_hand(model: BaseLM, x: torch.Tensor, n_recur: int, blocks=None) -> torch.Tensor:
+    """The plain looped model: n_recur passes over the shared blocks (or over per-pass block lists)."""
+    T = x.shape[1]
+    cos, sin = model.rope_cos[:T], model.rope_sin[:T]
+    h = model.tok_embeddings(x)
+    for t in range(n_recur):
+        for layer in blocks[t] if blocks is not None else model.layers:
+            h = layer(h, cos, sin)
+    return model.output(model.norm(h))
+
+
+def test_relaxed_zero_lora_equals_plain_looped_model(tiny_model):
+    model = tiny_model("relaxed")
+    loras = [m for m in model.modules() if isinstance(m, architectures.blocks.LoRA)]
+    assert len(loras) == 4 * 4 * 7
+    assert all(torch.count_nonzero(m.B) == 0 and torch.count_nonzero(m.A) > 0 for m in loras)
+    x = tokens(2, 12)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x)[0], looped_by_hand(model, x, 4), rtol=0, atol=0)
+        torch.testing.assert_close(model(x, n_recur=2)[0], looped_by_hand(model, x, 2), rtol=0, atol=0)
+
+
+def test_relaxed_lora_is_a_per_pass_weight_delta(tiny_model):
+    # With B != 0, pass t / block l must equal the shared block with W + (alpha/r) B_{l,t} A_{l,t} on every projection.
+    model = tiny_model("relaxed", lora_alpha=2.0)  # rank 4 -> scale 0.5
+    with torch.no_grad():
+        for m in model.lora.modules():
+            if isinstance(m, architectures.blocks.LoRA):
+                m.B.normal_(0, 0.05)
+        merged = []
+        for t in range(4):
+            row = []
+            for l, layer in enumerate(model.layers):
+                blk = copy.deepcopy(layer)
+                for p in PROJECTIONS:
+                    lin = getattr(blk.attention, p) if p in ("wq", "wk", "wv", "wo") else getattr(blk.feed_forward, p)
+                    lora = model.lora[t][l][p]
+                    assert lora.scale == 0.5
+                    lin.weight += lora.scale * lora.B @ lora.A
+                row.append(blk)
+            merged.append(row)
+        x = tokens(2, 12)
+        out = model(x)[0]
+        torch.testing.assert_close(out, looped_by_hand(model, x, 4, blocks=merged), rtol=1e-4, atol=1e-5)
+        assert not torch.allclose(out, looped_by_hand(model, x, 4), atol=1e-4)
+
+
+def test_three_part_schedule_by_hand(tiny_model):
+    model = tiny_model("three-part")
+    a = model.args
+    assert (a.n_recur, a.n_prelude, a.n_coda, a.state_init_std) == (7, 1, 1, 0.02)
+    x = tokens(2, 10)
+    cos, sin = model.rope_cos[:10], model.rope_sin[:10]
+    with torch.no_grad():
+        torch.manual_seed(9)
+        e = model.layers[0](model.tok_embeddings(x), cos, sin)
+        s = torch.randn_like(e) * 0.02  # s0 ~ N(0, sigma^2), (B, T, d)
+        for _ in range(7):
+            s = model.adapter(torch.cat([s, e], dim=-1))  # W_ad [s ; e]
+            s = model.layers[2](model.layers[1](s, cos, sin), cos, sin)
+        s = model.layers[3](model.recur_norm(s), cos, sin)
+        ref = model.output(model.norm(s))
+        torch.testing.assert_close(seeded_logits(model, x, seed=9), ref, rtol=0, atol=0)
+    # s0 is fresh every forward: two unseeded forwards differ, the seeded ones above do not
+    with torch.no_grad():
+        assert not torch.equal(model(x)[0], model(x)[0])
+
+
+def test_three_part_recurrence_override(tiny_model):
+    model = tiny_model("three-part")
+    x = tokens(2, 10)
+    outs = {r: seeded_logits(model, x, n_recur=r) for r in (1, 2, 7, 20)}
+    assert all(torch.isfinite(o).all() for o in outs.values())
+    assert torch.equal(outs[7], seeded_logits(model, x))  # the default is the trained r = 7
+    rs = list(outs)
+    for i, r1 in enumerate(rs):
+        for r2 in rs[i + 1 :]:
+            assert not torch.allclose(outs[r1], outs[r2]), (r1, r2)
+    with pytest.raises(RecurrenceError, match="n_recur must be >= 1"):
+        model(x, n_recur=0)
+
+
+@pytest.mark.parametrize("arch", ["frailt", "relaxed"])
+def test_bounded_recurrence(arch, tiny_model):
+    model = tiny_model(arch)
+    x = tokens(1, 8)
+    outs = [model(x, n_recur=r)[0] for r in (1, 2, 3, 4)]
+    assert torch.equal(outs[-1], model(x)[0])
+    assert not torch.allclose(outs[0], outs[-1])
+    with pytest.raises(RecurrenceError, match=rf"{arch}: n_recur=5 is beyond .*at most 4"):
+        model(x, n_recur=5)
+    with pytest.raises(RecurrenceError, match="n_recur must be >= 1"):
+        model(x, n_recur=0)
+    # a model trained with R = 2 is bounded by 2
+    small = tiny_model(arch, n_recur=2)
+    small(x, n_recur=2)
+    with pytest.raises(RecurrenceError, match="at most 2"):
+        small(x, n_recur=3)
+
+
+def test_control_has_no_recurrence(tiny_model):
+    model = tiny_model("control")
+    x = tokens(1, 8)
+    assert torch.equal(model(x, n_recur=1)[0], model(x)[0])
+    with pytest.raises(RecurrenceError, match="at most 1"):
+        model(x, n_recur=2)
+
+
+class CountAdapterCalls:
+    """Counts the three-part core iterations of each forward (one adapter call per iteration) and how many of them
+    build an autograd graph."""
+
+    def __init__(self, model: BaseLM):
+        self.calls: list[bool] = []
+        self.handle = model.adapter.register_forward_hook(lambda m, i, o: self.calls.append(o.requires_grad))
+
+    def take(self) -> list[bool]:
+        out, self.calls = self.calls, []
+        return out
+
+
+def test_three_part_sampled_depth(tiny_model):
+    model = tiny_model("three-part", recur_sampling="poisson-lognormal")
+    counter = CountAdapterCalls(model)
+    x = tokens(1, 8)
+    torch.manual_seed(0)
+    model.train()
+    depths = []
+    for _ in range(24):
+        model(x)
+        depths.append(len(counter.take()))
+    assert min(depths) >= 1 and len(set(depths)) > 3  # varies per training step
+    # Huginn: r = Poisson(tau) + 1 with E[tau] = r_bar = 7
+    assert 5.0 < sum(depths) / len(depths) < 11.0
+    model.eval()
+    for _ in range(3):
+        with torch.no_grad():
+            model(x)
+        assert len(counter.take()) == 7  # fixed at evaluation
+    with torch.no_grad():
+        model(x, n_recur=3)
+    assert len(counter.take()) == 3
+    # "fixed" (the paper default) never samples, even in train mode
+    fixed = tiny_model("three-part").train()
+    fixed_counter = CountAdapterCalls(fixed)
+    for _ in range(3):
+        fixed(x)
+        assert len(fixed_counter.take()) == 7
+
+
+def test_three_part_truncated_backprop(tiny_model):
+    full = tiny_model("three-part", seed=3).train()
+    trunc = tiny_model("three-part", seed=0, backprop_depth=2).train()
+    trunc.load_state_dict(full.state_dict())
+    x, y = tokens(2, 10), tokens(2, 10, seed=1)
+    c_full, c_trunc = CountAdapterCalls(full), CountAdapterCalls(trunc)
+
+    def loss_and_grads(model):
+        model.zero_grad()
+        torch.manual_seed(11)
+        logits, loss = model(x, y)
+        loss.backward()
+        return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    l_full, g_full = loss_and_grads(full)
+    l_trunc, g_trunc = loss_and_grads(trunc)
+    assert torch.equal(l_trunc, l_full)  # same forward values
+    assert c_full.take() == [True] * 7
+    assert c_trunc.take() == [False] * 5 + [True] * 2  # the first 5 iterations build no graph
+    assert not torch.allclose(g_trunc["layers.1.attention.wq.weight"], g_full["layers.1.attention.wq.weight"])
+    assert torch.equal(g_trunc["layers.3.attention.wq.weight"], g_full["layers.3.attention.wq.weight"])  # coda
+
+    # Reference: the same forward with the state detached after 5 iterations gives exactly the truncated gradients.
+    trunc.zero_grad()
+    model, a = trunc, trunc.args
+    cos, sin = model.rope_cos[:10], model.rope_sin[:10]
+    torch.manual_seed(11)
+    e = model.layers[0](model.tok_embeddings(x), cos, sin)
+    s = torch.randn_like(e) * a.state_init_std
+    for i in range(7):
+        if i == 5:
+            s = s.detach()
+        s = model.layers[2](model.layers[1](model.adapter(torch.cat([s, e], -1)), cos, sin), cos, sin)
+    logits = model.output(model.norm(model.layers[3](model.recur_norm(s), cos, sin)))
+    F.cross_entropy(logits.view(-1, 512), y.view(-1)).backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, g_trunc[n], rtol=1e-5, atol=1e-7, msg=n)
+
+    # k >= r: nothing is truncated; eval mode never truncates
+    whole = tiny_model("three-part", backprop_depth=7).train()
+    whole.load_state_dict(full.state_dict())
+    _, g_whole = loss_and_grads(whole)
+    assert all(torch.equal(g_whole[n], g_full[n]) for n in g_full)
+    trunc.eval()
+    c_trunc.take()
+    trunc(x)
+    assert c_trunc.take() == [True] * 7
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("arch", NAMES)
+def test_forward_on_cuda_matches_cpu(arch, tiny_model):
+    model = tiny_model(arch, **({"state_init_std": 0.0} if arch == "three-part" else {}))
+    x, y = tokens(2, 16), tokens(2, 16, seed=1)
+    with torch.no_grad():
+        cpu_logits, cpu_loss = model(x, y)
+        gpu = model.to("cuda")
+        logits, loss = gpu(x.cuda(), y.cuda())
+        torch.testing.assert_close(logits.cpu(), cpu_logits, rtol=1e-3, atol=1e-3)
+        with torch.autocast("cuda", dtype=torch.bfloat16):  # the training precision on CUDA
+            _, bf16_loss = gpu(x.cuda(), y.cuda())
+    assert abs(bf16_loss.item() - cpu_loss.item()) < 0.05
+    new, lengths = gpu.generate(x.cuda()[:, :4], 5, temperature=0.0)
+    assert new.shape == (2, 5) and new.device.type == "cuda"
