@@ -1,0 +1,216 @@
+"""A realistic fixture results.db for tests of the report (and of anything else that reads results.db).
+
+`build_fixture_db(path, ...)` writes, through benchctl.db (the real schema), what a finished study leaves behind:
+runs of several architectures x seeds with real configs (`make_config`), run ids (`config.run_id`), parameter
+accounting (`accounting.describe`), CPU telemetry; val_loss curves in `metrics` from step 0 to the last step;
+prompts, samples and judge grades (with failures and a repeat); lm-eval rows; optionally bench rows. Plus runs that
+must stay out of the statistics: one failed and one still running (with metrics of their own).
+
+The numbers are drawn from a seeded generator with per-architecture effects, so tests can recompute every statistic
+independently from the rows (never from this module's parameters).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+from benchctl import accounting, db as dbmod
+from benchctl.config import make_config, run_id
+
+STUDY_ARCHS = ("control", "frailt", "three-part", "relaxed")
+# Per-architecture effects: final-loss offset, training-time multiple of the control, memory multiple, judge effect.
+_EFFECTS = {
+    "control": (0.00, 1.00, 1.00, 0.0),
+    "frailt": (-0.06, 3.90, 1.30, 0.3),
+    "three-part": (-0.09, 4.10, 1.33, 0.5),
+    "relaxed": (-0.05, 4.60, 1.55, 0.2),
+}
+FINGERPRINT = "fp0123456789abcdef"
+DATA_SOURCE = "/data/tinystories"
+JUDGE_MODEL = "gemini-2.5-flash"
+PROMPT_HASH = "ph" + "a" * 62
+PROMPT_SET = "pset01"
+DEVICE_NAME = "Intel(R) Xeon(R) CPU @ 2.20GHz"
+
+
+def _rng(*key: object) -> np.random.Generator:
+    digest = hashlib.sha256("|".join(map(str, key)).encode()).digest()
+    return np.random.default_rng(int.from_bytes(digest[:8], "little"))
+
+
+def _ts(day: int, second: int) -> str:
+    return f"2025-06-{day:02d}T{second // 3600:02d}:{second // 60 % 60:02d}:{second % 60:02d}+00:00"
+
+
+def build_fixture_db(
+    path: str | Path,
+    *,
+    preset: str = "tiny",
+    archs: Iterable[str] = STUDY_ARCHS,
+    seeds: Iterable[int] = (0, 1, 2),
+    curves: bool = True,
+    judge: bool = True,
+    n_prompts: int = 12,
+    judge_repeats: int = 1,
+    n_judge_failures: int = 3,
+    evals: bool = True,
+    failed_run: bool = True,
+    running_run: bool = True,
+    bench: bool = False,
+    overrides: dict | None = None,
+    device: str = "cpu",
+) -> Path:
+    """Write a fixture results.db at `path` (created or added to) and return the path."""
+    path = Path(path)
+    db = dbmod.connect(path)
+    archs, seeds = list(archs), list(seeds)
+    runs, metrics, samples, grades, evals_rows = [], [], [], [], []
+    prompts = [
+        {"id": f"{PROMPT_SET}:{i}", "prompt_set": PROMPT_SET, "idx": i, "text": f"Once upon a time, story {i}",
+         "source_story": 10 * i, "created_at": _ts(1, 0)}
+        for i in range(n_prompts)
+    ]
+    extra = []
+    if failed_run and archs:
+        extra.append((archs[-1], max(seeds, default=0) + 1, "failed"))
+    if running_run and len(archs) > 1:
+        extra.append((archs[1], max(seeds, default=0) + 1, "running"))
+    order = [(a, s, "done") for a in archs for s in seeds] + extra
+    t = 0
+    for arch, seed, status in order:
+        cfg = make_config(preset, arch, seed, overrides=overrides)
+        acc = accounting.describe(cfg)
+        rid = run_id(cfg, FINGERPRINT)
+        loss_off, time_mul, mem_mul, judge_eff = _EFFECTS.get(arch, (0.0, 2.0, 1.2, 0.0))
+        r = _rng("run", arch, seed, preset, tuple(sorted((overrides or {}).items())))
+        ln_v = math.log(cfg.model.vocab_size)
+        initial = ln_v + 0.02 + 0.01 * r.standard_normal()
+        final = 3.20 + loss_off + 0.015 * r.standard_normal()
+        max_steps = cfg.train.max_steps
+        tps = cfg.tokens_per_step
+        train_s = 12.0 * time_mul * (1 + 0.03 * r.standard_normal())
+        row = {
+            "id": rid, "arch": arch, "preset": preset, "seed": seed, "status": status,
+            "config_json": cfg.to_json(), "data_fingerprint": FINGERPRINT, "data_source": DATA_SOURCE,
+            "n_params": acc["total_params"], "effective_params": acc["effective_params"],
+            "flops_per_token": acc["flops_per_token"], "max_steps": max_steps,
+            "initial_val_loss": initial, "device": device, "device_name": DEVICE_NAME if device == "cpu" else
+            "NVIDIA GeForce RTX 3070 Laptop GPU", "device_count": 1, "world_size": 1,
+            "torch_version": "2.13.0+cpu", "python_version": "3.11.7", "benchctl_version": "0.1.0",
+            "git_commit": "abc1234", "hostname": "host", "created_at": _ts(2, t), "started_at": _ts(2, t + 1),
+        }
+        last = max_steps if status == "done" else (max_steps // 3 if status == "running" else max_steps // 2)
+        if status == "done":
+            row.update({
+                "step": max_steps, "tokens_seen": max_steps * tps, "final_val_loss": final,
+                "train_seconds": train_s, "warmup_seconds": 0.5, "eval_seconds": 1.5,
+                "tokens_per_s": max_steps * tps / train_s, "step_seconds": train_s / max_steps,
+                "peak_rss_bytes": int(450e6 * mem_mul * (1 + 0.01 * r.standard_normal())),
+                "finished_at": _ts(2, t + int(train_s) + 5),
+            })
+            if device == "cuda":
+                row.update({
+                    "peak_gpu_mem_bytes": int(1.5e9 * mem_mul), "peak_gpu_reserved_bytes": int(1.7e9 * mem_mul),
+                    "peak_nvml_mem_bytes": int(2.0e9 * mem_mul), "driver_version": "550.54", "cuda_version": "12.4",
+                })
+        elif status == "failed":
+            row.update({"step": last, "error": "RuntimeError: loss is NaN at step 15 | check train.lr",
+                        "finished_at": _ts(2, t + 9)})
+        else:
+            row.update({"step": last})
+        runs.append(row)
+        t += 100
+        if curves:
+            steps = sorted(set(range(0, last + 1, cfg.train.eval_interval)) | {last})
+            for st in steps:
+                if st == 0:
+                    v = initial
+                elif status == "done" and st == max_steps:
+                    v = final
+                else:
+                    frac = st / max_steps
+                    v = final + (initial - final) * math.exp(-4.0 * frac) + 0.01 * r.standard_normal()
+                metrics.append({"run_id": rid, "step": st, "name": "val_loss", "value": v, "tokens": st * tps,
+                                "wall_seconds": st * train_s / max_steps})
+                if st > 0:
+                    metrics.append({"run_id": rid, "step": st, "name": "train_loss", "value": v + 0.05,
+                                    "tokens": st * tps, "wall_seconds": st * train_s / max_steps})
+        if status != "done":
+            continue
+        if judge:
+            for p in prompts:
+                sid = hashlib.sha256(f"{rid}|{p['id']}".encode()).hexdigest()[:16]
+                samples.append({
+                    "id": sid, "run_id": rid, "prompt_id": p["id"], "prompt_set": PROMPT_SET,
+                    "completion": f"... and they lived happily ever after ({arch} {seed} {p['idx']}).",
+                    "settings_json": '{"temperature": 1.0, "top_k": 50}', "settings_hash": "set01",
+                    "temperature": 1.0, "top_k": 50, "top_p": 1.0, "max_new_tokens": 64, "seed": 0,
+                    "n_recur": cfg.model.n_recur, "n_tokens": 40, "finish_reason": "eos", "created_at": _ts(3, t),
+                })
+                prompt_eff = 0.8 * math.sin(p["idx"])  # some prompts are easier for every model
+                for rep in range(judge_repeats):
+                    g = _rng("grade", rid, p["id"], rep)
+                    crit = {c: int(np.clip(round(3.0 + judge_eff + prompt_eff + g.normal(0, 0.8) + k), 1, 10))
+                            for k, c in zip((0.2, 0.3, -0.4, -0.7), ("grammar", "creativity", "consistency", "plot"))}
+                    grades.append({
+                        "sample_id": sid, "judge_model": JUDGE_MODEL, "prompt_hash": PROMPT_HASH, "repeat": rep,
+                        "status": "ok", **crit, "average": sum(crit.values()) / 4, "finish_reason": "STOP",
+                        "raw_text": "{...}", "prompt_tokens": 300, "output_tokens": 30, "thinking_tokens": 0,
+                        "created_at": _ts(4, t),
+                    })
+        if evals:
+            e = _rng("eval", rid)
+            for task, metric, value, stderr in (
+                ("tinystories_ending", "acc", 0.40 - loss_off + 0.02 * e.standard_normal(), 0.02),
+                ("tinystories_ending", "acc_norm", 0.42 - loss_off + 0.02 * e.standard_normal(), 0.021),
+                ("tinystories_ppl", "bits_per_byte", 1.30 + loss_off + 0.01 * e.standard_normal(), None),
+            ):
+                evals_rows.append({
+                    "run_id": rid, "task": task, "metric": metric, "n_recur": cfg.model.n_recur, "limit_n": 0,
+                    "value": value, "stderr": stderr, "n_samples": 200, "task_version": "1.0", "batch_size": 16,
+                    "lm_eval_version": "0.4.13", "created_at": _ts(5, t),
+                })
+    # Failures: the judge's answer could not be parsed; stored, never scored.
+    if judge and grades:
+        ok = [g for g in grades if g["repeat"] == 0]
+        for g in ok[1 : 1 + 7 * n_judge_failures : 7]:
+            g.update({"status": "failed", "grammar": None, "creativity": None, "consistency": None, "plot": None,
+                      "average": None, "finish_reason": "MAX_TOKENS", "error": "unparseable answer"})
+    with db.conn:
+        db["runs"].insert_all(runs, pk="id", replace=True)
+        if metrics:
+            db["metrics"].insert_all(metrics, pk=("run_id", "step", "name"), replace=True)
+        if judge and samples:
+            db["prompts"].insert_all(prompts, pk="id", replace=True)
+            db["samples"].insert_all(samples, pk="id", replace=True)
+            db["judge_grades"].insert_all(grades, pk=("sample_id", "judge_model", "prompt_hash", "repeat"),
+                                          replace=True)
+        if evals_rows:
+            db["eval_results"].insert_all(evals_rows, pk=("run_id", "task", "metric", "n_recur", "limit_n"),
+                                          replace=True)
+        if bench:
+            db["bench"].insert_all(_bench_rows(preset, archs), pk="id")
+    db.conn.close()
+    return path
+
+
+def _bench_rows(preset: str, archs: list[str]) -> list[dict]:
+    rows = []
+    for i, arch in enumerate(archs):
+        for impl in ("benchctl", "reference") if arch == "control" else ("benchctl",):
+            tps = (9000.0 if impl == "benchctl" else 6000.0) / _EFFECTS.get(arch, (0, 2.0, 0, 0))[1]
+            rows.append({
+                "bench_id": "b1", "arch": arch, "preset": preset, "impl": impl, "compiled": 0, "device": "cpu",
+                "device_name": DEVICE_NAME, "steps": 20, "repeats": 3, "tokens_per_step": 512,
+                "tokens_per_s": tps, "tokens_per_s_min": tps * 0.97, "tokens_per_s_max": tps * 1.02,
+                "step_seconds": 512 / tps, "flops_per_token": 1e6 * (i + 1), "achieved_flops": tps * 1e6 * (i + 1),
+                "peak_flops": 1e11, "peak_flops_source": "measured fp32 matmul", "mfu": tps * 1e6 * (i + 1) / 1e11,
+                "peak_mem_bytes": 300_000_000, "torch_version": "2.13.0+cpu", "git_commit": "abc1234",
+                "created_at": _ts(6, 0),
+            })
+    return rows

@@ -1,0 +1,502 @@
+"""`benchctl report`: the report's numbers against independent computations from a fixture results.db, valid and
+deterministic figures, robustness (empty, partial, failed, single seed, several presets, config variants), the CLI."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+from typer.testing import CliRunner
+
+from benchctl import db as dbmod
+from benchctl import paper, report
+from benchctl import stats as bstats
+from benchctl.cli import app, main
+from benchctl.errors import ConfigError, DatabaseError
+from fixtures_db import JUDGE_MODEL, PROMPT_HASH, STUDY_ARCHS, build_fixture_db
+
+SECTIONS = ("Runs", "Models", "Training cost", "Loss", "Judge", "lm-eval", "Comparisons", "Benchmark", "Provenance")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# helpers: read the markdown back
+
+
+def section(md: str, title: str) -> str:
+    m = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", md, flags=re.S | re.M)
+    assert m, f"section {title!r} missing"
+    return m.group(1)
+
+
+def tables(text: str) -> list[list[dict[str, str]]]:
+    """Every markdown table in `text` as a list of {header: cell} rows (escaped pipes kept inside cells)."""
+    out, cur = [], None
+    for line in text.splitlines():
+        if line.startswith("|"):
+            cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+            if cur is None:
+                heads = []
+                for c in cells:  # a repeated header (e.g. two "× control" columns) gets a suffix
+                    heads.append(c if c not in heads else f"{c} ({heads.count(c) + 1})")
+                cur = {"headers": heads, "rows": []}
+            elif set(line) <= set("|-: "):
+                continue
+            else:
+                cur["rows"].append(dict(zip(cur["headers"], cells)))
+        elif cur is not None:
+            out.append(cur["rows"])
+            cur = None
+    if cur is not None:
+        out.append(cur["rows"])
+    return out
+
+
+def by_model(rows: list[dict[str, str]], key: str = "model") -> dict[str, dict[str, str]]:
+    return {r[key]: r for r in rows}
+
+
+def q(path: Path, sql: str, params=()) -> list[tuple]:
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.close()
+
+
+def t_ci(values) -> tuple[float, float, float]:
+    x = np.asarray(values, float)
+    m, h = x.mean(), sps.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x))
+    return m, m - h, m + h
+
+
+def fnum(x: float, d: int = 3) -> str:
+    s = f"{x:,.{d}f}"
+    return s[1:] if s.startswith("-") and float(s.replace(",", "")) == 0 else s
+
+
+def fpv(p: float) -> str:
+    return bstats.fmt_p(p).replace("p = ", "").replace("p ", "")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the full fixture: built and reported once for this module
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory):
+    d = tmp_path_factory.mktemp("full")
+    path = build_fixture_db(d / "results.db", judge_repeats=2, bench=True)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    out = report.write_report(path, d / "reports")
+    return {"db": path, "out": out, "md": out.read_text(), "digest": digest, "dir": d}
+
+
+def done_values(db: Path, column: str, arch: str, preset: str = "tiny") -> list[float]:
+    return [r[0] for r in q(db, f"select {column} from runs where status = 'done' and arch = ? and preset = ? "
+                               "order by seed", (arch, preset))]
+
+
+def test_every_section_present_in_order(full):
+    md = full["md"]
+    pos = [md.index(f"\n## {s}\n") for s in SECTIONS]
+    assert pos == sorted(pos)
+    assert md.startswith("# benchctl report: preset `tiny`\n")
+    assert "Runs of preset `tiny`: 12 done, 1 running, 1 failed." in md
+
+
+def test_report_only_reads_the_database(full):
+    assert hashlib.sha256(full["db"].read_bytes()).hexdigest() == full["digest"]
+
+
+def test_loss_table_matches_independent_computation(full):
+    db, md = full["db"], full["md"]
+    rows = by_model(tables(section(md, "Loss"))[0])
+    assert list(rows) == list(STUDY_ARCHS)  # fixed architecture order
+    for arch in STUDY_ARCHS:
+        for col, name in (("final_val_loss", "final val loss"), ("initial_val_loss", "initial val loss")):
+            m, lo, hi = t_ci(done_values(db, col, arch))
+            r = rows[arch]
+            assert r[name] == fnum(m)
+            ci_col = list(r)[list(r).index(name) + 1]
+            assert r[ci_col] == f"{fnum(lo)} to {fnum(hi)}"
+        assert r["seeds"] == "3"  # the failed run and the running one are not seeds
+        assert r["tokens/run"] == "15.4 k"  # 30 steps x 512 tokens
+    assert "ln 512 = 6.238" in section(md, "Loss")
+    assert "study initial" not in section(md, "Loss")  # the study's values sit beside ours only for `paper`
+
+
+def test_runs_section_lists_failed_and_running(full):
+    sec = section(full["md"], "Runs")
+    status = by_model(tables(sec)[0])
+    assert status["frailt"]["running"] == "1" and status["relaxed"]["failed"] == "1"
+    assert status["relaxed"]["seeds done"] == "0, 1, 2"
+    bad = tables(sec)[1]
+    assert {(r["model"], r["status"]) for r in bad} == {("relaxed", "failed"), ("frailt", "running")}
+    failed = next(r for r in bad if r["status"] == "failed")
+    assert failed["error"] == "RuntimeError: loss is NaN at step 15 | check train.lr"  # pipe escaped, then read back
+
+
+def test_training_cost_matches_independent_computation(full):
+    db, sec = full["db"], section(full["md"], "Training cost")
+    rows = by_model(tables(sec)[0])
+    ctrl_t = np.mean(done_values(db, "train_seconds", "control"))
+    ctrl_m = np.mean(done_values(db, "peak_rss_bytes", "control"))
+    for arch in STUDY_ARCHS:
+        t = done_values(db, "train_seconds", arch)
+        r = rows[arch]
+        assert r["training time (s)"] == fnum(np.mean(t), 2)
+        assert r["range over seeds"] == f"{fnum(min(t), 2)} to {fnum(max(t), 2)}"
+        m = np.mean(t)
+        mem = np.mean(done_values(db, "peak_rss_bytes", arch))
+        assert r["peak RSS (MiB)"] == fnum(mem / 2**20, 2)
+        assert r["× control"] == fnum(m / ctrl_t, 2)
+        assert r["× control (2)"] == fnum(mem / ctrl_m, 2)
+    assert "Intel(R) Xeon(R) CPU @ 2.20GHz (cpu)" in sec
+    assert "peak resident set size" in sec
+
+
+def test_models_section(full):
+    sec = section(full["md"], "Models")
+    acc = by_model(tables(sec)[0])
+    assert acc["control"]["unique total"] == "69,920" and acc["relaxed"]["LoRA"] == "40,960"
+    assert acc["three-part"]["depth"] == "16" and acc["control"]["depth"] == "4"
+    study = by_model(tables(sec)[1])
+    for arch, total in paper.TOTAL_PARAMS.items():
+        assert study[arch]["study"] == f"{total:,}" and study[arch]["match"] == "yes"
+    flags = tables(sec)[2]
+    assert [f["study row"] for f in flags] == [f["what"] for f in paper.FLAGS]
+
+
+def _judge_truth(db: Path):
+    """Per model: per-sample averages over ok repeats (independently, in SQL), failures, per-prompt means."""
+    rows = q(db, """
+        select r.arch, s.id, s.prompt_id, avg(g.grammar), avg(g.creativity), avg(g.consistency), avg(g.plot),
+               avg(g.average)
+        from judge_grades g join samples s on s.id = g.sample_id join runs r on r.id = s.run_id
+        where r.status = 'done' and g.status = 'ok' group by r.arch, s.id, s.prompt_id""")
+    failed = dict(q(db, """
+        select r.arch, count(*) from judge_grades g join samples s on s.id = g.sample_id
+        join runs r on r.id = s.run_id where r.status = 'done' and g.status != 'ok' group by r.arch"""))
+    per_sample, per_prompt = {}, {}
+    for arch, _sid, pid, *vals in rows:
+        per_sample.setdefault(arch, []).append(vals)
+        per_prompt.setdefault(arch, {}).setdefault(pid, []).append(vals[-1])
+    per_prompt = {a: {p: float(np.mean(v)) for p, v in d.items()} for a, d in per_prompt.items()}
+    return per_sample, failed, per_prompt
+
+
+def test_judge_table_matches_independent_computation(full):
+    db, sec = full["db"], section(full["md"], "Judge")
+    per_sample, failed, _ = _judge_truth(db)
+    rows = by_model(tables(sec)[0])
+    assert sum(failed.values()) == 3
+    for arch in STUDY_ARCHS:
+        vals = np.array(per_sample[arch])  # (samples, 5)
+        r = rows[arch]
+        assert r["graded"] == str(len(vals)) and r["samples"] == "36"
+        assert r["failed"] == str(failed.get(arch, 0))
+        for j, c in enumerate(("grammar", "creativity", "consistency", "plot", "average")):
+            m, lo, hi = t_ci(vals[:, j])
+            assert r[c] == f"{m:.2f} ± {(hi - lo) / 2:.2f}"
+    assert f"`{JUDGE_MODEL}`" in sec and f"`{PROMPT_HASH}`" in sec
+    study = by_model(tables(sec)[1])
+    assert study["three-part"]["average"] == "3.07"  # the study's grades beside ours
+
+
+def test_comparisons_match_scipy_and_bootstrap(full):
+    db, sec = full["db"], section(full["md"], "Comparisons")
+    rows = tables(sec)[0]
+    loss = {(r["a"], r["b"]): r for r in rows if r["quantity"] == "final validation loss"}
+    judge = {(r["a"], r["b"]): r for r in rows if r["quantity"] == "judge average"}
+    expected_pairs = [("frailt", "control"), ("three-part", "control"), ("relaxed", "control"),
+                      ("frailt", "three-part"), ("frailt", "relaxed"), ("three-part", "relaxed")]
+    assert list(loss) == expected_pairs and list(judge) == expected_pairs
+    ps = []
+    for a, b in expected_pairs:
+        xa, xb = done_values(db, "final_val_loss", a), done_values(db, "final_val_loss", b)
+        ref = sps.ttest_ind(xa, xb, equal_var=False)
+        lo, hi = ref.confidence_interval(0.95)
+        r = loss[(a, b)]
+        assert r["a − b"] == fnum(np.mean(xa) - np.mean(xb))
+        assert r["95% CI"] == f"{fnum(lo)} to {fnum(hi)}"
+        assert r["p"] == fpv(ref.pvalue)
+        assert r["n (a, b)"] == "3, 3"
+        ps.append(ref.pvalue)
+    # Holm by hand: sorted p_(i) * (m - i), running max
+    order = np.argsort(ps, kind="stable")
+    adj, run = [0.0] * len(ps), 0.0
+    for rank, i in enumerate(order):
+        run = max(run, min(1.0, (len(ps) - rank) * ps[i]))
+        adj[i] = run
+    assert [loss[p]["p (Holm)"] for p in expected_pairs] == [fpv(x) for x in adj]
+    # judge: paired over shared prompts, each prompt averaged over seeds and repeats (independent SQL)
+    _, _, per_prompt = _judge_truth(db)
+    for a, b in expected_pairs:
+        shared = sorted(set(per_prompt[a]) & set(per_prompt[b]))
+        diff = np.mean([per_prompt[a][p] - per_prompt[b][p] for p in shared])
+        r = judge[(a, b)]
+        assert r["a − b"] == fnum(diff, 2) and r["n (a, b)"] == f"{len(shared)} shared"
+        lo, hi = (float(x) for x in r["95% CI"].split(" to "))
+        assert lo <= round(diff, 2) <= hi
+        d = bstats.paired_bootstrap(per_prompt[a], per_prompt[b], n_boot=report.N_BOOT,
+                                    seed=__import__("zlib").crc32(f"{a}|{b}".encode()))
+        assert r["p"] == fpv(d.p) and r["95% CI"] == f"{fnum(d.lo, 2)} to {fnum(d.hi, 2)}"
+    # one verdict sentence per comparison, consistent with the numbers
+    verdicts = [l[2:] for l in sec.splitlines() if l.startswith("- ")]
+    assert len(verdicts) == 12
+    for r, v in zip(rows, verdicts):
+        assert v.startswith(f"{r['a']}'s") or v.startswith(f"{r['a']} vs")
+        significant = r["p"] == "< 0.001" or float(r["p"]) < 0.05
+        assert ("not distinguishable" in v) != significant or "borderline" in v
+
+
+def test_lm_eval_table(full):
+    db, sec = full["db"], section(full["md"], "lm-eval")
+    rows = by_model(tables(sec)[0])
+    for arch in STUDY_ARCHS:
+        vals = [r[0] for r in q(db, "select e.value from eval_results e join runs r on r.id = e.run_id where "
+                                   "r.status = 'done' and r.arch = ? and e.task = 'tinystories_ending' and "
+                                   "e.metric = 'acc'", (arch,))]
+        assert rows[arch]["tinystories_ending acc"] == f"{np.mean(vals):.4f} ± 0.0200"
+        assert rows[arch]["seeds"] == "3"
+        assert " ± " not in rows[arch]["tinystories_ppl bits_per_byte"]  # NULL stderr is shown as nothing
+    assert rows["three-part"]["n_recur"] == "7"
+
+
+def test_benchmark_and_provenance(full):
+    md = full["md"]
+    bench = tables(section(md, "Benchmark"))[0]
+    assert [(r["arch"], r["impl"]) for r in bench][:2] == [("control", "benchctl"), ("control", "reference")]
+    assert "1.50× the eager reference" in section(md, "Benchmark")
+    prov = {r["what"]: r["value"] for r in tables(section(md, "Provenance"))[0]}
+    assert prov["git commit"] == "abc1234 (14 runs)"
+    assert prov["data fingerprint"].startswith("fp0123456789abcdef")
+    assert prov["first run created"] == "2025-06-02T00:00:00+00:00"
+
+
+def test_figures_are_valid_pngs(full):
+    import matplotlib.image as mpimg
+
+    figdir = full["out"].parent / "figures"
+    names = sorted(p.name for p in figdir.glob("*.png"))
+    assert names == sorted(report.FIGURE_NAMES)
+    for name in names:
+        data = (figdir / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n"
+        assert len(data) > 20_000, name
+        img = mpimg.imread(figdir / name)
+        h, w = img.shape[:2]
+        assert 600 <= w <= 2400 and 450 <= h <= 1400, (name, w, h)
+        assert img[..., :3].std() > 0.05  # not a blank canvas
+        assert f"](figures/{name})" in full["md"]
+
+
+def test_same_database_same_bytes(full, tmp_path):
+    out2 = report.write_report(full["db"], tmp_path / "again")
+    assert out2.read_bytes() == full["out"].read_bytes()
+    for name in report.FIGURE_NAMES:
+        again = (tmp_path / "again" / "figures" / name).read_bytes()
+        assert again == (full["out"].parent / "figures" / name).read_bytes()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# robustness
+
+
+def _one_line_sections(md: str, names) -> None:
+    for name in names:
+        body = [l for l in section(md, name).splitlines() if l.strip()]
+        assert len(body) == 1, (name, body)
+        assert "`benchctl " in body[0], (name, body)
+
+
+def test_empty_database(tmp_path):
+    p = tmp_path / "empty.db"
+    dbmod.connect(p).conn.close()
+    out = report.write_report(p, tmp_path / "r")
+    md = out.read_text()
+    assert md.startswith("# benchctl report\n")
+    assert "no runs yet" in md
+    _one_line_sections(md, ["Runs", "Training cost", "Loss", "Judge", "lm-eval", "Comparisons", "Benchmark",
+                            "Provenance"])
+    assert "No runs for this preset" in section(md, "Models")
+    assert not list((tmp_path / "r" / "figures").glob("*.png"))
+
+
+def test_database_without_tables(tmp_path):
+    p = tmp_path / "bare.db"
+    sqlite3.connect(p).execute("create table unrelated (x)").connection.close()
+    md = report.write_report(p, tmp_path / "r").read_text()
+    assert "no runs yet" in md
+
+
+def test_partial_database_runs_only(tmp_path):
+    p = build_fixture_db(tmp_path / "r.db", judge=False, evals=False, seeds=(0, 1))
+    md = report.write_report(p, tmp_path / "r").read_text()
+    _one_line_sections(md, ["Judge", "lm-eval", "Benchmark"])
+    assert "`benchctl judge" in section(md, "Judge") and "`benchctl eval`" in section(md, "lm-eval")
+    cmp = section(md, "Comparisons")
+    assert "final validation loss" in cmp and "judge average" not in tables(cmp)[0][0].values()
+    assert "Judge comparisons need grades" in cmp
+    names = sorted(x.name for x in (tmp_path / "r" / "figures").glob("*.png"))
+    assert names == ["final_val_loss.png", "peak_memory.png", "training_time.png", "val_loss_curves.png"]
+
+
+def test_no_finished_runs(tmp_path):
+    p = tmp_path / "r.db"
+    db = dbmod.connect(p)
+    from benchctl.config import make_config
+
+    for arch, status in (("control", "running"), ("frailt", "failed")):
+        cfg = make_config("tiny", arch, 0)
+        db["runs"].insert({"id": f"{arch}-x", "arch": arch, "preset": "tiny", "seed": 0, "status": status,
+                           "config_json": cfg.to_json(), "error": "killed" if status == "failed" else None})
+    db.conn.commit()
+    db.conn.close()
+    md = report.write_report(p, tmp_path / "r").read_text()
+    assert "Runs of preset `tiny`: 1 running, 1 failed." in md
+    _one_line_sections(md, ["Training cost", "Loss", "Judge", "lm-eval", "Comparisons"])
+    assert "| frailt-x | frailt | 0 | failed |" in section(md, "Runs")
+
+
+def test_single_seed(tmp_path):
+    p = build_fixture_db(tmp_path / "r.db", seeds=(0,), failed_run=False, running_run=False)
+    md = report.write_report(p, tmp_path / "r").read_text()
+    loss = by_model(tables(section(md, "Loss"))[0])
+    for arch in STUDY_ARCHS:
+        assert loss[arch]["seeds"] == "1"
+        assert list(loss[arch].values()).count("no CI (1 seed)") == 2
+        assert loss[arch]["final val loss"] == fnum(done_values(p, "final_val_loss", arch)[0])
+    assert "A model with one seed has no confidence interval" in section(md, "Loss")
+    cmp = section(md, "Comparisons")
+    loss_verdicts = [l for l in cmp.splitlines() if l.startswith("- ") and "validation loss" in l]
+    assert len(loss_verdicts) == 6
+    assert all(v.endswith("cannot be tested: one seed per model.") for v in loss_verdicts)
+    assert all(r["p"] == "-" and r["95% CI"] == "-" for r in tables(cmp)[0] if r["quantity"] != "judge average")
+    # the judge comparison still pairs prompts: 12 prompts x 1 seed
+    assert any(r["n (a, b)"] == "12 shared" for r in tables(cmp)[0])
+
+
+def test_preset_choice_and_other_presets(tmp_path):
+    p = build_fixture_db(tmp_path / "r.db", seeds=(0, 1), judge=False, evals=False, failed_run=False,
+                         running_run=False)
+    build_fixture_db(p, preset="small", archs=("control", "frailt"), seeds=(0,), judge=False, evals=False,
+                     failed_run=False, running_run=False, curves=False)
+    md = report.build(p).markdown
+    assert md.startswith("# benchctl report: preset `tiny`")
+    assert "Other presets in the database: `small` (2 done of 2)" in md
+    small = report.build(p, "small")
+    assert small.preset == "small" and small.other_presets == [("tiny", 8, 8)]
+    assert list(by_model(tables(section(small.markdown, "Loss"))[0])) == ["control", "frailt"]
+    with pytest.raises(ConfigError, match="did you mean 'tiny'"):
+        report.build(p, "tiyn")
+    # a known preset without runs is a valid report that says so
+    assert "No runs for this preset" in section(report.build(p, "paper").markdown, "Runs")
+
+
+def test_config_variants_are_separate_models(tmp_path):
+    p = build_fixture_db(tmp_path / "r.db", archs=("control", "three-part"), seeds=(0, 1, 2), judge=False,
+                         evals=False, failed_run=False, running_run=False)
+    build_fixture_db(p, archs=("control",), seeds=(0, 1), overrides={"train.max_steps": 20}, judge=False,
+                     evals=False, failed_run=False, running_run=False)
+    rendered = report.build(p)
+    loss = by_model(tables(section(rendered.markdown, "Loss"))[0])
+    assert list(loss) == ["control", "control [train.max_steps=20]", "three-part"]
+    assert loss["control"]["seeds"] == "3" and loss["control [train.max_steps=20]"]["seeds"] == "2"
+    assert loss["control [train.max_steps=20]"]["tokens/run"] == "10.2 k"
+    assert "- control [train.max_steps=20]: `train.max_steps=20`" in section(rendered.markdown, "Runs")
+    assert len(set(report.build_context(report.load(sqlite3.connect(p)).runs, None).colours.values())) == 3
+
+
+def test_paper_preset_shows_the_study_beside_ours(tmp_path):
+    p = build_fixture_db(tmp_path / "r.db", preset="paper", seeds=(0, 1), judge=False, evals=False,
+                         failed_run=False, running_run=False, device="cuda")
+    md = report.build(p).markdown
+    models = by_model(tables(section(md, "Models"))[0])
+    for arch, total in paper.TOTAL_PARAMS.items():
+        assert models[arch]["study total"] == f"{total:,}" and models[arch]["match"] == "yes"
+    loss = by_model(tables(section(md, "Loss"))[0])
+    for arch in STUDY_ARCHS:
+        assert loss[arch]["study initial"] == f"{paper.INITIAL_LOSS[arch]:.3f}"
+        assert loss[arch]["study final"].startswith(f"{paper.FINAL_LOSS[arch]:.3f}")
+    assert loss["control"]["study final"] == "1.429 (Table 5: 1.492)"
+    assert loss["control"]["tokens/run"] == "204.80 M"
+    cost = by_model(tables(section(md, "Training cost"))[0])
+    gpu = np.mean(done_values(p, "peak_gpu_mem_bytes", "relaxed", "paper")) / 2**30
+    assert cost["relaxed"]["peak GPU memory (torch allocated) (GiB)"] == fnum(gpu, 2)
+    assert "NVIDIA GeForce RTX 3070 Laptop GPU (cuda)" in section(md, "Training cost")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# CLI
+
+
+def test_cli_report(full, tmp_path):
+    res = CliRunner().invoke(app, ["report", "--db", str(full["db"]), "--out", str(tmp_path / "rep")])
+    assert res.exit_code == 0, res.output
+    assert "wrote" in res.output and "report.md" in res.output and "preset: tiny" in res.output
+    assert (tmp_path / "rep" / "report.md").read_bytes() == full["out"].read_bytes()
+    assert len(list((tmp_path / "rep" / "figures").glob("*.png"))) == len(report.FIGURE_NAMES)
+
+
+def test_cli_stale_figures_are_removed(full, tmp_path):
+    out = tmp_path / "rep"
+    assert CliRunner().invoke(app, ["report", "--db", str(full["db"]), "--out", str(out)]).exit_code == 0
+    empty = tmp_path / "empty.db"
+    dbmod.connect(empty).conn.close()
+    assert CliRunner().invoke(app, ["report", "--db", str(empty), "--out", str(out)]).exit_code == 0
+    assert not list((out / "figures").glob("*.png"))
+
+
+def test_cli_missing_database(tmp_path, capsys, monkeypatch):
+    missing = tmp_path / "nope.db"
+    res = CliRunner().invoke(app, ["report", "--db", str(missing), "--out", str(tmp_path / "r")])
+    assert isinstance(res.exception, DatabaseError) and str(missing) in str(res.exception)
+    assert not missing.exists()  # reading never creates a database
+    monkeypatch.setenv("BENCHCTL_DB", str(missing))
+    with pytest.raises(SystemExit) as e:
+        main(["report", "--out", str(tmp_path / "r")])
+    assert e.value.code == DatabaseError.exit_code
+    err = capsys.readouterr().err
+    assert "no results database" in err and "Traceback" not in err
+
+
+def test_cli_bad_format_and_corrupt_file(tmp_path):
+    res = CliRunner().invoke(app, ["report", "--format", "html", "--db", str(tmp_path / "x.db")])
+    assert isinstance(res.exception, ConfigError)
+    bad = tmp_path / "bad.db"
+    bad.write_text("this is not sqlite " * 100)
+    with pytest.raises(DatabaseError, match="cannot read results database"):
+        report.write_report(bad, tmp_path / "r")
+
+
+def test_two_judges_are_reported_apart(tmp_path):
+    p = build_fixture_db(tmp_path / "r.db", archs=("control", "three-part"), seeds=(0, 1), evals=False,
+                         failed_run=False, running_run=False)
+    conn = sqlite3.connect(p)
+    # a second judge grades only the first four samples of each run: fewer grades, so not the primary
+    rows = conn.execute("select sample_id, grammar, creativity, consistency, plot from judge_grades "
+                        "where status = 'ok' and sample_id in (select id from samples where prompt_id in "
+                        "('pset01:0', 'pset01:1', 'pset01:2', 'pset01:3'))").fetchall()
+    conn.executemany("insert into judge_grades (sample_id, judge_model, prompt_hash, repeat, status, grammar, "
+                     "creativity, consistency, plot, average) values (?, 'other-judge', ?, 0, 'ok', 9, 9, 9, 9, 9)",
+                     [(r[0], PROMPT_HASH) for r in rows])
+    conn.commit()
+    conn.close()
+    md = report.build(p).markdown
+    judge = section(md, "Judge")
+    assert judge.index(f"### {JUDGE_MODEL}") < judge.index("### other-judge")
+    assert "(primary: used in Comparisons)" in judge
+    other = by_model(tables(judge.split("### other-judge")[1])[0])
+    n_control = q(p, "select count(distinct g.sample_id) from judge_grades g join samples s on s.id = g.sample_id "
+                     "join runs r on r.id = s.run_id where g.judge_model = 'other-judge' and r.arch = 'control'")[0][0]
+    assert other["control"]["average"] == "9.00 ± 0.00" and other["control"]["graded"] == str(n_control)
+    assert 0 < n_control < 8
+    cmp = [r for r in tables(section(md, "Comparisons"))[0] if r["quantity"] == "judge average"]
+    assert len(cmp) == 1 and cmp[0]["n (a, b)"] == "12 shared"  # the primary judge, all 12 prompts
