@@ -122,8 +122,8 @@ def summarize(rows: list[dict[str, Any] | None]) -> None:
     rows = [r for r in rows if r]
     if not rows:
         return
-    t = Table(title="runs", title_justify="left", box=box.SIMPLE_HEAD)
-    for head in ("arch", "seed", "params", "init loss", "final loss", "train time", "tok/s", "peak mem"):
+    t = Table(title="runs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for head in ("arch", "seed", "params", "initial", "final", "train time", "tok/s", "peak mem"):
         t.add_column(head, justify="left" if head == "arch" else "right", no_wrap=True)
     for r in rows:
         mem = _fmt_bytes(r.get("peak_gpu_mem_bytes")) if r.get("peak_gpu_mem_bytes") else (
@@ -136,7 +136,10 @@ def summarize(rows: list[dict[str, Any] | None]) -> None:
         )
     console.print(t)
     devs = sorted({r.get("device_name") or "?" for r in rows})
-    console.print(f"device: {', '.join(devs)}. train time excludes warm-up, evaluation and checkpoints.")
+    console.print(
+        f"initial/final = validation loss (nats/token). device: {', '.join(devs)}. "
+        "train time excludes warm-up, evaluation and checkpoints."
+    )
 
 
 def _f(x: float | None) -> str:
