@@ -169,6 +169,40 @@ def evaluate(
     return float(total[0] / total[1])
 
 
+def train_step(
+    train_model: nn.Module,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    next_batch: Callable[[], tuple[torch.Tensor, torch.Tensor]],
+    cfg: RunConfig,
+    device: torch.device,
+    amp: torch.dtype | None,
+    *,
+    ddp: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One optimizer step: grad_accum micro-batches, clipping, AdamW. The exact step `train` runs and `bench` times.
+
+    `train_model` is what runs forward (the model, or its compiled/DDP wrapper); `model` owns the parameters.
+    Returns (summed micro-batch loss = the step's mean loss, gradient norm before clipping or None).
+    """
+    t = cfg.train
+    loss_sum = torch.zeros((), device=device)
+    for micro in range(t.grad_accum):
+        x, y = next_batch()
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        # DDP: all-reduce gradients only on the last micro-batch
+        sync_ctx = train_model.no_sync() if ddp and micro < t.grad_accum - 1 else nullcontext()
+        with sync_ctx, (torch.autocast(device.type, dtype=amp) if amp else nullcontext()):
+            _, loss = train_model(x, y)
+            loss = loss / t.grad_accum
+        loss.backward()
+        loss_sum += loss.detach()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip) if t.grad_clip > 0 else None
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss_sum, grad_norm
+
+
 @dataclass
 class RunResult:
     run_id: str
@@ -431,25 +465,8 @@ def train_run(
             timed = step - start_step >= TIMING_WARMUP_STEPS
             t0 = time.perf_counter()
             with sw if timed else nullcontext():
-                loss_sum = torch.zeros((), device=device)
-                for micro in range(t.grad_accum):
-                    x, y = sampler.next_batch()
-                    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                    sync_ctx = (
-                        train_model.no_sync()
-                        if dist_info.enabled and micro < t.grad_accum - 1
-                        else nullcontext()
-                    )
-                    with sync_ctx, (torch.autocast(device.type, dtype=amp) if amp else nullcontext()):
-                        _, loss = train_model(x, y)
-                        loss = loss / t.grad_accum
-                    loss.backward()
-                    loss_sum += loss.detach()
-                grad_norm = (
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip) if t.grad_clip > 0 else None
-                )
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
+                loss_sum, grad_norm = train_step(train_model, model, optimizer, sampler.next_batch, cfg, device, amp,
+                                                 ddp=dist_info.enabled)
             if not timed:
                 telemetry.sync(device)
                 warmup_compile += time.perf_counter() - t0
