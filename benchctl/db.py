@@ -104,6 +104,8 @@ _SCHEMA: dict[str, dict[str, Any]] = {
             "idx": int,
             "text": str,
             "source_story": int,  # index of the validation story it was taken from
+            "rule": str,  # the selection rule and its version, e.g. "opening-sentences-v1"
+            "data_fingerprint": str,  # the prepared data the validation stories came from
             "created_at": str,
         },
         "pk": "id",
@@ -123,8 +125,10 @@ _SCHEMA: dict[str, dict[str, Any]] = {
             "top_p": float,
             "max_new_tokens": int,
             "seed": int,
-            "n_recur": int,
-            "n_tokens": int,
+            "n_recur": int,  # the recurrence that ran (the run's trained one unless overridden)
+            "batch_size": int,  # fixes the batch composition, hence three-part's random initial states
+            "device": str,  # cpu | cuda: samples are reproducible on the same device type
+            "n_tokens": int,  # new tokens, the end-of-story token excluded
             "finish_reason": str,  # eos | length
             "created_at": str,
         },

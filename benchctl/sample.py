@@ -1,0 +1,700 @@
+"""Story sampling: a fixed, versioned prompt set from the validation split, and batched KV-cached generation for every
+finished run, stored in the `prompts` and `samples` tables of results.db (SPEC.md §5).
+
+Follows the TinyStories paper's protocol (every model completes the same story beginnings taken from held-out
+stories, and a judge grades the completions) with karpathy/llama2.c's sampler (`sample.py`, `run.c`): temperature,
+top-k (llama2.c's `sample.py` uses temperature 1.0, top-k 300) and optional nucleus top-p, and a story ends when the
+model emits BOS — in the pretokenized data every story is `[BOS] + tokens` with no EOS, so BOS is what a trained
+model emits at the end of a story (llama2.c's `run.c` stops on BOS too); EOS (id 2) stops as well, for safety.
+
+Prompt set (rule `opening-sentences-v1`). Validation stories are read in their stored order (as `prepare` kept them).
+For each story, the prompt is its shortest opening made of whole sentences with at least `MIN_PROMPT_WORDS` (16)
+words — one sentence of TinyStories ("Once upon a time, there was a little girl named Lily.") is nearly the same for
+every story, two give the judge a beginning the completion can be consistent with. A sentence ends at `.`, `!` or
+`?` (runs of them, plus closing quotes) followed by whitespace. A story is skipped when that opening has more than
+`MAX_PROMPT_WORDS` (60) words, when fewer than `MIN_CONTINUATION_WORDS` (24) words follow it (no real continuation
+to write), or when its opening repeats an earlier prompt word for word. The first N stories that qualify give
+prompts 0..N-1, so a larger set extends a smaller one. The text is the story's own characters, stripped. The set's
+version id `prompt_set` hashes (data fingerprint, rule name and parameters, N); it is stored once in `prompts`
+(ids `"{prompt_set}:{idx}"`) and reused by every model and every later call.
+
+Generation. Per run, prompts are taken in batches of `batch_size` consecutive prompt indices (batch k holds prompts
+kB .. kB+B-1). Prompts are encoded with a leading BOS and need not have equal lengths: the batch starts at the
+shortest prompt and feeds each longer prompt's remaining tokens in place of samples ("ragged prefill"), so every row
+is exactly its own prompt followed by its own samples, with no padding and no mask. One forward per token step with
+the model's KV cache (recurrent models cache every pass); rows that finish are dropped from the batch and from the
+cache; past the context the window slides as in llama2.c (the last `max_seq_len` tokens are re-encoded each step).
+Weights run in float32 on CPU or CUDA (`--device auto`).
+
+Seeds. Each row draws its tokens from its own generator seeded by f(seed, prompt index), so a control, FraiLT or
+relaxed sample does not depend on which other prompts share its batch (up to floating-point differences between
+batch shapes), and every model sees the same random numbers for the same prompt. Three-part draws its initial state
+s0 from the global torch RNG at every forward, with a shape that includes the batch; that RNG is seeded per batch
+from (seed, the batch's prompt indices) inside `torch.random.fork_rng`, so three-part samples are reproducible for a
+given batch composition — which is why `batch_size` is part of the recorded settings and of the sample id.
+Samples are reproducible on the same device type; CPU and CUDA differ in floating point.
+
+Idempotence. A sample id hashes (run, prompt, settings); existing ids are skipped before any generation, and each
+batch is written in one transaction, so a killed run keeps its finished batches and a rerun generates only the rest
+(a batch is always regenerated whole, keeping its composition, hence its three-part samples, unchanged).
+`settings_json` holds the requested settings (`n_recur` null = each run's trained recurrence); the `n_recur` column
+holds the recurrence that ran.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from benchctl import db as dbm
+from benchctl.errors import CheckpointError, ConfigError, DataError, EvalError
+
+if TYPE_CHECKING:  # torch is imported where used: the CLI starts without paying its import time
+    import torch
+
+RULE = "opening-sentences-v1"
+MIN_PROMPT_WORDS = 16
+MAX_PROMPT_WORDS = 60
+MIN_CONTINUATION_WORDS = 24
+SAMPLER = "benchctl-sample-v1"  # bump when the generation procedure changes what a given seed produces
+
+# Defaults, recorded with every sample. temperature 1.0 / top-k 300: llama2.c's sample.py. 256 new tokens: run.c's
+# default length, and enough for ~85% of TinyStories validation continuations (median ~160 tokens at vocab 4096)
+# to end by themselves. 50 prompts per model: the study's scale for a judged comparison.
+DEFAULT_N_PROMPTS = 50
+DEFAULT_TEMPERATURE = 1.0
+DEFAULT_TOP_K = 300
+DEFAULT_MAX_NEW_TOKENS = 256
+DEFAULT_SEED = 0
+DEFAULT_BATCH_SIZE = 64
+
+BOS_ID, EOS_ID = 1, 2  # SPEC.md §3 tokenizer ids; the end of a story is BOS (see the module docstring)
+
+_SENTENCE_END = re.compile(r"[.!?]+[\"'\u201d\u2019)]*(?=\s)")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Prompt set
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str  # f"{prompt_set}:{idx}"
+    idx: int
+    text: str
+    source_story: int  # index into the validation stories
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    id: str
+    rule: str
+    data_fingerprint: str
+    prompts: tuple[Prompt, ...]
+
+
+def _words(text: str) -> int:
+    return len(text.split())
+
+
+def story_opening(story: str) -> str | None:
+    """The rule's prompt for one story, or None when the story does not qualify (see the module docstring)."""
+    for m in _SENTENCE_END.finditer(story):
+        head = story[: m.end()]
+        n = _words(head)
+        if n < MIN_PROMPT_WORDS:
+            continue
+        if n > MAX_PROMPT_WORDS or _words(story[m.end() :]) < MIN_CONTINUATION_WORDS:
+            return None
+        return head.strip()
+    return None
+
+
+def select_prompts(stories: Sequence[str], n: int) -> list[tuple[int, str]]:
+    """(story index, prompt text) for the first `n` stories that qualify, in order."""
+    out: list[tuple[int, str]] = []
+    seen: set[str] = set()
+    for i, story in enumerate(stories):
+        text = story_opening(story)
+        if text is None or text in seen:
+            continue
+        seen.add(text)
+        out.append((i, text))
+        if len(out) == n:
+            break
+    return out
+
+
+def rule_spec() -> dict[str, Any]:
+    return {
+        "rule": RULE,
+        "min_prompt_words": MIN_PROMPT_WORDS,
+        "max_prompt_words": MAX_PROMPT_WORDS,
+        "min_continuation_words": MIN_CONTINUATION_WORDS,
+    }
+
+
+def prompt_set_id(data_fingerprint: str, n: int) -> str:
+    blob = json.dumps({"data": data_fingerprint, **rule_spec(), "n": n}, sort_keys=True)
+    return "ps-" + hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def build_prompt_set(stories: Sequence[str], data_fingerprint: str, n: int) -> PromptSet:
+    """The deterministic prompt set of `n` beginnings from the validation stories of one prepared dataset."""
+    if n < 1:
+        raise ConfigError(f"--n-prompts must be >= 1, got {n}")
+    chosen = select_prompts(stories, n)
+    if len(chosen) < n:
+        raise DataError(
+            f"only {len(chosen)} of {len(stories)} validation stories qualify as prompts under rule {RULE} "
+            f"(an opening of {MIN_PROMPT_WORDS}-{MAX_PROMPT_WORDS} words followed by at least "
+            f"{MIN_CONTINUATION_WORDS}); ask for --n-prompts {len(chosen)} or fewer, or use a larger validation split"
+        )
+    ps = prompt_set_id(data_fingerprint, n)
+    prompts = tuple(Prompt(f"{ps}:{i}", i, text, story) for i, (story, text) in enumerate(chosen))
+    return PromptSet(ps, RULE, data_fingerprint, prompts)
+
+
+def store_prompt_set(db, pset: PromptSet) -> int:
+    """Insert the set's prompts that are not stored yet; returns how many were inserted (0 when reused)."""
+    have = {r["id"] for r in db.query("select id from prompts where prompt_set = ?", [pset.id])}
+    rows = [
+        {"id": p.id, "prompt_set": pset.id, "idx": p.idx, "text": p.text, "source_story": p.source_story,
+         "rule": pset.rule, "data_fingerprint": pset.data_fingerprint, "created_at": dbm.now()}
+        for p in pset.prompts if p.id not in have
+    ]
+    if rows:
+        def write() -> None:
+            with db.conn:
+                db["prompts"].insert_all(rows, pk="id", ignore=True)
+
+        dbm.retry_locked(write)
+    return len(rows)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Settings
+
+
+@dataclass(frozen=True, kw_only=True)
+class SampleSettings:
+    """Everything that decides what a sample is, besides the run and the prompt."""
+
+    temperature: float = DEFAULT_TEMPERATURE
+    top_k: int | None = DEFAULT_TOP_K  # None (or 0) = no top-k filter
+    top_p: float | None = None  # None = no nucleus filter
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    seed: int = DEFAULT_SEED
+    n_recur: int | None = None  # None = each run's trained recurrence
+    batch_size: int = DEFAULT_BATCH_SIZE
+
+    def __post_init__(self) -> None:
+        if self.top_k == 0:
+            object.__setattr__(self, "top_k", None)
+        if not (self.temperature >= 0 and self.temperature < float("inf")):
+            raise ConfigError(f"--temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if self.top_k is not None and self.top_k < 0:
+            raise ConfigError(f"--top-k must be >= 1 (or 0 for no top-k filter), got {self.top_k}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ConfigError(f"--top-p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        if self.seed < 0:
+            raise ConfigError(f"--seed must be >= 0, got {self.seed}")
+        if self.batch_size < 1:
+            raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if self.n_recur is not None and self.n_recur < 1:
+            raise EvalError(f"--n-recur must be >= 1, got {self.n_recur}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "stop": "bos,eos", "sampler": SAMPLER}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @property
+    def hash(self) -> str:
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:12]
+
+
+def sample_id(run_id: str, prompt_id: str, settings_hash: str) -> str:
+    return hashlib.sha256(f"{run_id}|{prompt_id}|{settings_hash}".encode()).hexdigest()[:20]
+
+
+def _derive_seed(*parts: Any) -> int:
+    """A 60-bit seed from a tuple of values (torch generators take any non-negative 64-bit integer)."""
+    return int(hashlib.sha256(repr(parts).encode()).hexdigest()[:15], 16)
+
+
+def row_seed(seed: int, prompt_idx: int) -> int:
+    return _derive_seed("row", seed, prompt_idx)
+
+
+def batch_seed(seed: int, prompt_idxs: Sequence[int]) -> int:
+    return _derive_seed("batch", seed, tuple(prompt_idxs))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Generation
+
+
+@dataclass(frozen=True)
+class Generation:
+    tokens: list[int]  # the new tokens, the end-of-story token excluded
+    finish_reason: str  # eos | length
+
+
+def filter_logits(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None) -> torch.Tensor:
+    """Temperature, top-k and nucleus filtering of logits (B, V), exactly as `architectures.base.sample_next`."""
+    import torch
+    import torch.nn.functional as F
+
+    logits = logits.float() / temperature
+    if top_k is not None and 0 < top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and 0 < top_p < 1:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        probs = F.softmax(sorted_logits, dim=-1)
+        remove = probs.cumsum(-1) - probs > top_p  # keep the smallest prefix whose mass reaches top_p
+        sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    return logits
+
+
+def _keep_rows(cache, keep: torch.Tensor) -> None:
+    """Drop finished rows from every slot of a KV cache (LayerCache buffers are (B, n_kv_heads, T_max, hd))."""
+    for slot in cache._slots:
+        if slot.k is not None:
+            slot.k, slot.v = slot.k[keep], slot.v[keep]
+
+
+def generate_batch(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    temperature: float = DEFAULT_TEMPERATURE,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    stop_ids: Sequence[int] = (BOS_ID, EOS_ID),
+    n_recur: int | None = None,
+    generators: Sequence[torch.Generator] | None = None,
+) -> list[Generation]:
+    """Complete each prompt (token ids, BOS included) with one KV-cached forward per step; see the module docstring.
+
+    Prompts may differ in length (ragged prefill, no padding). Row b samples from `generators[b]` (None: the global
+    RNG); temperature 0 is greedy. A row stops at a token in `stop_ids` (excluded from its tokens) or after
+    `max_new_tokens` new tokens.
+    """
+    import torch
+
+    if not prompts:
+        return []
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token (BOS)")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if generators is not None and len(generators) != len(prompts):
+        raise ValueError(f"{len(generators)} generators for {len(prompts)} prompts")
+    with torch.no_grad():
+        return _generate(model, prompts, max_new_tokens, temperature, top_k, top_p, stop_ids, n_recur, generators)
+
+
+def _generate(model, prompts, max_new_tokens, temperature, top_k, top_p, stop_ids, n_recur, generators
+              ) -> list[Generation]:
+    import torch
+    import torch.nn.functional as F
+
+    from architectures.blocks import KVCache
+
+    device = next(model.parameters()).device
+    ctx = model.args.max_seq_len
+    B = len(prompts)
+    plen_all = [len(p) for p in prompts]
+    seq = torch.zeros(B, max(plen_all) + max_new_tokens, dtype=torch.long, device=device)  # (B, T_total)
+    for b, p in enumerate(prompts):
+        seq[b, : len(p)] = torch.as_tensor(list(p), dtype=torch.long)
+    plen = torch.tensor(plen_all, device=device)  # (B,)
+    stop = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=device)
+    rows = list(range(B))  # original index of each live row
+    gens = list(generators) if generators is not None else [None] * B
+    results: list[Generation | None] = [None] * B
+
+    T = min(plen_all)  # tokens per row fed so far; all live rows share positions
+    cache: KVCache | None = KVCache(ctx)
+    logits, _ = model(seq[:, max(0, T - ctx) : T], n_recur=n_recur, cache=cache)
+    if T >= ctx:
+        cache = None  # no room left: slide the window from here on
+    while True:
+        last = logits[:, -1, :]  # (b, V)
+        sampling = T >= plen  # (b,) rows past their prompt choose token T; the others are fed their prompt
+        tok = seq[:, T].clone()  # (b,)
+        if bool(sampling.any()):
+            if temperature <= 0:
+                picked = last.argmax(dim=-1)
+                tok = torch.where(sampling, picked, tok)
+            else:
+                probs = F.softmax(filter_logits(last, temperature, top_k, top_p), dim=-1)  # (b, V)
+                for r in sampling.nonzero().flatten().tolist():  # one draw per row, from that row's own stream
+                    tok[r] = torch.multinomial(probs[r], 1, generator=gens[r])[0]
+        seq[:, T] = tok
+        is_stop = sampling & torch.isin(tok, stop)
+        n_new = T + 1 - plen  # (b,) new tokens so far, stop token included
+        finished = is_stop | (sampling & (n_new >= max_new_tokens))
+        if bool(finished.any()):
+            for r in finished.nonzero().flatten().tolist():
+                start, end = int(plen[r]), T + (0 if bool(is_stop[r]) else 1)
+                results[rows[r]] = Generation(seq[r, start:end].tolist(), "eos" if bool(is_stop[r]) else "length")
+            keep = (~finished).nonzero().flatten()  # (b',)
+            if keep.numel() == 0:
+                break
+            seq, plen = seq[keep], plen[keep]
+            rows = [rows[i] for i in keep.tolist()]
+            gens = [gens[i] for i in keep.tolist()]
+            if cache is not None:
+                _keep_rows(cache, keep)
+        T += 1
+        if cache is not None and cache.pos < ctx:
+            logits, _ = model(seq[:, T - 1 : T], n_recur=n_recur, cache=cache)
+        else:
+            cache = None
+            logits, _ = model(seq[:, max(0, T - ctx) : T], n_recur=n_recur)
+    return [r for r in results if r is not None]
+
+
+def decode_completion(tok, prompt_ids: Sequence[int], new_ids: Sequence[int]) -> str:
+    """The text the new tokens add to the prompt, so that prompt text + completion is the story as generated.
+
+    Decoding the new tokens alone would drop the leading space of their first piece (SentencePiece strips it).
+    """
+    head = tok.decode(list(prompt_ids))
+    full = tok.decode(list(prompt_ids) + list(new_ids))
+    if full.startswith(head):
+        return full[len(head) :]
+    return tok.decode(list(new_ids))  # a byte-fallback sequence split at the boundary; rare
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Runs and the pipeline
+
+
+def resolve_device(spec: str) -> torch.device:
+    import torch
+
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if spec.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"--device {spec} but CUDA is not available here; use --device cpu (or auto)")
+    try:
+        return torch.device(spec)
+    except RuntimeError:
+        raise ConfigError(f"--device must be auto, cpu, cuda or cuda:N, got {spec!r}") from None
+
+
+def select_runs(
+    db, *, run_ids: Sequence[str] | None = None, archs: Sequence[str] | None = None, preset: str | None = None
+) -> list[dict[str, Any]]:
+    """The finished runs to sample, in architecture order then seed; clear errors for unknown or unfinished ones."""
+    import architectures
+
+    if archs:
+        for a in archs:
+            try:
+                architectures.get(a)
+            except architectures.UnknownArchitectureError as e:
+                raise ConfigError(f"--archs: {e}") from None
+    if run_ids:
+        rows = dbm.runs(db, ids=run_ids)
+        found = {r["id"]: r for r in rows}
+        unknown = [r for r in run_ids if r not in found]
+        if unknown:
+            raise ConfigError(f"unknown run id(s): {', '.join(unknown)}; list them with 'benchctl runs'")
+        unfinished = [f"{r['id']} ({r['status']})" for r in rows if r["status"] != "done"]
+        if unfinished:
+            raise ConfigError(
+                f"run(s) not finished: {', '.join(unfinished)}; finish them with 'benchctl train-all' first"
+            )
+    rows = dbm.runs(db, status="done", preset=preset, ids=run_ids)
+    if archs:
+        rows = [r for r in rows if r["arch"] in archs]
+    if not rows:
+        scope = []
+        if preset:
+            scope.append(f"preset '{preset}'")
+        if archs:
+            scope.append(f"architectures {', '.join(archs)}")
+        where = f" for {' and '.join(scope)}" if scope else ""
+        raise CheckpointError(f"no finished runs{where} in results.db; run 'benchctl train-all' first")
+    order = {n: i for i, n in enumerate(architectures.names())}
+    return sorted(rows, key=lambda r: (order.get(r["arch"], len(order)), r["arch"], r["preset"], r["seed"], r["id"]))
+
+
+def _check_n_recur(row: dict[str, Any], cfg, n_recur: int | None) -> int:
+    """The recurrence this run will sample with; an impossible override is an EvalError, before any work."""
+    import torch
+
+    import architectures
+
+    with torch.device("meta"):  # no weights needed to ask the architecture what it can run
+        model = architectures.build(cfg.arch, cfg.model)
+    try:
+        return model.resolve_n_recur(n_recur)
+    except architectures.RecurrenceError as e:
+        raise EvalError(f"--n-recur {n_recur} cannot run on {row['id']}: {e}; choose another value or narrow "
+                        "the runs with --archs / --runs") from None
+
+
+@dataclass
+class RunPlan:
+    row: dict[str, Any]
+    pset: PromptSet
+    n_recur: int  # resolved
+    batches: list[list[Prompt]]  # batches with at least one missing sample, each whole
+    missing: int
+    existing: int
+
+
+@dataclass
+class RunSamples:
+    """Per run: what this call did, and the stored samples for these settings."""
+
+    run_id: str
+    arch: str
+    preset: str
+    seed: int
+    n_recur: int
+    generated: int = 0
+    skipped: int = 0
+    n_samples: int = 0  # stored for (prompt set, settings)
+    mean_tokens: float | None = None
+    eos_share: float | None = None
+    new_tokens: int = 0  # tokens generated by this call (stop tokens included)
+    gen_seconds: float = 0.0  # wall time inside generation (model load and database writes excluded)
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.new_tokens / self.gen_seconds if self.gen_seconds > 0 else None
+
+
+@dataclass
+class SampleSummary:
+    settings: SampleSettings
+    settings_hash: str
+    device: str
+    prompt_sets: list[str]
+    runs: list[RunSamples] = field(default_factory=list)
+    example: dict[str, Any] | None = None  # {arch, run_id, prompt, completion, finish_reason, n_tokens}
+
+    @property
+    def generated(self) -> int:
+        return sum(r.generated for r in self.runs)
+
+    @property
+    def skipped(self) -> int:
+        return sum(r.skipped for r in self.runs)
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        secs = sum(r.gen_seconds for r in self.runs)
+        return sum(r.new_tokens for r in self.runs) / secs if secs > 0 else None
+
+
+def plan(db, rows: list[dict[str, Any]], settings: SampleSettings, n_prompts: int, *, progress: bool = False
+         ) -> list[RunPlan]:
+    """Prompt sets (stored), resolved recurrences and missing batches for every run — all checks before any work."""
+    from benchctl import data
+    from benchctl.config import RunConfig
+
+    prepared_by_key: dict[str, Any] = {}
+    psets: dict[str, PromptSet] = {}
+    plans = []
+    cfgs = [RunConfig.from_json(row["config_json"]) for row in rows]
+    n_recurs = [_check_n_recur(row, cfg, settings.n_recur) for row, cfg in zip(rows, cfgs)]
+    for row, cfg, n_recur in zip(rows, cfgs, n_recurs):
+        key = json.dumps([dataclasses.asdict(cfg.data), cfg.model.vocab_size], sort_keys=True)
+        if key not in prepared_by_key:
+            prepared_by_key[key] = data.prepare(cfg.data, cfg.model.vocab_size, progress=progress)
+        prepared = prepared_by_key[key]
+        if row.get("data_fingerprint") and row["data_fingerprint"] != prepared.fingerprint:
+            raise DataError(
+                f"run {row['id']} was trained on data {row['data_fingerprint'][:12]}, but its source "
+                f"{cfg.data.source} now gives {prepared.fingerprint[:12]}; restore the original data to sample it"
+            )
+        if prepared.fingerprint not in psets:
+            pset = build_prompt_set(prepared.valid_stories(), prepared.fingerprint, n_prompts)
+            store_prompt_set(db, pset)
+            psets[prepared.fingerprint] = pset
+        pset = psets[prepared.fingerprint]
+        ids = [sample_id(row["id"], p.id, settings.hash) for p in pset.prompts]
+        have = {r["id"] for r in db.query(
+            "select id from samples where run_id = ? and settings_hash = ? and prompt_set = ?",
+            [row["id"], settings.hash, pset.id])}
+        B = settings.batch_size
+        batches = [list(pset.prompts[i : i + B]) for i in range(0, len(pset.prompts), B)]
+        todo = [b for b in batches if any(sample_id(row["id"], p.id, settings.hash) not in have for p in b)]
+        existing = sum(1 for i in ids if i in have)
+        plans.append(RunPlan(row, pset, n_recur, todo, len(ids) - existing, existing))
+    return plans
+
+
+def _stats(db, run_id: str, prompt_set: str, settings_hash: str) -> tuple[int, float | None, float | None]:
+    r = next(iter(db.query(
+        "select count(*) as n, avg(n_tokens) as mean_tokens, avg(finish_reason = 'eos') as eos_share from samples "
+        "where run_id = ? and prompt_set = ? and settings_hash = ?", [run_id, prompt_set, settings_hash])))
+    return r["n"], r["mean_tokens"], r["eos_share"]
+
+
+class _Bar:
+    """A rich progress bar over samples to generate (disabled: no output)."""
+
+    def __init__(self, enabled: bool, total: int):
+        self._bar = None
+        if not enabled or total == 0:
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self._bar = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[tps]} tok/s"), TimeRemainingColumn(), transient=False,
+        )
+        self._task = self._bar.add_task("sampling", total=total, tps="-")
+        self._bar.start()
+
+    def update(self, advance: int, label: str, tps: float | None) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, advance=advance, description=label,
+                             tps=f"{tps:,.0f}" if tps else "-")
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+@contextlib.contextmanager
+def _closing(bar: _Bar):
+    try:
+        yield bar
+    finally:
+        bar.close()
+
+
+def sample_run(
+    db, db_path: Path, p: RunPlan, settings: SampleSettings, device: torch.device, result: RunSamples,
+    on_batch: Callable[[int], None] = lambda n: None,
+) -> None:
+    """Generate and store the missing batches of one run, one transaction per batch."""
+    import torch
+
+    from benchctl import checkpoint
+    from benchctl.data import Tokenizer
+
+    run_id = p.row["id"]
+    model, cfg, tok_path = checkpoint.load_model(checkpoint.run_dir(db_path, run_id) / checkpoint.CKPT_NAME, device)
+    model.float()
+    tok = Tokenizer(tok_path)
+    stop_ids = (tok.bos_id, tok.eos_id)
+    with torch.no_grad():  # warm-up (kernel selection, allocator) so the measured speed is the steady state
+        model(torch.ones(1, 1, dtype=torch.long, device=device), n_recur=p.n_recur)
+    for batch in p.batches:
+        ids = [sample_id(run_id, q.id, settings.hash) for q in batch]
+        encoded = [tok.encode(q.text, bos=True, eos=False) for q in batch]
+        # Three-part's s0 comes from the global RNG (sample_all runs inside fork_rng, so this does not leak).
+        torch.manual_seed(batch_seed(settings.seed, [q.idx for q in batch]))
+        gens = [torch.Generator(device=device).manual_seed(row_seed(settings.seed, q.idx)) for q in batch]
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        outs = generate_batch(
+            model, encoded, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
+            top_k=settings.top_k, top_p=settings.top_p, stop_ids=stop_ids, n_recur=p.n_recur, generators=gens,
+        )
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        result.gen_seconds += time.perf_counter() - t0
+        result.new_tokens += sum(len(o.tokens) + (o.finish_reason == "eos") for o in outs)
+        now = dbm.now()
+        rows = [
+            {
+                "id": sid, "run_id": run_id, "prompt_id": q.id, "prompt_set": p.pset.id,
+                "completion": decode_completion(tok, ids_in, o.tokens),
+                "settings_json": settings.to_json(), "settings_hash": settings.hash,
+                "temperature": settings.temperature, "top_k": settings.top_k, "top_p": settings.top_p,
+                "max_new_tokens": settings.max_new_tokens, "seed": settings.seed, "n_recur": p.n_recur,
+                "batch_size": settings.batch_size, "device": device.type,
+                "n_tokens": len(o.tokens), "finish_reason": o.finish_reason, "created_at": now,
+            }
+            for sid, q, ids_in, o in zip(ids, batch, encoded, outs)
+        ]
+
+        def write() -> int:
+            with db.conn:
+                before = db.execute("select total_changes()").fetchone()[0]
+                db["samples"].insert_all(rows, pk="id", ignore=True)  # a batch cut short earlier keeps its rows
+                return db.execute("select total_changes()").fetchone()[0] - before
+
+        added = dbm.retry_locked(write)
+        result.generated += added
+        on_batch(len(batch))
+
+
+def sample_all(
+    db,
+    db_path: str | Path,
+    *,
+    n_prompts: int = DEFAULT_N_PROMPTS,
+    temperature: float = DEFAULT_TEMPERATURE,
+    top_k: int | None = DEFAULT_TOP_K,
+    top_p: float | None = None,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    seed: int = DEFAULT_SEED,
+    n_recur: int | None = None,
+    run_ids: Sequence[str] | None = None,
+    archs: Sequence[str] | None = None,
+    preset: str | None = None,
+    device: str = "auto",
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    progress: bool = True,
+) -> SampleSummary:
+    """Complete the prompt set with every selected finished run; stored samples are skipped. See the docstring."""
+    settings = SampleSettings(temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens,
+                              seed=seed, n_recur=n_recur, batch_size=batch_size)
+    if n_prompts < 1:
+        raise ConfigError(f"--n-prompts must be >= 1, got {n_prompts}")
+    dev = resolve_device(device)
+    rows = select_runs(db, run_ids=run_ids, archs=archs, preset=preset)
+    plans = plan(db, rows, settings, n_prompts, progress=progress)
+    summary = SampleSummary(settings, settings.hash, dev.type, sorted({p.pset.id for p in plans}))
+    bar = _Bar(progress, sum(len(b) for p in plans for b in p.batches))
+    import torch
+
+    cuda_ids = [dev.index if dev.index is not None else torch.cuda.current_device()] if dev.type == "cuda" else []
+    # Model building and the per-batch seeding use the global RNG: keep the caller's streams untouched.
+    with torch.random.fork_rng(devices=cuda_ids), _closing(bar):
+        for p in plans:
+            r = p.row
+            res = RunSamples(r["id"], r["arch"], r["preset"], r["seed"], p.n_recur, skipped=p.existing)
+            summary.runs.append(res)
+            if p.batches:
+                label = f"{r['arch']} s{r['seed']}"
+                sample_run(db, Path(db_path), p, settings, dev, res,
+                           on_batch=lambda n, label=label, res=res: bar.update(n, label, res.tokens_per_s))
+            res.n_samples, res.mean_tokens, res.eos_share = _stats(db, r["id"], p.pset.id, settings.hash)
+    first = plans[0]
+    ex = next(iter(db.query(
+        "select s.completion, s.finish_reason, s.n_tokens, p.text from samples s join prompts p on p.id = s.prompt_id "
+        "where s.run_id = ? and s.settings_hash = ? and s.prompt_set = ? order by p.idx limit 1",
+        [first.row["id"], settings.hash, first.pset.id])), None)
+    if ex is not None:
+        summary.example = {"arch": first.row["arch"], "run_id": first.row["id"], "prompt": ex["text"],
+                           "completion": ex["completion"], "finish_reason": ex["finish_reason"],
+                           "n_tokens": ex["n_tokens"]}
+    return summary
