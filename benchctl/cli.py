@@ -50,6 +50,8 @@ DataOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before a run estimated to take over an hour.")]
+ProgressOpt = Annotated[bool, typer.Option("--progress/--no-progress", help="Show live progress bars.")]
 
 
 def data_source(data: str | None) -> str | None:

@@ -9,7 +9,7 @@ import typer
 from rich import box
 from rich.table import Table
 
-from benchctl.cli import DbOpt, JsonOpt, app, console, err_console, split_list
+from benchctl.cli import DbOpt, JsonOpt, ProgressOpt, app, console, err_console, split_list
 
 
 @app.command()
@@ -44,6 +44,7 @@ def judge(
     ] = False,
     db: DbOpt = None,
     as_json: JsonOpt = False,
+    progress: ProgressOpt = True,
 ) -> None:
     """Grade generated stories with Gemini: grammar, creativity, consistency, plot (1-10) per sample.
 
@@ -67,7 +68,7 @@ def judge(
         limit=limit,
         run_ids=split_list(runs),
         dry_run=dry_run,
-        progress=not as_json,
+        progress=progress and not as_json,
         temperature=temperature,
         thinking_budget=engine.AUTO if thinking_budget is None else thinking_budget,
         max_attempts=max_attempts,

@@ -9,10 +9,20 @@ import typer
 from rich import box
 from rich.table import Table
 
-from benchctl.cli import DataOpt, DbOpt, PresetOpt, SetOpt, app, console, data_source, parse_seeds, split_list
+from benchctl.cli import (
+    DataOpt,
+    DbOpt,
+    PresetOpt,
+    ProgressOpt,
+    SetOpt,
+    YesOpt,
+    app,
+    console,
+    data_source,
+    parse_seeds,
+    split_list,
+)
 
-YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before a run estimated to take over an hour.")]
-ProgressOpt = Annotated[bool, typer.Option("--progress/--no-progress", help="Show live progress bars.")]
 
 
 def overrides_with_data(set_: list[str] | None, data: str | None) -> dict[str, Any]:
@@ -114,7 +124,7 @@ def train_all(
 
 
 def _fmt_bytes(n: int | None) -> str:
-    return "-" if n is None else f"{n / 2**20:,.0f} MiB"
+    return "-" if n is None else f"{n / 2**20:,.0f}M"
 
 
 def summarize(rows: list[dict[str, Any] | None]) -> None:
@@ -123,22 +133,27 @@ def summarize(rows: list[dict[str, Any] | None]) -> None:
     if not rows:
         return
     t = Table(title="runs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for head in ("arch", "seed", "params", "initial", "final", "train time", "tok/s", "peak mem"):
+    for head in ("arch", "seed", "params", "initial", "final", "time", "tok/s", "peak mem"):
         t.add_column(head, justify="left" if head == "arch" else "right", no_wrap=True)
+    kinds = set()
     for r in rows:
-        mem = _fmt_bytes(r.get("peak_gpu_mem_bytes")) if r.get("peak_gpu_mem_bytes") else (
-            _fmt_bytes(r.get("peak_rss_bytes")) + " RSS" if r.get("peak_rss_bytes") else "-")
+        if r.get("peak_gpu_mem_bytes"):
+            mem, kinds = _fmt_bytes(r["peak_gpu_mem_bytes"]), kinds | {"GPU: torch peak allocated"}
+        elif r.get("peak_rss_bytes"):
+            mem, kinds = _fmt_bytes(r["peak_rss_bytes"]), kinds | {"CPU: process peak RSS"}
+        else:
+            mem = "-"
         t.add_row(
             r["arch"], str(r["seed"]), f"{r['n_params']:,}" if r.get("n_params") else "-",
             _f(r.get("initial_val_loss")), _f(r.get("final_val_loss")),
-            f"{r['train_seconds']:.1f} s" if r.get("train_seconds") is not None else "-",
+            f"{r['train_seconds']:.1f}s" if r.get("train_seconds") is not None else "-",
             f"{r['tokens_per_s']:,.0f}" if r.get("tokens_per_s") else "-", mem,
         )
     console.print(t)
     devs = sorted({r.get("device_name") or "?" for r in rows})
     console.print(
-        f"initial/final = validation loss (nats/token). device: {', '.join(devs)}. "
-        "train time excludes warm-up, evaluation and checkpoints."
+        f"initial/final: validation loss (nats/token); time: training only (no warm-up, evaluation or checkpoints); "
+        f"peak mem: {'; '.join(sorted(kinds)) or '-'}. device: {', '.join(devs)}."
     )
 
 

@@ -1,0 +1,91 @@
+"""`benchctl bench`: time real training steps per architecture beside the eager llama2.c reference (benchctl/bench.py)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+from rich import box
+from rich.table import Table
+
+from benchctl.cli import DbOpt, JsonOpt, PresetOpt, SetOpt, app, console, err_console, split_list
+
+
+@app.command()
+def bench(
+    preset: PresetOpt = "paper",
+    archs: Annotated[Optional[str], typer.Option("--archs", help="Comma list (default: all registered).")] = None,
+    steps: Annotated[int, typer.Option("--steps", help="Timed optimizer steps per repeat.")] = 10,
+    repeats: Annotated[int, typer.Option("--repeats", help="Repeats (median and spread are over these).")] = 3,
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed steps first (compilation happens there).")] = 2,
+    compile_: Annotated[
+        Optional[bool],
+        typer.Option("--compile/--no-compile", help="torch.compile the model as train does [default: the preset's "
+                                                     "train.compile]."),
+    ] = None,
+    device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")] = "auto",
+    reference: Annotated[
+        bool, typer.Option("--reference/--no-reference", help="Time the eager llama2.c reference beside the control.")
+    ] = True,
+    check_steps: Annotated[
+        int, typer.Option("--check-steps", help="Also train control and reference N seeded steps; compare losses.")
+    ] = 0,
+    threads: Annotated[Optional[int], typer.Option("--threads", help="torch intra-op threads [default: torch's].")] = None,
+    set_: SetOpt = None,
+    db: DbOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Tokens/s, step time, memory, FLOPs, MFU per architecture, and the speed-up over an eager llama2.c step."""
+    import torch
+
+    from benchctl import bench as B
+    from benchctl import db as dbm
+    from benchctl.config import parse_set
+    from benchctl.errors import ConfigError
+
+    if threads is not None:
+        if threads < 1:
+            raise ConfigError(f"--threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
+    opts = B.BenchOptions(preset=preset, archs=split_list(archs), steps=steps, repeats=repeats, warmup=warmup,
+                          compile=compile_, device=device, overrides=parse_set(set_), reference=reference,
+                          check_steps=check_steps)
+    log = (lambda m: err_console.print(m, highlight=False)) if as_json else (lambda m: console.print(m, highlight=False))
+    path = db if db is not None else dbm.default_path()
+    objs = B.run(opts, path, log=log)
+    if as_json:
+        print(B.to_json(objs))
+        return
+    t = Table(title=f"training step — preset '{preset}', {objs[0]['device_name']}", title_justify="left",
+              box=box.SIMPLE_HEAD)
+    for head in ("arch", "tok/s (min-max)", "step", "MFLOP/tok", "FLOP/s", "MFU", "mem", "cost ratio"):
+        t.add_column(head, justify="left" if head == "arch" else "right", no_wrap=True)
+    for o in objs:
+        rows = [(o["arch"], o["tokens_per_s"], o["tokens_per_s_min"], o["tokens_per_s_max"], o["step_seconds"],
+                 o["peak_mem_bytes"], o.get("cost_ratio"))]
+        if "reference_tokens_per_s" in o:
+            rows.append(("  reference", o["reference_tokens_per_s"], o["reference_tokens_per_s_min"],
+                         o["reference_tokens_per_s_max"], o["reference_step_seconds"], o["reference_peak_mem_bytes"],
+                         None))
+        for name, tps, lo, hi, step_s, mem, ratio in rows:
+            achieved = tps * o["flops_per_token"]
+            mfu = f"{achieved / o['peak_flops']:.1%}" if o["peak_flops"] else "-"
+            t.add_row(name, f"{tps:,.0f} ({lo:,.0f}-{hi:,.0f})", f"{step_s:.2f} s", f"{o['flops_per_token'] / 1e6:.1f}",
+                      B._fmt_flops(achieved), mfu, f"{mem / 2**20:,.0f} MiB",
+                      f"{ratio:.2f}" if ratio is not None else "")
+    console.print(t)
+    o0 = objs[0]
+    loads = [f"{o['arch']} {o['load_avg']:.2f}" for o in objs if o["load_avg"] is not None]
+    notes = [f"MFU: {o0['peak_flops_source']}" + (f" = {B._fmt_flops(o0['peak_flops'])}" if o0["peak_flops"] else ""),
+             "load average during the repeats: " + ", ".join(loads),
+             "cost ratio = (time per token / control's) / (FLOPs per token / control's); target <= 1.15",
+             f"bench id {o0['bench_id']} (table 'bench' in {path})"]
+    ctrl = next((o for o in objs if "speedup" in o), None)
+    if ctrl is not None:
+        notes.insert(0, f"speed-up over the eager llama2.c reference (control, same run): {ctrl['speedup']:.2f}x")
+        if "equivalence" in ctrl:
+            e = ctrl["equivalence"]
+            notes.insert(1, f"loss after {e['steps']} seeded steps: benchctl {e['loss']:.6f}, reference "
+                            f"{e['reference_loss']:.6f} (max |difference| over the steps {e['max_abs_diff']:.2e})")
+    for n in notes:
+        console.print(n, highlight=False, soft_wrap=True)

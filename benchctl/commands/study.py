@@ -1,0 +1,46 @@
+"""`benchctl study`: the whole comparison in one command."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from benchctl.cli import DataOpt, DbOpt, PresetOpt, ProgressOpt, SetOpt, YesOpt, app, console, parse_seeds, split_list
+from benchctl.commands.train import db_path_of, overrides_with_data
+
+
+@app.command()
+def study(
+    preset: PresetOpt = "paper",
+    seeds: Annotated[Optional[str], typer.Option("--seeds", help="Comma list or range, e.g. 0,1,2 or 0-4.")] = None,
+    archs: Annotated[Optional[str], typer.Option("--archs", help="Comma list (default: all registered).")] = None,
+    judge_model: Annotated[str, typer.Option("--judge-model", help="Gemini model that grades the stories.")] = (
+        "gemini-2.5-flash"
+    ),
+    n_prompts: Annotated[Optional[int], typer.Option("--n-prompts", help="Story beginnings to complete.")] = None,
+    tasks: Annotated[Optional[str], typer.Option("--tasks", help="lm-eval tasks (default: the bundled ones).")] = None,
+    skip: Annotated[Optional[str], typer.Option("--skip", help="Stages to skip: sample, judge, eval.")] = None,
+    out: Annotated[Path, typer.Option("--out", help="Report folder.")] = Path("reports"),
+    set_: SetOpt = None,
+    data: DataOpt = None,
+    db: DbOpt = None,
+    yes: YesOpt = False,
+    progress: ProgressOpt = True,
+) -> None:
+    """prepare -> train-all -> sample -> judge (with an API key) -> eval -> report. Rerun to resume any stage."""
+    from benchctl.errors import ConfigError
+    from benchctl.study import StudyOptions, run_study
+
+    skipped = tuple(split_list(skip) or ())
+    bad = [s for s in skipped if s not in ("sample", "judge", "eval")]
+    if bad:
+        raise ConfigError(f"--skip accepts sample, judge, eval; got {', '.join(bad)}")
+    opts = StudyOptions(
+        preset=preset, archs=split_list(archs), seeds=parse_seeds(seeds),
+        overrides=overrides_with_data(set_, data), db_path=db_path_of(db), out_dir=out, judge_model=judge_model,
+        n_prompts=n_prompts, eval_tasks=split_list(tasks), skip=skipped, yes=yes, progress=progress,
+    )
+    path = run_study(opts, log=console.print)
+    console.print(f"[bold]report:[/] {path}")
