@@ -1,0 +1,405 @@
+"""Tests of the lm-eval integration (benchctl/evaluate.py, benchctl/commands/eval.py).
+
+- The adapter against direct computations from a tiny model's logits: loglikelihood of (context, continuation)
+  pairs in one right-padded batch, left truncation past the context, continuations longer than the context, rolling
+  log-likelihood over a text longer than the context (windows computed by hand), generation that stops at stop
+  sequences, three-part's seeded (reproducible, RNG-neutral) forwards.
+- The bundled task generators (deterministic, balanced groups, protagonist rule) and lm-eval finding every task.
+- `benchctl eval` end to end, offline, on tiny checkpoints trained once for the module (three-part and FraiLT, 3
+  steps): rows and their fields in results.db, skip / --force, recurrence override and rejection, RNG states,
+  an unavailable task reported while the others run.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import lm_eval
+from lm_eval.api.instance import Instance
+
+from benchctl import data as datamod
+from benchctl import db as dbm
+from benchctl import evaluate as ev
+from benchctl.checkpoint import CKPT_NAME, run_dir
+from benchctl.cli import main
+from benchctl.errors import EvalError
+
+
+def run_cli(argv: list[str]) -> None:
+    """`benchctl argv`, which must succeed (Typer exits 0 through SystemExit)."""
+    try:
+        main(argv)
+    except SystemExit as e:
+        assert e.code in (0, None), f"benchctl {' '.join(argv)} exited with {e.code}"
+
+
+def run_error(capsys, argv: list[str]) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    return info.value.code, capsys.readouterr().err
+
+
+@dataclass
+class Trained:
+    db: Path
+    runs: dict[str, str]  # arch -> run id
+    prepared: datamod.Prepared
+
+    def ckpt(self, arch: str) -> Path:
+        return run_dir(self.db, self.runs[arch]) / CKPT_NAME
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tinystories_dir):
+    root = tmp_path_factory.mktemp("eval")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("BENCHCTL_CACHE", str(root / "cache"))
+        mp.delenv("BENCHCTL_DB", raising=False)
+        db = root / "results.db"
+        run_cli(["train-all", "--preset", "tiny", "--archs", "three-part,frailt", "--data", str(tinystories_dir),
+                 "--db", str(db), "--set", "train.max_steps=3", "--set", "train.warmup_steps=1", "--no-progress",
+                 "--yes"])
+        rows = dbm.runs(dbm.connect(db), status="done")
+        from benchctl.config import RunConfig
+
+        cfg = RunConfig.from_json(rows[0]["config_json"])
+        prepared = datamod.prepare(cfg.data, cfg.model.vocab_size, progress=False)
+        yield Trained(db=db, runs={r["arch"]: r["id"] for r in rows}, prepared=prepared)
+
+
+def lm_for(trained: Trained, arch: str, **kw) -> ev.BenchctlLM:
+    return ev.BenchctlLM(checkpoint=trained.ckpt(arch), device="cpu", progress=False, **kw)
+
+
+def ll_requests(pairs: list[tuple[str, str]]) -> list[Instance]:
+    return [Instance(request_type="loglikelihood", doc={}, arguments=p, idx=i) for i, p in enumerate(pairs)]
+
+
+def direct_ll(lm: ev.BenchctlLM, context: str, continuation: str) -> tuple[float, bool]:
+    """log p(continuation | BOS + context) from one unbatched forward, pieces of <= L tokens, left-truncated."""
+    ctx = lm.tok.encode(context, bos=True)
+    cont = lm.tok.encode(context + continuation, bos=True)[len(ctx):]
+    L = lm.max_length
+    total, greedy = 0.0, True
+    for j in range(0, len(cont), L):
+        seq = (ctx + cont[: j + L])[-(L + 1):]
+        piece = cont[j : j + L]
+        with torch.no_grad():
+            logits, _ = lm.model(torch.tensor([seq[:-1]]), n_recur=lm.n_recur)
+        logp = F.log_softmax(logits[0].float(), dim=-1)[-len(piece):]  # (m, V)
+        target = torch.tensor(piece)
+        total += float(logp.gather(-1, target[:, None]).sum())
+        greedy = greedy and bool((logp.argmax(-1) == target).all())
+    return total, greedy
+
+
+STORY = ("Once upon a time, there was a little girl named Lily. She loved to play in the park with her red ball. "
+         "One day, Lily saw a big dog near the tree. The dog was sad because it was lost. Lily gave the dog some "
+         "water and helped it find its home. The dog's owner was very happy and thanked Lily with a big hug.")
+
+
+# ---- the adapter ---------------------------------------------------------------------------------------------------
+
+
+def test_loglikelihood_equals_direct_computation(trained):
+    lm = lm_for(trained, "frailt", batch_size=3)  # FraiLT's forward is deterministic
+    assert lm.max_length == 32 and lm.eot_token_id == lm.prefix_token_id == 1 and lm.n_recur == 4
+    pairs = [
+        ("Once upon a time", " there was a dog."),  # short
+        ("Lily", " smiled."),
+        ("The cat", " sat on the mat and looked at the big red ball"),
+        (STORY[:300], " She was happy."),  # longer than the context: left-truncated
+        ("Once", " " + STORY[5:260]),  # a continuation longer than the context: scored in pieces
+    ]
+    got = lm.loglikelihood(ll_requests(pairs))
+    assert len(got) == len(pairs)
+    for (ctx, cont), (ll, greedy) in zip(pairs, got, strict=True):
+        want, want_greedy = direct_ll(lm, ctx, cont)
+        assert ll == pytest.approx(want, abs=1e-4)
+        assert greedy == want_greedy
+    assert len(lm.tok.encode(pairs[4][0] + pairs[4][1])) > 2 * lm.max_length  # really exercised the pieces
+    # batch size and request order do not change anything for a deterministic model
+    other = lm_for(trained, "frailt", batch_size=1).loglikelihood(ll_requests(pairs[::-1]))[::-1]
+    assert [x[0] for x in other] == pytest.approx([x[0] for x in got], abs=1e-4)
+
+
+def test_empty_context_uses_bos(trained):
+    lm = lm_for(trained, "frailt")
+    (ll, _), = lm.loglikelihood(ll_requests([("", "Once upon a time")]))
+    ids = lm.tok.encode("Once upon a time", bos=False)
+    with torch.no_grad():
+        logits, _ = lm.model(torch.tensor([[1] + ids[:-1]]))
+    want = F.log_softmax(logits[0], -1).gather(-1, torch.tensor(ids)[:, None]).sum()
+    assert ll == pytest.approx(float(want), abs=1e-4)
+
+
+def test_rolling_loglikelihood_is_the_sum_over_disjoint_windows(trained):
+    lm = lm_for(trained, "frailt", batch_size=4)
+    L = lm.max_length
+    tokens = lm.tok.encode(STORY, bos=False)
+    assert len(tokens) > 2 * L + 5  # several windows, the last one partial
+    want = 0.0
+    # window 1: BOS + t[:L-1] predicts t[:L]; then each window predicts the next L tokens (fewer at the end) from
+    # the L tokens before them.
+    spans = [(0, L)] + [(e, min(e + L, len(tokens))) for e in range(L, len(tokens), L)]
+    for start, end in spans:
+        inp = [1] + tokens[: L - 1] if start == 0 else tokens[end - L - 1 : end - 1]
+        with torch.no_grad():
+            logits, _ = lm.model(torch.tensor([inp]))
+        logp = F.log_softmax(logits[0], -1)[-(end - start):]
+        want += float(logp.gather(-1, torch.tensor(tokens[start:end])[:, None]).sum())
+    req = Instance(request_type="loglikelihood_rolling", doc={}, arguments=(STORY,), idx=0)
+    short = Instance(request_type="loglikelihood_rolling", doc={}, arguments=("Lily ran.",), idx=1)
+    got = lm.loglikelihood_rolling([req, short])
+    assert got[0] == pytest.approx(want, abs=1e-3)
+    assert got[1] == pytest.approx(direct_ll(lm, "", "Lily ran.")[0], abs=1e-4)  # one window: BOS + text
+    (alone,) = lm.loglikelihood_rolling([short])
+    assert got[1] == pytest.approx(alone, abs=1e-4) and alone < 0
+
+
+def _gen(lm, context: str, **kw) -> str:
+    req = Instance(request_type="generate_until", doc={}, arguments=(context, {"do_sample": False, **kw}), idx=0)
+    return lm.generate_until([req])[0]
+
+
+def test_generate_until_stops_at_stop_sequences(trained):
+    lm = lm_for(trained, "frailt")
+    calls = []
+    hook = lm.model.register_forward_hook(lambda *_: calls.append(1))
+    full = _gen(lm, "Once upon a time", until=[], max_gen_toks=24)
+    n_full = len(calls)
+    assert len(full) >= 12, f"the tiny model generated too little to test stops: {full!r}"
+    assert len(lm.tok.encode(full, bos=False)) <= 24
+    stop = full[6:9]
+    calls.clear()
+    cut = _gen(lm, "Once upon a time", until=[stop], max_gen_toks=24)
+    hook.remove()
+    assert cut == full[: full.find(stop)]
+    assert len(calls) < n_full  # it stopped generating, not only cut the text afterwards
+    # greedy generation is batch-independent: rows of different lengths are grouped by length
+    contexts = ["Once upon a time", "Lily", "The dog was sad because", "Once upon a time"]
+    reqs = [Instance(request_type="generate_until", doc={}, idx=i,
+                     arguments=(c, {"until": ["\n"], "max_gen_toks": 10, "do_sample": False}))
+            for i, c in enumerate(contexts)]
+    batched = lm.generate_until(reqs)
+    assert batched == [_gen(lm, c, until=["\n"], max_gen_toks=10) for c in contexts]
+    assert all("\n" not in s for s in batched)
+
+
+def test_three_part_is_seeded_and_leaves_global_rng_alone(trained):
+    lm = lm_for(trained, "three-part", batch_size=2)
+    lm7 = lm_for(trained, "three-part", batch_size=2, seed=7)
+    pairs = [("Once upon a time", " there was a cat."), ("Lily", " ran home."), ("The sun", " was hot.")]
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    a = lm.loglikelihood(ll_requests(pairs))
+    assert torch.equal(torch.get_rng_state(), before)  # the adapter never consumes the global RNG
+    torch.manual_seed(99)
+    b = lm.loglikelihood(ll_requests(pairs[::-1]))[::-1]
+    assert a == b  # bit-identical whatever the global RNG state and the request order
+    # the initial state really is random: another adapter seed gives other numbers
+    torch.manual_seed(0)
+    c = lm7.loglikelihood(ll_requests(pairs))
+    assert [x[0] for x in c] != [x[0] for x in a]
+
+
+def test_recurrence_is_validated_by_the_adapter(trained):
+    assert lm_for(trained, "three-part", n_recur=14).n_recur == 14
+    assert lm_for(trained, "frailt", n_recur="2").n_recur == 2
+    with pytest.raises(ValueError, match="at most 4"):
+        lm_for(trained, "frailt", n_recur=9)
+
+
+def test_registered_with_lm_eval(trained):
+    from lm_eval.api.registry import get_model
+
+    assert get_model("benchctl") is ev.BenchctlLM
+    lm = ev.BenchctlLM.create_from_arg_string(f"checkpoint={trained.ckpt('frailt')},n_recur=3,batch_size=5",
+                                              {"device": "cpu"})
+    assert (lm.n_recur, lm.batch_size, lm.device.type) == (3, 5, "cpu")
+
+
+# ---- bundled tasks -------------------------------------------------------------------------------------------------
+
+
+def test_find_protagonist_rule():
+    story = "Once upon a time, there was a girl named Mia. Mia had a red kite."
+    assert ev.find_protagonist(story) == ("Mia", story.index("Mia"))
+    story = "There was a small daisy. Her name was Daisy. Daisy was happy. The sun was warm."
+    assert ev.find_protagonist(story)[0] == "Daisy"
+    # no introduction: the most frequent capitalised word seen mid-sentence
+    story = "One day, the chick was lost. Sam heard it. All the animals cheered for Sam, the kind horse."
+    assert ev.find_protagonist(story)[0] == "Sam"
+    # sentence-initial capitals, roles and a name mentioned once are not protagonists
+    assert ev.find_protagonist("The dog ran. The dog sat. Mom said, \"Good dog.\" Then Mom smiled.") is None
+    assert ev.find_protagonist("Once there was a boy named Tom. He was happy.") is None
+
+
+def test_generators_are_deterministic_and_balanced(trained):
+    stories = trained.prepared.valid_stories()
+    for name, make in ev.GENERATORS.items():
+        docs = make(stories, n_docs=40)
+        assert docs == make(stories, n_docs=40)
+        assert docs != make(stories, n_docs=40, seed=1), name
+        assert 0 < len(docs) <= 40
+    for name in ("tinystories_ending", "tinystories_names"):
+        docs = ev.GENERATORS[name](stories, n_docs=40)
+        assert len(docs) % 4 == 0
+        for g in range(0, len(docs), 4):
+            group = docs[g : g + 4]
+            assert all(d["choices"] == group[0]["choices"] for d in group)
+            assert sorted(d["label"] for d in group) == [0, 1, 2, 3]  # each choice right exactly once
+            assert len(set(group[0]["choices"])) == 4
+            for d in group:
+                story = stories[d["story_idx"]].strip()
+                answer = d["choices"][d["label"]]
+                assert story.startswith(d["context"]) and story[len(d["context"]):].startswith(answer)
+        if name == "tinystories_names":
+            for d in docs:
+                assert d["name"] == d["choices"][d["label"]] and re.search(rf"\b{d['name']}\b", d["context"])
+                for wrong in d["choices"]:
+                    if wrong != d["name"]:
+                        assert not re.search(rf"\b{wrong}\b", stories[d["story_idx"]])
+
+
+def test_bundled_tasks_are_written_and_found(trained):
+    from lm_eval.tasks import TaskManager
+
+    a = ev.build_bundled_tasks(trained.prepared, n_docs=24)
+    b = ev.build_bundled_tasks(trained.prepared, n_docs=24)
+    assert a == b and set(a.versions) == set(ev.BUNDLED_TASKS)
+    assert all(re.fullmatch(r"1\+[0-9a-f]{12}", v) for v in a.versions.values())
+    assert a.dir.is_relative_to(trained.prepared.dir)
+    tm = TaskManager(include_path=str(a.dir), include_defaults=False)
+    assert set(ev.BUNDLED_TASKS) <= set(tm.all_tasks)
+    import yaml
+
+    cfg = yaml.safe_load((a.dir / "tinystories_names.yaml").read_text())
+    path = Path(cfg["dataset_kwargs"]["data_files"]["test"])
+    assert path.is_absolute() and path.exists()
+    assert cfg["metadata"]["version"] == ev.TASK_VERSIONS["tinystories_names"]
+    assert cfg["metadata"]["docs_sha256"].startswith(a.versions["tinystories_names"].split("+")[1])
+
+
+# ---- benchctl eval -------------------------------------------------------------------------------------------------
+
+
+def test_eval_end_to_end_stores_rows(trained):
+    run_cli(["eval", "--db", str(trained.db), "--limit", "8", "--batch-size", "16", "--threads", "1",
+             "--no-progress"])
+    db = dbm.connect(trained.db)
+    rows = list(db.query("select * from eval_results where limit_n = 8"))
+    by = {(r["run_id"], r["task"], r["metric"]): r for r in rows}
+    for arch, rid in trained.runs.items():
+        n = 7 if arch == "three-part" else 4
+        for task, metrics in (("tinystories_ppl", ("word_perplexity", "byte_perplexity", "bits_per_byte")),
+                              ("tinystories_ending", ("acc", "acc_norm")),
+                              ("tinystories_names", ("acc", "acc_norm"))):
+            for metric in metrics:
+                r = by[(rid, task, metric)]
+                assert r["n_recur"] == n and r["limit_n"] == 8 and r["n_samples"] == 8
+                assert r["batch_size"] == 16 and r["lm_eval_version"] == lm_eval.__version__
+                assert re.fullmatch(r"1\+[0-9a-f]{12}", r["task_version"]) and r["created_at"]
+                assert np.isfinite(r["value"])
+                if metric.startswith("acc"):
+                    assert 0 <= r["value"] <= 1 and r["stderr"] is not None and r["stderr"] > 0
+                else:
+                    assert r["stderr"] is None  # lm-eval's "N/A"
+        bpb = by[(rid, "tinystories_ppl", "bits_per_byte")]["value"]
+        assert by[(rid, "tinystories_ppl", "byte_perplexity")]["value"] == pytest.approx(2**bpb, rel=1e-6)
+    assert len(rows) == 2 * 7
+
+    # a rerun skips everything; --force recomputes the same numbers (deterministic, three-part included)
+    summary = ev.evaluate_runs(db, trained.db, limit=8, batch_size=16, progress=False, log=lambda _: None)
+    assert summary.evaluated == [] and len(summary.skipped) == 6
+    assert len(summary.rows) == 14
+    forced = ev.evaluate_runs(db, trained.db, limit=8, batch_size=16, force=True, progress=False,
+                              log=lambda _: None)
+    assert len(forced.evaluated) == 6
+    again = {(r["run_id"], r["task"], r["metric"]): r["value"] for r in db.query(
+        "select * from eval_results where limit_n = 8")}
+    assert again == pytest.approx({k: r["value"] for k, r in by.items()})
+    headers, = {tuple(h) for _, h, _ in ev.summary_tables(forced)[1:]}
+    assert headers == ("arch", "seed", "n_recur", "acc", "acc_norm")
+
+
+def test_recurrence_override_and_rng_restored(trained):
+    db = dbm.connect(trained.db)
+    rid = trained.runs["three-part"]
+    random.seed(11)
+    np.random.seed(12)
+    torch.manual_seed(13)
+    before = (random.getstate(), np.random.get_state()[1].copy(), torch.get_rng_state())
+    threads = torch.get_num_threads()
+    out = {}
+    for r in (7, 14):
+        s = ev.evaluate_runs(db, trained.db, tasks=["tinystories_ppl"], run_ids=[rid], n_recur=r, limit=6,
+                             threads=threads + 1, progress=False, log=lambda _: None)
+        assert torch.get_num_threads() == threads  # restored
+        (row,) = [x for x in s.rows if x["metric"] == "bits_per_byte"]
+        assert row["n_recur"] == r
+        out[r] = row["value"]
+    assert out[7] != out[14]
+    after = (random.getstate(), np.random.get_state()[1], torch.get_rng_state())
+    assert after[0] == before[0] and np.array_equal(after[1], before[1]) and torch.equal(after[2], before[2])
+
+
+def test_invalid_recurrence_fails_cleanly(trained, capsys):
+    code, err = run_error(capsys, ["eval", "--db", str(trained.db), "--runs", trained.runs["frailt"],
+                                   "--n-recur", "9", "--no-progress"])
+    assert code == EvalError.exit_code
+    assert trained.runs["frailt"] in err and "1 to 4" in err and "Traceback" not in err
+    # over every run: the FraiLT run is named, before any work
+    code, err = run_error(capsys, ["eval", "--db", str(trained.db), "--n-recur", "9", "--no-progress"])
+    assert code == EvalError.exit_code and trained.runs["frailt"] in err
+
+
+def test_selection_errors(trained, capsys):
+    code, err = run_error(capsys, ["eval", "--db", str(trained.db), "--tasks", "tinystories_ppll"])
+    assert code == EvalError.exit_code and "did you mean 'tinystories_ppl'" in err
+    code, err = run_error(capsys, ["eval", "--db", str(trained.db), "--runs", "nope"])
+    assert code == EvalError.exit_code and "nope" in err
+    code, err = run_error(capsys, ["eval", "--db", str(trained.db), "--archs", "control"])
+    assert code == EvalError.exit_code and "no finished runs" in err
+
+
+def test_user_tasks_and_a_task_without_data(trained, tmp_path, monkeypatch):
+    """--include-path tasks run like bundled ones; a task whose dataset lives on the hub (here a YAML of our own, so
+    no 20 s index of lm-eval's ~15,000 tasks) is reported while the rest runs."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # behave as offline even on a machine with internet
+    import json
+
+    data = tmp_path / "local.jsonl"
+    data.write_text("".join(json.dumps({"q": f"Lily had {n} red balls.", "choices": [" Yes", " No"], "label": n % 2})
+                            + "\n" for n in range(5)))
+    (tmp_path / "local.yaml").write_text(
+        "task: benchctl_local\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
+        f"    test: {data}\noutput_type: multiple_choice\ntest_split: test\ndoc_to_text: q\n"
+        "doc_to_choice: choices\ndoc_to_target: label\nmetric_list:\n  - metric: acc\nmetadata:\n  version: 2.0\n")
+    (tmp_path / "hub_only.yaml").write_text(
+        "task: benchctl_hub_only\ndataset_path: benchctl-tests/no-such-dataset\noutput_type: multiple_choice\n"
+        "test_split: test\ndoc_to_text: q\ndoc_to_choice: choices\ndoc_to_target: label\n"
+        "metric_list:\n  - metric: acc\nmetadata:\n  version: 1.0\n")
+    db = dbm.connect(trained.db)
+    logs: list[str] = []
+    rid = trained.runs["frailt"]
+    s = ev.evaluate_runs(db, trained.db, tasks=["tinystories_ending", "benchctl_hub_only", "benchctl_local"],
+                         run_ids=[rid], limit=4, include_paths=[tmp_path], force=True, progress=False,
+                         log=logs.append)
+    assert list(s.unavailable) == ["benchctl_hub_only"]
+    assert any("benchctl_hub_only" in line and "unreachable" in line for line in logs)
+    assert s.evaluated == [(rid, "tinystories_ending"), (rid, "benchctl_local")]
+    local = {r["metric"]: r for r in s.rows if r["task"] == "benchctl_local"}
+    assert set(local) == {"acc"} and local["acc"]["task_version"] == "2.0" and local["acc"]["n_samples"] == 4
+    assert {r["task"] for r in s.rows} == {"tinystories_ending", "benchctl_local"}
+    with pytest.raises(EvalError, match="none of the requested tasks"):
+        ev.evaluate_runs(db, trained.db, tasks=["benchctl_hub_only"], run_ids=[rid], include_paths=[tmp_path],
+                         progress=False, log=lambda _: None)
