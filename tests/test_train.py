@@ -250,8 +250,10 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path, tinystories_dir, monkeypa
 
 
 def test_paper_on_cpu_asks_first_and_refuses_without_yes(tmp_path, tinystories_dir):
+    # vocab 512: paper-scale compute either way, and fits the synthetic stories used where the real sample is absent
     p = cli_proc(["train", "--arch", "relaxed", "--preset", "paper", "--data", str(tinystories_dir), "--db",
-                  str(tmp_path / "results.db"), "--no-progress"], tmp_path / "cache", stdin=subprocess.DEVNULL)
+                  str(tmp_path / "results.db"), "--no-progress", "--set", "model.vocab_size=512"],
+                 tmp_path / "cache", stdin=subprocess.DEVNULL)
     out, err = p.communicate(timeout=300)
     assert p.returncode == 130, err
     assert "would take about" in err and "--yes" in err and "--preset small" in err
