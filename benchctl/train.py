@@ -353,9 +353,11 @@ def train_run(
     elif existing is not None and existing["status"] == "done":
         log(f"run {rid} is marked done but its checkpoint is missing; training it again")
 
+    nvml = telemetry.NvmlSampler(device.index or 0)
+    env = telemetry.environment(device, nvml.driver_version)  # recorded from the start, so failed runs have it too
     if dist_info.is_main and db is not None:
         now = dbm.now()
-        row = {
+        row = {**env,
             "id": rid, "arch": cfg.arch, "preset": cfg.preset, "seed": cfg.seed, "status": "running",
             "config_json": cfg.to_json(), "data_fingerprint": prepared.fingerprint, "data_source": prepared.source,
             "n_params": report["total"], "effective_params": report["effective"], "flops_per_token": flops,
@@ -389,11 +391,9 @@ def train_run(
 
         train_model = DDP(train_model, device_ids=[device.index] if device.type == "cuda" else None)
 
-    nvml = telemetry.NvmlSampler(device.index or 0)
     if device.type == "cuda":
         nvml.start()
     telemetry.reset_peak_memory(device)
-    env = telemetry.environment(device, nvml.driver_version)
 
     bar = _Progress(progress and dist_info.is_main, f"{cfg.arch} s{cfg.seed}", cfg.train.max_steps, start_step)
     metrics_buf: list[dict[str, Any]] = []
@@ -515,7 +515,7 @@ def train_run(
             with db.conn:
                 db["runs"].update(rid, {
                     "status": "done", "final_val_loss": final, "finished_at": dbm.now(), "updated_at": dbm.now(),
-                    "initial_val_loss": carried["initial_val_loss"], "pid": None, **env,
+                    "initial_val_loss": carried["initial_val_loss"], "pid": None,
                 }, alter=True)
             row = dbm.get_run(db, rid) or {}
         return RunResult(rid, "done", resumed_from=resumed_from, row=row)
