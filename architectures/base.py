@@ -166,8 +166,17 @@ class BaseLM(nn.Module):
         return {"components": unique, "total": total, "effective": effective, "n_recur": n}
 
     def flop_terms(self, n_recur: int, seq_len: int) -> list[tuple[float, bool]]:
-        """(forward FLOPs per token, takes part in backward) for each piece of the schedule, head excluded."""
-        return [(self.args.n_layers * block_forward_flops(self.args, seq_len), True)]
+        """(forward FLOPs per token, takes part in backward) for each piece of the schedule, head excluded.
+
+        Default: every `Block` in the "blocks" components, times its uses per token. An architecture whose own
+        parameters do matmuls (adapters, LoRA) or that runs part of its schedule without gradients overrides this.
+        """
+        calls = 0
+        for name, obj, uses in self.components(n_recur):
+            if name == "blocks":
+                mods = [obj] if isinstance(obj, nn.Module) else list(obj)
+                calls += uses * sum(isinstance(m, Block) for mod in mods for m in mod.modules())
+        return [(calls * block_forward_flops(self.args, seq_len), True)]
 
     def flops_per_token(self, seq_len: int | None = None, n_recur: int | None = None, training: bool = True) -> float:
         """Training FLOPs per token (forward + backward = 3x forward where gradients flow), recurrence included.
