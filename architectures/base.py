@@ -246,6 +246,21 @@ class BaseLM(nn.Module):
         return new, torch.minimum(lengths, torch.tensor(new.shape[1], device=idx.device))
 
 
+def filter_logits(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None) -> torch.Tensor:
+    """Temperature, then top-k, then nucleus (top-p) filtering of logits (B, V); removed entries become -inf."""
+    logits = logits.float() / temperature
+    if top_k is not None and 0 < top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and 0 < top_p < 1:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        probs = F.softmax(sorted_logits, dim=-1)
+        remove = probs.cumsum(-1) - probs > top_p  # keep the smallest prefix whose mass reaches top_p
+        sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    return logits
+
+
 def sample_next(
     logits: torch.Tensor,
     temperature: float,
@@ -256,15 +271,5 @@ def sample_next(
     """One token per row from logits (B, V): greedy at temperature 0, else top-k / nucleus sampling."""
     if temperature <= 0:
         return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
-    if top_k is not None and 0 < top_k < logits.size(-1):
-        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and 0 < top_p < 1:
-        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
-        probs = F.softmax(sorted_logits, dim=-1)
-        remove = probs.cumsum(-1) - probs > top_p  # keep the smallest prefix whose mass reaches top_p
-        sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
-        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
-    probs = F.softmax(logits, dim=-1)
+    probs = F.softmax(filter_logits(logits, temperature, top_k, top_p), dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)

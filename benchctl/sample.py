@@ -252,24 +252,6 @@ class Generation:
     finish_reason: str  # eos | length
 
 
-def filter_logits(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None) -> torch.Tensor:
-    """Temperature, top-k and nucleus filtering of logits (B, V), exactly as `architectures.base.sample_next`."""
-    import torch
-    import torch.nn.functional as F
-
-    logits = logits.float() / temperature
-    if top_k is not None and 0 < top_k < logits.size(-1):
-        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1)
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and 0 < top_p < 1:
-        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
-        probs = F.softmax(sorted_logits, dim=-1)
-        remove = probs.cumsum(-1) - probs > top_p  # keep the smallest prefix whose mass reaches top_p
-        sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
-        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
-    return logits
-
-
 def _keep_rows(cache, keep: torch.Tensor) -> None:
     """Drop finished rows from every slot of a KV cache (LayerCache buffers are (B, n_kv_heads, T_max, hd))."""
     for slot in cache._slots:
@@ -314,6 +296,7 @@ def _generate(model, prompts, max_new_tokens, temperature, top_k, top_p, stop_id
     import torch
     import torch.nn.functional as F
 
+    from architectures.base import filter_logits
     from architectures.blocks import KVCache
 
     device = next(model.parameters()).device
