@@ -7,6 +7,13 @@ feed-forward `w2(silu(w1 x) * w3 x)`, no biases. Two additions, both inert by de
 - every projection can take a LoRA delta `(alpha / r) * B A x` passed in at call time (the relaxed recursive
   model keeps one set per pass and block, so the shared weights stay one module called in a loop);
 - attention can read and extend a KV cache, one layer slot per block *call*, so recurrent models cache each pass.
+
+Speed (issue 7; the maths is llama2.c's, only the evaluation is arranged into fewer, larger kernels, each change
+measured with `benchctl bench`): projections that read the same input run as one matmul over their concatenated
+weights (wq|wk|wv, w1|w3; the parameters stay separate modules, so state dicts and FLOP counts are unchanged); RoPE
+rotates q and k together as one complex multiply (the same products as llama2.c's cos/sin formula); LoRA deltas share
+one matmul over the stacked A's and, in `LoRAProjection`, accumulate straight into the projection's output and input
+gradient instead of through concatenations and full-size additions (the same matmuls, so the same FLOPs).
 """
 
 from __future__ import annotations
@@ -43,11 +50,21 @@ def precompute_rope(head_dim: int, end: int, theta: float = 10000.0) -> tuple[to
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate adjacent pairs (x0, x1), (x2, x3), ... of x (B, T, H, hd) by position; cos/sin are (T, hd/2)."""
-    xf = x.float().reshape(*x.shape[:-1], -1, 2)
-    xr, xi = xf.unbind(-1)  # (B, T, H, hd/2)
-    c = cos.view(1, cos.shape[0], 1, cos.shape[1])
-    s = sin.view(1, sin.shape[0], 1, sin.shape[1])
-    out = torch.stack((xr * c - xi * s, xr * s + xi * c), dim=-1).flatten(3)
+    return rotate_pairs(x, cos, sin)
+
+
+def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """llama2.c's rotation (x_r c - x_i s, x_r s + x_i c) of x (B, T, H, hd) in float32, as one complex multiply
+    (x_r + i x_i)(c + i s): one kernel forward and one backward instead of a dozen elementwise ops and a stack."""
+    B, T, H, hd = x.shape
+    xf = x.float().reshape(B, T, H, hd // 2, 2)
+    if x.device.type in ("cpu", "cuda"):
+        freqs = torch.complex(cos, sin).view(1, T, 1, hd // 2)  # (1, T, 1, hd/2)
+        out = torch.view_as_real(torch.view_as_complex(xf) * freqs).flatten(3)  # (B, T, H, hd)
+    else:  # devices without complex kernels (e.g. MPS): the same products, written out
+        xr, xi = xf.unbind(-1)  # (B, T, H, hd/2)
+        c, s = cos.view(1, T, 1, hd // 2), sin.view(1, T, 1, hd // 2)
+        out = torch.stack((xr * c - xi * s, xr * s + xi * c), dim=-1).flatten(3)
     return out.type_as(x)
 
 
@@ -72,10 +89,91 @@ class LoRA(nn.Module):
 
 
 def project(layer: nn.Linear, x: torch.Tensor, lora: Mapping[str, LoRA] | None, name: str) -> torch.Tensor:
-    y = layer(x)
-    if lora is not None:
-        y = y + lora[name](x)
-    return y
+    return project_group([layer], x, lora, [name])
+
+
+def project_group(
+    layers: list[nn.Linear], x: torch.Tensor, lora: Mapping[str, LoRA] | None, names: list[str]
+) -> torch.Tensor:
+    """The projections of one input x (..., in) as one matmul over their concatenated weights: (..., sum of outs).
+
+    Concatenating the small weights (a copy of out x in floats) is far cheaper than reading x once per projection;
+    the FLOPs are the same, and each weight keeps its own module and gradient.
+    """
+    w = torch.cat([m.weight for m in layers]) if len(layers) > 1 else layers[0].weight
+    if lora is None:
+        return F.linear(x, w)
+    loras = [lora[n] for n in names]
+    autocast = x.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(x.device.type)
+    # under torch.compile the plain form is better: inductor fuses the additions itself, and out= writes into views
+    # would break the graph
+    if len({m.scale for m in loras}) == 1 and not autocast and not torch.compiler.is_compiling():
+        a = torch.cat([m.A for m in loras]) if len(loras) > 1 else loras[0].A
+        y = LoRAProjection.apply(x.reshape(-1, x.shape[-1]), w, a, loras[0].scale, *[m.B for m in loras])
+        return y.view(*x.shape[:-1], w.shape[0])
+    return F.linear(x, w) + lora_delta(x, loras)  # plain autograd, the same maths
+
+
+def lora_delta(x: torch.Tensor, loras: list[LoRA]) -> torch.Tensor:
+    """sum_j of (alpha/r) B_j A_j x for LoRAs that share the input x (..., in), concatenated: (..., sum of outs).
+
+    One matmul with the stacked A's (rank-r activations u, scaled there, where the tensor is r wide instead of out
+    wide), then each B on its slice of u.
+    """
+    r = loras[0].A.shape[0]
+    A = torch.cat([m.A for m in loras]) if len(loras) > 1 else loras[0].A
+    u = F.linear(x, A)  # (..., n * r)
+    parts = tuple(ui * m.scale if m.scale != 1.0 else ui for ui, m in zip(u.split(r, dim=-1), loras))
+    outs = [F.linear(ui, m.B) for ui, m in zip(parts, loras)]
+    return torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0]
+
+
+class LoRAProjection(torch.autograd.Function):
+    """y = x W^T + [s u_1 B_1^T | ... | s u_n B_n^T] with u = x A^T, for n projections sharing x (N, in).
+
+    W (O, in) and A (n r, in) are the group's stacked weights; B_j (o_j, r). Forward and backward run exactly the
+    matmuls autograd would (the same FLOPs, counted the same way), but each low-rank product is accumulated straight
+    into its slice of the output, and A's share of the input gradient straight into it (addmm with out=), instead of
+    through concatenations and separate full-size additions.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, a: torch.Tensor, scale: float,
+                *bs: torch.Tensor) -> torch.Tensor:
+        r = bs[0].shape[1]
+        u = torch.mm(x, a.t())  # (N, n r)
+        if scale != 1.0:
+            u.mul_(scale)
+        y = torch.mm(x, w.t())  # (N, O)
+        col = 0
+        for j, b in enumerate(bs):
+            ys = y[:, col : col + b.shape[0]]
+            torch.addmm(ys, u[:, j * r : (j + 1) * r], b.t(), out=ys)  # ys += s u_j B_j^T
+            col += b.shape[0]
+        ctx.save_for_backward(x, w, a, u, *bs)
+        ctx.scale = scale
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, gy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, w, a, u, *bs = ctx.saved_tensors
+        r = bs[0].shape[1]
+        gy = gy.contiguous()  # (N, O)
+        du = torch.empty_like(u)  # d(x A^T), (N, n r)
+        dbs = []
+        col = 0
+        for j, b in enumerate(bs):
+            g = gy[:, col : col + b.shape[0]]  # (N, o_j)
+            dbs.append(torch.mm(g.t(), u[:, j * r : (j + 1) * r]))  # (o_j, r); u carries the scale
+            torch.mm(g, b, out=du[:, j * r : (j + 1) * r])
+            col += b.shape[0]
+        if ctx.scale != 1.0:
+            du.mul_(ctx.scale)
+        da = torch.mm(du.t(), x)  # (n r, in)
+        dw = torch.mm(gy.t(), x)  # (O, in)
+        dx = torch.mm(gy, w)  # (N, in)
+        torch.addmm(dx, du, a, out=dx)  # dx += du A
+        return (dx, dw, da, None, *dbs)
 
 
 class LayerCache:
@@ -146,10 +244,13 @@ class Attention(nn.Module):
         cache: KVCache | None = None,
     ) -> torch.Tensor:
         B, T, _ = x.shape
-        q = project(self.wq, x, lora, "wq").view(B, T, self.n_heads, self.head_dim)
-        k = project(self.wk, x, lora, "wk").view(B, T, self.n_kv_heads, self.head_dim)
-        v = project(self.wv, x, lora, "wv").view(B, T, self.n_kv_heads, self.head_dim)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        H, KV, hd = self.n_heads, self.n_kv_heads, self.head_dim
+        qkv = project_group([self.wq, self.wk, self.wv], x, lora, ["wq", "wk", "wv"])  # (B, T, (H + 2 KV) hd)
+        # split (not slicing): its backward writes one gradient tensor instead of zero-filled copies to be summed
+        qk, v = qkv.split([(H + KV) * hd, KV * hd], dim=-1)
+        qk = rotate_pairs(qk.unflatten(-1, (H + KV, hd)), cos, sin)  # (B, T, H + KV, hd)
+        q, k = qk.split([H, KV], dim=2)
+        v = v.contiguous().unflatten(-1, (KV, hd))  # (B, T, KV, hd); a copy, so qkv is not kept alive for v
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, hd)
         pos = 0
         if cache is not None:
@@ -167,7 +268,7 @@ class Attention(nn.Module):
             S = k.shape[2]
             mask = torch.arange(S, device=x.device)[None, :] <= (pos + torch.arange(T, device=x.device))[:, None]
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-        y = y.transpose(1, 2).contiguous().view(B, T, -1)  # (B, T, d)
+        y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, d); a view when SDPA wrote (B, T, H, hd)
         return self.resid_dropout(project(self.wo, y, lora, "wo"))
 
 
@@ -180,7 +281,9 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, lora: Mapping[str, LoRA] | None = None) -> torch.Tensor:
-        gate = F.silu(project(self.w1, x, lora, "w1")) * project(self.w3, x, lora, "w3")  # (B, T, h)
+        h13 = project_group([self.w1, self.w3], x, lora, ["w1", "w3"])  # (B, T, 2h): w1 x | w3 x
+        a, b = h13.chunk(2, dim=-1)
+        gate = F.silu(a) * b  # (B, T, h)
         return self.dropout(project(self.w2, gate, lora, "w2"))
 
 

@@ -225,12 +225,20 @@ _SCHEMA: dict[str, dict[str, Any]] = {
             "tokens_per_s_min": float,
             "tokens_per_s_max": float,
             "step_seconds": float,
+            "step_cpu_seconds": float,  # median process CPU time of a step (all threads)
             "flops_per_token": float,
             "achieved_flops": float,
             "peak_flops": float,
             "peak_flops_source": str,
             "mfu": float,
-            "peak_mem_bytes": int,
+            "peak_mem_bytes": int,  # parameters + optimizer state + peak growth of torch allocations in a step
+            "peak_rss_bytes": int,  # the bench process's peak RSS when the row was written
+            "warmup_steps": int,  # untimed steps before the repeats (compilation happens there)
+            "warmup_seconds": float,
+            "load_avg": float,  # 1-minute load average during the repeats (the machine may be shared)
+            "threads": int,  # torch intra-op threads
+            "note": str,  # how memory was measured, thread/OpenMP settings, what the reference is
+            "equivalence_json": str,  # control row, with --check-steps: both loss curves from the same weights
             "config_json": str,
             "torch_version": str,
             "git_commit": str,

@@ -1,4 +1,4 @@
-"""`benchctl bench`: time real training steps per architecture beside the eager llama2.c reference (benchctl/bench.py)."""
+"""`benchctl bench`: time real training steps per architecture beside an eager llama2.c reference (bench.py)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,9 @@ def bench(
     check_steps: Annotated[
         int, typer.Option("--check-steps", help="Also train control and reference N seeded steps; compare losses.")
     ] = 0,
-    threads: Annotated[Optional[int], typer.Option("--threads", help="torch intra-op threads [default: torch's].")] = None,
+    threads: Annotated[
+        Optional[int], typer.Option("--threads", help="torch intra-op threads [default: torch's].")
+    ] = None,
     set_: SetOpt = None,
     db: DbOpt = None,
     as_json: JsonOpt = False,
@@ -50,39 +52,46 @@ def bench(
     opts = B.BenchOptions(preset=preset, archs=split_list(archs), steps=steps, repeats=repeats, warmup=warmup,
                           compile=compile_, device=device, overrides=parse_set(set_), reference=reference,
                           check_steps=check_steps)
-    log = (lambda m: err_console.print(m, highlight=False)) if as_json else (lambda m: console.print(m, highlight=False))
+    out = err_console if as_json else console  # keep stdout pure JSON with --json
+
+    def log(msg: str) -> None:
+        out.print(msg, highlight=False)
+
     path = db if db is not None else dbm.default_path()
     objs = B.run(opts, path, log=log)
     if as_json:
         print(B.to_json(objs))
         return
-    t = Table(title=f"training step — preset '{preset}', {objs[0]['device_name']}", title_justify="left",
-              box=box.SIMPLE_HEAD)
-    for head in ("arch", "tok/s (min-max)", "step", "MFLOP/tok", "FLOP/s", "MFU", "mem", "cost ratio"):
+    t = Table(title=f"training step — preset '{preset}'", title_justify="left", box=box.SIMPLE_HEAD,
+              pad_edge=False)
+    for head in ("arch", "tok/s", "spread", "step", "MF/tok", "GF/s", "MFU", "MiB", "cost"):
         t.add_column(head, justify="left" if head == "arch" else "right", no_wrap=True)
     for o in objs:
         rows = [(o["arch"], o["tokens_per_s"], o["tokens_per_s_min"], o["tokens_per_s_max"], o["step_seconds"],
                  o["peak_mem_bytes"], o.get("cost_ratio"))]
         if "reference_tokens_per_s" in o:
-            rows.append(("  reference", o["reference_tokens_per_s"], o["reference_tokens_per_s_min"],
+            rows.append(("reference", o["reference_tokens_per_s"], o["reference_tokens_per_s_min"],
                          o["reference_tokens_per_s_max"], o["reference_step_seconds"], o["reference_peak_mem_bytes"],
                          None))
         for name, tps, lo, hi, step_s, mem, ratio in rows:
             achieved = tps * o["flops_per_token"]
-            mfu = f"{achieved / o['peak_flops']:.1%}" if o["peak_flops"] else "-"
-            t.add_row(name, f"{tps:,.0f} ({lo:,.0f}-{hi:,.0f})", f"{step_s:.2f} s", f"{o['flops_per_token'] / 1e6:.1f}",
-                      B._fmt_flops(achieved), mfu, f"{mem / 2**20:,.0f} MiB",
+            mfu = f"{achieved / o['peak_flops']:.0%}" if o["peak_flops"] else "-"
+            t.add_row(name, f"{tps:,.0f}", f"±{(hi - lo) / 2 / tps:.0%}", f"{step_s:.2f}s",
+                      f"{o['flops_per_token'] / 1e6:.1f}", f"{achieved / 1e9:.1f}", mfu, f"{mem / 2**20:,.0f}",
                       f"{ratio:.2f}" if ratio is not None else "")
     console.print(t)
     o0 = objs[0]
     loads = [f"{o['arch']} {o['load_avg']:.2f}" for o in objs if o["load_avg"] is not None]
-    notes = [f"MFU: {o0['peak_flops_source']}" + (f" = {B._fmt_flops(o0['peak_flops'])}" if o0["peak_flops"] else ""),
+    notes = [f"device: {o0['device_name']}; tok/s: median over repeats, spread: half their range; MF/tok: "
+             "training MFLOP per token; MiB: the step's peak memory",
+             f"MFU: {o0['peak_flops_source']}" + (f" = {B._fmt_flops(o0['peak_flops'])}" if o0["peak_flops"] else ""),
              "load average during the repeats: " + ", ".join(loads),
-             "cost ratio = (time per token / control's) / (FLOPs per token / control's); target <= 1.15",
+             "cost = (time per token / control's) / (FLOPs per token / control's); issue 7 asks <= 1.15",
              f"bench id {o0['bench_id']} (table 'bench' in {path})"]
     ctrl = next((o for o in objs if "speedup" in o), None)
     if ctrl is not None:
-        notes.insert(0, f"speed-up over the eager llama2.c reference (control, same run): {ctrl['speedup']:.2f}x")
+        notes.insert(0, f"speed-up over the eager llama2.c reference (control, same run, steps interleaved): "
+                        f"{ctrl['speedup']:.2f}x in tokens/s, {ctrl['speedup_cpu']:.2f}x in CPU time per step")
         if "equivalence" in ctrl:
             e = ctrl["equivalence"]
             notes.insert(1, f"loss after {e['steps']} seeded steps: benchctl {e['loss']:.6f}, reference "

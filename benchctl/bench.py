@@ -1,0 +1,706 @@
+"""Benchmark of the training step: benchctl's step beside a plain eager llama2.c reference, timed in the same run.
+
+What is timed is `benchctl.train.train_step`, the exact optimizer step `train` runs (grad_accum micro-batches,
+clipping, AdamW), on a model and optimizer built exactly as `train` builds them (`make_optimizer`, `autocast_dtype`,
+`resolve_device`, optional `torch.compile`), fed random token batches of the preset's shape (no data prep needed).
+Warm-up steps (allocator, caches, compilation) are excluded; then every subject runs `steps` steps per repeat, and
+the subjects take turns repeat by repeat (round-robin), so load on a shared machine falls on all of them alike.
+
+Beside the control, the same run times `Reference`: a straightforward copy of karpathy/llama2.c `model.py` (separate
+wq/wk/wv, RoPE through the cos/sin reshape of `apply_rotary_emb`, `F.scaled_dot_product_attention`, tied head) with
+llama2.c's `configure_optimizers` (torch.optim.AdamW with default implementation flags on CPU, fused on CUDA) and its
+training loop (accumulation, clipping). It starts from benchctl's control weights, so the speed-up is a ratio of two
+implementations of the same function; `check_equivalence` trains both for N seeded steps and compares the losses.
+
+Reported per subject: tokens/s (median, min, max over repeats), step time, peak memory (parameters and optimizer state
+plus the peak growth of torch's allocations during a step: CUDA's allocator peak, on the CPU the profiler's memory
+events; the process's peak RSS is recorded beside it), FLOPs/token
+(`model.flops_per_token()`, recurrence included), achieved FLOP/s, and MFU against a known peak: a table of dense
+bf16/fp16 tensor-core peaks from vendor datasheets on CUDA (unknown GPU -> empty, with a note), and on CPU the
+machine's own fp32 matmul peak measured in the same run ("of measured matmul peak", not a datasheet number).
+Rows go to the `bench` table of results.db, one `bench_id` per invocation.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import statistics
+import time
+import uuid
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import architectures
+from benchctl import db as dbm
+from benchctl import telemetry
+from benchctl.config import RunConfig, make_config
+from benchctl.errors import ConfigError
+from benchctl.train import autocast_dtype, get_lr, make_optimizer, resolve_device, train_step
+
+# ---- device peaks ---------------------------------------------------------------------------------------------------
+
+# Dense (no structured sparsity) tensor-core peaks from the vendors' datasheets, in FLOP/s, for the precision benchctl
+# trains in on CUDA (bf16 autocast); GPUs without bf16 tensor cores list their fp16 number and say so. GeForce cards
+# are given at fp32 accumulation (what autocast uses), half their fp16-accumulate marketing number.
+# First match wins (more specific patterns first). A GPU not listed gets no MFU, never a guessed peak.
+GPU_PEAKS: list[tuple[str, float, str]] = [
+    (r"H100.*PCIe", 756e12, "H100 PCIe datasheet, bf16 dense"),
+    (r"H100|H200|GH200", 989e12, "H100/H200 SXM datasheet, bf16 dense"),
+    (r"A100", 312e12, "A100 datasheet, bf16 dense"),
+    (r"L40S", 362e12, "L40S datasheet, bf16 dense"),
+    (r"\bL4\b", 121e12, "L4 datasheet, bf16 dense"),
+    (r"RTX A6000", 154.8e12, "RTX A6000 datasheet, bf16 dense"),
+    (r"\bA10\b", 125e12, "A10 datasheet, bf16 dense"),
+    (r"RTX 4090", 165.2e12, "RTX 4090 (Ada whitepaper), bf16 dense, fp32 accumulate"),
+    (r"RTX 3090", 71e12, "RTX 3090 (Ampere whitepaper), bf16 dense, fp32 accumulate"),
+    (r"V100", 125e12, "V100 SXM2 datasheet, fp16 dense (no bf16 tensor cores)"),
+    (r"\bT4\b", 65e12, "T4 datasheet, fp16 dense (no bf16 tensor cores)"),
+]
+
+
+def gpu_peak(name: str) -> tuple[float | None, str]:
+    """(peak FLOP/s, which number) for a CUDA device name; (None, note) when the GPU is not in the table."""
+    for pattern, peak, source in GPU_PEAKS:
+        if re.search(pattern, name):
+            return peak, source
+    return None, f"no datasheet peak for '{name}' in benchctl.bench.GPU_PEAKS: MFU left empty"
+
+
+def measure_matmul_peak(device: torch.device, n: int = 2048, repeats: int = 5) -> float:
+    """Best fp32 FLOP/s of an n x n matmul over `repeats` timed runs on this device, with the current threads."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    a = torch.randn(n, n, generator=g).to(device)  # (n, n)
+    b = torch.randn(n, n, generator=g).to(device)
+    a @ b  # warm-up (threads, MKL buffers)
+    telemetry.sync(device)
+    best = math.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        telemetry.sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * n**3 / best
+
+
+# ---- memory ---------------------------------------------------------------------------------------------------------
+
+
+class PeakMemory:
+    """CUDA: the growth of torch's allocated memory over a phase (its peak minus its start)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._base = 0
+
+    def __enter__(self) -> PeakMemory:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._base = torch.cuda.memory_allocated(self.device)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        telemetry.sync(self.device)
+
+    @property
+    def growth(self) -> int:
+        if self.device.type != "cuda":
+            return 0
+        return max(0, torch.cuda.max_memory_allocated(self.device) - self._base)
+
+
+def cpu_step_peak(step: Callable[[], Any]) -> int | None:
+    """The peak growth of live torch allocations during one run of `step` on the CPU, from the profiler's memory
+    events (the CPU analogue of CUDA's max_memory_allocated; a process's RSS cannot tell apart models that share it,
+    and glibc keeps freed pages). None when this PyTorch does not expose the events."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    results = getattr(prof.profiler, "kineto_results", None)
+    if results is None:
+        return None
+    events = sorted((e for e in results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns())
+    live = peak = 0
+    for e in events:
+        live += e.nbytes()  # + allocation, - free
+        peak = max(peak, live)
+    return peak
+
+
+def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of parameters and optimizer state (what a step keeps resident besides its activations and gradients)."""
+    n = sum(p.numel() * p.element_size() for p in model.parameters())
+    for st in optimizer.state.values():
+        n += sum(v.numel() * v.element_size() for v in st.values() if torch.is_tensor(v))
+    return n
+
+
+# ---- the reference: karpathy/llama2.c model.py, as written there --------------------------------------------------
+
+
+class RefRMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        output = self._norm(x.float()).type_as(x)
+        return output * self.weight
+
+
+def precompute_freqs_cis(dim: int, end: int, theta: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    freqs = 1.0 / (theta ** (torch.arange(0, dim, 2)[: (dim // 2)].float() / dim))
+    t = torch.arange(end, device=freqs.device)
+    freqs = torch.outer(t, freqs).float()
+    return torch.cos(freqs), torch.sin(freqs)  # (end, dim/2) each
+
+
+def reshape_for_broadcast(freqs_cis: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    ndim = x.ndim
+    shape = [d if i == 1 or i == ndim - 1 else 1 for i, d in enumerate(x.shape)]
+    return freqs_cis.view(shape)
+
+
+def apply_rotary_emb(
+    xq: torch.Tensor, xk: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    xq_r, xq_i = xq.float().reshape(xq.shape[:-1] + (-1, 2)).unbind(-1)
+    xk_r, xk_i = xk.float().reshape(xk.shape[:-1] + (-1, 2)).unbind(-1)
+    freqs_cos = reshape_for_broadcast(freqs_cos, xq_r)
+    freqs_sin = reshape_for_broadcast(freqs_sin, xq_r)
+    xq_out_r = xq_r * freqs_cos - xq_i * freqs_sin
+    xq_out_i = xq_r * freqs_sin + xq_i * freqs_cos
+    xk_out_r = xk_r * freqs_cos - xk_i * freqs_sin
+    xk_out_i = xk_r * freqs_sin + xk_i * freqs_cos
+    xq_out = torch.stack([xq_out_r, xq_out_i], dim=-1).flatten(3)
+    xk_out = torch.stack([xk_out_r, xk_out_i], dim=-1).flatten(3)
+    return xq_out.type_as(xq), xk_out.type_as(xk)
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    bs, slen, n_kv_heads, head_dim = x.shape
+    if n_rep == 1:
+        return x
+    return x[:, :, :, None, :].expand(bs, slen, n_kv_heads, n_rep, head_dim).reshape(bs, slen, n_kv_heads * n_rep,
+                                                                                    head_dim)
+
+
+class RefAttention(nn.Module):
+    def __init__(self, args: Any):
+        super().__init__()
+        self.n_kv_heads = args.n_kv_heads
+        self.n_local_heads = args.n_heads
+        self.n_local_kv_heads = args.n_kv_heads
+        self.n_rep = self.n_local_heads // self.n_local_kv_heads
+        self.head_dim = args.dim // args.n_heads
+        self.wq = nn.Linear(args.dim, args.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
+        self.attn_dropout = nn.Dropout(args.dropout)
+        self.resid_dropout = nn.Dropout(args.dropout)
+        self.dropout = args.dropout
+
+    def forward(self, x: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor) -> torch.Tensor:
+        bsz, seqlen, _ = x.shape
+        xq, xk, xv = self.wq(x), self.wk(x), self.wv(x)
+        xq = xq.view(bsz, seqlen, self.n_local_heads, self.head_dim)
+        xk = xk.view(bsz, seqlen, self.n_local_kv_heads, self.head_dim)
+        xv = xv.view(bsz, seqlen, self.n_local_kv_heads, self.head_dim)
+        xq, xk = apply_rotary_emb(xq, xk, freqs_cos, freqs_sin)
+        xk = repeat_kv(xk, self.n_rep)
+        xv = repeat_kv(xv, self.n_rep)
+        xq, xk, xv = xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2)  # (B, H, T, hd)
+        output = F.scaled_dot_product_attention(
+            xq, xk, xv, attn_mask=None, dropout_p=self.dropout if self.training else 0.0, is_causal=True
+        )
+        output = output.transpose(1, 2).contiguous().view(bsz, seqlen, -1)
+        output = self.wo(output)
+        return self.resid_dropout(output)
+
+
+class RefFeedForward(nn.Module):
+    def __init__(self, dim: int, hidden_dim: int, dropout: float):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden_dim, bias=False)
+        self.w2 = nn.Linear(hidden_dim, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden_dim, bias=False)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.w2(F.silu(self.w1(x)) * self.w3(x)))
+
+
+class RefTransformerBlock(nn.Module):
+    def __init__(self, layer_id: int, args: Any):
+        super().__init__()
+        self.attention = RefAttention(args)
+        self.feed_forward = RefFeedForward(args.dim, args.hidden_dim, args.dropout)
+        self.layer_id = layer_id
+        self.attention_norm = RefRMSNorm(args.dim, eps=args.norm_eps)
+        self.ffn_norm = RefRMSNorm(args.dim, eps=args.norm_eps)
+
+    def forward(self, x: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention.forward(self.attention_norm(x), freqs_cos, freqs_sin)
+        return h + self.feed_forward.forward(self.ffn_norm(h))
+
+
+class Reference(nn.Module):
+    """llama2.c `Transformer`, parameter names identical to benchctl's control, so state dicts load either way."""
+
+    last_loss: torch.Tensor | None
+
+    def __init__(self, params: Any):
+        super().__init__()
+        self.params = params
+        self.tok_embeddings = nn.Embedding(params.vocab_size, params.dim)
+        self.dropout = nn.Dropout(params.dropout)
+        self.layers = nn.ModuleList(RefTransformerBlock(i, params) for i in range(params.n_layers))
+        self.norm = RefRMSNorm(params.dim, eps=params.norm_eps)
+        self.output = nn.Linear(params.dim, params.vocab_size, bias=False)
+        self.tok_embeddings.weight = self.output.weight
+        freqs_cos, freqs_sin = precompute_freqs_cis(params.dim // params.n_heads, params.max_seq_len,
+                                                    params.rope_theta)
+        self.register_buffer("freqs_cos", freqs_cos, persistent=False)
+        self.register_buffer("freqs_sin", freqs_sin, persistent=False)
+        self.apply(self._init_weights)
+        for pn, p in self.named_parameters():
+            if pn.endswith("w3.weight") or pn.endswith("wo.weight"):
+                torch.nn.init.normal_(p, mean=0.0, std=params.init_std / math.sqrt(2 * params.n_layers))
+        self.last_loss = None
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=self.params.init_std)
+            if module.bias is not None:
+                torch.nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=self.params.init_std)
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        _bsz, seqlen = tokens.shape
+        h = self.tok_embeddings(tokens)
+        h = self.dropout(h)
+        freqs_cos = self.freqs_cos[:seqlen]
+        freqs_sin = self.freqs_sin[:seqlen]
+        for layer in self.layers:
+            h = layer(h, freqs_cos, freqs_sin)
+        h = self.norm(h)
+        if targets is not None:
+            logits = self.output(h)
+            self.last_loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        else:
+            logits = self.output(h[:, [-1], :])
+            self.last_loss = None
+        return logits
+
+
+def reference_optimizer(model: Reference, cfg: RunConfig, device: torch.device) -> torch.optim.AdamW:
+    """llama2.c `configure_optimizers`: decay on >=2-D tensors; fused AdamW on CUDA, PyTorch's default elsewhere."""
+    param_dict = {pn: p for pn, p in model.named_parameters() if p.requires_grad}
+    decay_params = [p for p in param_dict.values() if p.dim() >= 2]
+    nodecay_params = [p for p in param_dict.values() if p.dim() < 2]
+    optim_groups = [
+        {"params": decay_params, "weight_decay": cfg.train.weight_decay},
+        {"params": nodecay_params, "weight_decay": 0.0},
+    ]
+    extra_args = {"fused": True} if device.type == "cuda" else {}
+    return torch.optim.AdamW(optim_groups, lr=cfg.train.lr, betas=(cfg.train.beta1, cfg.train.beta2), **extra_args)
+
+
+def reference_step(
+    model: Reference,
+    optimizer: torch.optim.Optimizer,
+    next_batch: Callable[[], tuple[torch.Tensor, torch.Tensor]],
+    cfg: RunConfig,
+    device: torch.device,
+    amp: torch.dtype | None,
+) -> torch.Tensor:
+    """llama2.c `train.py`'s optimizer step (its GradScaler is disabled outside float16). Returns the step's loss."""
+    t = cfg.train
+    ctx = torch.autocast(device.type, dtype=amp) if amp else nullcontext()
+    total = torch.zeros((), device=device)
+    for _micro_step in range(t.grad_accum):
+        x, y = next_batch()
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with ctx:
+            model(x, y)
+            loss = model.last_loss
+            assert loss is not None
+            loss = loss / t.grad_accum
+        loss.backward()
+        total += loss.detach()
+    if t.grad_clip != 0.0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return total
+
+
+def build_reference(cfg: RunConfig, device: torch.device, weights_from: nn.Module | None = None) -> Reference:
+    """The reference of `cfg`'s control, with the control's weights copied in when given (same function)."""
+    ref = Reference(cfg.model).to(device)
+    if weights_from is not None:
+        ref.load_state_dict(weights_from.state_dict())
+    return ref
+
+
+# ---- batches --------------------------------------------------------------------------------------------------------
+
+
+class RandomBatches:
+    """Seeded random token batches (x, y) of the preset's shape, pre-generated on the device and cycled, so the timed
+    step never waits on data."""
+
+    def __init__(self, cfg: RunConfig, device: torch.device, n: int = 8, seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        B, T, V = cfg.train.batch_size, cfg.model.max_seq_len, cfg.model.vocab_size
+        self.batches = [
+            (torch.randint(0, V, (B, T), generator=g).to(device), torch.randint(0, V, (B, T), generator=g).to(device))
+            for _ in range(n)
+        ]  # each (B, T)
+        self.i = 0
+
+    def __call__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        b = self.batches[self.i % len(self.batches)]
+        self.i += 1
+        return b
+
+
+# ---- subjects and timing --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Subject:
+    """One thing being timed: an architecture's benchctl step, or the reference step."""
+
+    arch: str
+    impl: str  # benchctl | reference
+    cfg: RunConfig
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    step: Callable[[], Any]
+    flops_per_token: float
+    compiled: bool = False
+    warmup_seconds: float = 0.0
+    repeat_seconds: list[float] = field(default_factory=list)  # wall time of `steps` steps, per repeat
+    step_seconds: list[float] = field(default_factory=list)  # every timed step
+    step_cpu_seconds: list[float] = field(default_factory=list)  # process CPU time (all threads) of every step
+    peak_growth: int = 0  # peak growth of torch allocations during a step (activations, gradients, temporaries)
+    mem_method: str = ""
+    loads: list[float] = field(default_factory=list)
+
+
+def build_subject(cfg: RunConfig, device: torch.device, impl: str, compile_model: bool,
+                  control: nn.Module | None = None) -> Subject:
+    """Model, optimizer and batches built exactly as `train` builds them (reference: as llama2.c does)."""
+    amp = autocast_dtype(cfg, device)
+    batches = RandomBatches(cfg, device, seed=cfg.seed + 1)
+    lr = get_lr(cfg.train.warmup_steps, cfg)  # the peak rate: timing does not depend on it, the update does
+    if impl == "reference":
+        model = build_reference(cfg, device, weights_from=control)
+        optimizer = reference_optimizer(model, cfg, device)
+        for g in optimizer.param_groups:
+            g["lr"] = lr
+        with torch.device("meta"):  # shapes only
+            flops = architectures.build("control", cfg.model).flops_per_token(cfg.model.max_seq_len)
+        return Subject(cfg.arch, impl, cfg, model, optimizer,
+                       lambda: reference_step(model, optimizer, batches, cfg, device, amp), flops)
+    torch.manual_seed(cfg.seed)
+    model = architectures.build(cfg.arch, cfg.model).to(device)
+    model.train()
+    optimizer = make_optimizer(model, cfg, device)
+    for g in optimizer.param_groups:
+        g["lr"] = lr
+    train_model = torch.compile(model) if compile_model else model
+    flops = model.flops_per_token(cfg.model.max_seq_len)
+    return Subject(cfg.arch, impl, cfg, model, optimizer,
+                   lambda: train_step(train_model, model, optimizer, batches, cfg, device, amp), flops,
+                   compiled=compile_model)
+
+
+def _load() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
+
+
+def warm_up(s: Subject, device: torch.device, n: int) -> None:
+    telemetry.sync(device)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        s.step()
+    telemetry.sync(device)
+    s.warmup_seconds = time.perf_counter() - t0
+
+
+def timed_step(s: Subject, device: torch.device) -> tuple[float, float]:
+    """One synchronised step (as `train` times it): (wall seconds, process CPU seconds). On CUDA also its memory peak;
+    on the CPU that is measured once, after the repeats (`cpu_step_peak`), since profiling costs time."""
+    with PeakMemory(device) as mem:
+        c0 = time.process_time()
+        t0 = time.perf_counter()
+        s.step()
+        telemetry.sync(device)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    s.peak_growth = max(s.peak_growth, mem.growth)
+    s.step_seconds.append(wall)
+    s.step_cpu_seconds.append(cpu)
+    return wall, cpu
+
+
+def time_repeat(subjects: list[Subject], device: torch.device, steps: int) -> None:
+    """One repeat: `steps` steps of every subject, taking turns step by step, so that whatever else the machine is
+    doing falls on every subject alike (each subject's repeat time is the sum of its own steps)."""
+    walls = [0.0] * len(subjects)
+    load = _load()
+    for _ in range(steps):
+        for i, s in enumerate(subjects):
+            walls[i] += timed_step(s, device)[0]
+    for s, w in zip(subjects, walls):
+        s.repeat_seconds.append(w)
+        if load is not None:
+            s.loads.append(load)
+
+
+@dataclass
+class BenchOptions:
+    preset: str = "paper"
+    archs: list[str] | None = None
+    steps: int = 10
+    repeats: int = 3
+    warmup: int = 2
+    compile: bool | None = None  # None -> the preset's train.compile
+    device: str = "auto"
+    overrides: dict[str, Any] = field(default_factory=dict)
+    reference: bool = True
+    check_steps: int = 0  # > 0: also train control and reference this many seeded steps and compare losses
+    seed: int = 0
+
+
+def run(opts: BenchOptions, db_path: Path | None = None, log: Callable[[str], None] = lambda _m: None
+        ) -> list[dict[str, Any]]:
+    """Benchmark every architecture of `opts`; write the rows to results.db (when `db_path`) and return them.
+
+    The returned list has one object per architecture (benchctl's step), with the reference's numbers and the
+    speed-up folded into the control's object, and each architecture's cost ratio to the control.
+    """
+    if opts.steps < 1 or opts.repeats < 1 or opts.warmup < 0:
+        raise ConfigError(f"--steps and --repeats must be >= 1 and warm-up >= 0 (got {opts.steps}, {opts.repeats}, "
+                          f"{opts.warmup})")
+    names = opts.archs or architectures.names()
+    cfgs = [make_config(opts.preset, a, opts.seed, opts.overrides) for a in names]
+    device = resolve_device(cfgs[0].train.device if opts.device == "auto" else opts.device)
+    compile_model = cfgs[0].train.compile if opts.compile is None else opts.compile
+    if compile_model and device.type == "cpu":
+        import shutil
+
+        if not (shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")):
+            raise ConfigError("--compile on CPU needs a C++ compiler (g++ or clang++) on PATH; install one or use "
+                              "--no-compile")
+    if device.type == "cuda":  # what train enables on CUDA
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+    bench_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    peak, peak_source = _device_peak(device, cfgs[0])
+    log(f"bench {bench_id}: {telemetry.device_name(device)}, {torch.get_num_threads()} threads; peak "
+        f"{_fmt_flops(peak)} ({peak_source}); load average {_load_str()}")
+
+    subjects: list[Subject] = []
+    for cfg in cfgs:
+        s = build_subject(cfg, device, "benchctl", compile_model)
+        subjects.append(s)
+        if cfg.arch == "control" and opts.reference:
+            subjects.append(build_subject(cfg, device, "reference", False, control=s.model))
+    for s in subjects:
+        log(f"  warm-up {s.arch} ({s.impl}{', compiling' if s.compiled else ''})")
+        warm_up(s, device, max(opts.warmup, 1) if s.compiled else opts.warmup)
+    for r in range(opts.repeats):
+        time_repeat(subjects, device, opts.steps)
+        for s in subjects:
+            tps = opts.steps * s.cfg.tokens_per_step / s.repeat_seconds[-1]
+            log(f"  repeat {r + 1}/{opts.repeats} {s.arch:<10} {s.impl:<9} {tps:10,.0f} tok/s")
+        if device.type == "cpu":  # the machine's own peak, read again between repeats: the best reading counts
+            peak = max(peak or 0.0, measure_matmul_peak(device))
+        log(f"  load average {_load_str()}")
+
+    for s in subjects:
+        if device.type == "cuda":
+            s.mem_method = "torch.cuda.max_memory_allocated"
+        else:
+            growth = cpu_step_peak(s.step)  # one more, untimed and profiled, step
+            s.peak_growth = growth or 0
+            s.mem_method = ("torch CPU allocations (profiler memory events)" if growth is not None else
+                            "unavailable (this PyTorch's profiler has no memory events)")
+    rows = [_row(s, bench_id, opts, device, peak, peak_source) for s in subjects]
+    check = None
+    if opts.check_steps > 0:
+        check = check_equivalence(make_config(opts.preset, "control", opts.seed, opts.overrides), device,
+                                  opts.check_steps)
+        log(f"  equivalence over {opts.check_steps} steps: max |loss difference| {check['max_abs_diff']:.2e}")
+        for row in rows:
+            if row["arch"] == "control" and row["impl"] == "benchctl":
+                row["equivalence_json"] = json.dumps(check)
+    if db_path is not None:
+        db = dbm.connect(db_path)
+        with db.conn:
+            db["bench"].insert_all(rows, alter=False)
+    return summarize(rows, check)
+
+
+def _device_peak(device: torch.device, cfg: RunConfig) -> tuple[float | None, str]:
+    if device.type == "cuda":
+        if autocast_dtype(cfg, device) is None:
+            return None, "fp32 on CUDA: the peak table lists bf16/fp16 tensor-core peaks only, MFU left empty"
+        return gpu_peak(torch.cuda.get_device_name(device))
+    if device.type == "cpu":
+        return measure_matmul_peak(device), ("of measured matmul peak (fp32 2048x2048 matmul, best reading before and "
+                                             "between the repeats of this run)")
+    return None, f"no peak known for device type '{device.type}': MFU left empty"
+
+
+def _row(s: Subject, bench_id: str, opts: BenchOptions, device: torch.device, peak: float | None,
+         peak_source: str) -> dict[str, Any]:
+    tps = [opts.steps * s.cfg.tokens_per_step / t for t in s.repeat_seconds]
+    med = statistics.median(tps)
+    achieved = med * s.flops_per_token
+    env = telemetry.environment(device)
+    notes = [f"threads={torch.get_num_threads()}", f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}",
+             f"memory: parameters + optimizer state + peak growth during a step ({s.mem_method})"]
+    if s.impl == "reference":
+        notes.append("llama2.c model.py/train.py step (eager), from the control's weights")
+    return {
+        "bench_id": bench_id,
+        "arch": s.arch,
+        "preset": opts.preset,
+        "impl": s.impl,
+        "compiled": int(s.compiled),
+        "device": device.type,
+        "device_name": env["device_name"],
+        "steps": opts.steps,
+        "repeats": opts.repeats,
+        "warmup_steps": opts.warmup,
+        "warmup_seconds": s.warmup_seconds,
+        "tokens_per_step": s.cfg.tokens_per_step,
+        "tokens_per_s": med,
+        "tokens_per_s_min": min(tps),
+        "tokens_per_s_max": max(tps),
+        "step_seconds": statistics.median(s.step_seconds),
+        "step_cpu_seconds": statistics.median(s.step_cpu_seconds),
+        "flops_per_token": s.flops_per_token,
+        "achieved_flops": achieved,
+        "peak_flops": peak,
+        "peak_flops_source": peak_source,
+        "mfu": achieved / peak if peak else None,
+        "peak_mem_bytes": s.peak_growth + state_bytes(s.model, s.optimizer),
+        "peak_rss_bytes": telemetry.peak_rss_bytes(),  # the whole process so far (every subject shares it)
+        "load_avg": statistics.mean(s.loads) if s.loads else None,
+        "threads": torch.get_num_threads(),
+        "note": "; ".join(notes),
+        "config_json": s.cfg.to_json(),
+        "torch_version": env["torch_version"],
+        "git_commit": env["git_commit"],
+        "created_at": dbm.now(),
+    }
+
+
+def summarize(rows: list[dict[str, Any]], check: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """One object per architecture: benchctl's numbers, the reference's beside the control's, and cost ratios.
+
+    cost_ratio = (time per token / control's) / (FLOPs per token / control's): 1.0 means the architecture costs
+    exactly its arithmetic relative to the control; issue 7's target is <= 1.15.
+    """
+    ours = [r for r in rows if r["impl"] == "benchctl"]
+    ref = next((r for r in rows if r["impl"] == "reference"), None)
+    ctrl = next((r for r in ours if r["arch"] == "control"), None)
+    out = []
+    for r in ours:
+        o = {k: r[k] for k in ("bench_id", "arch", "preset", "compiled", "device", "device_name", "tokens_per_s",
+                               "tokens_per_s_min", "tokens_per_s_max", "step_seconds", "flops_per_token",
+                               "achieved_flops", "peak_flops", "peak_flops_source", "mfu", "peak_mem_bytes",
+                               "load_avg", "threads", "warmup_seconds", "step_cpu_seconds")}
+        if ctrl is not None:
+            flops_ratio = r["flops_per_token"] / ctrl["flops_per_token"]
+            o["cost_ratio"] = (ctrl["tokens_per_s"] / r["tokens_per_s"]) / flops_ratio
+            # tokens per step are the preset's for every architecture, so CPU seconds per step compare directly
+            o["cost_ratio_cpu"] = (r["step_cpu_seconds"] / ctrl["step_cpu_seconds"]) / flops_ratio
+        if r["arch"] == "control" and ref is not None:
+            o["reference_tokens_per_s"] = ref["tokens_per_s"]
+            o["reference_tokens_per_s_min"] = ref["tokens_per_s_min"]
+            o["reference_tokens_per_s_max"] = ref["tokens_per_s_max"]
+            o["reference_step_seconds"] = ref["step_seconds"]
+            o["reference_peak_mem_bytes"] = ref["peak_mem_bytes"]
+            o["speedup"] = r["tokens_per_s"] / ref["tokens_per_s"]
+            # the same ratio in CPU time: what each step costs the machine, insensitive to descheduling
+            o["reference_step_cpu_seconds"] = ref["step_cpu_seconds"]
+            o["speedup_cpu"] = ref["step_cpu_seconds"] / r["step_cpu_seconds"]
+            if check is not None:
+                o["equivalence"] = check
+        out.append(o)
+    return out
+
+
+# ---- equivalence ----------------------------------------------------------------------------------------------------
+
+
+def check_equivalence(cfg: RunConfig, device: torch.device, steps: int) -> dict[str, Any]:
+    """Train benchctl's control (train_step) and the reference from the same weights on the same seeded batches
+    for `steps` optimizer steps with `train`'s lr schedule; return both loss curves and their largest difference."""
+    amp = autocast_dtype(cfg, device)
+    torch.manual_seed(cfg.seed)
+    model = architectures.build("control", cfg.model).to(device).train()
+    ref = build_reference(cfg, device, weights_from=model).train()
+    opt = make_optimizer(model, cfg, device)
+    ref_opt = reference_optimizer(ref, cfg, device)
+    ours_b, ref_b = RandomBatches(cfg, device, n=4, seed=cfg.seed + 7), RandomBatches(cfg, device, n=4,
+                                                                                       seed=cfg.seed + 7)
+    losses, ref_losses = [], []
+    for step in range(steps):
+        lr = get_lr(step, cfg)
+        for g in opt.param_groups + ref_opt.param_groups:
+            g["lr"] = lr
+        loss, _ = train_step(model, model, opt, ours_b, cfg, device, amp)
+        losses.append(float(loss))
+        ref_losses.append(float(reference_step(ref, ref_opt, ref_b, cfg, device, amp)))
+    diffs = [abs(a - b) for a, b in zip(losses, ref_losses)]
+    return {"steps": steps, "loss": losses[-1], "reference_loss": ref_losses[-1], "max_abs_diff": max(diffs),
+            "losses": losses, "reference_losses": ref_losses}
+
+
+# ---- formatting -----------------------------------------------------------------------------------------------------
+
+
+def _load_str() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+def _fmt_flops(x: float | None) -> str:
+    if x is None:
+        return "unknown"
+    for unit, scale in (("PFLOP/s", 1e15), ("TFLOP/s", 1e12), ("GFLOP/s", 1e9)):
+        if x >= scale:
+            return f"{x / scale:.1f} {unit}"
+    return f"{x / 1e6:.1f} MFLOP/s"
+
+
+def to_json(objs: list[dict[str, Any]]) -> str:
+    return json.dumps(objs, indent=2)

@@ -1,0 +1,231 @@
+"""Tests of `benchctl bench` (benchctl/bench.py, benchctl/commands/bench.py). None of them is a timing test.
+
+- The regression guard of issue 7: benchctl's optimised step (`train_step` on the control, with its fused projections,
+  complex RoPE and fused AdamW) and the eager llama2.c reference step give the same loss, the same clipped gradients
+  and the same updated weights from the same weights and batch; and over several seeded steps the losses stay equal.
+- The reference is llama2.c's model: the same seed gives the same initial weights as benchctl's control.
+- A smoke run of the real command at the `tiny` preset: the JSON fields and the rows written to the `bench` table.
+- The GPU peak table answers known names and leaves unknown GPUs without a peak; bad options are one-line errors.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import architectures
+from benchctl import bench as B
+from benchctl.cli import app, main
+from benchctl.config import make_config
+from benchctl.train import get_lr, make_optimizer, train_step
+
+runner = CliRunner()
+CPU = torch.device("cpu")
+
+
+def capture_grads(optimizer: torch.optim.Optimizer, names: dict[torch.Tensor, str], out: dict[str, torch.Tensor]):
+    """Record every gradient right before the optimizer steps (after clipping), keyed by parameter name."""
+
+    def hook(opt, args, kwargs):
+        for g in opt.param_groups:
+            for p in g["params"]:
+                out[names[p]] = p.grad.detach().clone()
+
+    return optimizer.register_step_pre_hook(hook)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"model.n_kv_heads": 1}])
+def test_optimised_step_matches_reference_step(overrides):
+    cfg = make_config("tiny", "control", overrides=overrides)
+    torch.manual_seed(0)
+    model = architectures.build("control", cfg.model).train()
+    ref = B.build_reference(cfg, CPU, weights_from=model).train()
+    for (n1, p1), (n2, p2) in zip(model.state_dict().items(), ref.state_dict().items()):
+        assert n1 == n2 and torch.equal(p1, p2)
+    opt, ref_opt = make_optimizer(model, cfg, CPU), B.reference_optimizer(ref, cfg, CPU)
+    for g in opt.param_groups + ref_opt.param_groups:
+        g["lr"] = cfg.train.lr
+    before = {n: t.clone() for n, t in model.state_dict().items()}
+    grads: dict[str, torch.Tensor] = {}
+    ref_grads: dict[str, torch.Tensor] = {}
+    capture_grads(opt, {p: n for n, p in model.named_parameters()}, grads)
+    capture_grads(ref_opt, {p: n for n, p in ref.named_parameters()}, ref_grads)
+
+    loss, grad_norm = train_step(model, model, opt, B.RandomBatches(cfg, CPU, seed=3), cfg, CPU, None)
+    ref_loss = B.reference_step(ref, ref_opt, B.RandomBatches(cfg, CPU, seed=3), cfg, CPU, None)
+
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=1e-6)
+    assert grad_norm is not None and grad_norm > 0
+    assert set(grads) == set(ref_grads) == {n for n, _ in model.named_parameters()}
+    for n in grads:
+        assert grads[n].abs().sum() > 0, n  # every parameter really receives a gradient
+        torch.testing.assert_close(grads[n], ref_grads[n], rtol=1e-4, atol=1e-7, msg=n)
+    after, ref_after = model.state_dict(), ref.state_dict()
+    for n in after:
+        # Adam's first update is about lr * sign(g): float noise in a tiny gradient moves a weight by far less than
+        # lr (3e-3 here), a wrong gradient by about lr
+        torch.testing.assert_close(after[n], ref_after[n], rtol=0, atol=1e-5, msg=n)
+        assert not torch.equal(after[n], before[n]), n  # the step really updated it
+
+
+def test_reference_with_the_same_seed_has_the_same_weights():
+    cfg = make_config("tiny", "control")
+    torch.manual_seed(5)
+    ours = architectures.build("control", cfg.model)
+    torch.manual_seed(5)
+    ref = B.Reference(cfg.model)
+    assert ref.tok_embeddings.weight is ref.output.weight  # tied, as in llama2.c
+    for (n1, p1), (n2, p2) in zip(ours.state_dict().items(), ref.state_dict().items()):
+        assert n1 == n2 and torch.equal(p1, p2), n1
+
+
+def test_losses_match_over_seeded_steps():
+    cfg = make_config("tiny", "control")
+    check = B.check_equivalence(cfg, CPU, steps=6)
+    assert len(check["losses"]) == len(check["reference_losses"]) == 6
+    assert check["losses"][-1] < check["losses"][0]  # it really trains (warm-up lr is 0 only at step 0)
+    assert check["max_abs_diff"] < 1e-4
+    assert get_lr(1, cfg) > 0
+
+
+def test_lora_projection_matches_plain_autograd():
+    """The relaxed model's hand-written LoRA kernel: same outputs and gradients as the plain formula, and its
+    backward passes torch's numerical gradient check (float64, scale != 1, unequal output widths as with GQA)."""
+    from architectures.blocks import LoRAProjection
+
+    g = torch.Generator().manual_seed(0)
+    N, d_in, r, outs, scale = 6, 5, 2, (4, 3, 3), 0.5
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64, requires_grad=True)
+
+    x, w, a = rand(N, d_in), rand(sum(outs), d_in), rand(len(outs) * r, d_in)
+    bs = [rand(o, r) for o in outs]
+    assert torch.autograd.gradcheck(lambda *t: LoRAProjection.apply(t[0], t[1], t[2], scale, *t[3:]),
+                                    (x, w, a, *bs))
+    y = LoRAProjection.apply(x, w, a, scale, *bs)
+    u = (x @ a.t()).split(r, dim=-1)
+    plain = x @ w.t() + torch.cat([scale * uj @ b.t() for uj, b in zip(u, bs)], dim=-1)
+    gy = torch.randn(N, sum(outs), generator=g, dtype=torch.float64)
+    got = torch.autograd.grad(y, (x, w, a, *bs), gy)
+    want = torch.autograd.grad(plain, (x, w, a, *bs), gy)
+    torch.testing.assert_close(y, plain)
+    for gg, ww in zip(got, want):
+        torch.testing.assert_close(gg, ww)
+
+
+def test_relaxed_step_matches_plain_autograd():
+    """The whole relaxed model (perturbed LoRA, scale 0.5): the optimised forward/backward equals the plain one."""
+    import architectures.blocks as blocks
+
+    cfg = make_config("tiny", "relaxed", overrides={"model.lora_alpha": 2.0})
+    torch.manual_seed(0)
+    model = architectures.build("relaxed", cfg.model).train()
+    with torch.no_grad():
+        for m in model.lora.modules():
+            if isinstance(m, blocks.LoRA):
+                m.B.normal_(0, 0.05)
+    x, y = B.RandomBatches(cfg, CPU, n=1)()
+
+    def loss_and_grads():
+        model.zero_grad()
+        _, loss = model(x, y)
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    fast_loss, fast = loss_and_grads()
+    plain_apply = blocks.LoRAProjection.apply
+    try:  # route every LoRA'd projection through plain autograd instead
+        blocks.LoRAProjection.apply = lambda x2, w, a, scale, *bs: (
+            x2 @ w.t() + torch.cat([scale * uj @ b.t() for uj, b in zip((x2 @ a.t()).split(bs[0].shape[1], -1), bs)],
+                                   dim=-1))
+        plain_loss, plain = loss_and_grads()
+    finally:
+        blocks.LoRAProjection.apply = plain_apply
+    torch.testing.assert_close(fast_loss, plain_loss, rtol=1e-6, atol=1e-6)
+    for n in fast:
+        torch.testing.assert_close(fast[n], plain[n], rtol=1e-4, atol=1e-7, msg=n)
+
+
+def test_gpu_peak_table():
+    assert B.gpu_peak("NVIDIA A100-SXM4-80GB")[0] == 312e12
+    assert B.gpu_peak("NVIDIA H100 80GB HBM3")[0] == 989e12
+    assert B.gpu_peak("NVIDIA H100 PCIe")[0] == 756e12
+    assert B.gpu_peak("NVIDIA L4")[0] == 121e12
+    assert B.gpu_peak("NVIDIA GeForce RTX 4090")[0] == 165.2e12
+    peak, source = B.gpu_peak("Tesla T4")
+    assert peak == 65e12 and "fp16" in source
+    assert B.gpu_peak("NVIDIA L40S")[0] == 362e12  # not mistaken for an L4
+    peak, note = B.gpu_peak("NVIDIA GeForce RTX 3070 Laptop GPU")
+    assert peak is None and "MFU left empty" in note
+
+
+def test_bench_cli_smoke(tmp_path, monkeypatch):
+    monkeypatch.delenv("BENCHCTL_DB", raising=False)
+    db_path = tmp_path / "results.db"
+    result = runner.invoke(app, ["bench", "--preset", "tiny", "--steps", "2", "--repeats", "1", "--warmup", "1",
+                                 "--json", "--db", str(db_path)])
+    assert result.exit_code == 0, result.output
+    objs = json.loads(result.stdout)
+    assert [o["arch"] for o in objs] == architectures.names()
+    for o in objs:
+        cfg = make_config("tiny", o["arch"])
+        with torch.device("meta"):
+            expected_flops = architectures.build(o["arch"], cfg.model).flops_per_token()
+        assert o["flops_per_token"] == expected_flops
+        assert o["tokens_per_s_min"] <= o["tokens_per_s"] <= o["tokens_per_s_max"] and o["tokens_per_s"] > 0
+        assert o["achieved_flops"] == pytest.approx(o["tokens_per_s"] * o["flops_per_token"])
+        assert o["peak_flops"] > 0 and "measured matmul peak" in o["peak_flops_source"]  # CPU: measured, this run
+        assert o["mfu"] == pytest.approx(o["achieved_flops"] / o["peak_flops"])
+        assert o["peak_mem_bytes"] > 0 and o["cost_ratio"] > 0
+    control = objs[0]
+    assert control["cost_ratio"] == 1.0
+    assert control["reference_tokens_per_s"] > 0
+    assert control["speedup"] == pytest.approx(control["tokens_per_s"] / control["reference_tokens_per_s"])
+    assert all("reference_tokens_per_s" not in o for o in objs[1:])
+
+    con = sqlite3.connect(db_path)
+    con.row_factory = sqlite3.Row
+    rows = [dict(r) for r in con.execute("select * from bench order by id")]
+    assert len(rows) == len(objs) + 1 and len({r["bench_id"] for r in rows}) == 1
+    assert [(r["arch"], r["impl"]) for r in rows] == [("control", "benchctl"), ("control", "reference")] + [
+        (a, "benchctl") for a in architectures.names()[1:]
+    ]
+    for r in rows:
+        assert (r["preset"], r["steps"], r["repeats"], r["device"], r["compiled"]) == ("tiny", 2, 1, "cpu", 0)
+        assert r["tokens_per_step"] == 8 * 2 * 32 and r["load_avg"] is not None and r["threads"] >= 1
+        assert json.loads(r["config_json"])["arch"] == r["arch"]
+    assert rows[0]["tokens_per_s"] == control["tokens_per_s"]
+    assert rows[1]["tokens_per_s"] == control["reference_tokens_per_s"]
+
+
+def test_bench_table_output_and_equivalence_check(tmp_path):
+    db_path = tmp_path / "r.db"
+    result = runner.invoke(app, ["bench", "--preset", "tiny", "--archs", "control", "--steps", "1", "--repeats", "1",
+                                 "--warmup", "0", "--check-steps", "3", "--db", str(db_path)])
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "speed-up over the eager llama2.c reference" in out and "loss after 3 seeded steps" in out
+    assert "of measured matmul peak" in out and "load average" in out
+    assert max(len(line) for line in out.splitlines() if "│" in line or "─" in line) <= 80  # the table fits
+    con = sqlite3.connect(db_path)
+    (eq,) = con.execute("select equivalence_json from bench where impl = 'benchctl'").fetchone()
+    check = json.loads(eq)
+    assert check["steps"] == 3 and check["max_abs_diff"] < 1e-4 and len(check["reference_losses"]) == 3
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--steps", "0"], "--steps"),
+    (["--archs", "contrl"], "did you mean 'control'"),
+    (["--threads", "0"], "--threads"),
+])
+def test_bad_options_are_one_line_errors(tmp_path, capsys, argv, needle):
+    with pytest.raises(SystemExit) as info:
+        main(["bench", "--preset", "tiny", "--db", str(tmp_path / "r.db"), *argv])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and needle in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
