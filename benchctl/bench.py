@@ -3,8 +3,9 @@
 What is timed is `benchctl.train.train_step`, the exact optimizer step `train` runs (grad_accum micro-batches,
 clipping, AdamW), on a model and optimizer built exactly as `train` builds them (`make_optimizer`, `autocast_dtype`,
 `resolve_device`, optional `torch.compile`), fed random token batches of the preset's shape (no data prep needed).
-Warm-up steps (allocator, caches, compilation) are excluded; then every subject runs `steps` steps per repeat, and
-the subjects take turns repeat by repeat (round-robin), so load on a shared machine falls on all of them alike.
+Warm-up steps (allocator, caches, compilation) are excluded; then every subject runs `steps` steps per repeat, the
+subjects taking turns step by step, so load on a shared machine falls on all of them alike. Each step's process CPU
+time is recorded beside its wall time (a second view of the same ratios that descheduling does not distort).
 
 Beside the control, the same run times `Reference`: a straightforward copy of karpathy/llama2.c `model.py` (separate
 wq/wk/wv, RoPE through the cos/sin reshape of `apply_rotary_emb`, `F.scaled_dot_product_attention`, tied head) with
@@ -54,7 +55,7 @@ from benchctl.train import autocast_dtype, get_lr, make_optimizer, resolve_devic
 # First match wins (more specific patterns first). A GPU not listed gets no MFU, never a guessed peak.
 GPU_PEAKS: list[tuple[str, float, str]] = [
     (r"H100.*PCIe", 756e12, "H100 PCIe datasheet, bf16 dense"),
-    (r"H100|H200|GH200", 989e12, "H100/H200 SXM datasheet, bf16 dense"),
+    (r"H100.*(SXM|HBM3)|H200|GH200", 989e12, "H100/H200 SXM datasheet, bf16 dense"),
     (r"A100", 312e12, "A100 datasheet, bf16 dense"),
     (r"L40S", 362e12, "L40S datasheet, bf16 dense"),
     (r"\bL4\b", 121e12, "L4 datasheet, bf16 dense"),
@@ -62,6 +63,7 @@ GPU_PEAKS: list[tuple[str, float, str]] = [
     (r"\bA10\b", 125e12, "A10 datasheet, bf16 dense"),
     (r"RTX 4090", 165.2e12, "RTX 4090 (Ada whitepaper), bf16 dense, fp32 accumulate"),
     (r"RTX 3090", 71e12, "RTX 3090 (Ampere whitepaper), bf16 dense, fp32 accumulate"),
+    (r"V100.*PCIe", 112e12, "V100 PCIe datasheet, fp16 dense (no bf16 tensor cores)"),
     (r"V100", 125e12, "V100 SXM2 datasheet, fp16 dense (no bf16 tensor cores)"),
     (r"\bT4\b", 65e12, "T4 datasheet, fp16 dense (no bf16 tensor cores)"),
 ]
@@ -70,7 +72,7 @@ GPU_PEAKS: list[tuple[str, float, str]] = [
 def gpu_peak(name: str) -> tuple[float | None, str]:
     """(peak FLOP/s, which number) for a CUDA device name; (None, note) when the GPU is not in the table."""
     for pattern, peak, source in GPU_PEAKS:
-        if re.search(pattern, name):
+        if re.search(pattern, name, flags=re.IGNORECASE):
             return peak, source
     return None, f"no datasheet peak for '{name}' in benchctl.bench.GPU_PEAKS: MFU left empty"
 
@@ -668,8 +670,8 @@ def check_equivalence(cfg: RunConfig, device: torch.device, steps: int) -> dict[
     ref = build_reference(cfg, device, weights_from=model).train()
     opt = make_optimizer(model, cfg, device)
     ref_opt = reference_optimizer(ref, cfg, device)
-    ours_b, ref_b = RandomBatches(cfg, device, n=4, seed=cfg.seed + 7), RandomBatches(cfg, device, n=4,
-                                                                                       seed=cfg.seed + 7)
+    ours_b = RandomBatches(cfg, device, n=16, seed=cfg.seed + 7)
+    ref_b = RandomBatches(cfg, device, n=16, seed=cfg.seed + 7)  # the same batches, in the same order
     losses, ref_losses = [], []
     for step in range(steps):
         lr = get_lr(step, cfg)

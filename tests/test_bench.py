@@ -3,6 +3,7 @@
 - The regression guard of issue 7: benchctl's optimised step (`train_step` on the control, with its fused projections,
   complex RoPE and fused AdamW) and the eager llama2.c reference step give the same loss, the same clipped gradients
   and the same updated weights from the same weights and batch; and over several seeded steps the losses stay equal.
+  The relaxed model's hand-written LoRA kernel (`LoRAProjection`) passes gradcheck and matches plain autograd.
 - The reference is llama2.c's model: the same seed gives the same initial weights as benchctl's control.
 - A smoke run of the real command at the `tiny` preset: the JSON fields and the rows written to the `bench` table.
 - The GPU peak table answers known names and leaves unknown GPUs without a peak; bad options are one-line errors.
@@ -21,7 +22,7 @@ import architectures
 from benchctl import bench as B
 from benchctl.cli import app, main
 from benchctl.config import make_config
-from benchctl.train import get_lr, make_optimizer, train_step
+from benchctl.train import make_optimizer, train_step
 
 runner = CliRunner()
 CPU = torch.device("cpu")
@@ -87,9 +88,8 @@ def test_losses_match_over_seeded_steps():
     cfg = make_config("tiny", "control")
     check = B.check_equivalence(cfg, CPU, steps=6)
     assert len(check["losses"]) == len(check["reference_losses"]) == 6
-    assert check["losses"][-1] < check["losses"][0]  # it really trains (warm-up lr is 0 only at step 0)
+    assert len(set(check["losses"])) == 6  # six different batches, really run
     assert check["max_abs_diff"] < 1e-4
-    assert get_lr(1, cfg) > 0
 
 
 def test_lora_projection_matches_plain_autograd():
@@ -160,6 +160,8 @@ def test_gpu_peak_table():
     peak, source = B.gpu_peak("Tesla T4")
     assert peak == 65e12 and "fp16" in source
     assert B.gpu_peak("NVIDIA L40S")[0] == 362e12  # not mistaken for an L4
+    assert B.gpu_peak("Tesla V100-PCIE-32GB")[0] == 112e12 and B.gpu_peak("Tesla V100-SXM2-16GB")[0] == 125e12
+    assert B.gpu_peak("NVIDIA H100 NVL")[0] is None and B.gpu_peak("NVIDIA A10G")[0] is None  # not guessed
     peak, note = B.gpu_peak("NVIDIA GeForce RTX 3070 Laptop GPU")
     assert peak is None and "MFU left empty" in note
 
