@@ -20,7 +20,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from architectures.blocks import Block, KVCache, RMSNorm, block_forward_flops, precompute_rope
+from architectures.blocks import (
+    IGNORE_INDEX,
+    Block,
+    KVCache,
+    RMSNorm,
+    block_forward_flops,
+    linear_cross_entropy,
+    precompute_rope,
+)
 
 
 class RecurrenceError(ValueError):
@@ -121,8 +129,13 @@ class BaseLM(nn.Module):
         *,
         n_recur: int | None = None,
         cache: KVCache | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """tokens (B, T) -> logits (B, T, V) and, given targets (B, T), the mean cross-entropy."""
+        return_logits: bool = True,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """tokens (B, T) -> logits (B, T, V) and, given targets (B, T), the mean cross-entropy (ignore index -1).
+
+        `return_logits=False` (with targets) returns (None, loss) and computes the loss through the head without
+        materialising the logits (`linear_cross_entropy`): what training and validation use.
+        """
         B, T = tokens.shape
         n = self.resolve_n_recur(n_recur)
         pos = cache.pos if cache is not None else 0
@@ -134,12 +147,15 @@ class BaseLM(nn.Module):
         h = self.dropout(self.tok_embeddings(tokens))  # (B, T, d)
         h = self.schedule(h, cos, sin, n, cache)
         h = self.norm(h)
-        logits = self.output(h)  # (B, T, V)
         if cache is not None:
             cache.advance(T)
+        if targets is not None and not return_logits:
+            return None, linear_cross_entropy(h.reshape(B * T, -1), self.output.weight, targets.reshape(-1))
+        logits = self.output(h)  # (B, T, V)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1),
+                                   ignore_index=IGNORE_INDEX)
         return logits, loss
 
     # ---- accounting ------------------------------------------------------------------------------------------------

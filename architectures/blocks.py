@@ -19,6 +19,7 @@ gradient instead of through concatenations and full-size additions (the same mat
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from typing import Any, Mapping
 
 import torch
@@ -58,10 +59,11 @@ def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     (x_r + i x_i)(c + i s): one kernel forward and one backward instead of a dozen elementwise ops and a stack."""
     B, T, H, hd = x.shape
     xf = x.float().reshape(B, T, H, hd // 2, 2)
-    if x.device.type in ("cpu", "cuda"):
+    # inductor has no complex kernels: under torch.compile the written-out form is the one it fuses
+    if x.device.type in ("cpu", "cuda") and not torch.compiler.is_compiling():
         freqs = torch.complex(cos, sin).view(1, T, 1, hd // 2)  # (1, T, 1, hd/2)
         out = torch.view_as_real(torch.view_as_complex(xf) * freqs).flatten(3)  # (B, T, H, hd)
-    else:  # devices without complex kernels (e.g. MPS): the same products, written out
+    else:  # compiling, or devices without complex kernels (e.g. MPS): the same products, written out
         xr, xi = xf.unbind(-1)  # (B, T, H, hd/2)
         c, s = cos.view(1, T, 1, hd // 2), sin.view(1, T, 1, hd // 2)
         out = torch.stack((xr * c - xi * s, xr * s + xi * c), dim=-1).flatten(3)
@@ -334,3 +336,94 @@ def block_forward_flops(args: Any, seq_len: int, lora_rank: int = 0) -> float:
         mm += sum(lora_rank * (i + o) for i, o in shapes.values())
     attn = 4 * seq_len * args.n_heads * (args.dim // args.n_heads)
     return 2.0 * mm + attn
+
+
+# ---- the head and its loss ------------------------------------------------------------------------------------------
+
+IGNORE_INDEX = -1  # targets equal to this are left out of the loss (llama2.c's ignore_index)
+
+
+def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                         chunk: int | None = None) -> torch.Tensor:
+    """Mean cross-entropy of the logits h W^T (N, V) against targets (N,), without ever holding all the logits.
+
+    The same function as `F.cross_entropy(F.linear(h, weight).float(), targets, ignore_index=-1)`, evaluated `chunk`
+    rows at a time. With gradients needed (training), each chunk's gradient is formed while its logits are in cache
+    (softmax minus one-hot) and pushed through the head's two backward matmuls at once (`LinearCrossEntropy`): the same
+    three matmuls autograd would run, but no (N, V) logits, log-softmax or gradient tensors written to memory and read
+    back, and none held through the rest of the backward pass. h (N, d), weight (V, d), targets (N,) with -1 ignored.
+    `chunk` rows per step: by default 8 MB of float32 logits (512 rows at V = 4096), at least 128 rows.
+    """
+    if chunk is None:
+        chunk = max(128, (1 << 21) // weight.shape[0])
+    if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
+        return LinearCrossEntropy.apply(h, weight, targets, chunk)
+    total, n_valid = _chunked_cross_entropy(h, weight, targets, chunk, None, None)
+    return total / n_valid
+
+
+def _compute_dtype(h: torch.Tensor) -> torch.dtype:
+    dev = h.device.type
+    if dev in ("cpu", "cuda") and torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
+    return h.dtype
+
+
+def _chunked_cross_entropy(
+    h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int,
+    grad_h: torch.Tensor | None, grad_w: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed loss, number of counted targets); with grad_h (N, d) / grad_w (V, d) given, also fills them with the
+    gradient of the *summed* loss (the caller scales by 1 / n_valid)."""
+    cd = _compute_dtype(h)
+    autocast_off = torch.autocast(h.device.type, enabled=False) if h.device.type in ("cpu", "cuda") else nullcontext()
+    with autocast_off:  # the dtypes are chosen here, as autocast would (matmuls in cd, softmax in float32)
+        hc_all, w = h.to(cd), weight.to(cd)
+        valid = targets != IGNORE_INDEX
+        total = torch.zeros((), device=h.device, dtype=torch.float32)
+        accumulate_w = grad_w is not None and grad_w.dtype == cd  # addmm_ needs one dtype
+        for s in range(0, h.shape[0], chunk):
+            hc, tc, vc = hc_all[s : s + chunk], targets[s : s + chunk], valid[s : s + chunk]
+            logp = torch.log_softmax(torch.mm(hc, w.t()).float(), dim=-1)  # (n, V)
+            total -= torch.where(vc, logp.gather(1, tc.clamp(min=0).unsqueeze(1)).squeeze(1), 0.0).sum()
+            if grad_h is None and grad_w is None:
+                continue
+            p = logp.exp_()  # softmax, in place
+            p.scatter_add_(1, tc.clamp(min=0).unsqueeze(1), torch.where(vc, -1.0, 0.0).unsqueeze(1))
+            p.mul_(vc.unsqueeze(1))  # ignored rows contribute nothing
+            g = p.to(cd)
+            if grad_h is not None:
+                torch.mm(g, w, out=grad_h[s : s + chunk])  # grad_h is allocated in cd
+            if grad_w is not None:
+                if accumulate_w:
+                    grad_w.addmm_(g.t(), hc)
+                else:
+                    grad_w += g.t() @ hc
+    return total, valid.sum()
+
+
+class LinearCrossEntropy(torch.autograd.Function):
+    """Forward of `linear_cross_entropy` that also computes its gradients (see there); backward only scales them."""
+
+    @staticmethod
+    def forward(ctx: Any, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                chunk: int) -> torch.Tensor:
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_h = torch.empty(h.shape, dtype=_compute_dtype(h), device=h.device) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        total, n_valid = _chunked_cross_entropy(h, weight, targets, chunk, grad_h, grad_w)
+        inv = 1.0 / n_valid.float()  # nan loss when every target is ignored, as F.cross_entropy
+        ctx.save_for_backward(*(t for t in (grad_h, grad_w, inv) if t is not None))
+        ctx.need = (need_h, need_w)
+        ctx.dtypes = (h.dtype, weight.dtype)
+        return total * inv
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        saved = list(ctx.saved_tensors)
+        scale = grad_out * saved.pop()  # d loss / d (summed loss) = grad_out / n_valid
+        (need_h, need_w), (h_dtype, w_dtype) = ctx.need, ctx.dtypes
+        # out of place: the saved gradients stay valid for a second backward (retain_graph)
+        grad_h = (saved.pop(0) * scale).to(h_dtype) if need_h else None
+        grad_w = (saved.pop(0) * scale).to(w_dtype) if need_w else None
+        return grad_h, grad_w, None, None

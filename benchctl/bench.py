@@ -19,6 +19,9 @@ events; the process's peak RSS is recorded beside it), FLOPs/token
 (`model.flops_per_token()`, recurrence included), achieved FLOP/s, and MFU against a known peak: a table of dense
 bf16/fp16 tensor-core peaks from vendor datasheets on CUDA (unknown GPU -> empty, with a note), and on CPU the
 machine's own fp32 matmul peak measured in the same run ("of measured matmul peak", not a datasheet number).
+On the CPU the same profiled step also gives the time spent in matmul and attention kernels (`kernel_seconds`): the
+part of the step no fp32 implementation can remove. The reference's step time over the control's kernel time is the
+largest speed-up any implementation built on these kernels could show on this machine (`speedup_ceiling`).
 Rows go to the `bench` table of results.db, one `bench_id` per invocation.
 """
 
@@ -120,23 +123,45 @@ class PeakMemory:
         return max(0, torch.cuda.max_memory_allocated(self.device) - self._base)
 
 
-def cpu_step_peak(step: Callable[[], Any]) -> int | None:
-    """The peak growth of live torch allocations during one run of `step` on the CPU, from the profiler's memory
-    events (the CPU analogue of CUDA's max_memory_allocated; a process's RSS cannot tell apart models that share it,
-    and glibc keeps freed pages). None when this PyTorch does not expose the events."""
+# The ops whose self time is the step's irreducible arithmetic at its precision: dense matmuls (forward and both
+# backward products) and the attention kernels. Everything else in a step (norms, activations, RoPE, softmax of the
+# loss, copies, the optimizer) is what an implementation can still shave.
+KERNEL_OPS = ("aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm", "aten::addbmm")
+
+
+def is_kernel_op(name: str) -> bool:
+    return name in KERNEL_OPS or "scaled_dot_product" in name
+
+
+@dataclass
+class StepProfile:
+    """One profiled CPU step: its allocations' peak growth and the self time of its matmul/attention kernels."""
+
+    peak_growth: int | None  # None when this PyTorch's profiler has no memory events
+    kernel_seconds: float  # summed self time of KERNEL_OPS and attention ops
+    step_seconds: float  # the profiled step's wall time (profiler overhead included)
+
+
+def profile_cpu_step(step: Callable[[], Any]) -> StepProfile:
+    """Run `step` once under torch's profiler. Memory: the peak growth of live torch allocations (the CPU analogue of
+    CUDA's max_memory_allocated; a process's RSS cannot tell apart models that share it, and glibc keeps freed pages).
+    Kernels: how long the step spends in matmuls and attention, the floor under any fp32 implementation of it."""
     from torch.profiler import ProfilerActivity, profile
 
+    t0 = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
+    wall = time.perf_counter() - t0
+    kernel_us = sum(e.self_cpu_time_total for e in prof.key_averages() if is_kernel_op(e.key))
     results = getattr(prof.profiler, "kineto_results", None)
-    if results is None:
-        return None
-    events = sorted((e for e in results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns())
-    live = peak = 0
-    for e in events:
-        live += e.nbytes()  # + allocation, - free
-        peak = max(peak, live)
-    return peak
+    peak: int | None = None
+    if results is not None:
+        events = sorted((e for e in results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns())
+        live = peak = 0
+        for e in events:
+            live += e.nbytes()  # + allocation, - free
+            peak = max(peak, live)
+    return StepProfile(peak, kernel_us / 1e6, wall)
 
 
 def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
@@ -404,6 +429,8 @@ class Subject:
     step_cpu_seconds: list[float] = field(default_factory=list)  # process CPU time (all threads) of every step
     peak_growth: int = 0  # peak growth of torch allocations during a step (activations, gradients, temporaries)
     mem_method: str = ""
+    kernel_seconds: float | None = None  # CPU: matmul + attention kernel time of one profiled step
+    profiled_step_seconds: float | None = None
     loads: list[float] = field(default_factory=list)
 
 
@@ -453,7 +480,7 @@ def warm_up(s: Subject, device: torch.device, n: int) -> None:
 
 def timed_step(s: Subject, device: torch.device) -> tuple[float, float]:
     """One synchronised step (as `train` times it): (wall seconds, process CPU seconds). On CUDA also its memory peak;
-    on the CPU that is measured once, after the repeats (`cpu_step_peak`), since profiling costs time."""
+    on the CPU that is measured once, after the repeats (`profile_cpu_step`), since profiling costs time."""
     with PeakMemory(device) as mem:
         c0 = time.process_time()
         t0 = time.perf_counter()
@@ -546,10 +573,11 @@ def run(opts: BenchOptions, db_path: Path | None = None, log: Callable[[str], No
         if device.type == "cuda":
             s.mem_method = "torch.cuda.max_memory_allocated"
         else:
-            growth = cpu_step_peak(s.step)  # one more, untimed and profiled, step
-            s.peak_growth = growth or 0
-            s.mem_method = ("torch CPU allocations (profiler memory events)" if growth is not None else
+            prof = profile_cpu_step(s.step)  # one more, untimed and profiled, step
+            s.peak_growth = prof.peak_growth or 0
+            s.mem_method = ("torch CPU allocations (profiler memory events)" if prof.peak_growth is not None else
                             "unavailable (this PyTorch's profiler has no memory events)")
+            s.kernel_seconds, s.profiled_step_seconds = prof.kernel_seconds, prof.step_seconds
     rows = [_row(s, bench_id, opts, device, peak, peak_source) for s in subjects]
     check = None
     if opts.check_steps > 0:
@@ -613,6 +641,8 @@ def _row(s: Subject, bench_id: str, opts: BenchOptions, device: torch.device, pe
         "peak_mem_bytes": s.peak_growth + state_bytes(s.model, s.optimizer),
         "peak_rss_bytes": telemetry.peak_rss_bytes(),  # the whole process so far (every subject shares it)
         "load_avg": statistics.mean(s.loads) if s.loads else None,
+        "kernel_seconds": s.kernel_seconds,
+        "profiled_step_seconds": s.profiled_step_seconds,
         "threads": torch.get_num_threads(),
         "note": "; ".join(notes),
         "config_json": s.cfg.to_json(),
@@ -652,6 +682,11 @@ def summarize(rows: list[dict[str, Any]], check: dict[str, Any] | None = None) -
             # the same ratio in CPU time: what each step costs the machine, insensitive to descheduling
             o["reference_step_cpu_seconds"] = ref["step_cpu_seconds"]
             o["speedup_cpu"] = ref["step_cpu_seconds"] / r["step_cpu_seconds"]
+            if r.get("kernel_seconds"):
+                # the reference's step over the time the control's step spends in matmul/attention kernels alone:
+                # what this implementation would reach if everything else in its step took no time at all
+                o["kernel_seconds"] = r["kernel_seconds"]
+                o["speedup_ceiling"] = ref["step_seconds"] / r["kernel_seconds"]
             if check is not None:
                 o["equivalence"] = check
         out.append(o)

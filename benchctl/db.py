@@ -237,6 +237,8 @@ _SCHEMA: dict[str, dict[str, Any]] = {
             "warmup_seconds": float,
             "load_avg": float,  # 1-minute load average during the repeats (the machine may be shared)
             "threads": int,  # torch intra-op threads
+            "kernel_seconds": float,  # CPU: self time of matmul and attention ops in one profiled step
+            "profiled_step_seconds": float,  # that profiled step's wall time (profiler overhead included)
             "note": str,  # how memory was measured, thread/OpenMP settings, what the reference is
             "equivalence_json": str,  # control row, with --check-steps: both loss curves from the same weights
             "config_json": str,

@@ -160,7 +160,7 @@ def evaluate(
             w = mine[i : i + batch_size].to(device, non_blocking=True)
             x, y = w[:, :-1], w[:, 1:]
             with torch.autocast(device.type, dtype=amp) if amp else nullcontext():
-                _, loss = model(x, y, n_recur=n_recur)
+                _, loss = model(x, y, n_recur=n_recur, return_logits=False)
             total[0] += loss.double() * y.numel()
             total[1] += y.numel()
     if dist_info.enabled:
@@ -195,8 +195,8 @@ def train_step(
         # DDP: all-reduce gradients only on the last micro-batch
         sync_ctx = train_model.no_sync() if ddp and micro < t.grad_accum - 1 else nullcontext()
         with sync_ctx, (torch.autocast(device.type, dtype=amp) if amp else nullcontext()):
-            # keep only the loss: holding the logits (B, T, V) through backward would add them to the peak memory
-            loss = train_model(x, y)[1] / t.grad_accum
+            # the loss only: the logits (B, T, V) are never materialised (architectures.blocks.linear_cross_entropy)
+            loss = train_model(x, y, return_logits=False)[1] / t.grad_accum
         loss.backward()
         loss_sum += loss.detach()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip) if t.grad_clip > 0 else None
@@ -581,7 +581,7 @@ def estimate_seconds(cfgs: list[RunConfig], prepared: Any) -> float:
         for _ in range(2):
             t0 = time.perf_counter()
             with torch.autocast(device.type, dtype=amp) if amp else nullcontext():
-                _, loss = model(x, x)
+                _, loss = model(x, x, return_logits=False)
             loss.backward()
             telemetry.sync(device)
             times.append(time.perf_counter() - t0)

@@ -21,7 +21,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import architectures
 from architectures import BaseLM, RecurrenceError, UnknownArchitectureError
-from architectures.blocks import PROJECTIONS, KVCache
+from architectures.blocks import PROJECTIONS, KVCache, linear_cross_entropy
 from benchctl.config import make_config
 
 NAMES = architectures.names()
@@ -594,6 +594,68 @@ def test_three_part_truncated_backprop(tiny_model):
     c_trunc.take()
     trunc(x)
     assert c_trunc.take() == [True] * 7
+
+
+# ---- the head's loss without logits (architectures.blocks.linear_cross_entropy) --------------------------------------
+
+
+def _head_problem(N: int = 300, d: int = 24, V: int = 97, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(N, d, generator=g).requires_grad_()
+    w = (torch.randn(V, d, generator=g) * 0.3).requires_grad_()
+    t = torch.randint(0, V, (N,), generator=g)
+    t[::7] = -1  # ignored targets, scattered over the chunks
+    return h, w, t
+
+
+@pytest.mark.parametrize("chunk", [64, 128, 300, 1000])  # 300 % 64 != 0: a short last chunk
+def test_linear_cross_entropy_is_the_cross_entropy_of_the_head(chunk):
+    h, w, t = _head_problem()
+    ref = F.cross_entropy(F.linear(h, w), t, ignore_index=-1)
+    ref_gh, ref_gw = torch.autograd.grad(ref, (h, w))
+    loss = linear_cross_entropy(h, w, t, chunk)
+    gh, gw = torch.autograd.grad(loss, (h, w), retain_graph=True)
+    torch.testing.assert_close(loss, ref)
+    torch.testing.assert_close(gh, ref_gh)
+    torch.testing.assert_close(gw, ref_gw)
+    gh2, _ = torch.autograd.grad(loss * 3.0, (h, w))  # a second backward, scaled: the saved gradients are intact
+    torch.testing.assert_close(gh2, 3.0 * ref_gh)
+    with torch.no_grad():
+        torch.testing.assert_close(linear_cross_entropy(h, w, t, chunk), ref)
+
+
+def test_linear_cross_entropy_edge_cases():
+    h, w, t = _head_problem(N=10)
+    only_w = linear_cross_entropy(h.detach(), w, t)  # gradient for the weight alone
+    (gw,) = torch.autograd.grad(only_w, (w,))
+    (ref_gw,) = torch.autograd.grad(F.cross_entropy(F.linear(h.detach(), w), t, ignore_index=-1), (w,))
+    torch.testing.assert_close(gw, ref_gw)
+    ignored = torch.full_like(t, -1)
+    assert torch.isnan(linear_cross_entropy(h, w, ignored)) and torch.isnan(
+        F.cross_entropy(F.linear(h, w), ignored, ignore_index=-1))
+
+
+@pytest.mark.parametrize("arch", NAMES)
+def test_loss_without_logits_equals_the_loss_of_the_logits(arch, tiny_model):
+    """`return_logits=False` (training, validation) gives the same loss and gradients as the logits path."""
+    model = tiny_model(arch).train()
+    x, y = tokens(3, 20), tokens(3, 20, seed=1)
+    y[0, :5] = -1
+
+    def run(**kw):
+        model.zero_grad()
+        torch.manual_seed(5)  # three-part's s0
+        out, loss = model(x, y, **kw)
+        loss.backward()
+        return out, loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    logits, ref_loss, ref_grads = run()
+    none, loss, grads = run(return_logits=False)
+    assert logits is not None and none is None
+    torch.testing.assert_close(loss, ref_loss)
+    assert grads.keys() == ref_grads.keys()
+    for n in grads:
+        torch.testing.assert_close(grads[n], ref_grads[n], rtol=1e-4, atol=1e-6, msg=n)
 
 
 @pytest.mark.cuda

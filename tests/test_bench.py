@@ -166,6 +166,24 @@ def test_gpu_peak_table():
     assert peak is None and "MFU left empty" in note
 
 
+def test_profiled_step_separates_kernel_time_from_the_rest():
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    x = torch.randn(4_000_000)
+
+    def step():
+        for _ in range(4):
+            a @ b  # kernel time
+        torch.exp(x).sum()  # not kernel time
+
+    prof = B.profile_cpu_step(step)
+    assert 0 < prof.kernel_seconds < prof.step_seconds
+    with torch.profiler.profile() as p:
+        torch.exp(x)
+    assert not any(B.is_kernel_op(e.key) for e in p.key_averages())
+    assert B.is_kernel_op("aten::mm") and B.is_kernel_op("aten::_scaled_dot_product_flash_attention_for_cpu")
+    assert prof.peak_growth is None or prof.peak_growth >= x.numel() * 4  # exp(x) was live during the step
+
+
 def test_bench_cli_smoke(tmp_path, monkeypatch):
     monkeypatch.delenv("BENCHCTL_DB", raising=False)
     db_path = tmp_path / "results.db"
@@ -189,6 +207,9 @@ def test_bench_cli_smoke(tmp_path, monkeypatch):
     assert control["reference_tokens_per_s"] > 0
     assert control["speedup"] == pytest.approx(control["tokens_per_s"] / control["reference_tokens_per_s"])
     assert all("reference_tokens_per_s" not in o for o in objs[1:])
+    # the ceiling: the reference's step over the control's matmul + attention kernel time (one profiled step)
+    assert 0 < control["kernel_seconds"]
+    assert control["speedup_ceiling"] == pytest.approx(control["reference_step_seconds"] / control["kernel_seconds"])
 
     con = sqlite3.connect(db_path)
     con.row_factory = sqlite3.Row
@@ -213,6 +234,7 @@ def test_bench_table_output_and_equivalence_check(tmp_path):
     out = result.stdout
     assert "speed-up over the eager llama2.c reference" in out and "loss after 3 seeded steps" in out
     assert "of measured matmul peak" in out and "load average" in out
+    assert "in matmul and attention kernels" in out and "x the reference" in out
     assert max(len(line) for line in out.splitlines() if "│" in line or "─" in line) <= 80  # the table fits
     con = sqlite3.connect(db_path)
     (eq,) = con.execute("select equivalence_json from bench where impl = 'benchctl'").fetchone()

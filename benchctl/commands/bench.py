@@ -92,6 +92,10 @@ def bench(
     if ctrl is not None:
         notes.insert(0, f"speed-up over the eager llama2.c reference (control, same run, steps interleaved): "
                         f"{ctrl['speedup']:.2f}x in tokens/s, {ctrl['speedup_cpu']:.2f}x in CPU time per step")
+        if "speedup_ceiling" in ctrl:
+            notes.insert(1, f"ceiling: the control's step spends {ctrl['kernel_seconds']:.2f}s in matmul and attention "
+                            f"kernels (one profiled step); with everything else free it would be "
+                            f"{ctrl['speedup_ceiling']:.2f}x the reference")
         if "equivalence" in ctrl:
             e = ctrl["equivalence"]
             notes.insert(1, f"loss after {e['steps']} seeded steps: benchctl {e['loss']:.6f}, reference "
