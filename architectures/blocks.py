@@ -223,6 +223,13 @@ class KVCache:
     def advance(self, n: int) -> None:
         self.pos += n
 
+    def select_rows(self, keep: torch.Tensor) -> None:
+        """Keep only the batch rows `keep` (an index or boolean mask over B) in every slot, e.g. to drop sequences
+        that finished generating."""
+        for slot in self._slots:
+            if slot.k is not None and slot.v is not None:
+                slot.k, slot.v = slot.k[keep], slot.v[keep]
+
 
 class Attention(nn.Module):
     def __init__(self, args: Any):

@@ -542,6 +542,8 @@ def run(opts: BenchOptions, db_path: Path | None = None, log: Callable[[str], No
         if not (shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")):
             raise ConfigError("--compile on CPU needs a C++ compiler (g++ or clang++) on PATH; install one or use "
                               "--no-compile")
+    if device.type == "cpu":  # what train sets on the CPU
+        telemetry.tune_cpu_allocator()
     if device.type == "cuda":  # what train enables on CUDA
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -612,6 +614,7 @@ def _row(s: Subject, bench_id: str, opts: BenchOptions, device: torch.device, pe
     achieved = med * s.flops_per_token
     env = telemetry.environment(device)
     notes = [f"threads={torch.get_num_threads()}", f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}",
+             telemetry.tune_cpu_allocator() or "malloc: defaults",
              f"memory: parameters + optimizer state + peak growth during a step ({s.mem_method})"]
     if s.impl == "reference":
         notes.append("llama2.c model.py/train.py step (eager), from the control's weights")

@@ -252,13 +252,6 @@ class Generation:
     finish_reason: str  # eos | length
 
 
-def _keep_rows(cache, keep: torch.Tensor) -> None:
-    """Drop finished rows from every slot of a KV cache (LayerCache buffers are (B, n_kv_heads, T_max, hd))."""
-    for slot in cache._slots:
-        if slot.k is not None:
-            slot.k, slot.v = slot.k[keep], slot.v[keep]
-
-
 def generate_batch(
     model: torch.nn.Module,
     prompts: Sequence[Sequence[int]],
@@ -344,7 +337,7 @@ def _generate(model, prompts, max_new_tokens, temperature, top_k, top_p, stop_id
             rows = [rows[i] for i in keep.tolist()]
             gens = [gens[i] for i in keep.tolist()]
             if cache is not None:
-                _keep_rows(cache, keep)
+                cache.select_rows(keep)
         T += 1
         if cache is not None and cache.pos < ctx:
             logits, _ = model(seq[:, T - 1 : T], n_recur=n_recur, cache=cache)

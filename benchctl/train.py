@@ -301,6 +301,8 @@ def train_run(
             raise BenchctlError(f"run {rid} is being trained by another process (pid {pid}); wait for it or kill it")
 
     device = resolve_device(cfg.train.device, dist_info.local_rank if dist_info.enabled else None)
+    if device.type == "cpu":
+        telemetry.tune_cpu_allocator()
     init_distributed(dist_info, device)
     if cfg.train.batch_size % dist_info.world_size:
         raise ConfigError(

@@ -295,6 +295,18 @@ def test_kv_cache_matches_full_forward(arch, tiny_model):
     torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-5, atol=1e-5)
 
 
+def test_kv_cache_select_rows_continues_the_kept_sequences(tiny_model):
+    model = tiny_model("relaxed")  # a recurrent model: several slots per block
+    x = tokens(3, 9)
+    with torch.no_grad():
+        alone = model(x[1:2])[0]
+        cache = KVCache(32)
+        model(x[:, :6], cache=cache)
+        cache.select_rows(torch.tensor([1]))  # rows 0 and 2 finished
+        rest = model(x[1:2, 6:], cache=cache)[0]
+    torch.testing.assert_close(rest, alone[:, 6:], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("arch", ["frailt", "three-part", "relaxed"])
 def test_kv_cache_at_recurrence_override(arch, tiny_model):
     model = tiny_model(arch, state_init_std=0.0) if arch == "three-part" else tiny_model(arch)
