@@ -237,7 +237,7 @@ _SCHEMA: dict[str, dict[str, Any]] = {
             "warmup_seconds": float,
             "load_avg": float,  # 1-minute load average during the repeats (the machine may be shared)
             "threads": int,  # torch intra-op threads
-            "kernel_seconds": float,  # CPU: self time of matmul and attention ops in one profiled step
+            "kernel_seconds": float,  # CPU: self time of matmul and attention ops, best of 2 profiled steps
             "profiled_step_seconds": float,  # that profiled step's wall time (profiler overhead included)
             "note": str,  # how memory was measured, thread/OpenMP settings, what the reference is
             "equivalence_json": str,  # control row, with --check-steps: both loss curves from the same weights

@@ -94,7 +94,7 @@ def bench(
                         f"{ctrl['speedup']:.2f}x in tokens/s, {ctrl['speedup_cpu']:.2f}x in CPU time per step")
         if "speedup_ceiling" in ctrl:
             notes.insert(1, f"ceiling: the control's step spends {ctrl['kernel_seconds']:.2f}s in matmul and attention "
-                            f"kernels (one profiled step); with everything else free it would be "
+                            f"kernels (best of 2 profiled steps); with everything else free it would be "
                             f"{ctrl['speedup_ceiling']:.2f}x the reference")
         if "equivalence" in ctrl:
             e = ctrl["equivalence"]
