@@ -29,7 +29,7 @@ from typing import Any, Iterable
 
 import sqlite_utils
 
-from benchctl.errors import DatabaseError
+from benchctl.errors import BenchctlError, CheckpointError, ConfigError, DatabaseError
 
 SCHEMA_VERSION = 1
 DEFAULT_DB = Path("results") / "results.db"
@@ -351,6 +351,49 @@ def update_run(db: sqlite_utils.Database, run_id: str, **values: Any) -> None:
     values["updated_at"] = now()
     with db.conn:
         db["runs"].update(run_id, values)
+
+
+def finished_runs(
+    db: sqlite_utils.Database,
+    *,
+    run_ids: Iterable[str] | None = None,
+    archs: Iterable[str] | None = None,
+    preset: str | None = None,
+    bad_selection: type[BenchctlError] = ConfigError,
+    none_left: type[BenchctlError] = CheckpointError,
+    purpose: str = "to use",
+) -> list[dict[str, Any]]:
+    """The finished runs a stage works on (sample, judge, eval), in registry order of architecture, then seed.
+
+    `run_ids` must all exist and be finished, `archs` must all be registered (`bad_selection` otherwise); an empty
+    result is `none_left`. Each command picks the error classes, so their exit codes stay theirs.
+    """
+    import architectures
+
+    run_ids, archs = list(dict.fromkeys(run_ids or [])), list(archs or [])
+    for a in archs:
+        try:
+            architectures.get(a)
+        except architectures.UnknownArchitectureError as e:
+            raise bad_selection(f"--archs: {e}") from None
+    if run_ids:
+        found = {r["id"]: r for r in runs(db, ids=run_ids)}
+        unknown = [r for r in run_ids if r not in found]
+        if unknown:
+            raise bad_selection(f"unknown run id(s): {', '.join(unknown)}; list them with 'benchctl runs'")
+        unfinished = [f"{i} ({found[i]['status']})" for i in run_ids if found[i]["status"] != "done"]
+        if unfinished:
+            raise bad_selection(f"run(s) not finished: {', '.join(unfinished)}; finish them with "
+                                "'benchctl train-all' first")
+    rows = runs(db, status="done", preset=preset, ids=run_ids)
+    if archs:
+        rows = [r for r in rows if r["arch"] in archs]
+    if not rows:
+        scope = ([f"preset '{preset}'"] if preset else []) + ([f"architectures {', '.join(archs)}"] if archs else [])
+        where = f" for {' and '.join(scope)}" if scope else ""
+        raise none_left(f"no finished runs{where} {purpose} in results.db; run 'benchctl train-all' first")
+    order = {n: i for i, n in enumerate(architectures.names())}
+    return sorted(rows, key=lambda r: (order.get(r["arch"], len(order)), r["arch"], r["preset"], r["seed"], r["id"]))
 
 
 def runs(db: sqlite_utils.Database, *, status: str | None = None, preset: str | None = None,

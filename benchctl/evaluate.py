@@ -707,37 +707,6 @@ def check_recurrence(run: dict[str, Any], cfg: Any, n_recur: int | None) -> int:
     return n_recur
 
 
-def _select_runs(db, run_ids, archs, preset) -> list[dict[str, Any]]:
-    from benchctl import db as dbm
-
-    if run_ids:
-        rows = dbm.runs(db, ids=run_ids)
-        by_id = {r["id"]: r for r in rows}
-        missing = [i for i in run_ids if i not in by_id]
-        if missing:
-            raise EvalError(f"no run with id {', '.join(missing)} in the database; see 'benchctl runs'")
-        unfinished = [f"{r['id']} ({r['status']})" for r in rows if r["status"] != "done"]
-        if unfinished:
-            raise EvalError(f"not finished: {', '.join(unfinished)}; finish training first ('benchctl train-all')")
-        rows = [by_id[i] for i in dict.fromkeys(run_ids)]
-    else:
-        rows = dbm.runs(db, status="done", preset=preset)
-    if preset:
-        rows = [r for r in rows if r["preset"] == preset]
-    if archs:
-        import architectures
-
-        unknown = [a for a in archs if a not in architectures.names()]
-        if unknown:
-            raise EvalError(str(architectures.UnknownArchitectureError(unknown[0])))
-        rows = [r for r in rows if r["arch"] in archs]
-    if not rows:
-        what = " matching the selection" if (run_ids or archs or preset) else ""
-        raise EvalError(f"no finished runs{what} to evaluate; train some with 'benchctl train-all' (see 'benchctl "
-                        "runs')")
-    return rows
-
-
 def _split_metric(key: str) -> tuple[str, bool] | None:
     """lm-eval result key "acc,none" -> ("acc", is_stderr); "acc_stderr,none" -> ("acc", True); alias -> None."""
     if "," not in key:
@@ -922,7 +891,8 @@ def evaluate_runs(
         if not p.is_dir():
             raise EvalError(f"--include-path {p} is not a directory of lm-eval task YAMLs")
 
-    runs = _select_runs(db, list(run_ids or []), list(archs or []), preset)
+    runs = dbm.finished_runs(db, run_ids=run_ids, archs=archs, preset=preset, bad_selection=EvalError,
+                             none_left=EvalError, purpose="to evaluate")
     plan = []  # (run row, config, n_recur to evaluate)
     for run in runs:
         cfg = RunConfig.from_json(run["config_json"])

@@ -380,38 +380,7 @@ def select_runs(
     db, *, run_ids: Sequence[str] | None = None, archs: Sequence[str] | None = None, preset: str | None = None
 ) -> list[dict[str, Any]]:
     """The finished runs to sample, in architecture order then seed; clear errors for unknown or unfinished ones."""
-    import architectures
-
-    if archs:
-        for a in archs:
-            try:
-                architectures.get(a)
-            except architectures.UnknownArchitectureError as e:
-                raise ConfigError(f"--archs: {e}") from None
-    if run_ids:
-        rows = dbm.runs(db, ids=run_ids)
-        found = {r["id"]: r for r in rows}
-        unknown = [r for r in run_ids if r not in found]
-        if unknown:
-            raise ConfigError(f"unknown run id(s): {', '.join(unknown)}; list them with 'benchctl runs'")
-        unfinished = [f"{r['id']} ({r['status']})" for r in rows if r["status"] != "done"]
-        if unfinished:
-            raise ConfigError(
-                f"run(s) not finished: {', '.join(unfinished)}; finish them with 'benchctl train-all' first"
-            )
-    rows = dbm.runs(db, status="done", preset=preset, ids=run_ids)
-    if archs:
-        rows = [r for r in rows if r["arch"] in archs]
-    if not rows:
-        scope = []
-        if preset:
-            scope.append(f"preset '{preset}'")
-        if archs:
-            scope.append(f"architectures {', '.join(archs)}")
-        where = f" for {' and '.join(scope)}" if scope else ""
-        raise CheckpointError(f"no finished runs{where} in results.db; run 'benchctl train-all' first")
-    order = {n: i for i, n in enumerate(architectures.names())}
-    return sorted(rows, key=lambda r: (order.get(r["arch"], len(order)), r["arch"], r["preset"], r["seed"], r["id"]))
+    return dbm.finished_runs(db, run_ids=run_ids, archs=archs, preset=preset, purpose="to sample")
 
 
 def _check_n_recur(row: dict[str, Any], cfg, n_recur: int | None) -> int:
