@@ -48,7 +48,14 @@ from benchctl import db as dbm
 from benchctl import telemetry
 from benchctl.config import RunConfig, make_config
 from benchctl.errors import ConfigError
-from benchctl.train import autocast_dtype, get_lr, make_optimizer, resolve_device, train_step
+from benchctl.train import (
+    autocast_dtype,
+    check_compile_available,
+    get_lr,
+    make_optimizer,
+    resolve_device,
+    train_step,
+)
 
 # ---- device peaks ---------------------------------------------------------------------------------------------------
 
@@ -539,12 +546,8 @@ def run(opts: BenchOptions, db_path: Path | None = None, log: Callable[[str], No
     cfgs = [make_config(opts.preset, a, opts.seed, opts.overrides) for a in names]
     device = resolve_device(cfgs[0].train.device if opts.device == "auto" else opts.device)
     compile_model = cfgs[0].train.compile if opts.compile is None else opts.compile
-    if compile_model and device.type == "cpu":
-        import shutil
-
-        if not (shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")):
-            raise ConfigError("--compile on CPU needs a C++ compiler (g++ or clang++) on PATH; install one or use "
-                              "--no-compile")
+    if compile_model:
+        check_compile_available(device, "--compile")
     if device.type == "cpu":  # what train sets on the CPU
         telemetry.tune_cpu_allocator()
     if device.type == "cuda":  # what train enables on CUDA

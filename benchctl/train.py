@@ -70,6 +70,20 @@ def resolve_device(spec: str, local_rank: int | None = None) -> torch.device:
     return torch.device(spec)
 
 
+def check_compile_available(device: torch.device, what: str) -> None:
+    """torch.compile's inductor backend generates C++ on the CPU and Triton kernels on CUDA: without them the first
+    step would fail deep inside inductor. Fail first, naming the fix."""
+    import importlib.util
+    import shutil
+
+    if device.type == "cpu" and not (shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")):
+        raise ConfigError(f"{what} on CPU needs a C++ compiler (g++ or clang++) on PATH; install one (e.g. "
+                          "apt install g++) or train without compile (it does not change the results)")
+    if device.type == "cuda" and importlib.util.find_spec("triton") is None:
+        raise ConfigError(f"{what} on CUDA needs Triton (pip install triton, normally installed with torch); or "
+                          "train without compile (it does not change the results)")
+
+
 def autocast_dtype(cfg: RunConfig, device: torch.device) -> torch.dtype | None:
     """bf16 autocast on CUDA by default, never on CPU unless asked."""
     d = cfg.train.dtype
@@ -301,6 +315,8 @@ def train_run(
             raise BenchctlError(f"run {rid} is being trained by another process (pid {pid}); wait for it or kill it")
 
     device = resolve_device(cfg.train.device, dist_info.local_rank if dist_info.enabled else None)
+    if cfg.train.compile:
+        check_compile_available(device, "train.compile=true")
     if device.type == "cpu":
         telemetry.tune_cpu_allocator()
     init_distributed(dist_info, device)

@@ -209,6 +209,20 @@ def test_bad_input_is_one_clear_line(tmp_path, tinystories_dir, extra, code, nee
         assert sqlite3.connect(db_path).execute("select count(*) from runs").fetchone()[0] == 0
 
 
+def test_compile_without_a_compiler_is_one_clear_line(tmp_path, tinystories_dir):
+    (tmp_path / "empty").mkdir()
+    env = env_for(tmp_path / "cache") | {"PATH": str(tmp_path / "empty")}  # no g++, c++ or clang++
+    db_path = tmp_path / "results.db"
+    p = subprocess.run([sys.executable, "-m", "benchctl", "train", "--preset", "tiny", "--arch", "control",
+                        "--data", str(tinystories_dir), "--db", str(db_path), "--no-progress",
+                        "--set", "train.compile=true"], env=env, cwd=REPO, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 2, p.stderr
+    assert "needs a C++ compiler" in p.stderr and "Traceback" not in p.stderr
+    if db_path.exists():  # the check runs before any row is written
+        assert sqlite3.connect(db_path).execute("select count(*) from runs").fetchone()[0] == 0
+
+
 def test_checkpoint_from_another_config_is_refused(tmp_path, tinystories_dir, monkeypatch, capsys):
     monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
     db_path = tmp_path / "results.db"
