@@ -647,6 +647,21 @@ def test_linear_cross_entropy_edge_cases():
         F.cross_entropy(F.linear(h, w), ignored, ignore_index=-1))
 
 
+def test_linear_cross_entropy_under_autocast_matches_autocast_autograd():
+    """The dtype logic CUDA's bf16 autocast uses (matmuls in bf16, softmax in float32, float32 weight gradient),
+    run on the CPU's bf16 autocast."""
+    h, w, t = _head_problem(N=200, d=32, V=64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = F.cross_entropy(F.linear(h, w).float(), t, ignore_index=-1)
+        loss = linear_cross_entropy(h, w, t, chunk=64)
+    ref_gh, ref_gw = torch.autograd.grad(ref, (h, w))
+    gh, gw = torch.autograd.grad(loss, (h, w))
+    assert loss.dtype == torch.float32 and gh.dtype == h.dtype and gw.dtype == w.dtype
+    torch.testing.assert_close(loss, ref, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(gh, ref_gh, rtol=5e-2, atol=2e-3)
+    torch.testing.assert_close(gw, ref_gw, rtol=5e-2, atol=2e-3)
+
+
 @pytest.mark.parametrize("arch", NAMES)
 def test_loss_without_logits_equals_the_loss_of_the_logits(arch, tiny_model):
     """`return_logits=False` (training, validation) gives the same loss and gradients as the logits path."""
