@@ -1290,24 +1290,38 @@ def _sec_bench(ctx: Context, data: Data) -> list[str]:
                + (f"; {earlier} earlier invocation{'s' if earlier != 1 else ''} not shown" if earlier else "") + ").")
     out.append("")
     headers = ["arch", "impl", "compiled", "device", "tokens/s", "range", "step (ms)", "MFLOP/token", "MFU",
-               "peak FLOP/s source", "peak memory (MiB)"]
+               "peak FLOP/s source", "peak memory (MiB)", "cost ratio"]
+    ref = b[(b["arch"] == CONTROL) & (b["impl"] == "reference")]
+    ours = b[(b["arch"] == CONTROL) & (b["impl"] == "benchctl")]
+    ctrl = ours.to_dict("records")[0] if not ours.empty else None
     rows = []
     for r in b.to_dict("records"):
+        cost = "-"
+        if ctrl is not None and r["impl"] == "benchctl" and r["compiled"] == ctrl["compiled"]:
+            # time per token over the control's, divided by FLOPs per token over the control's (1 = pure arithmetic)
+            cost = fnum((float(ctrl["tokens_per_s"]) / float(r["tokens_per_s"]))
+                        / (float(r["flops_per_token"]) / float(ctrl["flops_per_token"])), 2)
         rows.append([r["arch"], r["impl"], "yes" if _py(r["compiled"]) else "no", r["device_name"] or r["device"],
                      fnum(r["tokens_per_s"], 0), f"{fnum(r['tokens_per_s_min'], 0)}–{fnum(r['tokens_per_s_max'], 0)}",
                      fnum(_scaled(r["step_seconds"], 1e-3), 1), fnum(_scaled(r["flops_per_token"], 1e6), 2),
                      "-" if _missing(r["mfu"]) else f"{100 * float(r['mfu']):.1f}%",
                      r["peak_flops_source"] if not _missing(r["peak_flops_source"]) else "-",
-                     fnum(_scaled(r["peak_mem_bytes"], 2**20), 1)])
-    out += md_table(headers, rows, right=[4, 5, 6, 7, 8, 10]) + [""]
-    ref = b[(b["arch"] == CONTROL) & (b["impl"] == "reference")]
-    ours = b[(b["arch"] == CONTROL) & (b["impl"] == "benchctl")]
-    if not ref.empty and not ours.empty:
-        ratio = float(ours["tokens_per_s"].max()) / float(ref["tokens_per_s"].max())
+                     fnum(_scaled(r["peak_mem_bytes"], 2**20), 1), cost])
+    out += md_table(headers, rows, right=[4, 5, 6, 7, 8, 10, 11]) + [""]
+    if not ref.empty and ctrl is not None:
+        ref_row = ref.to_dict("records")[0]
+        ratio = float(ctrl["tokens_per_s"]) / float(ref_row["tokens_per_s"])
         out.append(f"benchctl's control step runs at {ratio:.2f}× the eager reference's tokens/s, measured side by "
                    "side in the same invocation.")
+        kernel = ctrl.get("kernel_seconds")
+        if not _missing(kernel) and float(kernel) > 0:
+            out.append(f"Its step spends {fnum(kernel, 2)} s in matmul and attention kernels (best profiled step), so "
+                       f"even with everything else free it could run at most "
+                       f"{float(ref_row['step_seconds']) / float(kernel):.2f}× the reference on this machine.")
         out.append("")
-    out.append("MFU is empty when the device's peak FLOP/s is unknown (never a guessed peak).")
+    out.append("Cost ratio: an architecture's time per token over the control's, divided by its FLOPs per token over "
+               "the control's (1.00 = its recurrence costs exactly its arithmetic). "
+               "MFU is empty when the device's peak FLOP/s is unknown (never a guessed peak).")
     out.append("")
     return out
 

@@ -274,6 +274,20 @@ def test_benchmark_and_provenance(full):
     bench = tables(section(md, "Benchmark"))[0]
     assert [(r["arch"], r["impl"]) for r in bench][:2] == [("control", "benchctl"), ("control", "reference")]
     assert "1.50× the eager reference" in section(md, "Benchmark")
+    # cost ratio and ceiling, recomputed from the bench rows themselves
+    db = sqlite3.connect(full["db"])
+    by = {(a, i): (t, f, s, k) for a, i, t, f, s, k in db.execute(
+        "select arch, impl, tokens_per_s, flops_per_token, step_seconds, kernel_seconds from bench")}
+    c_tps, c_flops, _, c_kernel = by[("control", "benchctl")]
+    for r in bench:
+        if r["impl"] == "reference":
+            assert r["cost ratio"] == "-"
+            continue
+        tps, flops, _, _ = by[(r["arch"], "benchctl")]
+        assert r["cost ratio"] == f"{(c_tps / tps) / (flops / c_flops):.2f}"
+    assert bench[0]["cost ratio"] == "1.00"
+    ceiling = by[("control", "reference")][2] / c_kernel
+    assert f"at most {ceiling:.2f}× the reference" in section(md, "Benchmark")
     prov = {r["what"]: r["value"] for r in tables(section(md, "Provenance"))[0]}
     assert prov["git commit"] == "abc1234 (14 runs)"
     assert prov["data fingerprint"].startswith("fp0123456789abcdef")
