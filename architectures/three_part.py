@@ -98,6 +98,32 @@ class ThreePart(BaseLM):
             parts.append(("recurrent_norm", self.recur_norm, 1))
         return parts
 
+    def depth_distribution(self, tail: float = 1e-12) -> list[tuple[int, float]]:
+        """(r, P(r)) of the sampled training depth r = Poisson(tau) + 1, tau ~ LogNormal(ln r_bar - sigma^2/2, sigma),
+        integrated over tau by Gauss-Hermite quadrature; r runs until the remaining mass is below `tail`."""
+        from numpy.polynomial.hermite import hermgauss
+
+        sigma = self.args.recur_sigma
+        mu = math.log(self.args.n_recur) - sigma**2 / 2
+        nodes, weights = hermgauss(80)
+        taus = [math.exp(mu + math.sqrt(2.0) * sigma * float(x)) for x in nodes]
+        ws = [float(w) / math.sqrt(math.pi) for w in weights]
+        out, mass, j = [], 0.0, 0
+        while mass < 1.0 - tail and j < 100_000:
+            p = sum(w * math.exp(j * math.log(t) - t - math.lgamma(j + 1)) for t, w in zip(taus, ws))
+            out.append((j + 1, p))
+            mass += p
+            j += 1
+        return out
+
+    def flops_per_token(self, seq_len=None, n_recur=None, training=True):
+        """With Huginn's sampled depth, training FLOPs are the expectation over the depth distribution (mean depth
+        r_bar + 1, truncation applied per depth); otherwise, and for any given n_recur, the fixed-depth count."""
+        if not (training and n_recur is None and self.args.recur_sampling == "poisson-lognormal"):
+            return super().flops_per_token(seq_len, n_recur, training)
+        return float(sum(p * super(ThreePart, self).flops_per_token(seq_len, r, training)
+                         for r, p in self.depth_distribution()))
+
     def flop_terms(self, n_recur, seq_len):
         a = self.args
         blk = block_forward_flops(a, seq_len)

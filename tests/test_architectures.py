@@ -559,6 +559,26 @@ def test_three_part_sampled_depth(tiny_model):
         assert len(fixed_counter.take()) == 7
 
 
+@pytest.mark.parametrize("backprop_depth", [0, 2])
+def test_three_part_sampled_depth_flops_are_the_expectation(tiny_model, backprop_depth):
+    model = tiny_model("three-part", recur_sampling="poisson-lognormal", backprop_depth=backprop_depth)
+    dist = dict(model.depth_distribution())
+    assert sum(dist.values()) == pytest.approx(1.0, abs=1e-9)
+    assert sum(r * p for r, p in dist.items()) == pytest.approx(8.0, rel=1e-6)  # E[r] = r_bar + 1
+    torch.manual_seed(0)
+    draws = [model.sample_n_recur() for _ in range(20_000)]
+    for r in (1, 4, 8, 12):  # the quadrature's pmf is the sampler's
+        assert draws.count(r) / len(draws) == pytest.approx(dist[r], abs=0.01)
+    expected = model.flops_per_token()
+    monte_carlo = sum(model.flops_per_token(n_recur=r) for r in draws) / len(draws)
+    assert expected == pytest.approx(monte_carlo, rel=0.01)
+    if backprop_depth == 0:  # FLOPs are affine in r: the expectation is the count at the mean depth
+        assert expected == pytest.approx(model.flops_per_token(n_recur=8), rel=1e-9)
+        # a given depth, and inference (which runs r_bar), keep the fixed count
+        assert model.flops_per_token(n_recur=7) == tiny_model("three-part").flops_per_token()
+    assert model.flops_per_token(training=False) == tiny_model("three-part").flops_per_token(training=False)
+
+
 def test_three_part_truncated_backprop(tiny_model):
     full = tiny_model("three-part", seed=3).train()
     trunc = tiny_model("three-part", seed=0, backprop_depth=2).train()
