@@ -52,3 +52,7 @@ def params(
         f"applied per token, unrolled. MFLOP/token = training FLOPs (forward + backward, attention over "
         f"seq_len {r0['seq_len']} included)."
     )
+    overrides = parse_set(set_)
+    if overrides.get("model.recur_sampling", "fixed") != "fixed":
+        console.print("Sampled depth is on: depth and effective params are at the configured recurrence, training "
+                      "MFLOP/token is the expectation over the sampled depths (mean recurrence + 1).")
