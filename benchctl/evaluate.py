@@ -653,6 +653,20 @@ def _quiet() -> Iterator[None]:
     saved_tqdm = task_module.__dict__.get("tqdm")
     if saved_tqdm is not None:  # the "Building contexts" bar has no switch; tqdm reads TQDM_DISABLE only at import
         task_module.tqdm = functools.partial(saved_tqdm, disable=True)
+    # simple_evaluate ends by collecting environment info for its results dict: torch's collect_env (1-6 s a call:
+    # pip list, nvidia-smi, ...) and `git describe` in the working directory, whose "fatal: not a git repository" goes
+    # straight to our stderr outside a checkout. benchctl stores none of it (runs record versions and the commit), so
+    # while we evaluate, lm-eval gets a quick, quiet version of both.
+    import lm_eval.evaluator as evaluator_module
+
+    from benchctl.telemetry import git_commit
+
+    saved_env = {k: evaluator_module.__dict__[k] for k in ("add_env_info", "get_git_commit_hash")
+                 if k in evaluator_module.__dict__}
+    if "add_env_info" in saved_env:
+        evaluator_module.add_env_info = _light_env_info
+    if "get_git_commit_hash" in saved_env:
+        evaluator_module.get_git_commit_hash = git_commit
     try:
         yield
     finally:
@@ -661,6 +675,16 @@ def _quiet() -> Iterator[None]:
             datasets.enable_progress_bars()
         if saved_tqdm is not None:
             task_module.tqdm = saved_tqdm
+        for k, v in saved_env.items():
+            setattr(evaluator_module, k, v)
+
+
+def _light_env_info(storage: dict[str, Any]) -> None:
+    """What lm-eval's add_env_info records that is quick to get (its versions), without torch's collect_env."""
+    from importlib.metadata import version
+
+    storage.update({"pretty_env_info": "not collected by benchctl (see the runs table)",
+                    "lm_eval_version": version("lm_eval"), "torch_version": torch.__version__})
 
 
 # ====================================================================================================================

@@ -331,6 +331,23 @@ def test_eval_end_to_end_stores_rows(trained):
     assert headers == ("arch", "seed", "n_recur", "acc", "acc_norm")
 
 
+def test_lm_eval_environment_info_is_quick_and_quiet(trained, tmp_path, monkeypatch, capfd):
+    """simple_evaluate's env info would run torch's collect_env (1-6 s per run here) and `git describe` in the cwd."""
+    import lm_eval.evaluator
+    import torch.utils.collect_env
+
+    calls = []
+    monkeypatch.setattr(torch.utils.collect_env, "get_pretty_env_info", lambda: calls.append(1) or "slow")
+    monkeypatch.chdir(tmp_path)  # not a git checkout: git describe would print "fatal: not a git repository"
+    originals = (lm_eval.evaluator.add_env_info, lm_eval.evaluator.get_git_commit_hash)
+    db = dbm.connect(trained.db)
+    summary = ev.evaluate_runs(db, trained.db, tasks=["tinystories_ppl"], limit=4, batch_size=16, force=True,
+                               archs=["frailt"], progress=False, log=lambda _: None)
+    assert summary.evaluated and not calls
+    assert "fatal" not in capfd.readouterr().err
+    assert (lm_eval.evaluator.add_env_info, lm_eval.evaluator.get_git_commit_hash) == originals  # restored
+
+
 def test_recurrence_override_and_rng_restored(trained):
     db = dbm.connect(trained.db)
     rid = trained.runs["three-part"]
