@@ -94,8 +94,8 @@ def bench(
                         f"{ctrl['speedup']:.2f}x in tokens/s, {ctrl['speedup_cpu']:.2f}x in CPU time per step")
         if "speedup_ceiling" in ctrl:
             notes.insert(1, f"ceiling: the control's step spends {ctrl['kernel_seconds']:.2f}s in matmul and attention "
-                            f"kernels (best of 2 profiled steps); with everything else free it would be "
-                            f"{ctrl['speedup_ceiling']:.2f}x the reference")
+                            f"kernels (best of {B.PROFILED_STEPS} profiled steps); with everything else free it would "
+                            f"be {ctrl['speedup_ceiling']:.2f}x the reference")
         if "equivalence" in ctrl:
             e = ctrl["equivalence"]
             notes.insert(1, f"loss after {e['steps']} seeded steps: benchctl {e['loss']:.6f}, reference "
