@@ -390,13 +390,14 @@ def _chunked_cross_entropy(
         total = torch.zeros((), device=h.device, dtype=torch.float32)
         accumulate_w = grad_w is not None and grad_w.dtype == cd  # addmm_ needs one dtype
         for s in range(0, h.shape[0], chunk):
-            hc, tc, vc = hc_all[s : s + chunk], targets[s : s + chunk], valid[s : s + chunk]
+            hc, vc = hc_all[s : s + chunk], valid[s : s + chunk]
+            idx = targets[s : s + chunk].clamp(min=0).unsqueeze(1)  # (n, 1); ignored rows point at 0, masked below
             logp = torch.log_softmax(torch.mm(hc, w.t()).float(), dim=-1)  # (n, V)
-            total -= torch.where(vc, logp.gather(1, tc.clamp(min=0).unsqueeze(1)).squeeze(1), 0.0).sum()
+            total -= torch.where(vc, logp.gather(1, idx).squeeze(1), 0.0).sum()
             if grad_h is None and grad_w is None:
                 continue
             p = logp.exp_()  # softmax, in place
-            p.scatter_add_(1, tc.clamp(min=0).unsqueeze(1), torch.where(vc, -1.0, 0.0).unsqueeze(1))
+            p.scatter_add_(1, idx, torch.where(vc, -1.0, 0.0).unsqueeze(1))
             p.mul_(vc.unsqueeze(1))  # ignored rows contribute nothing
             g = p.to(cd)
             if grad_h is not None:

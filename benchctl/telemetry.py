@@ -8,6 +8,7 @@ exist with GPU values None and the process peak RSS is recorded instead; nothing
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import resource
@@ -155,9 +156,7 @@ def device_name(device: torch.device) -> str:
     return f"{cpu} ({os.cpu_count()} cores, {torch.get_num_threads()} threads)"
 
 
-_ALLOCATOR: str | None = None
-
-
+@functools.cache
 def tune_cpu_allocator() -> str | None:
     """Let glibc's malloc keep freed memory for reuse instead of returning it to the OS after every step.
 
@@ -165,13 +164,10 @@ def tune_cpu_allocator() -> str | None:
     tensors above its mmap threshold are fresh mappings every step and the heap is trimmed between steps, so every
     step page-faults and zero-fills its memory again (measured at the paper preset: ~100k page faults and ~0.8 s of
     system time per step of a recurrent model). Raising the mmap threshold to its maximum (32 MiB) and the trim
-    threshold to 1 GiB removes almost all of it; peak memory is unchanged. Process-wide, once; not applied when the
-    user set MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ or the C library is not glibc. Returns what was set.
+    threshold to 1 GiB removes almost all of it; peak memory is unchanged. Process-wide, once (cached); not applied
+    when the user set MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ or the C library is not glibc. Returns what was
+    set, or None.
     """
-    global _ALLOCATOR
-    if _ALLOCATOR is not None:
-        return _ALLOCATOR or None
-    _ALLOCATOR = ""
     if platform.libc_ver()[0] != "glibc" or any(k in os.environ for k in ("MALLOC_MMAP_THRESHOLD_",
                                                                          "MALLOC_TRIM_THRESHOLD_")):
         return None
@@ -183,9 +179,7 @@ def tune_cpu_allocator() -> str | None:
         ok = libc.mallopt(m_mmap_threshold, 32 << 20) == 1 and libc.mallopt(m_trim_threshold, 1 << 30) == 1
     except (OSError, AttributeError):
         return None
-    if ok:
-        _ALLOCATOR = "glibc malloc: mmap threshold 32 MiB, trim threshold 1 GiB"
-    return _ALLOCATOR or None
+    return "glibc malloc: mmap threshold 32 MiB, trim threshold 1 GiB" if ok else None
 
 
 def environment(device: torch.device, driver_version: str | None = None) -> dict[str, Any]:
