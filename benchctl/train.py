@@ -38,6 +38,14 @@ from benchctl import db as dbm
 from benchctl import telemetry
 from benchctl.config import RunConfig, run_id
 from benchctl.errors import BenchctlError, CheckpointError, ConfigError
+from benchctl.runtime import (  # noqa: F401  (re-exported: older imports of these names from train keep working)
+    Dist,
+    autocast_dtype,
+    barrier,
+    check_compile_available,
+    init_distributed,
+    resolve_device,
+)
 
 # Steps excluded from the timed training window (compile, allocator and cache warm-up).
 TIMING_WARMUP_STEPS = 2
@@ -55,45 +63,6 @@ def get_lr(step: int, cfg: RunConfig) -> float:
     return t.min_lr + coeff * (t.lr - t.min_lr)
 
 
-def resolve_device(spec: str, local_rank: int | None = None) -> torch.device:
-    if spec == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda", local_rank or 0)
-        return torch.device("cpu")
-    if spec.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise ConfigError(f"train.device={spec!r} but CUDA is not available here; use --set train.device=cpu")
-        if spec == "cuda":
-            return torch.device("cuda", local_rank or 0)
-    if spec == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError("train.device='mps' but MPS is not available here")
-    return torch.device(spec)
-
-
-def check_compile_available(device: torch.device, what: str) -> None:
-    """torch.compile's inductor backend generates C++ on the CPU and Triton kernels on CUDA: without them the first
-    step would fail deep inside inductor. Fail first, naming the fix."""
-    import importlib.util
-    import shutil
-
-    if device.type == "cpu" and not (shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")):
-        raise ConfigError(f"{what} on CPU needs a C++ compiler (g++ or clang++) on PATH; install one (e.g. "
-                          "apt install g++) or train without compile (it does not change the results)")
-    if device.type == "cuda" and importlib.util.find_spec("triton") is None:
-        raise ConfigError(f"{what} on CUDA needs Triton (pip install triton, normally installed with torch); or "
-                          "train without compile (it does not change the results)")
-
-
-def autocast_dtype(cfg: RunConfig, device: torch.device) -> torch.dtype | None:
-    """bf16 autocast on CUDA by default, never on CPU unless asked."""
-    d = cfg.train.dtype
-    if d == "bfloat16":
-        return torch.bfloat16
-    if d == "auto" and device.type == "cuda":
-        return torch.bfloat16
-    return None
-
-
 def make_optimizer(model: nn.Module, cfg: RunConfig, device: torch.device) -> torch.optim.AdamW:
     """AdamW, two groups: weight decay on every >=2-D tensor (matrices, embeddings, LoRA, depth encodings), none on
     norms and biases (llama2.c `configure_optimizers`). Fused kernel on CUDA and CPU: one kernel per tensor instead
@@ -108,46 +77,6 @@ def make_optimizer(model: nn.Module, cfg: RunConfig, device: torch.device) -> to
     ]
     extra: dict[str, Any] = {"fused": True} if device.type in ("cuda", "cpu") else {}
     return torch.optim.AdamW(groups, lr=cfg.train.lr, betas=(cfg.train.beta1, cfg.train.beta2), **extra)
-
-
-@dataclass
-class Dist:
-    """torchrun's environment: rank, world size, local rank (a single process is rank 0 of 1)."""
-
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def enabled(self) -> bool:
-        return self.world_size > 1
-
-    @classmethod
-    def from_env(cls) -> Dist:
-        return cls(
-            rank=int(os.environ.get("RANK", 0)),
-            world_size=int(os.environ.get("WORLD_SIZE", 1)),
-            local_rank=int(os.environ.get("LOCAL_RANK", 0)),
-        )
-
-
-def init_distributed(dist_info: Dist, device: torch.device) -> None:
-    import torch.distributed as dist
-
-    if dist_info.enabled and not dist.is_initialized():
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend)
-
-
-def barrier(dist_info: Dist) -> None:
-    if dist_info.enabled:
-        import torch.distributed as dist
-
-        dist.barrier()
 
 
 @torch.no_grad()

@@ -1,0 +1,230 @@
+"""One progress reporter for every stage, created by the command line and passed down to the engine.
+
+On a terminal it draws rich progress bars; when output goes to a file or a pipe (`benchctl study ... > log`) it
+writes one plain line per task every few seconds instead of thousands of carriage-return updates; disabled
+(`--no-progress`) it draws nothing. Messages (`log`) are always printed: they are output, not decoration.
+
+Libraries that draw their own tqdm bars (lm-eval, datasets) follow the same rule inside `library_bars()`.
+
+    progress = Progress(enabled=True)
+    with progress.task("training control", total=400) as t:
+        t.update(completed=step, loss=f"{loss:.3f}", **{"tok/s": f"{tps:,.0f}"})
+    progress.log("done")
+
+The engine never imports the CLI: it receives a `Progress` (or builds a silent one with `Progress(enabled=False)`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from typing import Any, Iterator, TextIO
+
+PLAIN_INTERVAL = 10.0  # seconds between plain progress lines when output is not a terminal
+
+
+class Task:
+    """One unit of work with a known (or unknown) total, reported through its `Progress`."""
+
+    def __init__(self, owner: Progress, description: str, total: int | None, completed: int, fields: dict[str, Any]):
+        self._owner = owner
+        self.description = description
+        self.total = total
+        self.completed = completed
+        self.fields = {k: str(v) for k, v in fields.items()}
+        self.started = time.monotonic()
+        self._last_line = 0.0
+        self._rich_id: Any = None
+        self.closed = False
+
+    def update(self, *, advance: int = 0, completed: int | None = None, description: str | None = None,
+               total: int | None = None, **fields: Any) -> None:
+        """Move the task forward by `advance` or to `completed`; `fields` are shown after the counts as `name value`."""
+        if self.closed:
+            return
+        if completed is not None:
+            self.completed = completed
+        self.completed += advance
+        if description is not None:
+            self.description = description
+        if total is not None:
+            self.total = total
+        self.fields.update({k: str(v) for k, v in fields.items()})
+        self._owner._refresh(self, final=False)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._owner._refresh(self, final=True)
+            self.closed = True
+            self._owner._closed(self)
+
+    def __enter__(self) -> Task:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def summary(self) -> str:
+        """The plain one-line form: `description: 120/400 (30%) loss 3.12, 41s elapsed, ~96s left`."""
+        elapsed = time.monotonic() - self.started
+        parts = [f"{self.description}: {self.completed:,}"]
+        if self.total:
+            parts[0] += f"/{self.total:,} ({100.0 * self.completed / self.total:.0f}%)"
+        extra = [f"{k} {v}" for k, v in self.fields.items() if v not in ("", "-")]
+        tail = f"{elapsed:.0f}s elapsed"
+        if self.total and 0 < self.completed < self.total:
+            tail += f", ~{elapsed * (self.total - self.completed) / self.completed:.0f}s left"
+        return " ".join(parts + extra) + f", {tail}"
+
+
+class Progress:
+    """Progress bars (rich) on a terminal, a plain line every `interval` seconds otherwise, nothing when disabled."""
+
+    def __init__(self, enabled: bool = True, *, console: Any = None, interval: float = PLAIN_INTERVAL,
+                 interactive: bool | None = None, stream: TextIO | None = None):
+        if console is None:
+            from rich.console import Console
+
+            console = Console(file=stream) if stream is not None else Console()
+        self.console = console
+        self.enabled = enabled
+        self.interactive = console.is_terminal if interactive is None else interactive
+        self.interval = interval
+        self._rich: Any = None
+        self._tasks: list[Task] = []
+        self._lock = threading.Lock()
+
+    # ---- messages --------------------------------------------------------------------------------------------------
+
+    def log(self, msg: str) -> None:
+        """Print a message (above any live bar)."""
+        self.console.print(msg, highlight=False, markup=False, soft_wrap=not self.interactive)
+
+    # ---- tasks -----------------------------------------------------------------------------------------------------
+
+    def task(self, description: str, total: int | None = None, *, completed: int = 0, **fields: Any) -> Task:
+        t = Task(self, description, total, completed, fields)
+        with self._lock:
+            self._tasks.append(t)
+            if self.enabled and self.interactive:
+                self._rich_start()
+                t._rich_id = self._rich.add_task(description, total=total, completed=completed,
+                                                 extra=_fields_text(t.fields))
+        if self.enabled and not self.interactive:
+            self.console.print(t.summary(), highlight=False, markup=False, soft_wrap=True)
+            t._last_line = time.monotonic()
+        return t
+
+    def _refresh(self, t: Task, final: bool) -> None:
+        if not self.enabled:
+            return
+        if self.interactive:
+            with self._lock:
+                if self._rich is not None and t._rich_id is not None:
+                    self._rich.update(t._rich_id, completed=t.completed, total=t.total, description=t.description,
+                                      extra=_fields_text(t.fields))
+            return
+        now = time.monotonic()
+        if final or now - t._last_line >= self.interval:
+            t._last_line = now
+            self.console.print(t.summary(), highlight=False, markup=False, soft_wrap=True)
+
+    def _closed(self, t: Task) -> None:
+        with self._lock:
+            if t in self._tasks:
+                self._tasks.remove(t)
+            if self._rich is not None and t._rich_id is not None:
+                self._rich.stop_task(t._rich_id)
+            if self._rich is not None and not self._tasks:
+                self._rich.stop()
+                self._rich = None
+
+    def _rich_start(self) -> None:
+        if self._rich is not None:
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+        from rich.progress import Progress as RichProgress
+
+        self._rich = RichProgress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[extra]}"), TimeRemainingColumn(), console=self.console, transient=False,
+        )
+        self._rich.start()
+
+    def close(self) -> None:
+        """Close every open task (used when a stage fails half-way, so a live bar never outlives it)."""
+        for t in list(self._tasks):
+            t.close()
+
+    # ---- libraries' own tqdm bars ------------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def library_bars(self) -> Iterator[None]:
+        """Inside this block, tqdm bars (lm-eval, datasets) follow this reporter: hidden when disabled, one plain line
+        every `interval` seconds when output is not a terminal, unchanged on a terminal."""
+        if self.enabled and self.interactive:
+            yield
+            return
+        from tqdm import std
+
+        original = std.tqdm.__init__
+        enabled, interval, stream = self.enabled, self.interval, _PlainLines(self.console.file)
+
+        def patched(bar: Any, *args: Any, **kw: Any) -> None:
+            if not enabled:
+                kw["disable"] = True
+            elif len(args) < 4:  # file / mininterval not given positionally
+                kw["file"] = stream
+                kw["mininterval"] = max(float(kw.get("mininterval") or 0.0), interval)
+                kw["ascii"] = True
+            original(bar, *args, **kw)
+
+        ds_bars = _datasets_bars(False)
+        std.tqdm.__init__ = patched
+        try:
+            yield
+        finally:
+            std.tqdm.__init__ = original
+            _datasets_bars(ds_bars)
+
+
+class _PlainLines:
+    """A file for tqdm that turns its carriage-return redraws into whole lines."""
+
+    def __init__(self, stream: TextIO):
+        self._stream = stream
+
+    def write(self, s: str) -> int:
+        text = s.replace("\r", "\n")
+        lines = [ln.strip() for ln in text.split("\n")]
+        for ln in lines:
+            if ln:
+                self._stream.write(ln + "\n")
+        return len(s)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+
+def _fields_text(fields: dict[str, str]) -> str:
+    return "  ".join(f"{k} {v}" for k, v in fields.items())
+
+
+def _datasets_bars(enable: bool | None) -> bool | None:
+    """Set Hugging Face datasets' own bars on/off; return what they were (None when datasets is absent)."""
+    try:
+        import datasets
+    except ImportError:  # pragma: no cover - a dependency, but the reporter must not need it
+        return None
+    before = datasets.is_progress_bar_enabled()
+    if enable is True:
+        datasets.enable_progress_bars()
+    elif enable is False:
+        datasets.disable_progress_bars()
+    return before
+
+
+def silent() -> Progress:
+    """A reporter that draws no bars and prints messages to stdout (library use, tests)."""
+    return Progress(enabled=False)
