@@ -1,0 +1,33 @@
+"""Atomic file writes: a reader (or a process killed half-way) sees the old file or the new one, never a torn one.
+
+Used for checkpoints, cached data, generated task files and reports. The temporary file sits next to its target
+(same filesystem, so the final rename is atomic), has a unique name (several processes may write the same target:
+parallel runs preparing the same cached data), is fsynced before the rename, and is removed if anything fails.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import BinaryIO, Callable
+
+
+def atomic_write(path: str | os.PathLike, data: bytes | str | Callable[[BinaryIO], object]) -> None:
+    """Write `data` (bytes, text as UTF-8, or a function that writes into the open binary file) to `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if callable(data):
+                data(f)
+            else:
+                f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
