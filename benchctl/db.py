@@ -424,6 +424,87 @@ def runs(db: sqlite_utils.Database, *, status: str | None = None, preset: str | 
 # --------------------------------------------------------------------------------------------------------------------
 # Writes: judge requests and grades (judge)
 
+_JUDGE_GRADE_PK = ("sample_id", "judge_model", "prompt_hash", "repeat")
+# judge_requests columns that add up over every run that called the service for a key, so retrying a failed key
+# never hides tokens (or calls) that were already paid for.
+_JUDGE_ACCUMULATED = ("attempts", "prompt_tokens", "output_tokens", "thinking_tokens", "total_tokens")
+
+
+def judge_samples(db: sqlite_utils.Database, run_ids: Iterable[str] | None = None,
+                  limit: int | None = None) -> list[dict[str, Any]]:
+    """Samples to judge, each with its run's architecture and preset and the prompt text (`beginning`).
+
+    Ordered by prompt index first, so `limit` takes the same first prompts from every run rather than all of one run.
+    """
+    ids = list(run_ids or [])
+    where = f"where s.run_id in ({','.join('?' * len(ids))})" if ids else ""
+    params: list[Any] = list(ids)
+    sql = (
+        "select s.id as sample_id, s.run_id, r.arch, r.preset, p.idx as prompt_idx, p.text as beginning, s.completion "
+        "from samples s join runs r on r.id = s.run_id join prompts p on p.id = s.prompt_id "
+        f"{where} order by p.idx, r.arch, s.run_id, s.id"
+    )
+    if limit is not None:
+        sql += " limit ?"
+        params.append(limit)
+    return list(db.query(sql, params))
+
+
+def judge_status(db: sqlite_utils.Database, judge_model: str, prompt_hash: str) -> dict[tuple[str, int], str]:
+    """(sample id, repeat) -> status ('ok' or 'failed') of every stored grade of this judge model and prompt."""
+    rows = db.query(
+        "select sample_id, repeat, status from judge_grades where judge_model = ? and prompt_hash = ?",
+        [judge_model, prompt_hash],
+    )
+    return {(r["sample_id"], r["repeat"]): r["status"] for r in rows}
+
+
+def judge_grades(db: sqlite_utils.Database, judge_model: str, prompt_hash: str,
+                 sample_ids: Iterable[str]) -> list[dict[str, Any]]:
+    """Every judge_grades row of this judge model and prompt for the given samples."""
+    return _judge_rows(db, "judge_grades", judge_model, prompt_hash, sample_ids)
+
+
+def judge_requests(db: sqlite_utils.Database, judge_model: str, prompt_hash: str,
+                   sample_ids: Iterable[str]) -> list[dict[str, Any]]:
+    """Every judge_requests row of this judge model and prompt for the given samples."""
+    return _judge_rows(db, "judge_requests", judge_model, prompt_hash, sample_ids)
+
+
+def _judge_rows(db: sqlite_utils.Database, table: str, judge_model: str, prompt_hash: str,
+                sample_ids: Iterable[str]) -> list[dict[str, Any]]:
+    ids = list(sample_ids)
+    rows: list[dict[str, Any]] = []
+    for start in range(0, len(ids), 500):  # SQLite limits the number of ? parameters in one statement
+        chunk = ids[start : start + 500]
+        rows += db.query(
+            f"select * from {table} where judge_model = ? and prompt_hash = ? "
+            f"and sample_id in ({','.join('?' * len(chunk))})",
+            [judge_model, prompt_hash, *chunk],
+        )
+    return rows
+
+
+def record_judge_answer(db: sqlite_utils.Database, request: dict[str, Any], grade: dict[str, Any]) -> None:
+    """Store one key's request row and grade row together, in one transaction, as soon as the answer arrives.
+
+    `request` carries this run's attempts and tokens; the stored row adds those of earlier runs for the same key
+    and keeps the first call's `created_at`. A killed run keeps every key it finished, never a request without
+    its grade.
+    """
+
+    def write() -> None:
+        stamp = now()
+        with db.conn:
+            prev = next(iter(db.query("select * from judge_requests where key = ?", [request["key"]])), None) or {}
+            row = {**request, "created_at": prev.get("created_at") or stamp, "updated_at": stamp}
+            for col in _JUDGE_ACCUMULATED:
+                row[col] = (prev.get(col) or 0) + (request[col] or 0)
+            db["judge_requests"].upsert(row, pk="key")
+            db["judge_grades"].upsert({**grade, "created_at": stamp}, pk=_JUDGE_GRADE_PK)
+
+    retry_locked(write)
+
 
 # --------------------------------------------------------------------------------------------------------------------
 # Writes: lm-eval results (eval)

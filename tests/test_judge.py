@@ -25,7 +25,9 @@ from benchctl.config import make_config
 from benchctl.errors import ConfigError, JudgeError
 import fake_gemini as fg  # tests/ is on sys.path under pytest (no package __init__)
 
-SPEC = Path("/work/shared/docs/SPEC.md")
+# The shipped grading prompt's version. Every stored grade carries it, so an edit to the prompt file starts a new set
+# of grades; change this only together with a deliberate change of the prompt.
+PROMPT_HASH = "e7a999193150"
 # google-genai 3.4 subclasses aiohttp.ClientSession, which aiohttp 3.14 flags; not ours to fix.
 pytestmark = pytest.mark.filterwarnings("ignore:Inheritance class AiohttpClientSession:DeprecationWarning")
 FAST = dict(base_delay=0.01, max_delay=0.05, progress=False, seed=0)
@@ -76,14 +78,12 @@ def tokens(row):
 # The prompt template and parsing (pure).
 
 
-def test_template_is_the_study_prompt_verbatim_with_one_story_slot():
+def test_template_is_the_pinned_study_prompt_with_one_story_slot():
     t = judge.load_template()
     raw = judge.PROMPT_PATH.read_bytes()
-    assert t.hash == hashlib.sha256(raw).hexdigest()[:12]
+    assert t.hash == hashlib.sha256(raw).hexdigest()[:12] == PROMPT_HASH
     assert t.text.count("{story}") == 1
-    if SPEC.exists():
-        study = re.search(r"Grading prompt used by the study.*?```\n(.*?)```", SPEC.read_text(), re.S).group(1)
-        assert t.text.startswith(study)
+    assert t.text.startswith("In the following exercise, the student is given a task of writing a short story.")
     assert "***" in t.text[t.text.index("each on a scale from 1 to 10.") :]  # the appended part explains the separator
     for c in judge.CRITERIA:
         assert f'"{c}"' in t.text
@@ -124,12 +124,12 @@ def test_parse_grade_never_turns_a_bad_answer_into_a_score(text, finish, block, 
         assert g is None and why in err
 
 
-def test_mean_ci_is_a_t_interval_and_refuses_n_below_2():
+def test_criterion_stat_is_a_t_interval_and_refuses_n_below_2():
     vals = [3.0, 4.0, 6.0, 5.5]
-    s = judge.mean_ci(vals)
+    s = judge.criterion_stat(vals)
     lo, hi = sps.t.interval(0.95, len(vals) - 1, loc=sum(vals) / 4, scale=sps.sem(vals))
     assert s.mean == pytest.approx(4.625) and s.ci_low == pytest.approx(lo) and s.ci_high == pytest.approx(hi)
-    one = judge.mean_ci([4.0])
+    one = judge.criterion_stat([4.0])
     assert one.mean == 4.0 and one.ci_low is None and one.ci_high is None
 
 

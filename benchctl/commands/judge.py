@@ -1,4 +1,4 @@
-"""`benchctl judge`: grade every generated story with Gemini (SPEC.md §5) and print a table per architecture."""
+"""`benchctl judge`: grade every generated story with Gemini and print a table per architecture."""
 
 from __future__ import annotations
 
@@ -56,6 +56,7 @@ def judge(
     """
     from benchctl import db as dbm
     from benchctl import judge as engine
+    from benchctl.progress import Progress
 
     if not dry_run:
         engine.require_api_key()  # before opening anything: a missing key costs nothing
@@ -68,7 +69,7 @@ def judge(
         limit=limit,
         run_ids=split_list(runs),
         dry_run=dry_run,
-        progress=progress and not as_json,
+        progress=Progress(enabled=progress and not as_json, console=err_console),  # stderr: stdout is the result
         temperature=temperature,
         thinking_budget=engine.AUTO if thinking_budget is None else thinking_budget,
         max_attempts=max_attempts,
