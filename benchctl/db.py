@@ -152,7 +152,7 @@ _SCHEMA: dict[str, dict[str, Any]] = {
             "thinking_tokens": int,
             "total_tokens": int,
             "latency_s": float,
-            # judge tables (issue 4): tokens and attempts above add up over every call made for the key
+            # tokens and attempts above add up over every call made for the key, across runs
             "status": str,  # ok | failed (of the latest answer)
             "finish_reason": str,
             "error": str,

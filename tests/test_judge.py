@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import io
 import json
 import math
 import re
@@ -374,6 +375,21 @@ def test_concurrency_never_exceeds_the_limit(tmp_path):
         s = judge.judge_all(db, base_url=server.url, concurrency=3, **FAST)
         assert server.count == 12 and s.n_ok == 12
         assert server.max_in_flight == 3  # reached, never exceeded
+
+
+def test_progress_is_reported_through_the_given_reporter(tmp_path, server):
+    from benchctl.progress import Progress
+
+    out = io.StringIO()
+    reporter = Progress(enabled=True, interactive=False, stream=out, interval=0.0)
+    db = make_db(tmp_path / "r.db", n_prompts=2)
+    server.push(fg.text("not json"))
+    s = judge.judge_all(db, base_url=server.url, **{**FAST, "progress": reporter}, concurrency=1)
+    lines = out.getvalue().splitlines()
+    assert s.n_ok == 3 and s.n_failed == 1
+    assert lines[0].startswith("gemini-2.5-flash judging: 0/4") and "ok 0 failed 0" in lines[0]
+    assert lines[-1].startswith("gemini-2.5-flash judging: 4/4 (100%)") and "ok 3 failed 1" in lines[-1]
+    assert not reporter._tasks  # the job closed its task; the reporter stays usable for the next stage
 
 
 def test_missing_key_is_a_clean_error_before_any_request(tmp_path, server, monkeypatch):
