@@ -55,6 +55,7 @@ class EvalSummary:
 # ====================================================================================================================
 # Recurrence and result rows
 
+
 def allowed_recurrence(arch: str, model_args: Any) -> str:
     import architectures
 
