@@ -421,6 +421,55 @@ def runs(db: sqlite_utils.Database, *, status: str | None = None, preset: str | 
 # Writes: prompts and samples (sample)
 
 
+def insert_prompts(db: sqlite_utils.Database, rows: list[dict[str, Any]]) -> int:
+    """Store a prompt set's rows, keeping any already stored (a set is written once and reused); returns how many
+    were new, in one transaction."""
+    if not rows:
+        return 0
+    return retry_locked(_insert_counted, db, "prompts", rows)
+
+
+def insert_samples(db: sqlite_utils.Database, rows: list[dict[str, Any]]) -> int:
+    """Store one generated batch in one transaction, keeping rows already there (a batch cut short earlier keeps
+    what it wrote); returns how many rows were new."""
+    if not rows:
+        return 0
+    return retry_locked(_insert_counted, db, "samples", rows)
+
+
+def _insert_counted(db: sqlite_utils.Database, table: str, rows: list[dict[str, Any]]) -> int:
+    with db.conn:
+        before = db.execute("select total_changes()").fetchone()[0]
+        db[table].insert_all(rows, pk="id", ignore=True)
+        return db.execute("select total_changes()").fetchone()[0] - before
+
+
+def sample_ids(db: sqlite_utils.Database, run_id: str, settings_hash: str, prompt_set: str) -> set[str]:
+    """Ids of the samples already stored for a run, settings and prompt set (what a rerun skips)."""
+    return {r["id"] for r in db.query(
+        "select id from samples where run_id = ? and settings_hash = ? and prompt_set = ?",
+        [run_id, settings_hash, prompt_set])}
+
+
+def sample_stats(db: sqlite_utils.Database, run_id: str, prompt_set: str, settings_hash: str
+                 ) -> tuple[int, float | None, float | None]:
+    """(samples stored, mean new tokens, share that ended the story) for a run, prompt set and settings."""
+    r = next(iter(db.query(
+        "select count(*) as n, avg(n_tokens) as mean_tokens, avg(finish_reason = 'eos') as eos_share from samples "
+        "where run_id = ? and prompt_set = ? and settings_hash = ?", [run_id, prompt_set, settings_hash])))
+    return r["n"], r["mean_tokens"], r["eos_share"]
+
+
+def first_sample(db: sqlite_utils.Database, run_id: str, settings_hash: str, prompt_set: str
+                 ) -> dict[str, Any] | None:
+    """The stored sample of the set's first prompt, with the prompt's text (completion, finish_reason, n_tokens,
+    text), or None."""
+    return next(iter(db.query(
+        "select s.completion, s.finish_reason, s.n_tokens, p.text from samples s join prompts p on p.id = s.prompt_id "
+        "where s.run_id = ? and s.settings_hash = ? and s.prompt_set = ? order by p.idx limit 1",
+        [run_id, settings_hash, prompt_set])), None)
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Writes: judge requests and grades (judge)
 
@@ -508,6 +557,40 @@ def record_judge_answer(db: sqlite_utils.Database, request: dict[str, Any], grad
 
 # --------------------------------------------------------------------------------------------------------------------
 # Writes: lm-eval results (eval)
+
+
+def replace_eval_results(db: sqlite_utils.Database, rows: list[dict[str, Any]], keys: set[tuple[str, str]],
+                         n_recur: int, limit_n: int) -> None:
+    """Replace every row of the (run, task) pairs in `keys` at (n_recur, limit_n) by `rows`, in one transaction: a
+    task that now reports fewer metrics leaves none of its old ones behind."""
+
+    def write() -> None:
+        with db.conn:
+            for run_id, task in keys:
+                db.conn.execute(
+                    "delete from eval_results where run_id = ? and task = ? and n_recur = ? and limit_n = ?",
+                    [run_id, task, n_recur, limit_n])
+            if rows:
+                db["eval_results"].insert_all(rows, pk=("run_id", "task", "metric", "n_recur", "limit_n"),
+                                              replace=True)
+
+    retry_locked(write)
+
+
+def eval_task_versions(db: sqlite_utils.Database, run_id: str, n_recur: int, limit_n: int
+                       ) -> dict[str, set[str | None]]:
+    """task -> task versions already stored for (run, n_recur, limit)."""
+    out: dict[str, set[str | None]] = {}
+    for r in db.query("select task, task_version from eval_results where run_id = ? and n_recur = ? and limit_n = ?",
+                      [run_id, n_recur, limit_n]):
+        out.setdefault(r["task"], set()).add(r["task_version"])
+    return out
+
+
+def eval_results(db: sqlite_utils.Database, run_id: str, n_recur: int, limit_n: int) -> list[dict[str, Any]]:
+    """Every stored eval_results row of (run, n_recur, limit), by task then metric."""
+    query = "select * from eval_results where run_id = ? and n_recur = ? and limit_n = ? order by task, metric"
+    return retry_locked(lambda: list(db.query(query, [run_id, n_recur, limit_n])))
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Story sampling: a fixed, versioned prompt set from the validation split, and batched KV-cached generation for every
-finished run, stored in the `prompts` and `samples` tables of results.db (SPEC.md §5).
+finished run, stored in the `prompts` and `samples` tables of results.db.
 
 Follows the TinyStories paper's protocol (every model completes the same story beginnings taken from held-out
 stories, and a judge grades the completions) with karpathy/llama2.c's sampler (`sample.py`, `run.c`): temperature,
@@ -43,7 +43,6 @@ holds the recurrence that ran.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -55,7 +54,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from benchctl import db as dbm
-from benchctl.errors import CheckpointError, ConfigError, DataError, EvalError
+from benchctl.errors import ConfigError, DataError, EvalError
+from benchctl.progress import Progress, silent
 
 if TYPE_CHECKING:  # torch is imported where used: the CLI starts without paying its import time
     import torch
@@ -76,7 +76,7 @@ DEFAULT_MAX_NEW_TOKENS = 256
 DEFAULT_SEED = 0
 DEFAULT_BATCH_SIZE = 64
 
-BOS_ID, EOS_ID = 1, 2  # SPEC.md §3 tokenizer ids; the end of a story is BOS (see the module docstring)
+BOS_ID, EOS_ID = 1, 2  # the ids data.tokenizer_spec fixes; a story ends with BOS (see the module docstring)
 
 _SENTENCE_END = re.compile(r"[.!?]+[\"'\u201d\u2019)]*(?=\s)")
 
@@ -165,19 +165,12 @@ def build_prompt_set(stories: Sequence[str], data_fingerprint: str, n: int) -> P
 
 def store_prompt_set(db, pset: PromptSet) -> int:
     """Insert the set's prompts that are not stored yet; returns how many were inserted (0 when reused)."""
-    have = {r["id"] for r in db.query("select id from prompts where prompt_set = ?", [pset.id])}
-    rows = [
+    created = dbm.now()
+    return dbm.insert_prompts(db, [
         {"id": p.id, "prompt_set": pset.id, "idx": p.idx, "text": p.text, "source_story": p.source_story,
-         "rule": pset.rule, "data_fingerprint": pset.data_fingerprint, "created_at": dbm.now()}
-        for p in pset.prompts if p.id not in have
-    ]
-    if rows:
-        def write() -> None:
-            with db.conn:
-                db["prompts"].insert_all(rows, pk="id", ignore=True)
-
-        dbm.retry_locked(write)
-    return len(rows)
+         "rule": pset.rule, "data_fingerprint": pset.data_fingerprint, "created_at": created}
+        for p in pset.prompts
+    ])
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -363,19 +356,6 @@ def decode_completion(tok, prompt_ids: Sequence[int], new_ids: Sequence[int]) ->
 # Runs and the pipeline
 
 
-def resolve_device(spec: str) -> torch.device:
-    import torch
-
-    if spec == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if spec.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"--device {spec} but CUDA is not available here; use --device cpu (or auto)")
-    try:
-        return torch.device(spec)
-    except RuntimeError:
-        raise ConfigError(f"--device must be auto, cpu, cuda or cuda:N, got {spec!r}") from None
-
-
 def select_runs(
     db, *, run_ids: Sequence[str] | None = None, archs: Sequence[str] | None = None, preset: str | None = None
 ) -> list[dict[str, Any]]:
@@ -480,56 +460,13 @@ def plan(db, rows: list[dict[str, Any]], settings: SampleSettings, n_prompts: in
             psets[prepared.fingerprint] = pset
         pset = psets[prepared.fingerprint]
         ids = [sample_id(row["id"], p.id, settings.hash) for p in pset.prompts]
-        have = {r["id"] for r in db.query(
-            "select id from samples where run_id = ? and settings_hash = ? and prompt_set = ?",
-            [row["id"], settings.hash, pset.id])}
+        have = dbm.sample_ids(db, row["id"], settings.hash, pset.id)
         B = settings.batch_size
         batches = [list(pset.prompts[i : i + B]) for i in range(0, len(pset.prompts), B)]
         todo = [b for b in batches if any(sample_id(row["id"], p.id, settings.hash) not in have for p in b)]
         existing = sum(1 for i in ids if i in have)
         plans.append(RunPlan(row, pset, n_recur, todo, len(ids) - existing, existing))
     return plans
-
-
-def _stats(db, run_id: str, prompt_set: str, settings_hash: str) -> tuple[int, float | None, float | None]:
-    r = next(iter(db.query(
-        "select count(*) as n, avg(n_tokens) as mean_tokens, avg(finish_reason = 'eos') as eos_share from samples "
-        "where run_id = ? and prompt_set = ? and settings_hash = ?", [run_id, prompt_set, settings_hash])))
-    return r["n"], r["mean_tokens"], r["eos_share"]
-
-
-class _Bar:
-    """A rich progress bar over samples to generate (disabled: no output)."""
-
-    def __init__(self, enabled: bool, total: int):
-        self._bar = None
-        if not enabled or total == 0:
-            return
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        self._bar = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[tps]} tok/s"), TimeRemainingColumn(), transient=False,
-        )
-        self._task = self._bar.add_task("sampling", total=total, tps="-")
-        self._bar.start()
-
-    def update(self, advance: int, label: str, tps: float | None) -> None:
-        if self._bar is not None:
-            self._bar.update(self._task, advance=advance, description=label,
-                             tps=f"{tps:,.0f}" if tps else "-")
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-
-
-@contextlib.contextmanager
-def _closing(bar: _Bar):
-    try:
-        yield bar
-    finally:
-        bar.close()
 
 
 def sample_run(
@@ -567,7 +504,7 @@ def sample_run(
         result.gen_seconds += time.perf_counter() - t0
         result.new_tokens += sum(len(o.tokens) + (o.finish_reason == "eos") for o in outs)
         now = dbm.now()
-        rows = [
+        added = dbm.insert_samples(db, [
             {
                 "id": sid, "run_id": run_id, "prompt_id": q.id, "prompt_set": p.pset.id,
                 "completion": decode_completion(tok, ids_in, o.tokens),
@@ -578,15 +515,7 @@ def sample_run(
                 "n_tokens": len(o.tokens), "finish_reason": o.finish_reason, "created_at": now,
             }
             for sid, q, ids_in, o in zip(ids, batch, encoded, outs)
-        ]
-
-        def write() -> int:
-            with db.conn:
-                before = db.execute("select total_changes()").fetchone()[0]
-                db["samples"].insert_all(rows, pk="id", ignore=True)  # a batch cut short earlier keeps its rows
-                return db.execute("select total_changes()").fetchone()[0] - before
-
-        added = dbm.retry_locked(write)
+        ])
         result.generated += added
         on_batch(len(batch))
 
@@ -607,23 +536,30 @@ def sample_all(
     preset: str | None = None,
     device: str = "auto",
     batch_size: int = DEFAULT_BATCH_SIZE,
-    progress: bool = True,
+    progress: bool | Progress = True,
 ) -> SampleSummary:
-    """Complete the prompt set with every selected finished run; stored samples are skipped. See the docstring."""
+    """Complete the prompt set with every selected finished run; stored samples are skipped. See the docstring.
+
+    `progress`: a `Progress` to report on (one task over every sample to generate), or True / False for a default
+    reporter / none."""
+    from benchctl.runtime import resolve_device
+
+    reporter = progress if isinstance(progress, Progress) else Progress(enabled=progress)
     settings = SampleSettings(temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens,
                               seed=seed, n_recur=n_recur, batch_size=batch_size)
     if n_prompts < 1:
         raise ConfigError(f"--n-prompts must be >= 1, got {n_prompts}")
-    dev = resolve_device(device)
+    dev = resolve_device(device, option="--device")
     rows = select_runs(db, run_ids=run_ids, archs=archs, preset=preset)
-    plans = plan(db, rows, settings, n_prompts, progress=progress)
+    plans = plan(db, rows, settings, n_prompts, progress=reporter.enabled)
     summary = SampleSummary(settings, settings.hash, dev.type, sorted({p.pset.id for p in plans}))
-    bar = _Bar(progress, sum(len(b) for p in plans for b in p.batches))
+    total = sum(len(b) for p in plans for b in p.batches)
+    bar = reporter.task("sampling", total=total, **{"tok/s": "-"}) if total else silent().task("sampling")
     import torch
 
     cuda_ids = [dev.index if dev.index is not None else torch.cuda.current_device()] if dev.type == "cuda" else []
     # Model building and the per-batch seeding use the global RNG: keep the caller's streams untouched.
-    with torch.random.fork_rng(devices=cuda_ids), _closing(bar):
+    with torch.random.fork_rng(devices=cuda_ids), bar:
         for p in plans:
             r = p.row
             res = RunSamples(r["id"], r["arch"], r["preset"], r["seed"], p.n_recur, skipped=p.existing)
@@ -631,15 +567,21 @@ def sample_all(
             if p.batches:
                 label = f"{r['arch']} s{r['seed']}"
                 sample_run(db, Path(db_path), p, settings, dev, res,
-                           on_batch=lambda n, label=label, res=res: bar.update(n, label, res.tokens_per_s))
-            res.n_samples, res.mean_tokens, res.eos_share = _stats(db, r["id"], p.pset.id, settings.hash)
-    first = plans[0]
-    ex = next(iter(db.query(
-        "select s.completion, s.finish_reason, s.n_tokens, p.text from samples s join prompts p on p.id = s.prompt_id "
-        "where s.run_id = ? and s.settings_hash = ? and s.prompt_set = ? order by p.idx limit 1",
-        [first.row["id"], settings.hash, first.pset.id])), None)
-    if ex is not None:
-        summary.example = {"arch": first.row["arch"], "run_id": first.row["id"], "prompt": ex["text"],
-                           "completion": ex["completion"], "finish_reason": ex["finish_reason"],
-                           "n_tokens": ex["n_tokens"]}
+                           on_batch=lambda n, label=label, res=res: bar.update(
+                               advance=n, description=label, **{"tok/s": _rate(res.tokens_per_s)}))
+            res.n_samples, res.mean_tokens, res.eos_share = dbm.sample_stats(db, r["id"], p.pset.id, settings.hash)
+    summary.example = _example(db, plans[0], settings)
     return summary
+
+
+def _rate(tokens_per_s: float | None) -> str:
+    return f"{tokens_per_s:,.0f}" if tokens_per_s else "-"
+
+
+def _example(db, first: RunPlan, settings: SampleSettings) -> dict[str, Any] | None:
+    """The first run's completion of the first prompt, for the closing output."""
+    ex = dbm.first_sample(db, first.row["id"], settings.hash, first.pset.id)
+    if ex is None:
+        return None
+    return {"arch": first.row["arch"], "run_id": first.row["id"], "prompt": ex["text"],
+            "completion": ex["completion"], "finish_reason": ex["finish_reason"], "n_tokens": ex["n_tokens"]}

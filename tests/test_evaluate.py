@@ -1,4 +1,4 @@
-"""Tests of the lm-eval integration (benchctl/evaluate.py, benchctl/commands/eval.py).
+"""Tests of the lm-eval integration (the benchctl.evaluate package, benchctl/commands/eval.py).
 
 - The adapter against direct computations from a tiny model's logits: loglikelihood of (context, continuation)
   pairs in one right-padded batch, left truncation past the context, continuations longer than the context, rolling
@@ -7,11 +7,12 @@
 - The bundled task generators (deterministic, balanced groups, protagonist rule) and lm-eval finding every task.
 - `benchctl eval` end to end, offline, on tiny checkpoints trained once for the module (three-part and FraiLT, 3
   steps): rows and their fields in results.db, skip / --force, recurrence override and rejection, RNG states,
-  an unavailable task reported while the others run.
+  an unavailable task reported while the others run, progress as plain lines when output is not a terminal.
 """
 
 from __future__ import annotations
 
+import io
 import random
 import re
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from benchctl import evaluate as ev
 from benchctl.checkpoint import CKPT_NAME, run_dir
 from benchctl.cli import main
 from benchctl.errors import EvalError
+from benchctl.progress import Progress
 
 
 def run_cli(argv: list[str]) -> None:
@@ -420,3 +422,22 @@ def test_user_tasks_and_a_task_without_data(trained, tmp_path, monkeypatch):
     with pytest.raises(EvalError, match="none of the requested tasks"):
         ev.evaluate_runs(db, trained.db, tasks=["benchctl_hub_only"], run_ids=[rid], include_paths=[tmp_path],
                          progress=False, log=lambda _: None)
+
+
+def test_progress_off_a_terminal_is_a_few_plain_lines(trained):
+    """In a log, the adapter's bars and lm-eval's own tqdm bars are whole lines, never carriage-return redraws."""
+    out = io.StringIO()
+    reporter = Progress(enabled=True, interactive=False, stream=out, interval=3600.0)
+    db = dbm.connect(trained.db)
+    s = ev.evaluate_runs(db, trained.db, tasks=["tinystories_ppl"], archs=["frailt"], limit=4, force=True,
+                         progress=reporter)
+    text = out.getvalue()
+    assert s.evaluated and "\r" not in text
+    lines = text.splitlines()
+    assert any(line.startswith("loglikelihood: ") and "(100%)" in line for line in lines)
+    assert any("done in" in line for line in lines)  # messages go to the reporter's log by default
+    assert len(lines) < 30
+    quiet = io.StringIO()
+    ev.evaluate_runs(db, trained.db, tasks=["tinystories_ppl"], archs=["frailt"], limit=4, force=True,
+                     progress=Progress(enabled=False, stream=quiet))
+    assert quiet.getvalue() == ""

@@ -315,6 +315,28 @@ def test_run_selection_errors(results, tmp_path):
         smp.sample_all(dbm.connect(empty), empty, **SMALL)
 
 
+def test_progress_reports_on_the_given_reporter(results):
+    import io
+
+    from benchctl.progress import Progress
+
+    out = io.StringIO()
+    reporter = Progress(enabled=True, interactive=False, stream=out, interval=3600.0)
+    s = smp.sample_all(dbm.connect(results), results, **{**SMALL, "archs": ["control"], "progress": reporter})
+    lines = out.getvalue().splitlines()
+    assert s.generated == 5 and "\r" not in out.getvalue()
+    assert lines[0].startswith("sampling: 0/5") and lines[-1].startswith("control s0: 5/5 (100%) tok/s ")
+
+
+def test_bad_device_is_a_config_error_before_any_work(tmp_path):
+    empty = tmp_path / "empty.db"
+    with pytest.raises(ConfigError, match="--device must be auto, cpu, cuda, cuda:N or mps; got 'gpu0'"):
+        smp.sample_all(dbm.connect(empty), empty, device="gpu0", **SMALL)
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="--device='cuda:0' but CUDA is not available"):
+            smp.sample_all(dbm.connect(empty), empty, device="cuda:0", **SMALL)
+
+
 def test_cli_sample_prints_a_summary_and_an_example(results):
     from benchctl.cli import app
 

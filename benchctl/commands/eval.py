@@ -1,6 +1,7 @@
 """`benchctl eval`: lm-eval tasks (bundled offline TinyStories tasks, or any lm-eval task) on finished runs.
 
-Thin: parse the options, call `benchctl.evaluate.evaluate_runs`, print the closing table. See benchctl/evaluate.py.
+Thin: parse the options, call `benchctl.evaluate.evaluate_runs`, print the closing tables. The adapter, the bundled
+tasks and the runner are described in the `benchctl.evaluate` package.
 """
 
 from __future__ import annotations
@@ -43,14 +44,15 @@ def eval_(
     from benchctl import db as dbm
     from benchctl import evaluate
     from benchctl.commands.train import db_path_of
+    from benchctl.progress import Progress
 
     path = db_path_of(db)
     handle = dbm.connect(path, create=False)
+    reporter = Progress(enabled=progress, console=console)
     summary = evaluate.evaluate_runs(
-        handle, path, tasks=split_list(tasks), run_ids=split_list(runs), archs=split_list(archs), preset=preset,
-        n_recur=n_recur, limit=limit, batch_size=batch_size, device=device, force=force,
-        include_paths=include_path or (), threads=threads, progress=progress,
-        log=lambda msg: console.print(msg, highlight=False, soft_wrap=True),
+        handle, path, tasks=split_list(tasks), run_ids=split_list(runs), archs=split_list(archs),
+        preset=preset, n_recur=n_recur, limit=limit, batch_size=batch_size, device=device, force=force,
+        include_paths=include_path or (), threads=threads, progress=reporter,
     )
     what = f"n_recur {n_recur}" if n_recur is not None else "trained n_recur"
     what += f", first {limit} documents" if limit else ""

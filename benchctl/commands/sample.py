@@ -1,4 +1,4 @@
-"""`benchctl sample`: complete the fixed prompt set with every finished run and store the samples (SPEC.md §5).
+"""`benchctl sample`: complete the fixed prompt set with every finished run and store the samples.
 
 See `benchctl.sample` for the prompt rule, the generation procedure and how seeds make samples reproducible.
 """
@@ -39,20 +39,22 @@ def sample(
     batch_size: Annotated[
         int, typer.Option("--batch-size", help="Prompts generated together (recorded: it fixes three-part's noise).")
     ] = smp.DEFAULT_BATCH_SIZE,
-    device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")] = "auto",
+    device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda, cuda:N or mps.")] = "auto",
     db: DbOpt = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a live progress bar.")] = True,
 ) -> None:
     """Complete the same story beginnings with every finished run; rerunning with the same settings adds nothing."""
     from benchctl import db as dbm
     from benchctl.commands.train import db_path_of
+    from benchctl.progress import Progress
 
     path = db_path_of(db)
     handle = dbm.connect(path, create=False)
+    reporter = Progress(enabled=progress, console=console)
     s = smp.sample_all(
         handle, path, n_prompts=n_prompts, temperature=temperature, top_k=top_k, top_p=top_p,
         max_new_tokens=max_new_tokens, seed=seed, n_recur=n_recur, run_ids=split_list(runs),
-        archs=split_list(archs), preset=preset, device=device, batch_size=batch_size, progress=progress,
+        archs=split_list(archs), preset=preset, device=device, batch_size=batch_size, progress=reporter,
     )
     t = Table(title=f"samples — prompt set {', '.join(s.prompt_sets)}, settings {s.settings_hash}",
               title_justify="left", box=box.SIMPLE_HEAD)
