@@ -42,7 +42,7 @@ def eval_(
     """Evaluate finished runs with lm-eval and store every metric in results.db (table eval_results)."""
     from benchctl import db as dbm
     from benchctl import evaluate
-    from benchctl.commands.train import db_path_of
+    from benchctl.cli import db_path_of
 
     path = db_path_of(db)
     handle = dbm.connect(path, create=False)
