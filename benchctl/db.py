@@ -32,6 +32,7 @@ import sqlite_utils
 from benchctl.errors import BenchctlError, CheckpointError, ConfigError, DatabaseError
 
 SCHEMA_VERSION = 1
+Database = sqlite_utils.Database  # what `connect` returns; the stages name the type through this module
 DEFAULT_DB = Path("results") / "results.db"
 
 _SCHEMA: dict[str, dict[str, Any]] = {

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-import sqlite_utils
 import torch
 import torch.nn as nn
 
@@ -172,7 +171,7 @@ def _is_alive(pid: int | None) -> bool:
 def train_run(
     cfg: RunConfig,
     prepared: Any,
-    db: sqlite_utils.Database | None,
+    db: dbm.Database | None,
     db_path: Path,
     *,
     progress: Progress | bool = True,
@@ -219,7 +218,7 @@ class _Trainer:
     then stepped to the end. Telemetry carried over from earlier processes of the same run is in `carried`; this
     process's own timings are in its stopwatches, and checkpoints store the sum."""
 
-    def __init__(self, cfg: RunConfig, prepared: Any, db: sqlite_utils.Database | None, ckpt_path: Path, rid: str,
+    def __init__(self, cfg: RunConfig, prepared: Any, db: dbm.Database | None, ckpt_path: Path, rid: str,
                  dist_info: Dist):
         self.cfg, self.prepared, self.db, self.ckpt_path, self.rid = cfg, prepared, db, ckpt_path, rid
         self.dist = dist_info
@@ -282,7 +281,7 @@ class _Trainer:
             self.sampler.load_state_dict(state["sampler"])
             ckpt.set_rng_state(state["rng"])
             self.start_step = self.step = self.resumed_from = int(state["step"])
-            self.carried.update(state["telemetry"])
+            self.carried = {**self.carried, **state["telemetry"]}
             del state
         elif existing is not None and existing["status"] == "done":
             log(f"run {self.rid} is marked done but its checkpoint is missing; training it again")
@@ -358,7 +357,7 @@ class _Trainer:
         self.carried["initial_val_loss"] = v0
         if self.writes:
             dbm.record_initial_loss(self.db, self.rid, v0, self._take_metrics())
-        task.update(completed=0, loss=f"{v0:.3f}")
+        task.move_to(0, loss=f"{v0:.3f}")
 
     def _one_step(self, task: Any, progress: Progress) -> float | None:
         """One optimizer step and whatever falls due after it (logging, evaluation, checkpoint); returns the
@@ -411,7 +410,7 @@ class _Trainer:
         fields = {"loss": f"{train_loss:.3f}"}
         if self.step_times:
             fields["tok/s"] = f"{self.cfg.tokens_per_step / statistics.median(self.step_times[-20:]):,.0f}"
-        task.update(completed=self.step, **fields)
+        task.move_to(self.step, **fields)
         self._flush_metrics()
 
     def _finish(self, last_val: float | None) -> RunResult:
