@@ -3,15 +3,13 @@
 A checkpoint holds everything needed to continue the same stream of batches bit for bit on CPU: model weights,
 optimizer state, step, every RNG state (python, numpy, torch CPU and CUDA), the data sampler's state, cumulative
 telemetry, and the resolved config. Files live in `<db dir>/runs/<run id>/`, next to a copy of the tokenizer, so a
-run directory is self-contained. Writes go to a temp file in the same directory, fsync'd, then renamed: a process
-killed mid-write never leaves a truncated checkpoint under the real name.
+run directory is self-contained. Writes are atomic (`benchctl.files.atomic_write`): a process killed mid-write never
+leaves a truncated checkpoint under the real name.
 """
 
 from __future__ import annotations
 
-import os
 import random
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +18,7 @@ import torch
 
 from benchctl.config import RunConfig
 from benchctl.errors import CheckpointError
+from benchctl.files import atomic_write
 
 CKPT_NAME = "ckpt.pt"
 TOKENIZER_NAME = "tokenizer.model"
@@ -28,22 +27,6 @@ FORMAT_VERSION = 1
 
 def run_dir(db_path: Path, run_id: str) -> Path:
     return Path(db_path).resolve().parent / "runs" / run_id
-
-
-def atomic_write_bytes(path: Path, write) -> None:
-    """Call write(fileobj) into a temp file next to `path`, fsync, then rename over `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def rng_state() -> dict[str, Any]:
@@ -68,7 +51,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def save(path: Path, state: dict[str, Any]) -> int:
     """Atomically write a checkpoint dict; returns its size in bytes."""
     state = {"format_version": FORMAT_VERSION, **state}
-    atomic_write_bytes(path, lambda f: torch.save(state, f))
+    atomic_write(path, lambda f: torch.save(state, f))
     return path.stat().st_size
 
 

@@ -12,12 +12,15 @@ import os
 import pkgutil
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 from rich.console import Console
 
 from benchctl.errors import BenchctlError
+
+if TYPE_CHECKING:
+    from benchctl.progress import Progress
 
 app = typer.Typer(
     name="benchctl",
@@ -57,6 +60,31 @@ ProgressOpt = Annotated[bool, typer.Option("--progress/--no-progress", help="Sho
 def data_source(data: str | None) -> str | None:
     """--data, else $BENCHCTL_DATA, else None (the preset's default)."""
     return data or os.environ.get("BENCHCTL_DATA") or None
+
+
+def db_path_of(db: Path | None) -> Path:
+    """--db, else $BENCHCTL_DB, else results/results.db."""
+    from benchctl import db as dbm
+
+    return Path(db) if db is not None else dbm.default_path()
+
+
+def overrides_with_data(set_: list[str] | None, data: str | None) -> dict[str, Any]:
+    """The --set overrides, with --data (or $BENCHCTL_DATA) as `data.source` when given."""
+    from benchctl.config import parse_set
+
+    overrides: dict[str, Any] = parse_set(set_)
+    src = data_source(data)
+    if src is not None:
+        overrides["data.source"] = src
+    return overrides
+
+
+def make_progress(enabled: bool, *, stderr: bool = False) -> Progress:
+    """The progress reporter a command hands to the engine, drawing on the command line's console."""
+    from benchctl.progress import Progress
+
+    return Progress(enabled=enabled, console=err_console if stderr else console)
 
 
 def split_list(value: str | None) -> list[str] | None:

@@ -1,9 +1,9 @@
 """The data layer: TinyStories -> stories -> SentencePiece BPE tokenizer -> pretokenized uint16 splits, cached.
 
-Follows karpathy/llama2.c `tinystories.py` (`train_vocab`, `pretokenize`) and SPEC.md §3:
+Follows karpathy/llama2.c `tinystories.py` (`train_vocab`, `pretokenize`):
 
-- Sources. `"hub"` is the Hugging Face dataset `roneneldan/TinyStories` (splits train / validation, field `text`);
-  otherwise a directory holding a train and a valid split as `<|endoftext|>`-separated text (`train.txt`,
+- Sources (read by `benchctl.sources`). `"hub"` is the Hugging Face dataset `roneneldan/TinyStories` (splits
+  train / validation, field `text`); otherwise a directory holding a train and a valid split as `<|endoftext|>`-separated text (`train.txt`,
   `valid.txt` / `validation.txt`, or the hub's `TinyStories-train.txt` / `TinyStories-valid.txt`), JSONL with a
   `text` field, or parquet with a `text` column (also the hub's `data/train-*.parquet` shard layout).
   Stories are stripped, empty ones dropped, and `max_train_stories` / `max_valid_stories` keep the first N.
@@ -21,15 +21,13 @@ Follows karpathy/llama2.c `tinystories.py` (`train_vocab`, `pretokenize`) and SP
   silently, because runs already trained on it are keyed by its fingerprint.
 - Training windows. `WindowSampler` draws random windows of `seq_len + 1` tokens from its own seeded generator, the
   same global micro-batch on every DDP rank (each rank keeps its rows), with a state that resumes the exact stream;
-  `val_windows` is the fixed, seeded validation set of SPEC.md §3.
+  `val_windows` is the fixed, seeded validation set every model is measured on.
 """
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import dataclasses
-import hashlib
 import json
 import os
 import random
@@ -46,6 +44,27 @@ import numpy as np
 
 from benchctl.config import DataConfig
 from benchctl.errors import CheckpointError, ConfigError, DataError
+from benchctl.files import atomic_write
+from benchctl.progress import Progress
+from benchctl.sources import (  # noqa: F401  (read_stories, cache_root and the hub names are this module's interface)
+    EOT,
+    HUB_REPO,
+    SPLITS,
+    _HubUnreachable,
+    _hub_source,
+    _hub_source_at,
+    _last_hub_revision,
+    _local_source,
+    _log,
+    _read_split,
+    _reporter,
+    _sha256_file,
+    _sha256_json,
+    _Source,
+    _unreachable,
+    cache_root,
+    read_stories,
+)
 
 try:  # POSIX advisory locks keep two processes (e.g. DDP ranks) from building the same cache entry twice.
     import fcntl
@@ -56,34 +75,11 @@ if TYPE_CHECKING:
     import torch  # imported where used: `benchctl prepare` on a warm cache should not pay torch's import time
 
 FORMAT_VERSION = 1  # bump when the layout or the meaning of the cached files changes
-HUB_REPO = "roneneldan/TinyStories"
-HUB_SPLITS = {"train": "train", "valid": "validation"}
-EOT = "<|endoftext|>"
 TOKENIZER_SEED = 0  # seed of the random sample of train stories the tokenizer is fitted on
 MANIFEST = "manifest.json"
 TOKENIZER_FILE = "tokenizer.model"
 VALID_STORIES_FILE = "valid_stories.jsonl"
-SPLITS = ("train", "valid")
 ENCODE_BATCH = 2048  # stories per encode call while pretokenizing
-TXT_CHUNK = 1 << 22  # characters per read of a .txt source: a 2 GB file is streamed, never loaded whole
-
-# File names accepted for each split in a data directory, in order of preference.
-SPLIT_NAMES = {"train": ("train", "TinyStories-train"), "valid": ("valid", "validation", "TinyStories-valid")}
-FORMATS = ("txt", "jsonl", "parquet")
-
-_HINT_LOCAL = (
-    "pass --data DIR or set BENCHCTL_DATA=DIR to a directory holding train.txt + valid.txt "
-    "(<|endoftext|>-separated), train.jsonl + valid.jsonl or train.parquet + valid.parquet"
-)
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# Cache location
-
-
-def cache_root() -> Path:
-    """$BENCHCTL_CACHE, else results/cache under the working directory (absolute, so manifests can be found later)."""
-    return Path(os.environ.get("BENCHCTL_CACHE") or Path("results") / "cache").expanduser().resolve()
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -183,7 +179,7 @@ def _story_lines(stories: Iterable[str]) -> Iterator[str]:
 
 
 def train_tokenizer(stories: Sequence[str], vocab_size: int, out_dir: Path, *, n_sample: int,
-                    seed: int = TOKENIZER_SEED, progress: bool = False) -> Tokenizer:
+                    seed: int = TOKENIZER_SEED, progress: Progress | bool = False) -> Tokenizer:
     """Fit the llama2.c BPE recipe on a seeded random sample of `n_sample` stories; writes out_dir/tokenizer.model."""
     import sentencepiece as spm
 
@@ -208,323 +204,6 @@ def train_tokenizer(stories: Sequence[str], vocab_size: int, out_dir: Path, *, n
         raise DataError(f"tokenizer training failed: {e} (fit on {len(sample):,} stories; raise "
                         "data.tokenizer_stories or use more data, or lower model.vocab_size)") from None
     return Tokenizer(prefix.with_suffix(".model"))
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# Sources -> stories
-
-
-@dataclass(frozen=True)
-class _SplitFiles:
-    fmt: str  # txt | jsonl | parquet
-    files: tuple[Path, ...]  # several only for parquet shards
-
-
-@dataclass(frozen=True)
-class _Source:
-    description: str  # absolute directory or "hub:roneneldan/TinyStories"
-    fingerprint: str  # of the content, not of the path
-    splits: dict[str, Any]  # split -> _SplitFiles (local) or the hub revision (hub)
-
-
-def _find_split(root: Path, split: str) -> _SplitFiles:
-    for base in (root, root / "data"):  # data/: the hub repository's layout (data/train-00000-of-00004-*.parquet)
-        found: list[_SplitFiles] = []
-        for name in SPLIT_NAMES[split]:
-            for fmt in FORMATS:
-                if (base / f"{name}.{fmt}").is_file():
-                    found.append(_SplitFiles(fmt, (base / f"{name}.{fmt}",)))
-            shards = sorted(p for p in base.glob(f"{name}-*.parquet") if p.is_file())
-            if shards:
-                found.append(_SplitFiles("parquet", tuple(shards)))
-        if len(found) > 1:
-            names = ", ".join(str(s.files[0].name) + (" (+ shards)" if len(s.files) > 1 else "") for s in found)
-            raise DataError(f"{base} holds several {split} files ({names}); keep one so the choice is explicit")
-        if found:
-            return found[0]
-    expected = ", ".join(f"{n}.{{txt,jsonl,parquet}}" for n in SPLIT_NAMES[split])
-    raise DataError(f"no {split} split in {root}: expected one of {expected}")
-
-
-def _local_splits(path: Path) -> dict[str, _SplitFiles]:
-    if not path.exists():
-        raise DataError(f"data source {path} does not exist; {_HINT_LOCAL}, or use --data hub")
-    if not path.is_dir():
-        raise DataError(f"data source {path} is a file; {_HINT_LOCAL}")
-    return {s: _find_split(path, s) for s in SPLITS}
-
-
-def _local_source(path: Path) -> _Source:
-    splits = _local_splits(path)
-    content = {s: {"format": f.fmt, "sha256": [_file_sha256(p) for p in f.files]} for s, f in splits.items()}
-    return _Source(str(path), _sha256_json({"kind": "files", **content}), splits)
-
-
-def _first_bad_utf8(path: Path) -> tuple[int, int]:
-    """(byte offset, line number) of the first byte sequence that is not UTF-8."""
-    dec = codecs.getincrementaldecoder("utf-8")()
-    offset, lines = 0, 1
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            try:
-                dec.decode(chunk)
-            except UnicodeDecodeError as e:
-                return offset + e.start, lines + chunk[: e.start].count(b"\n")
-            offset += len(chunk)
-            lines += chunk.count(b"\n")
-    return offset, lines  # pragma: no cover - only called after a decode error
-
-
-def _not_utf8(path: Path) -> DataError:
-    offset, line = _first_bad_utf8(path)
-    return DataError(f"{path} line {line}: not UTF-8 text (bad byte at offset {offset}); save the file as UTF-8")
-
-
-def _read_txt(path: Path) -> Iterator[str]:
-    buf, separators = "", 0
-    try:
-        with open(path, encoding="utf-8") as f:
-            while chunk := f.read(TXT_CHUNK):
-                parts = (buf + chunk).split(EOT)
-                buf = parts.pop()  # may be the start of a story (or of a separator) continued in the next chunk
-                separators += len(parts)
-                for part in parts:
-                    if story := part.strip():
-                        yield story
-    except UnicodeDecodeError:
-        raise _not_utf8(path) from None
-    if separators == 0 and buf.strip():
-        raise DataError(f"{path} has no {EOT} separator: stories in a .txt file must be separated by a line {EOT}")
-    if story := buf.strip():
-        yield story
-
-
-def _read_jsonl(path: Path) -> Iterator[str]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path} line {lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
-                if not isinstance(obj, dict) or "text" not in obj:
-                    raise DataError(f"{path} line {lineno}: expected a JSON object with a 'text' field")
-                text = obj["text"]
-                if text is None:
-                    continue
-                if not isinstance(text, str):
-                    raise DataError(f"{path} line {lineno}: 'text' must be a string, got {type(text).__name__}")
-                if story := text.strip():
-                    yield story
-    except UnicodeDecodeError:
-        raise _not_utf8(path) from None
-
-
-def _read_parquet(path: Path) -> Iterator[str]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        pf = pq.ParquetFile(path)
-    except (pa.ArrowException, OSError) as e:
-        raise DataError(f"{path} is not a readable parquet file ({e})") from None
-    schema = pf.schema_arrow
-    if "text" not in schema.names:
-        raise DataError(f"{path} has no 'text' column (columns: {', '.join(schema.names) or 'none'})")
-    tp = schema.field("text").type
-    if not (pa.types.is_string(tp) or pa.types.is_large_string(tp) or pa.types.is_string_view(tp)):
-        raise DataError(f"{path}: column 'text' must hold strings, not {tp}")
-    try:
-        for batch in pf.iter_batches(columns=["text"], batch_size=8192):
-            for text in batch.column(0).to_pylist():
-                if text and (story := text.strip()):
-                    yield story
-    except pa.ArrowException as e:
-        raise DataError(f"{path} is a corrupt parquet file ({e})") from None
-
-
-_READERS = {"txt": _read_txt, "jsonl": _read_jsonl, "parquet": _read_parquet}
-
-
-def _take(stories: Iterable[str], limit: int | None) -> list[str]:
-    out: list[str] = []
-    if limit is not None and limit <= 0:
-        return out
-    for story in stories:
-        out.append(story)
-        if limit is not None and len(out) >= limit:
-            break  # stop reading: a cap of 2,000 stories never scans a 2 GB file
-    return out
-
-
-def _read_local_split(files: _SplitFiles, limit: int | None) -> list[str]:
-    out: list[str] = []
-    for path in files.files:
-        got = _take(_READERS[files.fmt](path), None if limit is None else limit - len(out))
-        if not got:
-            raise DataError(f"{path} holds no stories (it is empty or every entry is blank)")
-        out += got
-        if limit is not None and len(out) >= limit:
-            break
-    return out
-
-
-# ---- the Hugging Face hub
-
-
-class _HubUnreachable(Exception):
-    """Internal: the hub could not be asked for the dataset's revision (message is the reason)."""
-
-
-def _unreachable(e: _HubUnreachable) -> DataError:
-    return DataError(f"could not reach the Hugging Face hub for {HUB_REPO} ({e}); to use local files, {_HINT_LOCAL}")
-
-
-def _hub_offline() -> str | None:
-    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
-        if os.environ.get(var, "").strip().upper() in ("1", "ON", "YES", "TRUE"):
-            return f"{var}={os.environ[var]}"
-    return None
-
-
-def _hub_revision() -> str:
-    """The commit sha of roneneldan/TinyStories: one quick API call, no retries, so offline fails in a second."""
-    if offline := _hub_offline():
-        raise _HubUnreachable(f"offline mode is on ({offline})")
-    from huggingface_hub import HfApi
-    from huggingface_hub import errors as hf_errors
-
-    # huggingface_hub >= 1.0 raises its HTTP client's errors (HTTPError covers transport and status errors).
-    network_errors: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError, OSError)
-    if (http_error := getattr(hf_errors, "HTTPError", None)) is not None:
-        network_errors = (*network_errors, http_error)
-    try:
-        info = HfApi().dataset_info(HUB_REPO, timeout=10.0)
-    except network_errors as e:
-        raise _HubUnreachable(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no answer'}") from None
-    if not info.sha:
-        raise _HubUnreachable("the hub returned no revision")
-    return info.sha
-
-
-def _hub_source() -> _Source:
-    sha = _hub_revision()
-    _remember_hub_revision(sha)
-    return _hub_source_at(sha)
-
-
-def _hub_source_at(sha: str) -> _Source:
-    return _Source(f"hub:{HUB_REPO}", _sha256_json({"kind": "hub", "repo": HUB_REPO, "revision": sha}),
-                   {s: sha for s in SPLITS})
-
-
-def _hub_revision_file() -> Path:
-    return cache_root() / "hub-revision.json"
-
-
-def _remember_hub_revision(sha: str) -> None:
-    _atomic_write_text(_hub_revision_file(), json.dumps({"repo": HUB_REPO, "revision": sha}))
-
-
-def _last_hub_revision() -> str | None:
-    try:
-        saved = json.loads(_hub_revision_file().read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    return saved.get("revision") if isinstance(saved, dict) and saved.get("repo") == HUB_REPO else None
-
-
-def _read_hub_split(split: str, revision: str, limit: int | None, progress: bool) -> list[str]:
-    import datasets
-
-    try:
-        ds = datasets.load_dataset(HUB_REPO, split=HUB_SPLITS[split], revision=revision)
-    except ConnectionError as e:
-        raise DataError(f"could not download {HUB_REPO} from the Hugging Face hub ({e}); {_HINT_LOCAL}") from None
-    if "text" not in ds.column_names:
-        raise DataError(f"hub dataset {HUB_REPO}@{revision} has no 'text' field (fields: {ds.column_names})")
-
-    def texts() -> Iterator[str]:
-        for batch in ds.iter(batch_size=8192):
-            for text in batch["text"]:
-                if text and (story := text.strip()):
-                    yield story
-
-    _log(progress, f"reading {split} stories from {HUB_REPO}")
-    out = _take(texts(), limit)
-    if not out:
-        raise DataError(f"hub dataset {HUB_REPO}@{revision} split {HUB_SPLITS[split]} holds no stories")
-    return out
-
-
-def read_stories(source: str, split: str, limit: int | None = None, *, progress: bool = False) -> list[str]:
-    """The stories of one split ("train" or "valid") of a source ("hub" or a directory), stripped, first `limit`."""
-    if split not in SPLITS:
-        raise ConfigError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
-    if source.strip() == "hub":
-        try:
-            src = _hub_source_at(_hub_revision())
-        except _HubUnreachable as e:
-            raise _unreachable(e) from None
-        return _read_split(src, split, limit, progress)
-    path = Path(source).expanduser().resolve()
-    return _read_split(_Source(str(path), "", _local_splits(path)), split, limit, progress)
-
-
-def _read_split(source: _Source, split: str, limit: int | None, progress: bool) -> list[str]:
-    where = source.splits[split]
-    if isinstance(where, _SplitFiles):
-        _log(progress, f"reading {split} stories from {', '.join(p.name for p in where.files[:3])}"
-                       + (" ..." if len(where.files) > 3 else ""))
-        return _read_local_split(where, limit)
-    return _read_hub_split(split, where, limit, progress)
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# Hashing
-
-
-def _sha256_json(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _file_sha256(path: Path) -> str:
-    """sha256 of a data file, remembered by (path, size, mtime) in cache_root()/file-hashes.json: a 2 GB
-    train.txt is hashed once, and any edit (which changes size or mtime) is hashed again."""
-    st = path.stat()
-    index_path = cache_root() / "file-hashes.json"
-    try:
-        index = json.loads(index_path.read_text())
-    except (OSError, json.JSONDecodeError):
-        index = {}
-    if not isinstance(index, dict):
-        index = {}
-    key = str(path.resolve())
-    hit = index.get(key)
-    if isinstance(hit, dict) and hit.get("size") == st.st_size and hit.get("mtime_ns") == st.st_mtime_ns:
-        return str(hit["sha256"])
-    digest = _sha256_file(path)
-    index[key] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
-    _atomic_write_text(index_path, json.dumps(index, indent=1, sort_keys=True))
-    return digest
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")  # unique: concurrent writers
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -630,11 +309,6 @@ def _max_token(tokens: np.ndarray) -> int:
 # prepare()
 
 
-def _log(progress: bool, msg: str) -> None:
-    if progress:
-        print(msg, file=sys.stderr, flush=True)
-
-
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     if fcntl is None:  # pragma: no cover
@@ -663,12 +337,14 @@ def _dir_for(fingerprint: str, vocab_size: int) -> Path:
     return cache_root() / f"v{vocab_size}-{fingerprint[:16]}"
 
 
-def prepare(data: DataConfig, vocab_size: int, *, progress: bool = True) -> Prepared:
+def prepare(data: DataConfig, vocab_size: int, *, progress: Progress | bool = True) -> Prepared:
     """Read `data.source`, fit the tokenizer, pretokenize both splits and cache them; instant when already cached.
 
     `data` is a `benchctl.config.DataConfig`. Safe to call from several processes at once (e.g. every DDP rank):
-    one builds, the others wait and then read the manifest.
+    one builds, the others wait and then read the manifest. `progress` reports reading, tokenizer fitting and
+    tokenizing (a plain flag reports to stderr).
     """
+    progress = _reporter(progress)
     if not 259 <= vocab_size <= 65535:
         raise ConfigError(f"model.vocab_size: must be in [259, 65535], got {vocab_size}")
     t0 = time.perf_counter()
@@ -725,24 +401,21 @@ def _cached(dir: Path) -> Prepared:
     return dataclasses.replace(load_prepared(dir), cache_hit=True)
 
 
-def _pretokenize(stories: Sequence[str], tok: Tokenizer, out: Path, desc: str, progress: bool) -> int:
+def _pretokenize(stories: Sequence[str], tok: Tokenizer, out: Path, desc: str, progress: Progress) -> int:
     """Write [BOS] + tokens of every story (no EOS) as one flat uint16 array; returns the token count."""
-    from tqdm.auto import tqdm
-
     n = 0
-    with open(out, "wb") as f, tqdm(total=len(stories), desc=desc, unit="story", disable=not progress,
-                                     file=sys.stderr, leave=True) as bar:
+    with open(out, "wb") as f, progress.task(desc, total=len(stories)) as bar:
         for i in range(0, len(stories), ENCODE_BATCH):
             ids = tok.encode_batch(stories[i : i + ENCODE_BATCH], bos=True, eos=False)
             flat = np.fromiter((t for seq in ids for t in seq), dtype=np.uint16, count=sum(map(len, ids)))
             f.write(flat.tobytes())
             n += len(flat)
-            bar.update(len(ids))
+            bar.update(advance=len(ids))
     return n
 
 
 def _build(tmp: Path, source: _Source, data: DataConfig, vocab_size: int, fingerprint: str, settings: dict[str, Any],
-           progress: bool, t0: float) -> None:
+           progress: Progress, t0: float) -> None:
     import sentencepiece as spm
 
     from benchctl import __version__
@@ -781,7 +454,7 @@ def _build(tmp: Path, source: _Source, data: DataConfig, vocab_size: int, finger
         "versions": {"benchctl": __version__, "sentencepiece": spm.__version__, "numpy": np.__version__},
     }
     # Written last: a directory without a manifest is never mistaken for a complete one.
-    _atomic_write_text(tmp / MANIFEST, json.dumps(manifest, indent=2))
+    atomic_write(tmp / MANIFEST, json.dumps(manifest, indent=2))
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -32,9 +32,8 @@ import sqlite_utils
 from benchctl.errors import BenchctlError, CheckpointError, ConfigError, DatabaseError
 
 SCHEMA_VERSION = 1
+Database = sqlite_utils.Database  # what `connect` returns; the stages name the type through this module
 DEFAULT_DB = Path("results") / "results.db"
-
-RUN_STATUSES = ("pending", "running", "done", "failed")
 
 _SCHEMA: dict[str, dict[str, Any]] = {
     "runs": {
@@ -417,6 +416,72 @@ def runs(db: sqlite_utils.Database, *, status: str | None = None, preset: str | 
 # Writes: runs, metrics, checkpoints (train)
 
 
+def start_run(db: sqlite_utils.Database, run: dict[str, Any], *, new: bool, resume_step: int) -> None:
+    """A run starts (or restarts) training: its row marked running, and in the same transaction every metric row
+    past the checkpoint it resumes from deleted (they belong to a future this run recomputes). A run starting from
+    step 0 also forgets any earlier checkpoint rows."""
+    rid, stamp = run["id"], now()
+    values = {**run, "started_at": stamp, "updated_at": stamp}
+    with db.conn:
+        if new:
+            db["runs"].insert({**values, "created_at": stamp, "step": 0, "tokens_seen": 0}, alter=True)
+        else:
+            db["runs"].update(rid, values, alter=True)
+        _truncate_metrics_after(db, rid, resume_step)
+        if resume_step == 0:
+            db.execute("delete from metrics where run_id = ?", [rid])
+            db.execute("delete from checkpoints where run_id = ?", [rid])
+
+
+def _truncate_metrics_after(db: sqlite_utils.Database, run_id: str, step: int) -> None:
+    db.execute("delete from metrics where run_id = ? and step > ?", [run_id, step])
+
+
+def record_metrics(db: sqlite_utils.Database, rows: list[dict[str, Any]]) -> None:
+    """Metric rows keyed by (run, step, name): rewriting a step after a resume replaces, never duplicates."""
+    if rows:
+        with db.conn:
+            db["metrics"].upsert_all(rows, pk=("run_id", "step", "name"))
+
+
+def record_initial_loss(db: sqlite_utils.Database, run_id: str, value: float, metrics: list[dict[str, Any]]) -> None:
+    """The step-0 evaluation: its metric rows and the run's initial loss together."""
+    with db.conn:
+        if metrics:
+            db["metrics"].upsert_all(metrics, pk=("run_id", "step", "name"))
+        db["runs"].update(run_id, {"initial_val_loss": value, "updated_at": now()})
+
+
+def record_checkpoint(db: sqlite_utils.Database, run_id: str, *, step: int, path: str, size: int,
+                      metrics: list[dict[str, Any]], run_values: dict[str, Any]) -> None:
+    """A checkpoint was written: the metrics up to it, its row (one per path: the file is overwritten in place) and
+    the run's progress and telemetry, in one transaction, so a kill never leaves a checkpoint without its rows."""
+    stamp = now()
+    with db.conn:
+        if metrics:
+            db["metrics"].upsert_all(metrics, pk=("run_id", "step", "name"))
+        db["checkpoints"].delete_where("run_id = ? and path = ?", [run_id, path])
+        db["checkpoints"].insert({"run_id": run_id, "step": step, "path": path, "bytes": size, "created_at": stamp},
+                                 replace=True)
+        db["runs"].update(run_id, {"step": step, "updated_at": stamp, **run_values})
+
+
+def finish_run(db: sqlite_utils.Database, run_id: str, *, final_val_loss: float,
+               initial_val_loss: float | None) -> None:
+    stamp = now()
+    with db.conn:
+        db["runs"].update(run_id, {
+            "status": "done", "final_val_loss": final_val_loss, "finished_at": stamp, "updated_at": stamp,
+            "initial_val_loss": initial_val_loss, "pid": None,
+        }, alter=True)
+
+
+def fail_run(db: sqlite_utils.Database, run_id: str, error: str) -> None:
+    """The run stopped with an error (or was interrupted): it is no longer owned by a live process."""
+    update_run(db, run_id, status="failed", error=error[:2000], pid=None)
+
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Writes: prompts and samples (sample)
 
@@ -595,3 +660,9 @@ def eval_results(db: sqlite_utils.Database, run_id: str, n_recur: int, limit_n: 
 
 # --------------------------------------------------------------------------------------------------------------------
 # Writes: benchmark rows (bench)
+
+
+def record_bench_rows(db: sqlite_utils.Database, rows: list[dict[str, Any]]) -> None:
+    """One `benchctl bench` invocation's rows, all or none."""
+    with db.conn:
+        db["bench"].insert_all(rows, alter=False)

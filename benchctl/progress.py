@@ -53,6 +53,10 @@ class Task:
         self.fields.update({k: str(v) for k, v in fields.items()})
         self._owner._refresh(self, final=False)
 
+    def move_to(self, completed: int, **fields: Any) -> None:
+        """Set the position (a loop reporting where it is, e.g. a training step) and any fields that changed."""
+        self.update(completed=completed, **fields)
+
     def close(self) -> None:
         if not self.closed:
             self._owner._refresh(self, final=True)
@@ -168,6 +172,7 @@ class Progress:
             return
         from tqdm import std
 
+        saved = std.tqdm.__dict__["__init__"]  # the class attribute itself (a descriptor in some tqdm versions)
         original = std.tqdm.__init__
         enabled, interval, stream = self.enabled, self.interval, _PlainLines(self.console.file)
 
@@ -185,7 +190,7 @@ class Progress:
         try:
             yield
         finally:
-            std.tqdm.__init__ = original
+            std.tqdm.__init__ = saved
             _datasets_bars(ds_bars)
 
 

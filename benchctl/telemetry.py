@@ -1,6 +1,6 @@
 """Telemetry: wall-clock timers, peak memory (torch, NVML in a background thread, process RSS), environment.
 
-SPEC.md §4. Timers synchronise CUDA before reading the clock so GPU work is counted where it happens. Peak GPU memory
+Timers synchronise CUDA before reading the clock so GPU work is counted where it happens. Peak GPU memory
 is read three ways on CUDA: torch's peak allocated and reserved (reset per phase), and NVML's device memory used,
 sampled in a thread (what nvidia-smi shows, including the CUDA context). Without an NVIDIA driver the same fields
 exist with GPU values None and the process peak RSS is recorded instead; nothing crashes and nothing warns.
@@ -17,9 +17,8 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -198,14 +197,3 @@ def environment(device: torch.device, driver_version: str | None = None) -> dict
         "git_commit": git_commit(),
         "hostname": socket.gethostname(),
     }
-
-
-@contextmanager
-def timed() -> Iterator[list[float]]:
-    """`with timed() as t: ...` then t[0] is the elapsed seconds (no CUDA sync; for host-side work)."""
-    out = [0.0]
-    t0 = time.perf_counter()
-    try:
-        yield out
-    finally:
-        out[0] = time.perf_counter() - t0

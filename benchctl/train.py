@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import shutil
 import statistics
 import time
@@ -28,7 +29,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-import sqlite_utils
 import torch
 import torch.nn as nn
 
@@ -37,7 +37,8 @@ from benchctl import checkpoint as ckpt
 from benchctl import db as dbm
 from benchctl import telemetry
 from benchctl.config import RunConfig, run_id
-from benchctl.errors import BenchctlError, CheckpointError, ConfigError
+from benchctl.errors import BenchctlError, ConfigError
+from benchctl.progress import Progress
 from benchctl.runtime import (  # noqa: F401  (re-exported: older imports of these names from train keep working)
     Dist,
     autocast_dtype,
@@ -157,53 +158,6 @@ class RunResult:
     row: dict[str, Any] = field(default_factory=dict)
 
 
-class _Progress:
-    """A rich progress bar (step, loss, tokens/s, ETA) on a terminal; periodic plain lines elsewhere."""
-
-    def __init__(self, enabled: bool, label: str, total: int, start: int):
-        self.enabled = enabled
-        self._bar = None
-        self._last_print = 0.0
-        self.label, self.total = label, total
-        if not enabled:
-            return
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        from benchctl.cli import console
-
-        self._bar = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]}"),
-            TextColumn("{task.fields[tps]} tok/s"),
-            TimeRemainingColumn(),
-            console=console,
-            transient=False,
-        )
-        self._task = self._bar.add_task(label, total=total, completed=start, loss="-", tps="-")
-        self._bar.start()
-        self._console = console
-
-    def update(self, step: int, loss: float | None, tps: float | None) -> None:
-        if self._bar is None:
-            return
-        fields = {}
-        if loss is not None:
-            fields["loss"] = f"{loss:.3f}"
-        if tps is not None:
-            fields["tps"] = f"{tps:,.0f}"
-        self._bar.update(self._task, completed=step, **fields)
-
-    def log(self, msg: str) -> None:
-        if self._bar is not None:
-            self._bar.console.print(msg, highlight=False)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-
-
 def _is_alive(pid: int | None) -> bool:
     if not pid or pid == os.getpid():
         return False
@@ -217,24 +171,22 @@ def _is_alive(pid: int | None) -> bool:
 def train_run(
     cfg: RunConfig,
     prepared: Any,
-    db: sqlite_utils.Database | None,
+    db: dbm.Database | None,
     db_path: Path,
     *,
-    progress: bool = True,
+    progress: Progress | bool = True,
     log: Callable[[str], None] = print,
     stop_after: int | None = None,
 ) -> RunResult:
     """Train one run to completion (or resume it), writing rows to `db` (rank 0 only; `db` is None elsewhere).
 
+    `progress` reports the steps (a `Progress`; a bool builds a default one, drawing only on rank 0).
     `stop_after` ends the process's work after that optimizer step (a checkpoint is written), as if killed: used by
     tests of resumption and by `--max-wall` style limits.
     """
     dist_info = Dist.from_env()
     rid = run_id(cfg, prepared.fingerprint)
-    rdir = ckpt.run_dir(db_path, rid)
-    ckpt_path = rdir / ckpt.CKPT_NAME
-
-    # ---- the run row: skip finished work, refuse a run another live process is training -------------------------
+    ckpt_path = ckpt.run_dir(db_path, rid) / ckpt.CKPT_NAME
     existing = dbm.get_run(db, rid) if db is not None else None
     if existing is not None and existing["status"] == "done" and ckpt_path.exists():
         return RunResult(rid, "done", skipped=True, row=existing)
@@ -242,245 +194,292 @@ def train_run(
         pid = existing.get("pid")
         if _is_alive(pid) and not dist_info.enabled:
             raise BenchctlError(f"run {rid} is being trained by another process (pid {pid}); wait for it or kill it")
+    if not isinstance(progress, Progress):
+        progress = Progress(enabled=bool(progress) and dist_info.is_main)
+    elif not dist_info.is_main:
+        progress = Progress(enabled=False, console=progress.console)
 
-    device = resolve_device(cfg.train.device, dist_info.local_rank if dist_info.enabled else None)
-    if cfg.train.compile:
-        check_compile_available(device, "train.compile=true")
-    if device.type == "cpu":
-        telemetry.tune_cpu_allocator()
-    init_distributed(dist_info, device)
-    if cfg.train.batch_size % dist_info.world_size:
-        raise ConfigError(
-            f"train.batch_size={cfg.train.batch_size} must be divisible by the number of processes "
-            f"({dist_info.world_size}) so the global batch is unchanged"
-        )
-    amp = autocast_dtype(cfg, device)
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+    trainer = _Trainer(cfg, prepared, db, ckpt_path, rid, dist_info)
+    trainer.resume(existing, log)
+    trainer.record_start(existing)
+    if trainer.resumed_from is not None:
+        log(f"resuming {rid} from step {trainer.resumed_from}/{cfg.train.max_steps} ({ckpt_path})")
+    return trainer.run(progress, stop_after)
 
-    # ---- model, optimizer, data --------------------------------------------------------------------------------
-    torch.manual_seed(cfg.seed)
-    np.random.seed(cfg.seed)
-    import random
 
-    random.seed(cfg.seed)
-    model = architectures.build(cfg.arch, cfg.model).to(device)
-    report = model.param_report()
-    flops = model.flops_per_token(cfg.model.max_seq_len)
-    optimizer = make_optimizer(model, cfg, device)
+_FRESH_TELEMETRY: dict[str, Any] = {
+    "train_seconds": 0.0, "warmup_seconds": 0.0, "eval_seconds": 0.0, "step_times": [], "peak_rss": 0,
+    "peak_alloc": None, "peak_reserved": None, "peak_nvml": None, "initial_val_loss": None,
+}
 
-    from benchctl.data import WindowSampler, val_windows
 
-    sampler = WindowSampler(
-        prepared.train_tokens(),
-        cfg.model.max_seq_len,
-        cfg.train.batch_size,
-        seed=cfg.seed,
-        rank=dist_info.rank,
-        world_size=dist_info.world_size,
-    )
-    windows = val_windows(prepared.valid_tokens(), cfg.model.max_seq_len, cfg.eval.val_windows, cfg.eval.val_seed)
+class _Trainer:
+    """One run's training state: built (device, seeds, model, optimizer, data), then resumed from its checkpoint,
+    then stepped to the end. Telemetry carried over from earlier processes of the same run is in `carried`; this
+    process's own timings are in its stopwatches, and checkpoints store the sum."""
 
-    # ---- resume --------------------------------------------------------------------------------------------------
-    start_step = 0
-    carried: dict[str, Any] = {"train_seconds": 0.0, "warmup_seconds": 0.0, "eval_seconds": 0.0, "step_times": [],
-                               "peak_rss": 0, "peak_alloc": None, "peak_reserved": None, "peak_nvml": None,
-                               "initial_val_loss": None}
-    resumed_from = None
-    if ckpt_path.exists():
-        state = ckpt.load(ckpt_path, map_location="cpu")
-        ckpt.check_config(state, cfg, ckpt_path)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        sampler.load_state_dict(state["sampler"])
-        ckpt.set_rng_state(state["rng"])
-        start_step = int(state["step"])
-        carried.update(state["telemetry"])
-        resumed_from = start_step
-        del state
-    elif existing is not None and existing["status"] == "done":
-        log(f"run {rid} is marked done but its checkpoint is missing; training it again")
+    def __init__(self, cfg: RunConfig, prepared: Any, db: dbm.Database | None, ckpt_path: Path, rid: str,
+                 dist_info: Dist):
+        self.cfg, self.prepared, self.db, self.ckpt_path, self.rid = cfg, prepared, db, ckpt_path, rid
+        self.dist = dist_info
+        self.writes = dist_info.is_main and db is not None
+        self.device = self._setup_device()
+        self.amp = autocast_dtype(cfg, self.device)
 
-    nvml = telemetry.NvmlSampler(device.index or 0)
-    env = telemetry.environment(device, nvml.driver_version)  # recorded from the start, so failed runs have it too
-    if dist_info.is_main and db is not None:
-        now = dbm.now()
+        # every random stream starts from the run's seed, in this order, before the model is built
+        torch.manual_seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        random.seed(cfg.seed)
+        self.model = architectures.build(cfg.arch, cfg.model).to(self.device)
+        self.optimizer = make_optimizer(self.model, cfg, self.device)
+
+        from benchctl.data import WindowSampler, val_windows
+
+        self.sampler = WindowSampler(prepared.train_tokens(), cfg.model.max_seq_len, cfg.train.batch_size,
+                                     seed=cfg.seed, rank=dist_info.rank, world_size=dist_info.world_size)
+        self.windows = val_windows(prepared.valid_tokens(), cfg.model.max_seq_len, cfg.eval.val_windows,
+                                   cfg.eval.val_seed)
+        self.train_model: nn.Module = self.model
+        self.start_step = self.step = 0
+        self.resumed_from: int | None = None
+        self.carried: dict[str, Any] = {**_FRESH_TELEMETRY, "step_times": []}
+        self.step_times: list[float] = []
+        self.warmup_compile = 0.0
+        self.sw = telemetry.Stopwatch(self.device)
+        self.eval_sw = telemetry.Stopwatch(self.device)
+        self.nvml = telemetry.NvmlSampler(self.device.index or 0)
+        self.metrics: list[dict[str, Any]] = []
+
+    def _setup_device(self) -> torch.device:
+        """Resolve the device and check everything that can fail before a row is written."""
+        cfg, dist_info = self.cfg, self.dist
+        device = resolve_device(cfg.train.device, dist_info.local_rank if dist_info.enabled else None)
+        if cfg.train.compile:
+            check_compile_available(device, "train.compile=true")
+        if device.type == "cpu":
+            telemetry.tune_cpu_allocator()
+        init_distributed(dist_info, device)
+        if cfg.train.batch_size % dist_info.world_size:
+            raise ConfigError(
+                f"train.batch_size={cfg.train.batch_size} must be divisible by the number of processes "
+                f"({dist_info.world_size}) so the global batch is unchanged"
+            )
+        if device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        return device
+
+    # ---- start ------------------------------------------------------------------------------------------------------
+
+    def resume(self, existing: dict[str, Any] | None, log: Callable[[str], None]) -> None:
+        """Continue from the run's checkpoint when there is one: weights, optimizer, sampler, RNG, telemetry."""
+        if self.ckpt_path.exists():
+            state = ckpt.load(self.ckpt_path, map_location="cpu")
+            ckpt.check_config(state, self.cfg, self.ckpt_path)
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.sampler.load_state_dict(state["sampler"])
+            ckpt.set_rng_state(state["rng"])
+            self.start_step = self.step = self.resumed_from = int(state["step"])
+            self.carried = {**self.carried, **state["telemetry"]}
+            del state
+        elif existing is not None and existing["status"] == "done":
+            log(f"run {self.rid} is marked done but its checkpoint is missing; training it again")
+        self.step_times = list(self.carried["step_times"])
+
+    def record_start(self, existing: dict[str, Any] | None) -> None:
+        """The run row (environment recorded from the start, so failed runs have it too) and the run directory."""
+        if not self.writes:
+            return
+        cfg, prepared = self.cfg, self.prepared
+        report = self.model.param_report()
+        env = telemetry.environment(self.device, self.nvml.driver_version)
         row = {**env,
-            "id": rid, "arch": cfg.arch, "preset": cfg.preset, "seed": cfg.seed, "status": "running",
+            "id": self.rid, "arch": cfg.arch, "preset": cfg.preset, "seed": cfg.seed, "status": "running",
             "config_json": cfg.to_json(), "data_fingerprint": prepared.fingerprint, "data_source": prepared.source,
-            "n_params": report["total"], "effective_params": report["effective"], "flops_per_token": flops,
-            "max_steps": cfg.train.max_steps, "world_size": dist_info.world_size, "error": None,
-            "started_at": now, "updated_at": now, "pid": os.getpid(), "hostname": _hostname(),
+            "n_params": report["total"], "effective_params": report["effective"],
+            "flops_per_token": self.model.flops_per_token(cfg.model.max_seq_len), "max_steps": cfg.train.max_steps,
+            "world_size": self.dist.world_size, "error": None, "pid": os.getpid(), "hostname": _hostname(),
         }
-        with db.conn:
-            if existing is None:
-                db["runs"].insert({**row, "created_at": now, "step": 0, "tokens_seen": 0}, alter=True)
-            else:
-                db["runs"].update(rid, row, alter=True)
-            # rows past the checkpoint belong to a future this run will recompute
-            db.execute("delete from metrics where run_id = ? and step > ?", [rid, start_step])
-            if start_step == 0:
-                db.execute("delete from metrics where run_id = ?", [rid])
-                db.execute("delete from checkpoints where run_id = ?", [rid])
-        rdir.mkdir(parents=True, exist_ok=True)
-        tok_dst = rdir / ckpt.TOKENIZER_NAME
+        dbm.start_run(self.db, row, new=existing is None, resume_step=self.start_step)
+        self.ckpt_path.parent.mkdir(parents=True, exist_ok=True)
+        tok_dst = self.ckpt_path.parent / ckpt.TOKENIZER_NAME
         if not tok_dst.exists():
             shutil.copyfile(prepared.tokenizer_path, tok_dst)
 
-    if resumed_from is not None:
-        log(f"resuming {rid} from step {resumed_from}/{cfg.train.max_steps} ({ckpt_path})")
+    def _wrap_model(self) -> None:
+        if self.cfg.train.compile:
+            self.train_model = torch.compile(self.model)
+        if self.dist.enabled:
+            from torch.nn.parallel import DistributedDataParallel as DDP
 
-    train_model: nn.Module = model
-    warmup_compile = 0.0
-    if cfg.train.compile:
-        train_model = torch.compile(model)
-    if dist_info.enabled:
-        from torch.nn.parallel import DistributedDataParallel as DDP
+            device_ids = [self.device.index] if self.device.type == "cuda" else None
+            self.train_model = DDP(self.train_model, device_ids=device_ids)
 
-        train_model = DDP(train_model, device_ids=[device.index] if device.type == "cuda" else None)
+    # ---- the loop ---------------------------------------------------------------------------------------------------
 
-    if device.type == "cuda":
-        nvml.start()
-    telemetry.reset_peak_memory(device)
+    def run(self, progress: Progress, stop_after: int | None) -> RunResult:
+        cfg, t = self.cfg, self.cfg.train
+        self._wrap_model()
+        if self.device.type == "cuda":
+            self.nvml.start()
+        telemetry.reset_peak_memory(self.device)
+        task = progress.task(f"{cfg.arch} s{cfg.seed}", total=t.max_steps, completed=self.start_step,
+                             loss="-", **{"tok/s": "-"})
+        try:
+            if self.start_step == 0:
+                self._initial_eval(task)
+            last_val = None
+            while self.step < t.max_steps:
+                val = self._one_step(task, progress)
+                last_val = val if val is not None else last_val
+                if stop_after is not None and stop_after <= self.step < t.max_steps:
+                    if self.step % t.ckpt_interval:
+                        self._save_checkpoint()
+                    return RunResult(self.rid, "running", resumed_from=self.resumed_from)
+            return self._finish(last_val)
+        except BaseException as e:
+            if self.writes:
+                msg = "interrupted" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}"
+                dbm.fail_run(self.db, self.rid, msg)
+            raise
+        finally:
+            task.close()
+            self.nvml.stop()
+            if self.dist.enabled:
+                import torch.distributed as dist
 
-    bar = _Progress(progress and dist_info.is_main, f"{cfg.arch} s{cfg.seed}", cfg.train.max_steps, start_step)
-    metrics_buf: list[dict[str, Any]] = []
-    tokens_per_step = cfg.tokens_per_step
-    t = cfg.train
-    step = start_step
-    sw = telemetry.Stopwatch(device)
-    eval_sw = telemetry.Stopwatch(device)
-    step_times: list[float] = list(carried["step_times"])
+                if dist.is_initialized():
+                    dist.destroy_process_group()
 
-    def flush_metrics() -> None:
-        if dist_info.is_main and db is not None and metrics_buf:
-            with db.conn:
-                db["metrics"].upsert_all(metrics_buf, pk=("run_id", "step", "name"))
-            metrics_buf.clear()
+    def _initial_eval(self, task: Any) -> None:
+        v0 = self._eval_at(0)
+        self.carried["initial_val_loss"] = v0
+        if self.writes:
+            dbm.record_initial_loss(self.db, self.rid, v0, self._take_metrics())
+        task.move_to(0, loss=f"{v0:.3f}")
 
-    def add_metric(name: str, value: float, at_step: int) -> None:
-        metrics_buf.append({"run_id": rid, "step": at_step, "name": name, "value": float(value),
-                            "tokens": at_step * tokens_per_step, "wall_seconds": carried["train_seconds"] + sw.total})
+    def _one_step(self, task: Any, progress: Progress) -> float | None:
+        """One optimizer step and whatever falls due after it (logging, evaluation, checkpoint); returns the
+        validation loss when one was measured."""
+        cfg, t = self.cfg, self.cfg.train
+        lr = get_lr(self.step, cfg)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        timed = self.step - self.start_step >= TIMING_WARMUP_STEPS
+        t0 = time.perf_counter()
+        with self.sw if timed else nullcontext():
+            loss_sum, grad_norm = train_step(self.train_model, self.model, self.optimizer, self.sampler.next_batch,
+                                             cfg, self.device, self.amp, ddp=self.dist.enabled)
+        if not timed:
+            telemetry.sync(self.device)
+            self.warmup_compile += time.perf_counter() - t0
+        else:
+            self.step_times.append(self.sw.last)
+        self.step += 1
+        step = self.step
+        if not math.isfinite(float(loss_sum)):
+            raise BenchctlError(
+                f"{cfg.arch} seed {cfg.seed}: training loss became {float(loss_sum)} at step {step}; "
+                "lower train.lr or check the data"
+            )
+        if step % t.log_interval == 0 or step == t.max_steps:
+            self._log_step(task, loss_sum, grad_norm, lr)
+        val = None
+        if step % t.eval_interval == 0 or step == t.max_steps:
+            val = self._eval_at(step)
+            if progress.enabled:
+                progress.log(f"  {cfg.arch} s{cfg.seed} step {step}: val loss {val:.4f}")
+            self._flush_metrics()
+        if step % t.ckpt_interval == 0 or step == t.max_steps:
+            self._save_checkpoint()
+        return val
 
-    def run_eval(at_step: int) -> float:
-        with eval_sw:
-            v = evaluate(model, windows, cfg.eval.val_batch_size, device, amp, cfg.eval.val_seed, dist_info)
-        add_metric("val_loss", v, at_step)
-        return v
-
-    def save_checkpoint(at_step: int, final_loss: float | None = None) -> None:
-        peaks = telemetry.torch_peaks(device)
-        tel = {
-            "train_seconds": carried["train_seconds"] + sw.total,
-            "warmup_seconds": carried["warmup_seconds"] + warmup_compile,
-            "eval_seconds": carried["eval_seconds"] + eval_sw.total,
-            "step_times": step_times[-2000:],
-            "peak_rss": max(carried["peak_rss"], telemetry.peak_rss_bytes()),
-            "peak_alloc": _max(carried["peak_alloc"], peaks[0]),
-            "peak_reserved": _max(carried["peak_reserved"], peaks[1]),
-            "peak_nvml": _max(carried["peak_nvml"], nvml.peak_used),
-            "initial_val_loss": carried["initial_val_loss"],
-        }
-        if dist_info.is_main:
-            size = ckpt.save(ckpt_path, {
-                "config": cfg.to_json(), "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "step": at_step, "rng": ckpt.rng_state(), "sampler": sampler.state_dict(), "telemetry": tel,
-                "data_fingerprint": prepared.fingerprint, "run_id": rid,
-            })
-            flush_metrics()
-            if db is not None:
-                with db.conn:
-                    db["checkpoints"].delete_where("run_id = ? and path = ?", [rid, str(ckpt_path)])
-                    db["checkpoints"].insert({"run_id": rid, "step": at_step, "path": str(ckpt_path), "bytes": size,
-                                              "created_at": dbm.now()}, replace=True)
-                    db["runs"].update(rid, {"step": at_step, "tokens_seen": at_step * tokens_per_step,
-                                            "updated_at": dbm.now(), **_telemetry_columns(tel, tokens_per_step)})
-        barrier(dist_info)
-
-    try:
-        if start_step == 0:
-            v0 = run_eval(0)
-            carried["initial_val_loss"] = v0
-            if dist_info.is_main and db is not None:
-                flush_metrics()
-                dbm.update_run(db, rid, initial_val_loss=v0)
-            bar.update(0, v0, None)
-        last_val = None
-        while step < t.max_steps:
-            lr = get_lr(step, cfg)
-            for g in optimizer.param_groups:
-                g["lr"] = lr
-            timed = step - start_step >= TIMING_WARMUP_STEPS
-            t0 = time.perf_counter()
-            with sw if timed else nullcontext():
-                loss_sum, grad_norm = train_step(train_model, model, optimizer, sampler.next_batch, cfg, device, amp,
-                                                 ddp=dist_info.enabled)
-            if not timed:
-                telemetry.sync(device)
-                warmup_compile += time.perf_counter() - t0
-            else:
-                step_times.append(sw.last)
-            step += 1
-            if not math.isfinite(float(loss_sum)):
-                raise BenchctlError(
-                    f"{cfg.arch} seed {cfg.seed}: training loss became {float(loss_sum)} at step {step}; "
-                    "lower train.lr or check the data"
-                )
-            if step % t.log_interval == 0 or step == t.max_steps:
-                train_loss = float(loss_sum)
-                if dist_info.enabled:
-                    import torch.distributed as dist
-
-                    ls = loss_sum.clone()
-                    dist.all_reduce(ls)
-                    train_loss = float(ls) / dist_info.world_size
-                add_metric("train_loss", train_loss, step)
-                add_metric("lr", lr, step)
-                if grad_norm is not None:
-                    add_metric("grad_norm", float(grad_norm), step)
-                tps = tokens_per_step / statistics.median(step_times[-20:]) if step_times else None
-                bar.update(step, train_loss, tps)
-                flush_metrics()
-            if step % t.eval_interval == 0 or step == t.max_steps:
-                last_val = run_eval(step)
-                bar.log(f"  {cfg.arch} s{cfg.seed} step {step}: val loss {last_val:.4f}")
-                flush_metrics()
-            if step % t.ckpt_interval == 0 or step == t.max_steps:
-                save_checkpoint(step)
-            if stop_after is not None and step >= stop_after and step < t.max_steps:
-                if step % t.ckpt_interval:
-                    save_checkpoint(step)
-                bar.close()
-                nvml.stop()
-                return RunResult(rid, "running", resumed_from=resumed_from)
-        bar.close()
-        nvml.stop()
-        final = last_val
-        if final is None:  # resumed exactly at the end: the final eval is in the metrics table
-            final = evaluate(model, windows, cfg.eval.val_batch_size, device, amp, cfg.eval.val_seed, dist_info)
-        row: dict[str, Any] = {}
-        if dist_info.is_main and db is not None:
-            with db.conn:
-                db["runs"].update(rid, {
-                    "status": "done", "final_val_loss": final, "finished_at": dbm.now(), "updated_at": dbm.now(),
-                    "initial_val_loss": carried["initial_val_loss"], "pid": None,
-                }, alter=True)
-            row = dbm.get_run(db, rid) or {}
-        return RunResult(rid, "done", resumed_from=resumed_from, row=row)
-    except BaseException as e:
-        bar.close()
-        nvml.stop()
-        if dist_info.is_main and db is not None:
-            msg = "interrupted" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}"
-            dbm.update_run(db, rid, status="failed", error=msg[:2000], pid=None)
-        raise
-    finally:
-        if dist_info.enabled:
+    def _log_step(self, task: Any, loss_sum: torch.Tensor, grad_norm: torch.Tensor | None, lr: float) -> None:
+        train_loss = float(loss_sum)
+        if self.dist.enabled:
             import torch.distributed as dist
 
-            if dist.is_initialized():
-                dist.destroy_process_group()
+            ls = loss_sum.clone()
+            dist.all_reduce(ls)
+            train_loss = float(ls) / self.dist.world_size
+        self._add_metric("train_loss", train_loss, self.step)
+        self._add_metric("lr", lr, self.step)
+        if grad_norm is not None:
+            self._add_metric("grad_norm", float(grad_norm), self.step)
+        fields = {"loss": f"{train_loss:.3f}"}
+        if self.step_times:
+            fields["tok/s"] = f"{self.cfg.tokens_per_step / statistics.median(self.step_times[-20:]):,.0f}"
+        task.move_to(self.step, **fields)
+        self._flush_metrics()
+
+    def _finish(self, last_val: float | None) -> RunResult:
+        final = last_val
+        if final is None:  # resumed exactly at the end: the final eval is in the metrics table
+            final = self._evaluate()
+        row: dict[str, Any] = {}
+        if self.writes:
+            dbm.finish_run(self.db, self.rid, final_val_loss=final, initial_val_loss=self.carried["initial_val_loss"])
+            row = dbm.get_run(self.db, self.rid) or {}
+        return RunResult(self.rid, "done", resumed_from=self.resumed_from, row=row)
+
+    # ---- evaluation, metrics, checkpoints ---------------------------------------------------------------------------
+
+    def _evaluate(self) -> float:
+        e = self.cfg.eval
+        return evaluate(self.model, self.windows, e.val_batch_size, self.device, self.amp, e.val_seed, self.dist)
+
+    def _eval_at(self, at_step: int) -> float:
+        with self.eval_sw:
+            v = self._evaluate()
+        self._add_metric("val_loss", v, at_step)
+        return v
+
+    def _add_metric(self, name: str, value: float, at_step: int) -> None:
+        self.metrics.append({"run_id": self.rid, "step": at_step, "name": name, "value": float(value),
+                             "tokens": at_step * self.cfg.tokens_per_step,
+                             "wall_seconds": self.carried["train_seconds"] + self.sw.total})
+
+    def _take_metrics(self) -> list[dict[str, Any]]:
+        rows, self.metrics = self.metrics, []
+        return rows
+
+    def _flush_metrics(self) -> None:
+        rows = self._take_metrics()  # other ranks measure the same values but never write them
+        if self.writes:
+            dbm.record_metrics(self.db, rows)
+
+    def _telemetry(self) -> dict[str, Any]:
+        """Cumulative telemetry over every process of this run so far (what a checkpoint carries forward)."""
+        c, device = self.carried, self.device
+        peaks = telemetry.torch_peaks(device)
+        return {
+            "train_seconds": c["train_seconds"] + self.sw.total,
+            "warmup_seconds": c["warmup_seconds"] + self.warmup_compile,
+            "eval_seconds": c["eval_seconds"] + self.eval_sw.total,
+            "step_times": self.step_times[-2000:],
+            "peak_rss": max(c["peak_rss"], telemetry.peak_rss_bytes()),
+            "peak_alloc": _max(c["peak_alloc"], peaks[0]),
+            "peak_reserved": _max(c["peak_reserved"], peaks[1]),
+            "peak_nvml": _max(c["peak_nvml"], self.nvml.peak_used),
+            "initial_val_loss": c["initial_val_loss"],
+        }
+
+    def _save_checkpoint(self) -> None:
+        tel, step = self._telemetry(), self.step
+        if self.dist.is_main:
+            size = ckpt.save(self.ckpt_path, {
+                "config": self.cfg.to_json(), "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "step": step, "rng": ckpt.rng_state(),
+                "sampler": self.sampler.state_dict(), "telemetry": tel,
+                "data_fingerprint": self.prepared.fingerprint, "run_id": self.rid,
+            })
+            if self.db is not None:
+                tps = self.cfg.tokens_per_step
+                dbm.record_checkpoint(self.db, self.rid, step=step, path=str(self.ckpt_path), size=size,
+                                      metrics=self._take_metrics(),
+                                      run_values={"tokens_seen": step * tps, **_telemetry_columns(tel, tps)})
+        barrier(self.dist)
 
 
 def _hostname() -> str:

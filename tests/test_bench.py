@@ -1,6 +1,6 @@
 """Tests of `benchctl bench` (benchctl/bench.py, benchctl/commands/bench.py). None of them is a timing test.
 
-- The regression guard of issue 7: benchctl's optimised step (`train_step` on the control, with its fused projections,
+- The regression guard on step cost: benchctl's optimised step (`train_step` on the control, with its fused projections,
   complex RoPE and fused AdamW) and the eager llama2.c reference step give the same loss, the same clipped gradients
   and the same updated weights from the same weights and batch; and over several seeded steps the losses stay equal.
   The relaxed model's hand-written LoRA kernel (`LoRAProjection`) passes gradcheck and matches plain autograd.

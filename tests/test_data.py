@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchctl import data
+from benchctl import data, sources
 from benchctl.config import DataConfig, make_config
 from benchctl.errors import CheckpointError, ConfigError, DataError
 
@@ -117,8 +117,8 @@ def test_txt_stories_split_across_read_chunks(tmp_path, monkeypatch):
     # The txt reader streams in chunks; a separator cut in half by a chunk boundary must still split stories.
     stories = synthetic_stories(50, seed=3)
     write_txt(tmp_path / "train.txt", stories)
-    monkeypatch.setattr(data, "TXT_CHUNK", 7)
-    got = list(data._read_txt(tmp_path / "train.txt"))
+    monkeypatch.setattr(sources, "TXT_CHUNK", 7)
+    got = list(sources._read_txt(tmp_path / "train.txt"))
     assert got == stories
 
 
@@ -412,7 +412,7 @@ def test_hub_source_and_offline_reuse(tmp_path, monkeypatch):
     hub = DataConfig(source="hub", tokenizer_stories=200)
     with monkeypatch.context() as m:
         m.setattr(datasets, "load_dataset", fake_load)
-        m.setattr(data, "_hub_revision", lambda: "rev1")
+        m.setattr(sources, "_hub_revision", lambda: "rev1")
         p = data.prepare(hub, VOCAB, progress=False)
         assert p.source == "hub:roneneldan/TinyStories" and (p.n_train_stories, p.n_valid_stories) == (300, 60)
         assert calls == [("roneneldan/TinyStories", "train", "rev1"),
@@ -420,7 +420,7 @@ def test_hub_source_and_offline_reuse(tmp_path, monkeypatch):
         assert p.valid_stories() == synthetic_stories(60, seed=2)
         assert json.loads((p.dir / "manifest.json").read_text())["source_revision"] == "rev1"
         # a new hub revision is new data
-        m.setattr(data, "_hub_revision", lambda: "rev2")
+        m.setattr(sources, "_hub_revision", lambda: "rev2")
         assert data.prepare(hub, VOCAB, progress=False).fingerprint != p.fingerprint
     # offline later (a compute node): the last revision prepared online is reused (rev2 was seen last)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

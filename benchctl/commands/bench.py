@@ -8,7 +8,7 @@ import typer
 from rich import box
 from rich.table import Table
 
-from benchctl.cli import DbOpt, JsonOpt, PresetOpt, SetOpt, app, console, err_console, split_list
+from benchctl.cli import DbOpt, JsonOpt, PresetOpt, SetOpt, app, console, db_path_of, err_console, split_list
 
 
 @app.command()
@@ -41,7 +41,6 @@ def bench(
     import torch
 
     from benchctl import bench as B
-    from benchctl import db as dbm
     from benchctl.config import parse_set
     from benchctl.errors import ConfigError
 
@@ -57,11 +56,29 @@ def bench(
     def log(msg: str) -> None:
         out.print(msg, highlight=False)
 
-    path = db if db is not None else dbm.default_path()
+    path = db_path_of(db)
     objs = B.run(opts, path, log=log)
     if as_json:
         print(B.to_json(objs))
         return
+    console.print(_table(objs, preset))
+    o0 = objs[0]
+    loads = [f"{o['arch']} {o['load_avg']:.2f}" for o in objs if o["load_avg"] is not None]
+    notes = [f"device: {o0['device_name']}; tok/s: median over repeats, spread: half their range; MF/tok: "
+             "training MFLOP per token; MiB: the step's peak memory",
+             f"MFU: {o0['peak_flops_source']}" + (f" = {B._fmt_flops(o0['peak_flops'])}" if o0["peak_flops"] else ""),
+             "load average during the repeats: " + ", ".join(loads),
+             "cost = (time per token / control's) / (FLOPs per token / control's); target <= 1.15",
+             f"bench id {o0['bench_id']} (table 'bench' in {path})"]
+    ctrl = next((o for o in objs if "speedup" in o), None)
+    if ctrl is not None:
+        notes = _reference_notes(ctrl, B.PROFILED_STEPS) + notes
+    for n in notes:
+        console.print(n, highlight=False, soft_wrap=True)
+
+
+def _table(objs: list[dict], preset: str) -> Table:
+    """One row per architecture, plus the reference's row under the control."""
     t = Table(title=f"training step — preset '{preset}'", title_justify="left", box=box.SIMPLE_HEAD,
               pad_edge=False)
     for head in ("arch", "tok/s", "spread", "step", "MF/tok", "GF/s", "MFU", "MiB", "cost"):
@@ -79,26 +96,20 @@ def bench(
             t.add_row(name, f"{tps:,.0f}", f"±{(hi - lo) / 2 / tps:.0%}", f"{step_s:.2f}s",
                       f"{o['flops_per_token'] / 1e6:.1f}", f"{achieved / 1e9:.1f}", mfu, f"{mem / 2**20:,.0f}",
                       f"{ratio:.2f}" if ratio is not None else "")
-    console.print(t)
-    o0 = objs[0]
-    loads = [f"{o['arch']} {o['load_avg']:.2f}" for o in objs if o["load_avg"] is not None]
-    notes = [f"device: {o0['device_name']}; tok/s: median over repeats, spread: half their range; MF/tok: "
-             "training MFLOP per token; MiB: the step's peak memory",
-             f"MFU: {o0['peak_flops_source']}" + (f" = {B._fmt_flops(o0['peak_flops'])}" if o0["peak_flops"] else ""),
-             "load average during the repeats: " + ", ".join(loads),
-             "cost = (time per token / control's) / (FLOPs per token / control's); issue 7 asks <= 1.15",
-             f"bench id {o0['bench_id']} (table 'bench' in {path})"]
-    ctrl = next((o for o in objs if "speedup" in o), None)
-    if ctrl is not None:
-        notes.insert(0, f"speed-up over the eager llama2.c reference (control, same run, steps interleaved): "
-                        f"{ctrl['speedup']:.2f}x in tokens/s, {ctrl['speedup_cpu']:.2f}x in CPU time per step")
-        if "speedup_ceiling" in ctrl:
-            notes.insert(1, f"ceiling: the control's step spends {ctrl['kernel_seconds']:.2f}s in matmul and attention "
-                            f"kernels (best of {B.PROFILED_STEPS} profiled steps); with everything else free it would "
-                            f"be {ctrl['speedup_ceiling']:.2f}x the reference")
-        if "equivalence" in ctrl:
-            e = ctrl["equivalence"]
-            notes.insert(1, f"loss after {e['steps']} seeded steps: benchctl {e['loss']:.6f}, reference "
-                            f"{e['reference_loss']:.6f} (max |difference| over the steps {e['max_abs_diff']:.2e})")
-    for n in notes:
-        console.print(n, highlight=False, soft_wrap=True)
+    return t
+
+
+def _reference_notes(ctrl: dict, profiled_steps: int) -> list[str]:
+    """What the control's comparison with the eager reference showed: speed-up, then the loss check, then the
+    kernel-time ceiling (each only when measured)."""
+    notes = [f"speed-up over the eager llama2.c reference (control, same run, steps interleaved): "
+             f"{ctrl['speedup']:.2f}x in tokens/s, {ctrl['speedup_cpu']:.2f}x in CPU time per step"]
+    if "equivalence" in ctrl:
+        e = ctrl["equivalence"]
+        notes.append(f"loss after {e['steps']} seeded steps: benchctl {e['loss']:.6f}, reference "
+                     f"{e['reference_loss']:.6f} (max |difference| over the steps {e['max_abs_diff']:.2e})")
+    if "speedup_ceiling" in ctrl:
+        notes.append(f"ceiling: the control's step spends {ctrl['kernel_seconds']:.2f}s in matmul and attention "
+                     f"kernels (best of {profiled_steps} profiled steps); with everything else free it would "
+                     f"be {ctrl['speedup_ceiling']:.2f}x the reference")
+    return notes

@@ -43,7 +43,7 @@ def eval_(
     """Evaluate finished runs with lm-eval and store every metric in results.db (table eval_results)."""
     from benchctl import db as dbm
     from benchctl import evaluate
-    from benchctl.commands.train import db_path_of
+    from benchctl.cli import db_path_of
     from benchctl.progress import Progress
 
     path = db_path_of(db)

@@ -1,4 +1,4 @@
-"""`benchctl prepare`: read the data, fit the tokenizer and pretokenize both splits into the cache (SPEC.md §3).
+"""`benchctl prepare`: read the data, fit the tokenizer and pretokenize both splits into the cache.
 
 Instant when the cache already holds data for the same content and settings; see `benchctl.data`.
 """
@@ -9,7 +9,7 @@ import time
 
 from rich.table import Table
 
-from benchctl.cli import DataOpt, PresetOpt, SetOpt, app, console, data_source
+from benchctl.cli import DataOpt, PresetOpt, SetOpt, app, console, make_progress, overrides_with_data
 
 
 @app.command()
@@ -20,14 +20,11 @@ def prepare(
 ) -> None:
     """Prepare the data for a preset: stories -> SentencePiece BPE tokenizer -> train.bin / valid.bin (cached)."""
     from benchctl import data as datamod
-    from benchctl.config import make_config, parse_set
+    from benchctl.config import make_config
 
-    overrides: dict[str, str] = parse_set(set_)
-    if (source := data_source(data)) is not None:
-        overrides["data.source"] = source
-    cfg = make_config(preset, "control", overrides=overrides)
+    cfg = make_config(preset, "control", overrides=overrides_with_data(set_, data))
     t0 = time.perf_counter()
-    p = datamod.prepare(cfg.data, cfg.model.vocab_size, progress=True)
+    p = datamod.prepare(cfg.data, cfg.model.vocab_size, progress=make_progress(True, stderr=True))
     seconds = time.perf_counter() - t0
 
     summary = Table.grid(padding=(0, 2))

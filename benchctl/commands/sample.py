@@ -45,7 +45,7 @@ def sample(
 ) -> None:
     """Complete the same story beginnings with every finished run; rerunning with the same settings adds nothing."""
     from benchctl import db as dbm
-    from benchctl.commands.train import db_path_of
+    from benchctl.cli import db_path_of
     from benchctl.progress import Progress
 
     path = db_path_of(db)

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from benchctl.cli import DataOpt, DbOpt, PresetOpt, ProgressOpt, SetOpt, YesOpt, app, console, parse_seeds, split_list
-from benchctl.commands.train import db_path_of, overrides_with_data
+from benchctl.cli import db_path_of, overrides_with_data
 
 
 @app.command()

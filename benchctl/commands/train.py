@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 from rich import box
 from rich.table import Table
 
+import architectures
 from benchctl.cli import (
     DataOpt,
     DbOpt,
@@ -18,49 +18,36 @@ from benchctl.cli import (
     YesOpt,
     app,
     console,
-    data_source,
+    db_path_of,
+    make_progress,
+    overrides_with_data,
     parse_seeds,
     split_list,
 )
 
 
-
-def overrides_with_data(set_: list[str] | None, data: str | None) -> dict[str, Any]:
-    from benchctl.config import parse_set
-
-    overrides: dict[str, Any] = parse_set(set_)
-    src = data_source(data)
-    if src is not None:
-        overrides["data.source"] = src
-    return overrides
-
-
-def db_path_of(db: Path | None) -> Path:
-    from benchctl import db as dbm
-
-    return Path(db) if db is not None else dbm.default_path()
-
-
 def prepare_for(cfg, progress: bool):
-    """Run `prepare` on demand (instant when cached). Under torchrun, rank 0 prepares first, then the others read."""
+    """Run `prepare` on demand (instant when cached). Under torchrun, rank 0 prepares first, then the others read.
+    Preparation messages go to stderr, as they always have, so stdout carries only the command's results."""
     from benchctl import data
-    from benchctl.train import Dist, barrier, init_distributed, resolve_device
+    from benchctl.runtime import Dist, barrier, init_distributed, resolve_device
 
     dist_info = Dist.from_env()
     if dist_info.enabled:
         init_distributed(dist_info, resolve_device(cfg.train.device, dist_info.local_rank))
         if not dist_info.is_main:
             barrier(dist_info)
-        prepared = data.prepare(cfg.data, cfg.model.vocab_size, progress=progress and dist_info.is_main)
+        prepared = data.prepare(cfg.data, cfg.model.vocab_size,
+                                progress=make_progress(progress and dist_info.is_main, stderr=True))
         if dist_info.is_main:
             barrier(dist_info)
         return prepared
-    return data.prepare(cfg.data, cfg.model.vocab_size, progress=progress)
+    return data.prepare(cfg.data, cfg.model.vocab_size, progress=make_progress(progress, stderr=True))
 
 
 @app.command()
 def train(
-    arch: Annotated[str, typer.Option("--arch", "-a", help="Architecture: control, frailt, three-part, relaxed.")],
+    arch: Annotated[str, typer.Option("--arch", "-a", help=f"Architecture: {', '.join(architectures.names())}.")],
     preset: PresetOpt = "paper",
     seed: Annotated[int, typer.Option("--seed", help="Training seed (weights, batches).")] = 0,
     set_: SetOpt = None,
@@ -72,8 +59,9 @@ def train(
     """Train one architecture (resumes an interrupted run; skips a finished one). Works under torchrun for DDP."""
     from benchctl import db as dbm
     from benchctl.config import make_config
+    from benchctl.runtime import Dist
     from benchctl.study import confirm_long_run
-    from benchctl.train import Dist, train_run
+    from benchctl.train import train_run
 
     cfg = make_config(preset, arch, seed, overrides_with_data(set_, data))
     dist_info = Dist.from_env()
@@ -87,7 +75,7 @@ def train(
         row = dbm.get_run(handle, run_id(cfg, prepared.fingerprint))
         if row is None or row["status"] != "done":
             confirm_long_run([cfg], prepared, yes=yes, log=log, is_main=dist_info.is_main)
-    result = train_run(cfg, prepared, handle, path, progress=progress, log=log)
+    result = train_run(cfg, prepared, handle, path, progress=make_progress(progress and dist_info.is_main), log=log)
     if not dist_info.is_main:
         return
     if result.skipped:
