@@ -299,7 +299,7 @@ def test_figures_are_valid_pngs(full):
 
     figdir = full["out"].parent / "figures"
     names = sorted(p.name for p in figdir.glob("*.png"))
-    assert names == sorted(report.FIGURE_NAMES)
+    assert names == sorted(report.figure_names())
     for name in names:
         data = (figdir / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n"
@@ -314,7 +314,7 @@ def test_figures_are_valid_pngs(full):
 def test_same_database_same_bytes(full, tmp_path):
     out2 = report.write_report(full["db"], tmp_path / "again")
     assert out2.read_bytes() == full["out"].read_bytes()
-    for name in report.FIGURE_NAMES:
+    for name in report.figure_names():
         again = (tmp_path / "again" / "figures" / name).read_bytes()
         assert again == (full["out"].parent / "figures" / name).read_bytes()
 
@@ -456,7 +456,7 @@ def test_cli_report(full, tmp_path):
     assert res.exit_code == 0, res.output
     assert "wrote" in res.output and "report.md" in res.output and "preset: tiny" in res.output
     assert (tmp_path / "rep" / "report.md").read_bytes() == full["out"].read_bytes()
-    assert len(list((tmp_path / "rep" / "figures").glob("*.png"))) == len(report.FIGURE_NAMES)
+    assert len(list((tmp_path / "rep" / "figures").glob("*.png"))) == len(report.figure_names())
 
 
 def test_cli_stale_figures_are_removed(full, tmp_path):

@@ -30,13 +30,14 @@ def study(
     progress: ProgressOpt = True,
 ) -> None:
     """prepare -> train-all -> sample -> judge (with an API key) -> eval -> report. Rerun to resume any stage."""
+    from benchctl import stages
     from benchctl.errors import ConfigError
     from benchctl.study import StudyOptions, run_study
 
     skipped = tuple(split_list(skip) or ())
-    bad = [s for s in skipped if s not in ("sample", "judge", "eval")]
+    bad = [s for s in skipped if s not in stages.skippable()]
     if bad:
-        raise ConfigError(f"--skip accepts sample, judge, eval; got {', '.join(bad)}")
+        raise ConfigError(f"--skip accepts {', '.join(stages.skippable())}; got {', '.join(bad)}")
     opts = StudyOptions(
         preset=preset, archs=split_list(archs), seeds=parse_seeds(seeds),
         overrides=overrides_with_data(set_, data), db_path=db_path_of(db), out_dir=out, judge_model=judge_model,
