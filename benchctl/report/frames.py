@@ -10,7 +10,7 @@ import functools
 import json
 import zlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 import pandas as pd
@@ -50,9 +50,11 @@ def status_frame(ctx: Context) -> pd.DataFrame:
 
 def accounting_frame(ctx: Context) -> pd.DataFrame:
     """Parameters by component, totals, effective parameters and FLOPs/token per model, from the runs' configs
-    (benchctl.accounting); falls back to the numbers recorded in the runs table when a config cannot be rebuilt."""
-    from benchctl import accounting
+    (benchctl.accounting); falls back to the numbers recorded in the runs table when a config cannot be rebuilt.
 
+    Components are whatever the models report, not a fixed list, so a new architecture's own parts get columns:
+    the `components` column holds each row's component names in model order, `component_order` merges them, and
+    every row has a column per component (0 where a rebuilt model has no such part, None for runs-table rows)."""
     rows = []
     for m in ctx.models:
         g = ctx.runs[ctx.runs["model"] == m]
@@ -60,24 +62,51 @@ def accounting_frame(ctx: Context) -> pd.DataFrame:
         recorded = sorted({int(v) for v in pd.to_numeric(g["n_params"], errors="coerce").dropna()})
         row: dict[str, Any] = {"model": m, "arch": ctx.arch_of[m], "recorded_n_params": recorded}
         try:
-            row.update(_describe(first["config_json"]))
-            row["model"] = m
-            row["source"] = "config"
+            described = _describe(first["config_json"])
         except (ConfigError, TypeError):  # config from another benchctl version: use what training recorded
-            row.update(
-                {c: None for c in accounting.COMPONENTS}
-                | {
-                    "total_params": _first_num(g["n_params"]),
-                    "effective_params": _first_num(g["effective_params"]),
-                    "flops_per_token": _first_num(g["flops_per_token"]),
-                    "effective_depth": None,
-                    "paper_total_params": None,
-                    "matches_paper": None,
-                    "source": "runs table",
-                }
-            )
+            row.update({
+                "components": [],
+                "total_params": _first_num(g["n_params"]),
+                "effective_params": _first_num(g["effective_params"]),
+                "flops_per_token": _first_num(g["flops_per_token"]),
+                "effective_depth": None,
+                "paper_total_params": None,
+                "matches_paper": None,
+                "source": "runs table",
+            })
+        else:
+            row.update(described)
+            row.update({"model": m, "components": _components_of(described), "source": "config"})
         rows.append(row)
+    order = component_order(r["components"] for r in rows)
+    for r in rows:
+        for c in order:
+            r.setdefault(c, 0 if r["source"] == "config" else None)
     return pd.DataFrame(rows)
+
+
+def _components_of(described: dict[str, Any]) -> list[str]:
+    """The component names of one accounting row, in the model's order. Rows that do not list them carry the
+    accounting module's fixed set of components instead."""
+    if described.get("components") is not None:
+        return [str(c) for c in described["components"]]
+    from benchctl import accounting
+
+    return [c for c in getattr(accounting, "COMPONENTS", ()) if c in described]
+
+
+def component_order(per_model: Iterable[list[str]]) -> list[str]:
+    """Every component any model has, in first-seen order: a component new to the table goes right before the
+    next component of its own model that already has a column (at the end when there is none), so every model's
+    own order holds, the embedding stays first and the final norm last."""
+    out: list[str] = []
+    for names in per_model:
+        for i, name in enumerate(names):
+            if name in out:
+                continue
+            after = [n for n in names[i + 1:] if n in out]
+            out.insert(out.index(after[0]) if after else len(out), name)
+    return out
 
 
 @functools.lru_cache(maxsize=256)

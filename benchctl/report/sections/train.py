@@ -6,20 +6,19 @@ from __future__ import annotations
 import math
 
 from benchctl import paper
-from benchctl.accounting import COMPONENTS
 from benchctl.report.context import CONTROL, model_keys, study_order
 from benchctl.report.figures import fig_cost_bars, fig_final_loss, fig_loss_curves, hardware_line
 from benchctl.report.fmt import (
     bytes_unit, fci, fint, fnum, ftokens, md_table, missing, need, scaled, time_unit, value_range,
 )
 from benchctl.report.frames import (
-    Frames, accounting_frame, cost_frame, curve_frame, loss_frame, paper_accounting_frame,
+    Frames, accounting_frame, component_order, cost_frame, curve_frame, loss_frame, paper_accounting_frame,
     status_frame,
 )
 
-# Column headers of the accounting's components.
-_COMPONENT_NAMES = {"embedding": "embedding", "blocks": "blocks", "depth_encoding": "depth enc.", "adapter": "adapter",
-                    "recurrent_norm": "rec. norm", "lora": "LoRA", "final_norm": "final norm"}
+# Short column headers for the components the study's architectures have; any other component is shown by name.
+_COMPONENT_NAMES = {"depth_encoding": "depth enc.", "recurrent_norm": "rec. norm", "lora": "LoRA",
+                    "final_norm": "final norm"}
 
 
 def runs_section(frames: Frames) -> list[str]:
@@ -60,8 +59,8 @@ def models_section(frames: Frames) -> list[str]:
                     "(`benchctl params` shows the accounting without training).")
     else:
         acc = accounting_frame(ctx)
-        comps = [c for c in COMPONENTS if acc[c].fillna(0).astype(float).any()]
-        headers = ["model"] + [_COMPONENT_NAMES[c] for c in comps]
+        comps = [c for c in component_order(acc["components"]) if acc[c].fillna(0).astype(float).any()]
+        headers = ["model"] + [_COMPONENT_NAMES.get(c, c) for c in comps]
         headers += ["unique total", "effective", "depth", "MFLOP/token"]
         if ctx.is_paper:
             headers += ["study total", "match"]
