@@ -7,7 +7,6 @@ run has a stable id from its config and data, so rerunning any stage skips what 
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -44,8 +43,10 @@ def confirm_long_run(
     yes: bool,
     log: Callable[[str], None],
     is_main: bool = True,
+    confirm: Callable[[str], bool] | None = None,
 ) -> None:
-    """Estimate the wall time of `cfgs` on this device; above an hour, ask (or require --yes when not interactive)."""
+    """Estimate the wall time of `cfgs` on this device; above an hour, ask through `confirm` (a question in, yes
+    or no out), or, when there is no one to ask (confirm=None), refuse unless --yes was given."""
     if yes or not cfgs or not is_main:
         return
     from benchctl.train import estimate_seconds, resolve_device
@@ -57,11 +58,9 @@ def confirm_long_run(
     what = f"{len(cfgs)} run(s) of preset '{cfgs[0].preset}'"
     hint = " (try --preset small on a CPU)" if device.type == "cpu" and cfgs[0].preset != "small" else ""
     msg = f"{what} would take about {format_duration(est)} on this {device.type.upper()}{hint}"
-    if not sys.stdin.isatty():
+    if confirm is None:
         raise Aborted(f"{msg}; pass --yes to start anyway")
-    import typer
-
-    if not typer.confirm(f"{msg}. Start?", default=False):
+    if not confirm(f"{msg}. Start?"):
         raise Aborted("not started")
 
 
@@ -80,8 +79,11 @@ def train_all(
     progress: bool = True,
     log: Callable[[str], None] = print,
     yes: bool = False,
+    confirm: Callable[[str], bool] | None = None,
 ) -> TrainAllResult:
-    """Train every config not yet done (resuming interrupted ones); a failing run is recorded and the rest go on."""
+    """Train every config not yet done (resuming interrupted ones); a failing run is recorded and the rest go on.
+
+    Before starting, work estimated above an hour needs `yes` or a yes from `confirm` (see confirm_long_run)."""
     from benchctl.config import run_id
     from benchctl.train import train_run
 
@@ -91,7 +93,7 @@ def train_all(
         row = dbm.get_run(db, run_id(c, prepared.fingerprint))
         if row is None or row["status"] != "done":
             todo.append(c)
-    confirm_long_run(todo, prepared, yes=yes, log=log)
+    confirm_long_run(todo, prepared, yes=yes, log=log, confirm=confirm)
     result = TrainAllResult()
     for i, c in enumerate(cfgs, 1):
         log(f"[{i}/{len(cfgs)}] {c.arch} seed {c.seed} (preset {c.preset})")
@@ -126,18 +128,21 @@ class StudyOptions:
     progress: bool = True
 
 
-def run_study(opts: StudyOptions, log: Callable[[str], None] = print) -> Path:
+def run_study(
+    opts: StudyOptions, log: Callable[[str], None] = print, confirm: Callable[[str], bool] | None = None
+) -> Path:
     """Run every registered stage in order (prepare -> train -> sample -> judge -> eval -> report by default);
     each stage is resumable, so rerunning the study picks up where it stopped.
 
     Returns the report path. A failed training run does not stop the study: later stages use the runs that
-    finished, the report lists the failure, and the caller is told (BenchctlError at the end).
+    finished, the report lists the failure, and the caller is told (BenchctlError at the end). `confirm` asks the
+    user before long training (None: long training needs opts.yes).
     """
     from benchctl import stages
 
     cfgs = sweep(opts.preset, opts.archs, opts.seeds, opts.overrides)
     archs = sorted({c.arch for c in cfgs}, key=lambda a: architectures.names().index(a))
-    study = stages.StudyRun(opts=opts, cfgs=cfgs, archs=archs, log=log)
+    study = stages.StudyRun(opts=opts, cfgs=cfgs, archs=archs, log=log, confirm=confirm)
     todo = [s for s in stages.registered() if s.run is not None]
     for i, stage in enumerate(todo, 1):
         study.heading = f"{i}/{len(todo)} {stage.name}"

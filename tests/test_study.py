@@ -8,7 +8,7 @@ import pytest
 
 from benchctl import report, stages, study
 from benchctl.cli import main
-from benchctl.errors import BenchctlError
+from benchctl.errors import Aborted, BenchctlError
 from benchctl.study import StudyOptions, run_study
 from fixtures_db import build_fixture_db
 
@@ -80,6 +80,34 @@ def test_duplicate_stage_names_are_refused(monkeypatch):
             stages.registered()
     finally:
         stages.registered.cache_clear()
+
+
+@pytest.fixture
+def slow_estimate(monkeypatch):
+    """Training that would take two hours on a CPU."""
+    import torch
+
+    from benchctl import train
+
+    monkeypatch.setattr(train, "estimate_seconds", lambda cfgs, prepared: 7200.0)
+    monkeypatch.setattr(train, "resolve_device", lambda device: torch.device("cpu"))
+    return study.sweep("tiny", ["control"], [0])
+
+
+def test_long_run_without_anyone_to_ask_needs_yes(slow_estimate):
+    with pytest.raises(Aborted, match=r"would take about 2\.0 h on this CPU \(try --preset small on a CPU\); "
+                                      "pass --yes to start anyway"):
+        study.confirm_long_run(slow_estimate, None, yes=False, log=print)
+    study.confirm_long_run(slow_estimate, None, yes=True, log=print)
+
+
+def test_long_run_asks_through_the_callback(slow_estimate):
+    asked: list[str] = []
+    study.confirm_long_run(slow_estimate, None, yes=False, log=print, confirm=lambda q: asked.append(q) or True)
+    assert asked == ["1 run(s) of preset 'tiny' would take about 2.0 h on this CPU (try --preset small on a CPU). "
+                     "Start?"]
+    with pytest.raises(Aborted, match="not started"):
+        study.confirm_long_run(slow_estimate, None, yes=False, log=print, confirm=lambda q: False)
 
 
 def test_skip_accepts_only_skippable_stages(tmp_path, capsys):

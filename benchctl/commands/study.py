@@ -31,6 +31,7 @@ def study(
 ) -> None:
     """prepare -> train-all -> sample -> judge (with an API key) -> eval -> report. Rerun to resume any stage."""
     from benchctl import stages
+    from benchctl.commands.confirm import terminal_confirm
     from benchctl.errors import ConfigError
     from benchctl.study import StudyOptions, run_study
 
@@ -43,5 +44,5 @@ def study(
         overrides=overrides_with_data(set_, data), db_path=db_path_of(db), out_dir=out, judge_model=judge_model,
         n_prompts=n_prompts, eval_tasks=split_list(tasks), skip=skipped, yes=yes, progress=progress,
     )
-    path = run_study(opts, log=console.print)
+    path = run_study(opts, log=console.print, confirm=terminal_confirm())
     console.print(f"[bold]report:[/] {path}")

@@ -47,12 +47,14 @@ class StudyRun:
     """The state one `benchctl study` invocation passes from stage to stage.
 
     Earlier stages fill what later ones read: prepare sets `prepared`, train sets `trained`, report sets
-    `report_path`."""
+    `report_path`. `confirm` is how the engine asks the user before long work (None: it cannot ask, so long work
+    needs --yes); the engine never talks to a terminal itself."""
 
     opts: StudyOptions
     cfgs: list[Any]  # RunConfig of every run in the sweep
     archs: list[str]  # architectures of the sweep, in registry order
     log: Callable[[str], None] = print
+    confirm: Callable[[str], bool] | None = None
     prepared: Any = None
     trained: TrainAllResult | None = None
     report_path: Path | None = None

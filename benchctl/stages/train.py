@@ -15,7 +15,7 @@ def run(study: StudyRun) -> None:
     opts, cfgs = study.opts, study.cfgs
     study.say(f"{len(cfgs)} run(s) — {', '.join(study.archs)} × seeds {sorted({c.seed for c in cfgs})}")
     study.trained = train_all(cfgs, study.prepared, opts.db_path, progress=opts.progress, log=study.log,
-                              yes=opts.yes)
+                              yes=opts.yes, confirm=study.confirm)
 
 
 STAGE = Stage(
