@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import architectures
 from benchctl import db as dbm
+from benchctl import stages
 from benchctl.config import RunConfig, make_config
 from benchctl.errors import Aborted, BenchctlError
 
@@ -138,8 +139,6 @@ def run_study(
     finished, the report lists the failure, and the caller is told (BenchctlError at the end). `confirm` asks the
     user before long training (None: long training needs opts.yes).
     """
-    from benchctl import stages
-
     cfgs = sweep(opts.preset, opts.archs, opts.seeds, opts.overrides)
     archs = sorted({c.arch for c in cfgs}, key=lambda a: architectures.names().index(a))
     study = stages.StudyRun(opts=opts, cfgs=cfgs, archs=archs, log=log, confirm=confirm)

@@ -21,7 +21,6 @@ def test_registry_is_the_study_in_order():
     assert not hasattr(study, "STAGES")
 
 
-
 def test_a_new_stage_runs_in_order_and_adds_its_section(tmp_path, monkeypatch):
     seen: list[str] = []
 
