@@ -1,4 +1,5 @@
-"""The pipeline: prepare -> train-all -> sample -> judge -> eval -> report, each stage resumable.
+"""The pipeline: the registered stages (benchctl.stages) in order, by default prepare -> train-all -> sample ->
+judge -> eval -> report, each stage resumable.
 
 A sweep is data: `sweep(preset, archs, seeds, overrides)` returns the list of run configs, seed being one axis. Every
 run has a stable id from its config and data, so rerunning any stage skips what is done and resumes what is not.
@@ -6,13 +7,13 @@ run has a stable id from its config and data, so rerunning any stage skips what 
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import architectures
 from benchctl import db as dbm
+from benchctl import stages
 from benchctl.config import RunConfig, make_config
 from benchctl.errors import Aborted, BenchctlError
 
@@ -37,9 +38,16 @@ def format_duration(seconds: float) -> str:
 
 
 def confirm_long_run(
-    cfgs: list[RunConfig], prepared: Any, *, yes: bool, log: Callable[[str], None], is_main: bool = True
+    cfgs: list[RunConfig],
+    prepared: Any,
+    *,
+    yes: bool,
+    log: Callable[[str], None],
+    is_main: bool = True,
+    confirm: Callable[[str], bool] | None = None,
 ) -> None:
-    """Estimate the wall time of `cfgs` on this device; above an hour, ask (or require --yes when not interactive)."""
+    """Estimate the wall time of `cfgs` on this device; above an hour, ask through `confirm` (a question in, yes
+    or no out), or, when there is no one to ask (confirm=None), refuse unless --yes was given."""
     if yes or not cfgs or not is_main:
         return
     from benchctl.train import estimate_seconds, resolve_device
@@ -51,11 +59,9 @@ def confirm_long_run(
     what = f"{len(cfgs)} run(s) of preset '{cfgs[0].preset}'"
     hint = " (try --preset small on a CPU)" if device.type == "cpu" and cfgs[0].preset != "small" else ""
     msg = f"{what} would take about {format_duration(est)} on this {device.type.upper()}{hint}"
-    if not sys.stdin.isatty():
+    if confirm is None:
         raise Aborted(f"{msg}; pass --yes to start anyway")
-    import typer
-
-    if not typer.confirm(f"{msg}. Start?", default=False):
+    if not confirm(f"{msg}. Start?"):
         raise Aborted("not started")
 
 
@@ -74,8 +80,11 @@ def train_all(
     progress: bool = True,
     log: Callable[[str], None] = print,
     yes: bool = False,
+    confirm: Callable[[str], bool] | None = None,
 ) -> TrainAllResult:
-    """Train every config not yet done (resuming interrupted ones); a failing run is recorded and the rest go on."""
+    """Train every config not yet done (resuming interrupted ones); a failing run is recorded and the rest go on.
+
+    Before starting, work estimated above an hour needs `yes` or a yes from `confirm` (see confirm_long_run)."""
     from benchctl.config import run_id
     from benchctl.train import train_run
 
@@ -85,7 +94,7 @@ def train_all(
         row = dbm.get_run(db, run_id(c, prepared.fingerprint))
         if row is None or row["status"] != "done":
             todo.append(c)
-    confirm_long_run(todo, prepared, yes=yes, log=log)
+    confirm_long_run(todo, prepared, yes=yes, log=log, confirm=confirm)
     result = TrainAllResult()
     for i, c in enumerate(cfgs, 1):
         log(f"[{i}/{len(cfgs)}] {c.arch} seed {c.seed} (preset {c.preset})")
@@ -115,71 +124,35 @@ class StudyOptions:
     judge_concurrency: int = 8
     n_prompts: int | None = None  # None: sample.py's default
     eval_tasks: list[str] | None = None  # None: the bundled tasks
-    skip: tuple[str, ...] = ()  # stages to skip: sample, judge, eval
+    skip: tuple[str, ...] = ()  # names of skippable stages to leave out (sample, judge, eval)
     yes: bool = False
     progress: bool = True
 
 
-STAGES = ("prepare", "train", "sample", "judge", "eval", "report")
-
-
-def run_study(opts: StudyOptions, log: Callable[[str], None] = print) -> Path:
-    """prepare -> train-all -> sample -> judge (only with an API key) -> eval -> report; every stage resumable.
+def run_study(
+    opts: StudyOptions, log: Callable[[str], None] = print, confirm: Callable[[str], bool] | None = None
+) -> Path:
+    """Run every registered stage in order (prepare -> train -> sample -> judge -> eval -> report by default);
+    each stage is resumable, so rerunning the study picks up where it stopped.
 
     Returns the report path. A failed training run does not stop the study: later stages use the runs that
-    finished, the report lists the failure, and the caller is told (BenchctlError at the end).
+    finished, the report lists the failure, and the caller is told (BenchctlError at the end). `confirm` asks the
+    user before long training (None: long training needs opts.yes).
     """
-    from benchctl import data, report
-
     cfgs = sweep(opts.preset, opts.archs, opts.seeds, opts.overrides)
     archs = sorted({c.arch for c in cfgs}, key=lambda a: architectures.names().index(a))
-
-    log(f"== 1/6 prepare: data source {cfgs[0].data.source!r}, vocab {cfgs[0].model.vocab_size}")
-    prepared = data.prepare(cfgs[0].data, cfgs[0].model.vocab_size, progress=opts.progress)
-
-    log(f"== 2/6 train: {len(cfgs)} run(s) — {', '.join(archs)} × seeds {sorted({c.seed for c in cfgs})}")
-    trained = train_all(cfgs, prepared, opts.db_path, progress=opts.progress, log=log, yes=opts.yes)
-    ids = trained.done + trained.skipped
-    db = dbm.connect(opts.db_path)
-
-    if "sample" in opts.skip or not ids:
-        log("== 3/6 sample: skipped" + ("" if ids else " (no finished runs)"))
-    else:
-        from benchctl import sample
-
-        log("== 3/6 sample: story completions from the fixed prompt set")
-        kw = {"n_prompts": opts.n_prompts} if opts.n_prompts else {}
-        s = sample.sample_all(db, opts.db_path, run_ids=ids, progress=opts.progress, **kw)
-        log(f"   {s.generated} new sample(s), {s.skipped} already stored")
-
-    from benchctl import judge
-
-    if "judge" in opts.skip or not ids:
-        log("== 4/6 judge: skipped")
-    elif not judge.has_api_key():
-        log("== 4/6 judge: skipped — no GEMINI_API_KEY (or GOOGLE_API_KEY) set; set one and rerun "
-            f"'benchctl study' (or 'benchctl judge --model {opts.judge_model}') to grade the stories")
-    else:
-        log(f"== 4/6 judge: grading with {opts.judge_model}")
-        js = judge.judge_all(db, judge_model=opts.judge_model, concurrency=opts.judge_concurrency, run_ids=ids,
-                             progress=opts.progress)
-        log(f"   {js.n_ok} graded, {js.n_failed} failed, {js.n_cached} already graded")
-
-    if "eval" in opts.skip or not ids:
-        log("== 5/6 eval: skipped")
-    else:
-        from benchctl import evaluate
-
-        log("== 5/6 eval: lm-eval tasks on every finished run")
-        evaluate.evaluate_runs(db, opts.db_path, tasks=opts.eval_tasks, run_ids=ids, progress=opts.progress,
-                               log=log)
-
-    log(f"== 6/6 report: {opts.out_dir}")
-    path = report.write_report(opts.db_path, opts.out_dir, opts.preset)
-    if trained.failed:
+    study = stages.StudyRun(opts=opts, cfgs=cfgs, archs=archs, log=log, confirm=confirm)
+    todo = [s for s in stages.registered() if s.run is not None]
+    for i, stage in enumerate(todo, 1):
+        study.heading = f"{i}/{len(todo)} {stage.name}"
+        stage.run(study)
+    failed = study.trained.failed if study.trained is not None else []
+    if failed:
         raise BenchctlError(
-            f"report written to {path}, but {len(trained.failed)} training run(s) failed: "
-            + "; ".join(f"{rid}: {err}" for rid, err in trained.failed)
+            f"report written to {study.report_path}, but {len(failed)} training run(s) failed: "
+            + "; ".join(f"{rid}: {err}" for rid, err in failed)
             + " — rerun 'benchctl study' with the same options to retry them"
         )
-    return path
+    if study.report_path is None:
+        raise BenchctlError("the study ran no report stage, so there is no report to show")
+    return study.report_path

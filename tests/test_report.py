@@ -173,6 +173,55 @@ def test_models_section(full):
     assert [f["study row"] for f in flags] == [f["what"] for f in paper.FLAGS]
 
 
+# The components the study's architectures report, in model order.
+_KNOWN_COMPONENTS = ("embedding", "blocks", "depth_encoding", "adapter", "recurrent_norm", "lora", "final_norm")
+
+
+def test_models_table_shows_every_component_any_model_reports(tmp_path, monkeypatch):
+    """A fifth architecture's own component gets a column (placed in its model's order), models without it show
+    0, and each row's components add up to its total."""
+    from benchctl import accounting
+    from benchctl.report import frames
+
+    real = accounting.describe
+
+    def describe(cfg):
+        row = dict(real(cfg))
+        comps = list(row.get("components") or [c for c in _KNOWN_COMPONENTS if row.get(c)])
+        row = {k: v for k, v in row.items() if k not in _KNOWN_COMPONENTS or k in comps}
+        if cfg.arch == "frailt":
+            comps.insert(comps.index("final_norm"), "exit_gate")
+            row["exit_gate"] = 1_234
+            row["total_params"] += 1_234
+        row["components"] = comps
+        return row
+
+    monkeypatch.setattr(accounting, "describe", describe)
+    frames._describe.cache_clear()
+    try:
+        p = build_fixture_db(tmp_path / "r.db", archs=("control", "frailt"), seeds=(0,), judge=False, evals=False,
+                             failed_run=False, running_run=False)
+        acc = tables(section(report.build(p).markdown, "Models"))[0]
+    finally:
+        frames._describe.cache_clear()
+    comp_cols = list(acc[0])[1:list(acc[0]).index("unique total")]
+    assert comp_cols == ["embedding", "blocks", "depth enc.", "exit_gate", "final norm"]
+    rows = by_model(acc)
+    assert rows["frailt"]["exit_gate"] == "1,234" and rows["control"]["exit_gate"] == "0"
+    for r in rows.values():
+        assert sum(int(r[c].replace(",", "")) for c in comp_cols) == int(r["unique total"].replace(",", ""))
+
+
+def test_component_order_merges_each_models_order():
+    from benchctl.report.frames import component_order
+
+    assert component_order([["embedding", "blocks", "final_norm"],
+                            ["embedding", "blocks", "depth_encoding", "lora", "final_norm"],
+                            ["gate", "embedding", "blocks", "adapter", "final_norm"]]) == [
+        "gate", "embedding", "blocks", "depth_encoding", "lora", "adapter", "final_norm"]
+    assert component_order([]) == []
+
+
 def _judge_truth(db: Path):
     """Per model: per-sample averages over ok repeats (independently, in SQL), failures, per-prompt means."""
     rows = q(db, """
@@ -299,7 +348,7 @@ def test_figures_are_valid_pngs(full):
 
     figdir = full["out"].parent / "figures"
     names = sorted(p.name for p in figdir.glob("*.png"))
-    assert names == sorted(report.FIGURE_NAMES)
+    assert names == sorted(report.figure_names())
     for name in names:
         data = (figdir / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n"
@@ -314,7 +363,7 @@ def test_figures_are_valid_pngs(full):
 def test_same_database_same_bytes(full, tmp_path):
     out2 = report.write_report(full["db"], tmp_path / "again")
     assert out2.read_bytes() == full["out"].read_bytes()
-    for name in report.FIGURE_NAMES:
+    for name in report.figure_names():
         again = (tmp_path / "again" / "figures" / name).read_bytes()
         assert again == (full["out"].parent / "figures" / name).read_bytes()
 
@@ -456,7 +505,7 @@ def test_cli_report(full, tmp_path):
     assert res.exit_code == 0, res.output
     assert "wrote" in res.output and "report.md" in res.output and "preset: tiny" in res.output
     assert (tmp_path / "rep" / "report.md").read_bytes() == full["out"].read_bytes()
-    assert len(list((tmp_path / "rep" / "figures").glob("*.png"))) == len(report.FIGURE_NAMES)
+    assert len(list((tmp_path / "rep" / "figures").glob("*.png"))) == len(report.figure_names())
 
 
 def test_cli_stale_figures_are_removed(full, tmp_path):

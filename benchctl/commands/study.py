@@ -30,17 +30,19 @@ def study(
     progress: ProgressOpt = True,
 ) -> None:
     """prepare -> train-all -> sample -> judge (with an API key) -> eval -> report. Rerun to resume any stage."""
+    from benchctl import stages
+    from benchctl.commands.confirm import terminal_confirm
     from benchctl.errors import ConfigError
     from benchctl.study import StudyOptions, run_study
 
     skipped = tuple(split_list(skip) or ())
-    bad = [s for s in skipped if s not in ("sample", "judge", "eval")]
+    bad = [s for s in skipped if s not in stages.skippable()]
     if bad:
-        raise ConfigError(f"--skip accepts sample, judge, eval; got {', '.join(bad)}")
+        raise ConfigError(f"--skip accepts {', '.join(stages.skippable())}; got {', '.join(bad)}")
     opts = StudyOptions(
         preset=preset, archs=split_list(archs), seeds=parse_seeds(seeds),
         overrides=overrides_with_data(set_, data), db_path=db_path_of(db), out_dir=out, judge_model=judge_model,
         n_prompts=n_prompts, eval_tasks=split_list(tasks), skip=skipped, yes=yes, progress=progress,
     )
-    path = run_study(opts, log=console.print)
+    path = run_study(opts, log=console.print, confirm=terminal_confirm())
     console.print(f"[bold]report:[/] {path}")

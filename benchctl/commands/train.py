@@ -58,6 +58,7 @@ def train(
 ) -> None:
     """Train one architecture (resumes an interrupted run; skips a finished one). Works under torchrun for DDP."""
     from benchctl import db as dbm
+    from benchctl.commands.confirm import terminal_confirm
     from benchctl.config import make_config
     from benchctl.runtime import Dist
     from benchctl.study import confirm_long_run
@@ -74,7 +75,8 @@ def train(
 
         row = dbm.get_run(handle, run_id(cfg, prepared.fingerprint))
         if row is None or row["status"] != "done":
-            confirm_long_run([cfg], prepared, yes=yes, log=log, is_main=dist_info.is_main)
+            confirm_long_run([cfg], prepared, yes=yes, log=log, is_main=dist_info.is_main,
+                             confirm=terminal_confirm())
     result = train_run(cfg, prepared, handle, path, progress=make_progress(progress and dist_info.is_main), log=log)
     if not dist_info.is_main:
         return
@@ -97,12 +99,14 @@ def train_all(
     """Train every (architecture, seed) pair, skipping finished runs and resuming interrupted ones."""
     from benchctl import db as dbm
     from benchctl import study
+    from benchctl.commands.confirm import terminal_confirm
     from benchctl.errors import BenchctlError
 
     cfgs = study.sweep(preset, split_list(archs), parse_seeds(seeds), overrides_with_data(set_, data))
     prepared = prepare_for(cfgs[0], progress)
     path = db_path_of(db)
-    res = study.train_all(cfgs, prepared, path, progress=progress, log=console.print, yes=yes)
+    res = study.train_all(cfgs, prepared, path, progress=progress, log=console.print, yes=yes,
+                          confirm=terminal_confirm())
     handle = dbm.connect(path)
     summarize([dbm.get_run(handle, rid) for rid in res.done + res.skipped])
     if res.failed:

@@ -1,0 +1,187 @@
+"""Which runs the report is about and how they group into models.
+
+A report covers one preset. Within it, runs whose configs differ in anything that changes what they compute are
+different models (a `--set` variant gets its own name and colour), never pooled as seeds. Models are ordered by the
+architecture registry, then variants, and every model keeps one colour across all tables and figures.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from benchctl.errors import ConfigError
+
+# The study's four architectures keep these colours everywhere (colour-blind safe, control in neutral grey);
+# other architectures and config variants take EXTRA_COLOURS in a fixed order.
+ARCH_COLOURS = {"control": "#4D4D4D", "frailt": "#0173B2", "three-part": "#DE8F05", "relaxed": "#029E73"}
+EXTRA_COLOURS = (
+    "#CC78BC", "#D55E00", "#56B4E9", "#CA9161", "#FBAFE4", "#949494", "#ECE133", "#8C564B", "#17BECF", "#BCBD22",
+)
+CONTROL = "control"
+
+# Config keys that do not change what a run computes (how it is logged, where the data was read from) or that are
+# the axis being averaged over (seed): runs differing only in these are seeds of one model.
+_NOT_MODEL_KEYS = frozenset(
+    {"arch", "preset", "seed", "train.log_interval", "train.ckpt_interval", "train.eval_interval", "data.source"}
+)
+
+
+@dataclass
+class Context:
+    """One preset's runs, split into models (architecture + config variant), in the fixed order with colours."""
+
+    preset: str | None
+    runs: pd.DataFrame  # every run of the preset, with `model` and `overrides` columns
+    done: pd.DataFrame  # status == done
+    models: list[str]  # in display order (architecture order, then variants)
+    colours: dict[str, str]
+    arch_of: dict[str, str]
+    overrides: dict[str, str]  # model -> keys that differ from the preset's defaults ("" when none)
+    other_presets: list[tuple[str, int, int]] = field(default_factory=list)  # (preset, done, total)
+
+    @property
+    def done_models(self) -> list[str]:
+        have = set(self.done["model"])
+        return [m for m in self.models if m in have]
+
+    @property
+    def is_paper(self) -> bool:
+        return self.preset == "paper"
+
+
+def choose_preset(runs: pd.DataFrame, preset: str | None) -> tuple[str | None, list[tuple[str, int, int]]]:
+    """The requested preset, or the one with most done runs (ties: most runs, then name); plus the others' counts."""
+    counts: list[tuple[str, int, int]] = []
+    for p, g in runs.groupby("preset", sort=True):
+        counts.append((str(p), int((g["status"] == "done").sum()), len(g)))
+    if preset is None:
+        if not counts:
+            return None, []
+        chosen = sorted(counts, key=lambda c: (-c[1], -c[2], c[0]))[0][0]
+    else:
+        from benchctl.config import preset_names
+
+        known = sorted(set(preset_names()) | {c[0] for c in counts})
+        if preset not in known:
+            import difflib
+
+            close = difflib.get_close_matches(preset, known, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise ConfigError(f"unknown preset '{preset}'{hint} known: {', '.join(known)}")
+        chosen = preset
+    return chosen, [c for c in counts if c[0] != chosen]
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def model_keys(config_json: Any) -> dict[str, Any]:
+    try:
+        raw = json.loads(config_json) if isinstance(config_json, str) else {}
+    except json.JSONDecodeError:
+        return {"config_json": str(config_json)}
+    return {k: v for k, v in _flatten(raw if isinstance(raw, dict) else {}).items() if k not in _NOT_MODEL_KEYS}
+
+
+def _preset_defaults(preset: str | None, arch: str) -> dict[str, Any] | None:
+    from benchctl.config import make_config
+
+    try:
+        flat = _flatten(make_config(preset or "", arch).to_dict())
+        return {k: v for k, v in flat.items() if k not in _NOT_MODEL_KEYS}
+    except ConfigError:  # an architecture or preset this benchctl does not know: no defaults to compare with
+        return None
+
+
+def _diff(keys: dict[str, Any], base: dict[str, Any]) -> list[str]:
+    def show(v: Any) -> str:
+        return "none" if v is None else (json.dumps(v) if isinstance(v, (list, dict)) else str(v))
+
+    return [f"{k}={show(keys.get(k))}" for k in sorted(set(keys) | set(base)) if keys.get(k) != base.get(k)]
+
+
+def arch_rank(arch: str) -> tuple[int, str]:
+    import architectures
+
+    names = architectures.names()
+    return (names.index(arch), "") if arch in names else (len(names), arch)
+
+
+def build_context(runs: pd.DataFrame, preset: str | None) -> Context:
+    """Select a preset's runs and split them into models. Pure: runs frame in, Context out."""
+    chosen, others = choose_preset(runs, preset)
+    sel = runs[runs["preset"] == chosen].copy() if chosen is not None else runs.iloc[0:0].copy()
+    sel["model"] = sel["arch"].astype(object)
+    sel["overrides"] = ""
+    ordered: list[tuple[tuple, str]] = []
+    arch_of: dict[str, str] = {}
+    overrides: dict[str, str] = {}
+    for arch in sorted(set(sel["arch"]), key=arch_rank):
+        idx = sel.index[sel["arch"] == arch]
+        sig = {i: (model_keys(sel.at[i, "config_json"]), str(sel.at[i, "data_fingerprint"] or "")) for i in idx}
+        variants: dict[str, tuple[dict[str, Any], str]] = {}
+        members: dict[str, list[int]] = {}
+        for i, (keys, fp) in sig.items():
+            s = json.dumps([keys, fp], sort_keys=True, default=str)
+            variants[s] = (keys, fp)
+            members.setdefault(s, []).append(i)
+        defaults = _preset_defaults(chosen, arch)
+        vs_default = {s: ("" if defaults is None else ", ".join(_diff(k, defaults))) for s, (k, _) in variants.items()}
+        # The base variant: the preset's defaults if some runs have them, else the one with most runs.
+        base = sorted(variants, key=lambda s: (vs_default[s] != "", -len(members[s]), s))[0]
+        for rank, s in enumerate(sorted(variants, key=lambda s: (s != base, s))):
+            keys, fp = variants[s]
+            if s == base:
+                name = arch
+            else:
+                parts = _diff(keys, variants[base][0])
+                if fp != variants[base][1]:
+                    parts.append(f"data={fp[:8]}")
+                name = f"{arch} [{', '.join(parts)}]"
+            sel.loc[members[s], "model"] = name
+            sel.loc[members[s], "overrides"] = vs_default[s]
+            ordered.append(((arch_rank(arch), rank), name))
+            arch_of[name] = arch
+            overrides[name] = vs_default[s]
+    models = [name for _, name in sorted(ordered)]
+    return Context(
+        preset=chosen, runs=sel.reset_index(drop=True), done=sel[sel["status"] == "done"].reset_index(drop=True),
+        models=models, colours=colours_for(models, arch_of), arch_of=arch_of, overrides=overrides,
+        other_presets=others,
+    )
+
+
+def colours_for(models: list[str], arch_of: dict[str, str]) -> dict[str, str]:
+    """Fixed colours: the study's four keep theirs; other registered architectures take EXTRA_COLOURS by registry
+    position; unregistered architectures and config variants take the colours after those, in display order."""
+    import architectures
+
+    extra_registered = [n for n in architectures.names() if n not in ARCH_COLOURS]
+    out: dict[str, str] = {}
+    k = len(extra_registered)
+    for m in models:
+        arch = arch_of.get(m, m)
+        if m == arch and arch in ARCH_COLOURS:
+            out[m] = ARCH_COLOURS[arch]
+        elif m == arch and arch in extra_registered:
+            out[m] = EXTRA_COLOURS[extra_registered.index(arch) % len(EXTRA_COLOURS)]
+        else:
+            out[m] = EXTRA_COLOURS[k % len(EXTRA_COLOURS)]
+            k += 1
+    return out
+
+
+def study_order(d: dict[str, Any]) -> list[str]:
+    """The study's architectures (keys of one of its published tables) in the report's fixed order."""
+    return sorted(d, key=arch_rank)

@@ -1,0 +1,255 @@
+"""The report's PNG figures: matplotlib Figure objects built without pyplot state, seaborn styles applied per
+figure, one fixed colour per model, titles that say what a bar, dot or band means.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from benchctl.report.context import CONTROL, Context
+from benchctl.report.fmt import bytes_unit, ftokens, missing, nan, time_unit
+from benchctl.report.frames import JUDGE_COLUMNS, JudgeGroup, vals
+
+FIG_DPI = 150
+
+
+def _style():
+    import seaborn as sns
+
+    from contextlib import ExitStack
+
+    stack = ExitStack()
+    stack.enter_context(sns.axes_style("whitegrid"))
+    stack.enter_context(sns.plotting_context("paper", font_scale=1.35))
+    import matplotlib
+
+    stack.enter_context(matplotlib.rc_context({"font.family": "DejaVu Sans", "svg.hashsalt": "benchctl",
+                                               "axes.titleweight": "bold"}))
+    return stack
+
+
+def _figure(width: float, height: float):
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), dpi=FIG_DPI, layout="constrained")
+
+
+def _bar_width(n: int) -> float:
+    return max(5.5, 1.3 * n + 2.5)
+
+
+def tick(model: str) -> str:
+    """A model name for an axis tick: a variant's overrides go on wrapped lines under the architecture."""
+    import textwrap
+
+    if " [" not in model:
+        return model
+    arch, rest = model.split(" [", 1)
+    return arch + "\n" + textwrap.fill("[" + rest, 22)
+
+
+def _x_labels(ax, models: list[str]) -> None:
+    ax.set_xticks(range(len(models)))
+    ticks = [tick(m) for m in models]
+    crowded = len(models) > 7
+    ax.set_xticklabels(ticks, rotation=25 if crowded else 0, ha="right" if crowded else "center",
+                       fontsize=9 if any("\n" in t for t in ticks) or crowded else None)
+
+
+def fig_cost_bars(ctx: Context, cost: pd.DataFrame, what: str) -> Any:
+    """Figures 1–2 of the study: training time or peak memory per model; bar = mean, one dot per seed, labelled
+    with the mean and its ratio to the control."""
+    q = "time" if what == "time" else "mem"
+    df = cost[cost[f"{q}_mean"].notna()]
+    if df.empty:
+        return None
+    models = list(df["model"])
+    if q == "time":
+        scale, unit = time_unit(float(df["time_mean"].max()))
+        col = "train_seconds"
+        ylabel = f"training time ({unit})"
+        title = "Training time per model"
+    else:
+        scale, unit = bytes_unit(float(df["mem_mean"].max()))
+        gpu = df["memory_kind"].iloc[0] == "gpu"
+        col = "peak_gpu_mem_bytes" if gpu else "peak_rss_bytes"
+        ylabel = f"{'peak GPU memory allocated' if gpu else 'peak process RSS'} ({unit})"
+        title = "Peak GPU memory per model" if gpu else "Peak memory per model (process RSS, no GPU)"
+    with _style():
+        fig = _figure(_bar_width(len(models)), 4.6)
+        ax = fig.add_subplot()
+        for i, row in enumerate(df.itertuples()):
+            m = row.model
+            mean = getattr(row, f"{q}_mean") / scale
+            ax.bar(i, mean, width=0.65, color=ctx.colours[m], edgecolor="black", linewidth=0.6, zorder=2)
+            seeds = vals(ctx.done[ctx.done["model"] == m], col)
+            if len(seeds) > 1:
+                offs = np.linspace(-0.18, 0.18, len(seeds))
+                ax.scatter(i + offs, np.array(seeds) / scale, s=18, color="white", edgecolor="black",
+                           linewidth=0.8, zorder=4)
+            ratio = getattr(row, f"{q}_ratio")
+            top = max([mean] + [v / scale for v in seeds])
+            label = f"{mean:.{1 if mean < 100 else 0}f} {unit}"
+            if not missing(ratio) and m != CONTROL:
+                label += f"\n{ratio:.2f}× control"
+            ax.annotate(label, (i, top), xytext=(0, 4), textcoords="offset points", ha="center", va="bottom",
+                        fontsize=9)
+        _x_labels(ax, models)
+        ax.set_ylabel(ylabel)
+        ax.set_xlabel("model")
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.18)
+        _title(ax, title, [hardware_line(ctx), f"preset {ctx.preset} · {_seed_line(df)}"])
+        ax.grid(axis="x", visible=False)
+    return fig
+
+
+def _title(ax: Any, main: str, lines: list[str]) -> None:
+    """A bold figure title and smaller explanatory lines above the axes, wrapped to the axes' width."""
+    import textwrap
+
+    width_in = ax.figure.get_size_inches()[0]
+    chars = max(40, int(width_in * 14))
+    ax.figure.suptitle(main, fontsize=12.5, fontweight="bold")
+    ax.set_title("\n".join(textwrap.fill(line, chars) for line in lines if line), fontsize=9.5, color="#333333",
+                 fontweight="normal")
+
+
+def _seed_line(df: pd.DataFrame) -> str:
+    n = sorted({int(v) for v in df["seeds"]})
+    s = f"{n[0]}" if len(n) == 1 else f"{n[0]}–{n[-1]}"
+    return f"{s} seed{'s' if n[-1] != 1 else ''} per model, bar = mean" + (", dots = seeds" if n[-1] > 1 else "")
+
+
+def hardware_line(ctx: Context) -> str:
+    d = ctx.done
+    if d.empty:
+        return "hardware unknown"
+    pairs = sorted({(str(a or "?"), str(b or "?")) for a, b in zip(d["device"], d["device_name"])})
+    return "; ".join(f"{name} ({dev})" for dev, name in pairs)
+
+
+def fig_loss_curves(ctx: Context, curves: pd.DataFrame) -> Any:
+    """Figure 3 of the study: validation loss against tokens; mean over seeds, band = min–max over seeds;
+    right panel zooms into the second half of training, where the models differ."""
+    if curves.empty:
+        return None
+    models = [m for m in ctx.models if m in set(curves["model"])]
+    xmax = float(curves["tokens"].max())
+    scale, unit = (1e9, "B") if xmax >= 1e9 else (1e6, "M") if xmax >= 1e6 else (1e3, "k")
+    with _style():
+        fig = _figure(11.0, 5.2)
+        axes = fig.subplots(1, 2)
+        half = xmax / 2
+        for ax, zoom in zip(axes, (False, True)):
+            ymin, ymax = math.inf, -math.inf
+            for m in models:
+                c = curves[curves["model"] == m]
+                if zoom:
+                    c = c[c["tokens"] >= half]
+                if c.empty:
+                    continue
+                x = c["tokens"].to_numpy(float) / scale
+                ax.plot(x, c["mean"], color=ctx.colours[m], linewidth=1.8, label=m, marker="o" if len(c) < 12 else None,
+                        markersize=3.5)
+                if (c["n"] > 1).any():
+                    ax.fill_between(x, c["min"], c["max"], color=ctx.colours[m], alpha=0.2, linewidth=0)
+                ymin, ymax = min(ymin, float(c["min"].min())), max(ymax, float(c["max"].max()))
+            ax.set_xlabel(f"tokens seen ({unit})")
+            ax.set_ylabel("validation loss (nats/token)")
+            if zoom and math.isfinite(ymin):
+                pad = max((ymax - ymin) * 0.08, 1e-3)
+                ax.set_ylim(ymin - pad, ymax + pad)
+            ax.set_title("second half of training" if zoom else "whole run", fontsize=11)
+        handles, labels = axes[0].get_legend_handles_labels()
+        n = int(curves["n"].max())
+        band = "band = min–max over seeds" if n > 1 else "one seed per model: no band"
+        fig.legend(handles, [tick(lab) for lab in labels], title=f"model (line = mean over seeds, {band})",
+                   frameon=True, fontsize=9, title_fontsize=9.5, loc="outside lower center",
+                   ncols=min(len(labels), 6))  # outside the axes: never covers a curve
+        fig.suptitle(f"Validation loss during training · preset {ctx.preset}", fontsize=12.5, fontweight="bold")
+    return fig
+
+
+def fig_final_loss(ctx: Context, loss: pd.DataFrame) -> Any:
+    """Final validation loss per model: one dot per seed, mean with 95% CI."""
+    df = loss[loss["final_mean"].notna()]
+    if df.empty:
+        return None
+    models = list(df["model"])
+    with _style():
+        fig = _figure(_bar_width(len(models)), 4.6)
+        ax = fig.add_subplot()
+        for i, row in enumerate(df.itertuples()):
+            seeds = vals(ctx.done[ctx.done["model"] == row.model], "final_val_loss")
+            offs = np.linspace(-0.12, 0.12, len(seeds)) if len(seeds) > 1 else np.zeros(1)
+            ax.scatter(i + offs, seeds, s=22, color=ctx.colours[row.model], edgecolor="black", linewidth=0.6,
+                       alpha=0.8, zorder=3, label="seed" if i == 0 else None)
+            if not missing(row.final_lo):
+                ax.errorbar(i + 0.28, row.final_mean, yerr=[[row.final_mean - row.final_lo],
+                                                            [row.final_hi - row.final_mean]],
+                            fmt="D", color="black", markersize=5, capsize=5, zorder=4,
+                            label="mean ± 95% CI" if i == 0 else None)
+            else:
+                ax.plot(i + 0.28, row.final_mean, "D", color="black", markersize=5, zorder=4,
+                        label="mean (no CI)" if i == 0 else None)
+            if ctx.is_paper and row.study_final is not None:
+                ax.plot(i - 0.3, row.study_final, marker="*", color="#C00000", markersize=11, linestyle="none",
+                        zorder=4, label="study" if i == 0 else None)
+        _x_labels(ax, models)
+        ax.set_xlim(-0.6, len(models) - 0.4)
+        ax.margins(y=0.15)  # room above the highest point for the legend
+        ax.set_xlabel("model")
+        ax.set_ylabel("final validation loss (nats/token)")
+        ax.legend(fontsize=9, frameon=True, loc="best")
+        _title(ax, "Final validation loss per model",
+               [f"preset {ctx.preset} · {ftokens(df['tokens'].max())} tokens per run · dots = seeds, "
+                + ("diamond = mean ± 95% CI" if df["final_n"].max() > 1 else "diamond = mean (one seed: no CI)")])
+        ax.grid(axis="x", visible=False)
+    return fig
+
+
+def fig_judge(ctx: Context, jg: JudgeGroup) -> Any:
+    """Table 4 of the study as a figure: mean grade per criterion and model, 95% CI over graded samples."""
+    t = jg.table[jg.table["average_n"] > 0]
+    if t.empty:
+        return None
+    models = list(t["model"])
+    k = len(models)
+    width = 0.8 / k
+    with _style():
+        fig = _figure(max(8.5, 0.9 * len(JUDGE_COLUMNS) + 0.45 * k + 3.0), 4.6)
+        ax = fig.add_subplot()
+        for j, row in enumerate(t.itertuples()):
+            x = np.arange(len(JUDGE_COLUMNS)) + (j - (k - 1) / 2) * width
+            means = np.array([getattr(row, f"{c}_mean") for c in JUDGE_COLUMNS], dtype=float)
+            los = np.array([nan(getattr(row, f"{c}_lo")) for c in JUDGE_COLUMNS])
+            his = np.array([nan(getattr(row, f"{c}_hi")) for c in JUDGE_COLUMNS])
+            ax.bar(x, means, width=width * 0.95, color=ctx.colours[row.model], edgecolor="black", linewidth=0.5,
+                   label=f"{row.model} ({row.average_n})", zorder=2)
+            ok = ~np.isnan(los)
+            if ok.any():
+                ax.errorbar(x[ok], means[ok], yerr=[means[ok] - los[ok], his[ok] - means[ok]], fmt="none",
+                            color="black", capsize=3, linewidth=1, zorder=3)
+        ax.set_xticks(range(len(JUDGE_COLUMNS)))
+        ax.set_xticklabels([c if c != "average" else "average" for c in JUDGE_COLUMNS])
+        ax.set_ylabel("judge grade (1–10)")
+        ax.set_xlabel("criterion")
+        top = max(float(v) for r in t.itertuples() for c in JUDGE_COLUMNS
+                  for v in (getattr(r, f"{c}_hi"), getattr(r, f"{c}_mean")) if not missing(v))
+        ax.set_ylim(0, min(10.0, math.ceil(top) + 1.0))  # bars start at 0; the top follows the data (scale 1–10)
+        ax.legend(fontsize=9, frameon=True, title="model (n = graded samples)", title_fontsize=9,
+                  loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        _title(ax, "Judge grades per criterion",
+               [f"judge {jg.judge_model} · preset {ctx.preset} · bar = mean over graded samples, error bar = 95% CI"])
+        ax.grid(axis="x", visible=False)
+    return fig
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """PNG without a timestamp or software tag, so the same data gives the same file."""
+    fig.savefig(path, dpi=FIG_DPI, metadata={"Software": None})

@@ -1,0 +1,103 @@
+"""The report's top level: header, then every registered stage's sections in study order; save to disk.
+
+Nothing here names a stage or a section: a stage module under benchctl.stages contributes its sections (and the
+figure files they may write), so a new stage appears in the report without touching this module.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchctl.report.context import Context, build_context
+from benchctl.report.figures import save_figure
+from benchctl.report.fmt import need
+from benchctl.report.frames import Frames
+from benchctl.report.load import Data, read
+
+
+@dataclass
+class Rendered:
+    markdown: str
+    figures: dict[str, Any]  # file name -> matplotlib Figure
+    preset: str | None
+    other_presets: list[tuple[str, int, int]]
+
+
+def figure_names() -> tuple[str, ...]:
+    """Every figure file a report can contain (the registered stages declare them)."""
+    from benchctl import stages
+
+    return stages.figure_names()
+
+
+def header(ctx: Context) -> list[str]:
+    title = f"# benchctl report: preset `{ctx.preset}`" if ctx.preset else "# benchctl report"
+    out = [title, ""]
+    out.append("Every number below is computed from results.db by `benchctl report`; only runs with status `done` "
+               "enter the statistics. 95% CIs are t-intervals over seeds unless a table says otherwise.")
+    out.append("")
+    if ctx.preset is None:
+        out += need("The database has no runs yet: `benchctl train-all --preset tiny` (or `benchctl study`) "
+                    "produces them.")
+        return out
+    st = ctx.runs["status"].value_counts()
+    counts = ", ".join(f"{int(st[s])} {s}" for s in sorted(st.index, key=_status_rank))
+    out.append(f"Runs of preset `{ctx.preset}`: {counts or 'none'}.")
+    if ctx.other_presets:
+        others = "; ".join(f"`{p}` ({d} done of {n})" for p, d, n in ctx.other_presets)
+        out.append(f"Other presets in the database: {others}. Report one with `benchctl report --preset NAME`.")
+    out.append("")
+    return out
+
+
+def _status_rank(s: str) -> tuple[int, str]:
+    order = ["done", "running", "pending", "failed"]
+    return (order.index(s), s) if s in order else (len(order), s)
+
+
+def render(data: Data, preset: str | None = None) -> Rendered:
+    """The whole report as markdown plus figures, from loaded tables. Pure: the same data gives the same output."""
+    from benchctl import stages
+
+    ctx = build_context(data.runs, preset)
+    frames = Frames(ctx, data)
+    lines = header(ctx)
+    for stage in stages.registered():
+        for section in stage.sections:
+            lines += section(frames)
+    while lines and lines[-1] == "":
+        lines.pop()
+    return Rendered("\n".join(lines) + "\n", frames.figures, ctx.preset, ctx.other_presets)
+
+
+def build(db: str | os.PathLike | Any, preset: str | None = None) -> Rendered:
+    """Read results.db (a path, opened read-only, or an open connection) and render the report in memory."""
+    return render(read(db), preset)
+
+
+def save(rendered: Rendered, out_dir: str | os.PathLike) -> Path:
+    """Write out_dir/report.md and out_dir/figures/*.png; figures of sections without data any more are removed."""
+    out = Path(out_dir)
+    figdir = out / "figures"
+    figdir.mkdir(parents=True, exist_ok=True)
+    for name in figure_names():
+        if name not in rendered.figures and (figdir / name).exists():
+            (figdir / name).unlink()  # a stale figure from an earlier report would contradict this one
+    for name, fig in sorted(rendered.figures.items()):
+        save_figure(fig, figdir / name)
+    path = out / "report.md"
+    tmp = path.with_suffix(".md.tmp")
+    tmp.write_text(rendered.markdown, encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def write_report(db: str | os.PathLike | Any, out_dir: str | os.PathLike,
+                 preset: str | None = None) -> Path:
+    """results.db -> out_dir/report.md (+ out_dir/figures/*.png); returns the path of report.md.
+
+    preset=None reports the preset with most finished runs (the report names it and lists the others)."""
+    return save(build(db, preset), out_dir)

@@ -1,0 +1,115 @@
+"""Report sections that close the report: significance tests between models (loss over seeds, judge grades over
+prompts), the latest `benchctl bench` rows, and the provenance of every run (versions, commits, data, devices)."""
+
+from __future__ import annotations
+
+from benchctl.report.context import CONTROL
+from benchctl.report.fmt import counts, date, fnum, fp, md_table, max_str, min_str, missing, need, py, scaled
+from benchctl.report.frames import N_BOOT, Frames, bench_frame, comparison_frame
+
+
+def comparisons_section(frames: Frames) -> list[str]:
+    ctx, primary = frames.ctx, frames.primary_judge
+    out = ["## Comparisons", ""]
+    if len(ctx.done_models) < 2:
+        return out + need("Needs finished runs of at least two models: `benchctl train-all` produces them.")
+    cmp = comparison_frame(ctx, primary)
+    headers = ["a", "b", "quantity", "test", "n (a, b)", "a − b", "95% CI", "p", "p (Holm)"]
+    rows = []
+    for r in cmp.to_dict("records"):
+        digits = 3 if r["quantity"] == "final validation loss" else 2
+        test = "Welch t over seeds" if r["method"] == "welch" else f"paired bootstrap over prompts (B={N_BOOT:,})"
+        n = f"{r['n_a']}, {r['n_b']}" if r["method"] == "welch" else f"{r['n_a']} shared"
+        ci = "-" if missing(r["lo"]) else f"{fnum(r['lo'], digits)} to {fnum(r['hi'], digits)}"
+        rows.append([r["a"], r["b"], r["quantity"], test, n, fnum(r["diff"], digits), ci, fp(r["p"]),
+                     fp(r["p_holm"])])
+    out += md_table(headers, rows, right=range(4, len(headers))) + [""]
+    out += [f"- {v}" for v in cmp["verdict"]] + [""]
+    out.append("a − b: negative means a has the lower value (lower loss is better; a higher judge grade is better). "
+               "Loss: Welch's t-test over seeds (final validation loss of each done run). Judge: paired bootstrap "
+               "over the prompts both models were graded on, each prompt's score averaged over seeds and repeats; "
+               "percentile CI; p from the bootstrap distribution shifted to no difference. The judge bootstrap "
+               "resamples prompts, not seeds: it says whether these trained models differ, and with few seeds it "
+               "cannot separate the architecture from the initialization. p (Holm) adjusts each quantity's family of "
+               "comparisons for multiple testing.")
+    out.append("")
+    if primary is None:
+        out += need("Judge comparisons need grades: `benchctl sample` then `benchctl judge`.")
+    return out
+
+
+def bench_section(frames: Frames) -> list[str]:
+    ctx, data = frames.ctx, frames.data
+    out = ["## Benchmark", ""]
+    b, earlier = bench_frame(ctx, data.bench)
+    if b.empty:
+        return out + need("No benchmark rows for this preset: `benchctl bench` produces them.")
+    out.append(f"`benchctl bench` invocation `{b['bench_id'].iloc[0]}` ({date(b['created_at'].max())}"
+               + (f"; {earlier} earlier invocation{'s' if earlier != 1 else ''} not shown" if earlier else "") + ").")
+    out.append("")
+    headers = ["arch", "impl", "compiled", "device", "tokens/s", "range", "step (ms)", "MFLOP/token", "MFU",
+               "peak FLOP/s source", "peak memory (MiB)", "cost ratio"]
+    ref = b[(b["arch"] == CONTROL) & (b["impl"] == "reference")]
+    ours = b[(b["arch"] == CONTROL) & (b["impl"] == "benchctl")]
+    ctrl = ours.to_dict("records")[0] if not ours.empty else None
+    rows = []
+    for r in b.to_dict("records"):
+        cost = "-"
+        if ctrl is not None and r["impl"] == "benchctl" and r["compiled"] == ctrl["compiled"]:
+            # time per token over the control's, divided by FLOPs per token over the control's (1 = pure arithmetic)
+            cost = fnum((float(ctrl["tokens_per_s"]) / float(r["tokens_per_s"]))
+                        / (float(r["flops_per_token"]) / float(ctrl["flops_per_token"])), 2)
+        rows.append([r["arch"], r["impl"], "yes" if py(r["compiled"]) else "no", r["device_name"] or r["device"],
+                     fnum(r["tokens_per_s"], 0), f"{fnum(r['tokens_per_s_min'], 0)}–{fnum(r['tokens_per_s_max'], 0)}",
+                     fnum(scaled(r["step_seconds"], 1e-3), 1), fnum(scaled(r["flops_per_token"], 1e6), 2),
+                     "-" if missing(r["mfu"]) else f"{100 * float(r['mfu']):.1f}%",
+                     r["peak_flops_source"] if not missing(r["peak_flops_source"]) else "-",
+                     fnum(scaled(r["peak_mem_bytes"], 2**20), 1), cost])
+    out += md_table(headers, rows, right=[4, 5, 6, 7, 8, 10, 11]) + [""]
+    if not ref.empty and ctrl is not None:
+        ref_row = ref.to_dict("records")[0]
+        ratio = float(ctrl["tokens_per_s"]) / float(ref_row["tokens_per_s"])
+        out.append(f"benchctl's control step runs at {ratio:.2f}× the eager reference's tokens/s, measured side by "
+                   "side in the same invocation.")
+        kernel = ctrl.get("kernel_seconds")
+        if not missing(kernel) and float(kernel) > 0:
+            out.append(f"Its step spends {fnum(kernel, 2)} s in matmul and attention kernels (best profiled step), so "
+                       f"even with everything else free it could run at most "
+                       f"{float(ref_row['step_seconds']) / float(kernel):.2f}× the reference on this machine.")
+        out.append("")
+    out.append("Cost ratio: an architecture's time per token over the control's, divided by its FLOPs per token over "
+               "the control's (1.00 = its recurrence costs exactly its arithmetic). "
+               "MFU is empty when the device's peak FLOP/s is unknown (never a guessed peak).")
+    out.append("")
+    return out
+
+
+def provenance_section(frames: Frames) -> list[str]:
+    ctx, data, groups = frames.ctx, frames.data, frames.judge_groups
+    out = ["## Provenance", ""]
+    if ctx.runs.empty:
+        return out + need("No runs: `benchctl train-all` records versions, commits, data and devices.")
+    r = ctx.runs
+    items = [
+        ("benchctl version", counts(r["benchctl_version"])),
+        ("git commit", counts(r["git_commit"])),
+        ("preset", f"{ctx.preset}" + (f" (others in the database: {', '.join(p for p, _, _ in ctx.other_presets)})"
+                                       if ctx.other_presets else "")),
+        ("data source", counts(r["data_source"])),
+        ("data fingerprint", counts(r["data_fingerprint"])),
+        ("device", counts(f"{a} / {b}" if not missing(b) else a for a, b in zip(r["device"], r["device_name"]))),
+        ("torch", counts(r["torch_version"])),
+        ("CUDA", counts(r["cuda_version"], absent="none")),
+        ("driver", counts(r["driver_version"], absent="none")),
+        ("python", counts(r["python_version"])),
+        ("first run created", date(min_str(r["created_at"]))),
+        ("last run finished", date(max_str(r["finished_at"]))),
+    ]
+    if groups:
+        items.append(("judge", "; ".join(f"{g.judge_model} / prompt {g.prompt_hash} ({g.n_ok} ok grades)"
+                                         for g in groups)))
+    ev = data.evals[data.evals["run_id"].isin(ctx.done["id"])]
+    if not ev.empty:
+        items.append(("lm-eval", counts(ev.drop_duplicates(["run_id", "lm_eval_version"])["lm_eval_version"])))
+    out += md_table(["what", "value"], items) + [""]
+    return out

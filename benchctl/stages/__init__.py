@@ -1,0 +1,111 @@
+"""The study's stages as a registry: each stage is one module here that defines `STAGE = Stage(...)`.
+
+A stage has a name, a position in the study (`order`), a `run(study)` that does its work through the engine and
+the database (resumable: it skips what is already stored), and the report sections that show its results. `benchctl
+study` runs the registered stages in order and the report renders their sections in the same order, so adding a
+stage is adding one module to this package; neither the study loop nor the report's top level names any stage.
+
+Orders in use: prepare 10, train 20, sample 30, judge 40, eval 50, report 100 (the report stage closes the report
+with the comparisons across stages, benchmark rows and provenance). Leave gaps so new stages can slot in between.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import pkgutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from benchctl.report.frames import Frames
+    from benchctl.study import StudyOptions, TrainAllResult
+
+Section = Callable[["Frames"], list[str]]  # report frames -> markdown lines (a "## Title" section)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One step of the study and its part of the report.
+
+    `run` may be None for a stage that only contributes report sections. `figures` names every PNG its sections
+    can write, so the report can remove a stale one when the data behind it is gone. `skippable` stages can be
+    left out with `benchctl study --skip NAME`; their `run` checks `study.skips(name)` itself, because what it
+    says when skipped (and whether there is anything to do) is the stage's own business."""
+
+    name: str
+    order: int
+    run: Callable[["StudyRun"], None] | None = None
+    sections: tuple[Section, ...] = ()
+    figures: tuple[str, ...] = ()
+    skippable: bool = False
+
+
+@dataclass
+class StudyRun:
+    """The state one `benchctl study` invocation passes from stage to stage.
+
+    Earlier stages fill what later ones read: prepare sets `prepared`, train sets `trained`, report sets
+    `report_path`. `confirm` is how the engine asks the user before long work (None: it cannot ask, so long work
+    needs --yes); the engine never talks to a terminal itself."""
+
+    opts: StudyOptions
+    cfgs: list[Any]  # RunConfig of every run in the sweep
+    archs: list[str]  # architectures of the sweep, in registry order
+    log: Callable[[str], None] = print
+    confirm: Callable[[str], bool] | None = None
+    prepared: Any = None
+    trained: TrainAllResult | None = None
+    report_path: Path | None = None
+    heading: str = ""  # "3/6 sample", set by the study loop before each stage runs
+
+    def say(self, detail: str) -> None:
+        """The stage's one heading line, e.g. '== 3/6 sample: skipped'."""
+        self.log(f"== {self.heading}: {detail}")
+
+    def skips(self, name: str) -> bool:
+        return name in self.opts.skip
+
+    @property
+    def run_ids(self) -> list[str]:
+        """The runs later stages work on: every run that finished training (now or before)."""
+        return [] if self.trained is None else self.trained.done + self.trained.skipped
+
+    @functools.cached_property
+    def db(self) -> Any:
+        from benchctl import db as dbm
+
+        return dbm.connect(self.opts.db_path)
+
+
+@functools.lru_cache(maxsize=1)
+def registered() -> tuple[Stage, ...]:
+    """Every stage defined in this package, in study order. A name or order used twice is a programming error."""
+    found: list[Stage] = []
+    for mod in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        stage = getattr(importlib.import_module(f"{__name__}.{mod.name}"), "STAGE", None)
+        if isinstance(stage, Stage):
+            found.append(stage)
+    for attr in ("name", "order"):
+        seen: dict[Any, Stage] = {}
+        for s in found:
+            other = seen.setdefault(getattr(s, attr), s)
+            if other is not s:
+                raise RuntimeError(f"two stages ({other.name} at {other.order}, {s.name} at {s.order}) have the "
+                                   f"same {attr} {getattr(s, attr)!r}")
+    return tuple(sorted(found, key=lambda s: s.order))
+
+
+def names() -> list[str]:
+    return [s.name for s in registered()]
+
+
+def skippable() -> list[str]:
+    """Stage names `benchctl study --skip` accepts, in study order."""
+    return [s.name for s in registered() if s.skippable]
+
+
+def figure_names() -> tuple[str, ...]:
+    """Every figure file a report can contain, in stage order."""
+    return tuple(f for s in registered() for f in s.figures)

@@ -1,0 +1,134 @@
+"""The study as a loop over registered stages, the stage registry, and how the engine asks before long runs."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from benchctl import report, stages, study
+from benchctl.cli import main
+from benchctl.errors import Aborted, BenchctlError
+from benchctl.study import StudyOptions, run_study
+from fixtures_db import build_fixture_db
+
+
+def test_registry_is_the_study_in_order():
+    assert stages.names() == ["prepare", "train", "sample", "judge", "eval", "report"]
+    assert stages.skippable() == ["sample", "judge", "eval"]
+    assert report.figure_names() == ("training_time.png", "peak_memory.png", "final_val_loss.png",
+                                     "val_loss_curves.png", "judge_grades.png")
+    assert not hasattr(study, "STAGES")
+
+
+def test_a_new_stage_runs_in_order_and_adds_its_section(tmp_path, monkeypatch):
+    seen: list[str] = []
+
+    def fake(name):
+        def run(s: stages.StudyRun) -> None:
+            seen.append(name)
+            s.say(f"{name} ran")
+            if name == "train":
+                s.trained = study.TrainAllResult(done=["r1"])
+            if name == "report":
+                s.report_path = tmp_path / "report.md"
+        return run
+
+    def depth_section(frames) -> list[str]:
+        return ["## Depth", "", f"{len(frames.ctx.done_models)} models", ""]
+
+    depth = stages.Stage(name="depth", order=60, run=fake("depth"), sections=(depth_section,))
+    fakes = tuple(stages.Stage(name=s.name, order=s.order, run=fake(s.name), sections=s.sections)
+                  for s in stages.registered())
+    monkeypatch.setattr(stages, "registered", lambda: tuple(sorted(fakes + (depth,), key=lambda s: s.order)))
+    lines: list[str] = []
+    path = run_study(StudyOptions(preset="tiny", archs=["control"], db_path=tmp_path / "r.db"), log=lines.append)
+    assert path == tmp_path / "report.md"
+    assert seen == ["prepare", "train", "sample", "judge", "eval", "depth", "report"]
+    assert lines == [f"== {i}/7 {n}: {n} ran" for i, n in enumerate(seen, 1)]
+
+    db = build_fixture_db(tmp_path / "fixture.db", judge=False, evals=False)
+    md = report.build(db).markdown
+    assert md.index("\n## lm-eval\n") < md.index("\n## Depth\n\n4 models\n") < md.index("\n## Comparisons\n")
+
+
+def test_failed_training_runs_are_reported_after_the_report(tmp_path, monkeypatch):
+    def train(s: stages.StudyRun) -> None:
+        s.trained = study.TrainAllResult(done=["ok1"], failed=[("bad1", "diverged")])
+
+    def write(s: stages.StudyRun) -> None:
+        s.report_path = tmp_path / "report.md"
+
+    only = (stages.Stage("train", 20, train), stages.Stage("report", 100, write))
+    monkeypatch.setattr(stages, "registered", lambda: only)
+    with pytest.raises(BenchctlError, match=r"report written to .*report\.md, but 1 training run\(s\) failed: "
+                                            r"bad1: diverged"):
+        run_study(StudyOptions(preset="tiny", archs=["control"], db_path=tmp_path / "r.db"), log=lambda _: None)
+
+
+def test_duplicate_stage_names_are_refused(monkeypatch):
+    stages.registered.cache_clear()
+    fake_mod = types.ModuleType("benchctl.stages.twin")
+    fake_mod.STAGE = stages.Stage(name="judge", order=45)
+    monkeypatch.setitem(__import__("sys").modules, "benchctl.stages.twin", fake_mod)
+    real_iter = stages.pkgutil.iter_modules
+    monkeypatch.setattr(stages.pkgutil, "iter_modules",
+                        lambda path: list(real_iter(path)) + [types.SimpleNamespace(name="twin")])
+    try:
+        with pytest.raises(RuntimeError, match="same name 'judge'"):
+            stages.registered()
+    finally:
+        stages.registered.cache_clear()
+
+
+@pytest.fixture
+def slow_estimate(monkeypatch):
+    """Training that would take two hours on a CPU."""
+    import torch
+
+    from benchctl import train
+
+    monkeypatch.setattr(train, "estimate_seconds", lambda cfgs, prepared: 7200.0)
+    monkeypatch.setattr(train, "resolve_device", lambda device: torch.device("cpu"))
+    return study.sweep("tiny", ["control"], [0])
+
+
+def test_long_run_without_anyone_to_ask_needs_yes(slow_estimate):
+    with pytest.raises(Aborted, match=r"would take about 2\.0 h on this CPU \(try --preset small on a CPU\); "
+                                      "pass --yes to start anyway"):
+        study.confirm_long_run(slow_estimate, None, yes=False, log=print)
+    study.confirm_long_run(slow_estimate, None, yes=True, log=print)
+
+
+def test_long_run_asks_through_the_callback(slow_estimate):
+    asked: list[str] = []
+    study.confirm_long_run(slow_estimate, None, yes=False, log=print, confirm=lambda q: asked.append(q) or True)
+    assert asked == ["1 run(s) of preset 'tiny' would take about 2.0 h on this CPU (try --preset small on a CPU). "
+                     "Start?"]
+    with pytest.raises(Aborted, match="not started"):
+        study.confirm_long_run(slow_estimate, None, yes=False, log=print, confirm=lambda q: False)
+
+
+def test_skip_accepts_only_skippable_stages(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["study", "--preset", "tiny", "--skip", "judge,train", "--db", str(tmp_path / "r.db")])
+    assert e.value.code == 2
+    assert "--skip accepts sample, judge, eval; got train" in capsys.readouterr().err
+
+
+def test_study_end_to_end_on_tiny_data(tmp_path, tinystories_dir, monkeypatch):
+    """The real stages: prepare, train one small run, skip the rest, write the report."""
+    monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
+    opts = StudyOptions(
+        preset="tiny", archs=["control"], seeds=[0], db_path=tmp_path / "r.db", out_dir=tmp_path / "reports",
+        overrides={"data.source": str(tinystories_dir), "train.max_steps": 2, "train.eval_interval": 1,
+                   "train.warmup_steps": 1},
+        skip=("sample", "judge", "eval"), progress=False,
+    )
+    lines: list[str] = []
+    path = run_study(opts, log=lines.append)
+    heads = [ln for ln in lines if ln.startswith("== ")]
+    assert [h.split(":")[0] for h in heads] == [f"== {i}/6 {n}" for i, n in enumerate(stages.names(), 1)]
+    assert heads[2:5] == ["== 3/6 sample: skipped", "== 4/6 judge: skipped", "== 5/6 eval: skipped"]
+    assert path == tmp_path / "reports" / "report.md"
+    assert "| control | 1 | 0 | 0 | 0 | 0 |" in path.read_text()
