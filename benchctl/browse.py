@@ -266,7 +266,7 @@ class Served:
     columns: dict[str, list[str]]  # table -> columns, as found in the file
 
 
-def inspect(path: str | Path) -> Served:
+def check_database(path: str | Path) -> Served:
     """Check that `path` is a benchctl results database and list its tables; DatabaseError (one line) otherwise."""
     p = Path(path).expanduser()
     if not p.is_file():
@@ -297,7 +297,22 @@ def canned_queries(served: Served) -> dict[str, dict[str, Any]]:
     cols = served.columns
     # Runs are labelled by their variant where the schema has one (several variants can share an architecture).
     label = "coalesce(r.variant, r.arch)" if "variant" in cols["runs"] else "r.arch"
-    queries: dict[str, dict[str, Any]] = {
+    queries = _run_queries(label)
+    queries.update(_stage_queries(cols, label))
+    queries["unfinished_runs"] = {
+        "title": "Runs not finished",
+        "description": "Runs still running, pending or failed, with their progress and error.",
+        "sql": """select r.id, r.arch, r.preset, r.seed, r.status, r.step, r.max_steps, r.error, r.hostname,
+  r.updated_at from runs r where r.status != 'done' order by r.status, r.updated_at desc""",
+    }
+    if "depth_results" in cols:
+        queries["depth_results"] = _depth_query(cols["depth_results"], label)
+    return queries
+
+
+def _run_queries(label: str) -> dict[str, dict[str, Any]]:
+    """Queries over the runs and metrics tables, which every results database has."""
+    return {
         "final_losses": {
             "title": "Final validation loss by model",
             "description": "Finished runs grouped by model and preset: seeds, mean, best and worst final "
@@ -331,6 +346,11 @@ from runs r where r.status = 'done'
 group by model, r.preset order by r.preset, mean_train_seconds""",
         },
     }
+
+
+def _stage_queries(cols: dict[str, list[str]], label: str) -> dict[str, dict[str, Any]]:
+    """Queries over what the later stages wrote (judge, eval, bench), for the tables the file has."""
+    queries: dict[str, dict[str, Any]] = {}
     if "judge_grades" in cols and "samples" in cols:
         queries["judge_grades_by_model"] = {
             "title": "Judge grades by model and criterion",
@@ -363,14 +383,6 @@ order by e.task, e.metric, r.preset, model, e.n_recur""",
   b.tokens_per_s, b.step_seconds, b.mfu, b.peak_mem_bytes, b.threads, b.load_avg, b.git_commit, b.torch_version
 from bench b order by b.created_at desc, b.bench_id, b.arch, b.impl""",
         }
-    queries["unfinished_runs"] = {
-        "title": "Runs not finished",
-        "description": "Runs still running, pending or failed, with their progress and error.",
-        "sql": """select r.id, r.arch, r.preset, r.seed, r.status, r.step, r.max_steps, r.error, r.hostname,
-  r.updated_at from runs r where r.status != 'done' order by r.status, r.updated_at desc""",
-    }
-    if "depth_results" in cols:
-        queries["depth_results"] = _depth_query(cols["depth_results"], label)
     return queries
 
 

@@ -64,7 +64,7 @@ def _add_depth_table(path: Path) -> None:
 
 def test_canned_queries_follow_the_schema(tmp_path):
     path = build_fixture_db(tmp_path / "results.db", seeds=(0,), judge=False, evals=False)
-    served = browse.inspect(path)
+    served = browse.check_database(path)
     queries = browse.canned_queries(served)
     assert "depth_results" not in queries and "judge_grades_by_model" in queries
     assert "r.arch as model" in queries["final_losses"]["sql"]
@@ -73,7 +73,7 @@ def test_canned_queries_follow_the_schema(tmp_path):
         conn.execute("alter table runs add column variant text")
     conn.close()
     _add_depth_table(path)
-    queries = browse.canned_queries(browse.inspect(path))
+    queries = browse.canned_queries(browse.check_database(path))
     assert "coalesce(r.variant, r.arch) as model" in queries["final_losses"]["sql"]
     assert "depth_results" in queries
     conn = sqlite3.connect(path)
@@ -138,7 +138,7 @@ def test_serves_descriptions_and_every_canned_query(tmp_path):
         assert status == 200 and "Final validation loss by model" in page.decode()
 
         run_id = next(iter(sqlite3.connect(path).execute("select id from runs where status = 'done'")))[0]
-        queries = browse.canned_queries(browse.inspect(path))
+        queries = browse.canned_queries(browse.check_database(path))
         assert len(queries) >= 6 and "depth_results" in queries
         for name in queries:
             params = f"&run_id={urllib.parse.quote(run_id)}" if ":run_id" in queries[name]["sql"] else ""

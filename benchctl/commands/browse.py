@@ -27,7 +27,7 @@ def browse(
     from benchctl import browse as engine
     from benchctl import db as dbm
 
-    served = engine.inspect(db if db is not None else dbm.default_path())
+    served = engine.check_database(db if db is not None else dbm.default_path())
     address = engine.url(host, port, served)
     if host not in _LOCAL:
         console.print(f"note: listening on {host}: anyone who can reach this machine can read these results",
