@@ -1,0 +1,200 @@
+"""Tests of `benchctl browse` (benchctl/browse.py, benchctl/commands/browse.py).
+
+- The descriptions cover exactly the schema that benchctl.db owns (no column without one, none for a column that
+  is gone).
+- A real server (`python -m benchctl browse`, a subprocess on a free port of 127.0.0.1) over a fixture study
+  database: table pages carry the descriptions, every canned query's JSON returns rows, a row written while it
+  serves shows up, and SQL that writes is refused.
+- Canned queries follow the file's schema: a depth_results table adds one, a variant column labels the models.
+- A missing file, a directory, a non-SQLite file and an SQLite file without benchctl's tables exit non-zero with
+  one line; so does a port that is taken.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from benchctl import browse
+from benchctl import db as dbm
+from benchctl.cli import main
+from tests.fixtures_db import build_fixture_db
+
+
+def test_every_schema_column_is_described_and_nothing_else():
+    schema = {t: set(spec["columns"]) for t, spec in dbm._SCHEMA.items()}
+    described = {t: set(cols) for t, cols in browse.COLUMNS.items()}
+    missing = {t: sorted(cols - described.get(t, set())) for t, cols in schema.items()}
+    stale = {t: sorted(cols - schema.get(t, set())) for t, cols in described.items()}
+    assert not {t: c for t, c in missing.items() if c}, f"columns without a description in browse.COLUMNS: {missing}"
+    assert not {t: c for t, c in stale.items() if c}, f"descriptions of columns not in db._SCHEMA: {stale}"
+    assert set(browse.TABLES) == set(schema), "every table needs a title and a description in browse.TABLES"
+    for table, cols in browse.COLUMNS.items():
+        for col, (text, _unit) in cols.items():
+            assert text.strip(), f"{table}.{col}: empty description"
+
+
+def test_units_are_named_where_they_matter():
+    assert browse.describe("runs", "final_val_loss").endswith("[nats/token]")
+    assert browse.describe("runs", "train_seconds").endswith("[s]")
+    assert browse.describe("runs", "peak_rss_bytes").endswith("[bytes]")
+    assert browse.describe("runs", "flops_per_token").endswith("[FLOPs/token]")
+    assert browse.describe("runs", "no_such_column") is None
+
+
+def _add_depth_table(path: Path) -> None:
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("create table depth_results (run_id text, n_recur integer, val_loss real)")
+        run_ids = [r[0] for r in conn.execute("select id from runs where status = 'done'")]
+        conn.executemany("insert into depth_results values (?, ?, ?)",
+                         [(rid, r, 3.5 - 0.1 * r) for rid in run_ids for r in (1, 2, 4)])
+    conn.close()
+
+
+def test_canned_queries_follow_the_schema(tmp_path):
+    path = build_fixture_db(tmp_path / "results.db", seeds=(0,), judge=False, evals=False)
+    served = browse.check_database(path)
+    queries = browse.canned_queries(served)
+    assert "depth_results" not in queries and "judge_grades_by_model" in queries
+    assert "r.arch as model" in queries["final_losses"]["sql"]
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("alter table runs add column variant text")
+    conn.close()
+    _add_depth_table(path)
+    queries = browse.canned_queries(browse.check_database(path))
+    assert "coalesce(r.variant, r.arch) as model" in queries["final_losses"]["sql"]
+    assert "depth_results" in queries
+    conn = sqlite3.connect(path)
+    for name, q in queries.items():  # every query is valid SQL on this schema
+        sql = q["sql"].replace(":run_id", "'x'")
+        conn.execute(sql).fetchall()
+    conn.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str, timeout: float = 30.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def _wait_until_up(proc: subprocess.Popen, base: str, deadline_s: float = 90.0) -> None:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < deadline_s:
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f"benchctl browse exited with {proc.returncode}: {err.decode()[-2000:]}")
+        try:
+            status, _ = _get(base + "/-/versions.json", timeout=2.0)
+            if status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    pytest.fail("benchctl browse did not answer in time")
+
+
+def _rows(base: str, path: str) -> list[dict]:
+    status, body = _get(f"{base}{path}")
+    assert status == 200, f"{path}: HTTP {status}: {body[:500]!r}"
+    return json.loads(body)
+
+
+@pytest.mark.slow
+def test_serves_descriptions_and_every_canned_query(tmp_path):
+    path = build_fixture_db(tmp_path / "results.db", seeds=(0, 1), n_prompts=4, bench=True)
+    _add_depth_table(path)
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "benchctl", "browse", "--db", str(path), "--port", str(port),
+                             "--no-open"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        _wait_until_up(proc, base)
+        status, page = _get(f"{base}/results/runs")
+        html = page.decode()
+        assert status == 200
+        assert browse.TABLES["runs"][1].split(":")[0] in html  # the table's description
+        assert browse.describe("runs", "final_val_loss") in html  # a column's description, with its unit
+        status, page = _get(f"{base}/results")
+        assert status == 200 and "Final validation loss by model" in page.decode()
+
+        run_id = next(iter(sqlite3.connect(path).execute("select id from runs where status = 'done'")))[0]
+        queries = browse.canned_queries(browse.check_database(path))
+        assert len(queries) >= 6 and "depth_results" in queries
+        for name in queries:
+            params = f"&run_id={urllib.parse.quote(run_id)}" if ":run_id" in queries[name]["sql"] else ""
+            rows = _rows(base, f"/results/{name}.json?_shape=array{params}")
+            assert rows, f"canned query {name} returned no rows"
+        curve = _rows(base, f"/results/validation_curve.json?_shape=array&run_id={urllib.parse.quote(run_id)}")
+        assert list(curve[0]) == ["step", "tokens", "wall_seconds", "val_loss"]
+        assert [r["step"] for r in curve] == sorted(r["step"] for r in curve)
+
+        # Live: a row written by another process while the server runs is visible (the WAL is read).
+        handle = dbm.connect(path)
+        with handle.conn:
+            handle["metrics"].insert({"run_id": run_id, "step": 10_000, "name": "val_loss", "value": 2.5,
+                                      "tokens": 1, "wall_seconds": 1.0})
+        handle.conn.close()
+        again = _rows(base, f"/results/validation_curve.json?_shape=array&run_id={urllib.parse.quote(run_id)}")
+        assert len(again) == len(curve) + 1
+
+        # Read-only: SQL that writes is refused and changes nothing.
+        n_before = sqlite3.connect(path).execute("select count(*) from runs").fetchone()[0]
+        status, _ = _get(f"{base}/results.json?sql=" + urllib.parse.quote("delete from runs"))
+        assert status >= 400
+        assert sqlite3.connect(path).execute("select count(*) from runs").fetchone()[0] == n_before
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _error(capsys, argv: list[str]) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    return info.value.code, capsys.readouterr().err
+
+
+def test_refuses_what_is_not_a_results_database(tmp_path, capsys):
+    other = tmp_path / "other.db"
+    conn = sqlite3.connect(other)
+    conn.execute("create table things (x integer)")
+    conn.close()
+    text = tmp_path / "notes.db"
+    text.write_text("not a database at all " * 100)
+    for target, words in ((tmp_path / "missing.db", "does not exist"), (tmp_path, "directory"),
+                          (other, "not a benchctl results database"), (text, "not a readable SQLite database")):
+        code, err = _error(capsys, ["browse", "--db", str(target), "--port", str(_free_port()), "--no-open"])
+        assert code == 5, err
+        assert words in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_a_taken_port_is_one_line(tmp_path, capsys):
+    path = build_fixture_db(tmp_path / "results.db", seeds=(0,), judge=False, evals=False, curves=False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        code, err = _error(capsys, ["browse", "--db", str(path), "--port", str(s.getsockname()[1]), "--no-open"])
+    assert code == 1 and "--port" in err and len(err.strip().splitlines()) == 1
