@@ -148,6 +148,7 @@ def _prepare_record(args, source: _Checkpoint | None, db_path: Path) -> _Record:
 
 
 def _store(rec: _Record, results: dict[str, Any], versions: dict[str, str]) -> int:
+    from benchctl import db as dbm
     from benchctl import evaluate as ev
 
     config = results.get("config") or {}
@@ -157,7 +158,7 @@ def _store(rec: _Record, results: dict[str, Any], versions: dict[str, str]) -> i
         batch_size = ev.DEFAULT_BATCH_SIZE
     rows = ev.result_rows(results, rec.run_id, rec.n_recur, rec.limit, batch_size, versions)
     tasks = {r["task"] for r in rows} | set(results.get("results", {}))
-    ev._store(rec.db, rows, {(rec.run_id, t) for t in tasks}, rec.n_recur, rec.limit or 0)
+    dbm.replace_eval_results(rec.db, rows, {(rec.run_id, t) for t in tasks}, rec.n_recur, rec.limit or 0)
     return len(rows)
 
 
