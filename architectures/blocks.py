@@ -8,8 +8,8 @@ feed-forward `w2(silu(w1 x) * w3 x)`, no biases. Two additions, both inert by de
   model keeps one set per pass and block, so the shared weights stay one module called in a loop);
 - attention can read and extend a KV cache, one layer slot per block *call*, so recurrent models cache each pass.
 
-Speed (issue 7; the maths is llama2.c's, only the evaluation is arranged into fewer, larger kernels, each change
-measured with `benchctl bench`): projections that read the same input run as one matmul over their concatenated
+Speed (the maths is llama2.c's, only the evaluation is arranged into fewer, larger kernels, each change measured
+with `benchctl bench`): projections that read the same input run as one matmul over their concatenated
 weights (wq|wk|wv, w1|w3; the parameters stay separate modules, so state dicts and FLOP counts are unchanged); RoPE
 rotates q and k together as one complex multiply (the same products as llama2.c's cos/sin formula); LoRA deltas share
 one matmul over the stacked A's and, in `LoRAProjection`, accumulate straight into the projection's output and input
@@ -47,11 +47,6 @@ def precompute_rope(head_dim: int, end: int, theta: float = 10000.0) -> tuple[to
     t = torch.arange(end, dtype=torch.float32)
     freqs = torch.outer(t, freqs)
     return torch.cos(freqs), torch.sin(freqs)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate adjacent pairs (x0, x1), (x2, x3), ... of x (B, T, H, hd) by position; cos/sin are (T, hd/2)."""
-    return rotate_pairs(x, cos, sin)
 
 
 def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
