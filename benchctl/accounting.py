@@ -13,7 +13,7 @@ import torch
 
 import architectures
 from benchctl import paper
-from benchctl.config import RunConfig, key_owners, make_config
+from benchctl.config import RunConfig, make_config, overrides_for
 
 # The components of the study's four models, in table order. Rows carry every component their model reports
 # (see `describe` and `component_names`); this tuple is only the order the study's own ones are shown in.
@@ -63,16 +63,7 @@ def component_names(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def table(preset: str, archs: list[str] | None = None, overrides: dict[str, Any] | None = None) -> list[dict]:
-    """One row per architecture (all registered ones by default).
-
-    Over all architectures, an override of one architecture's own key (`model.lora_rank`) applies to the
-    architectures that have it and leaves the others as they are; naming an architecture that lacks the key is
-    an error, as everywhere else.
-    """
-    if archs:
-        return [describe(make_config(preset, a, overrides=overrides)) for a in archs]
-    rows = []
-    for a in architectures.names():
-        own = {k: v for k, v in (overrides or {}).items() if a in key_owners(k) or not key_owners(k)}
-        rows.append(describe(make_config(preset, a, overrides=own)))
-    return rows
+    """One row per architecture (all registered ones by default); an architecture's own key in `overrides`
+    applies to the architectures that have it (see `config.overrides_for`)."""
+    names = archs or architectures.names()
+    return [describe(make_config(preset, a, overrides=overrides_for(a, overrides, names))) for a in names]

@@ -294,6 +294,21 @@ def key_owners(key: str) -> list[str]:
     return [a for a in architectures.names() if name in _arch_fields(architectures.get(a))]
 
 
+def overrides_for(arch: str, overrides: dict[str, Any] | None, archs: list[str]) -> dict[str, Any]:
+    """The overrides that apply to `arch` in a run over several architectures (`archs`, which holds it).
+
+    Each architecture takes its own keys: a key of another architecture in `archs` is left out for this one (a
+    sweep with `--set model.lora_rank=8` changes relaxed and leaves the control as it is). A key that no
+    architecture of `archs` has is kept, so `make_config` refuses it, saying whose it is.
+    """
+    out = {}
+    for key, value in (overrides or {}).items():
+        owners = key_owners(key)
+        if not owners or arch in owners or not set(owners) & set(archs):
+            out[key] = value
+    return out
+
+
 def choices(arch: str = "control") -> dict[str, tuple[Any, ...]]:
     """Keys with a closed set of values (a `Literal` annotation) for `arch`, and their choices."""
     out: dict[str, tuple[Any, ...]] = {}

@@ -20,6 +20,7 @@ from benchctl.config import (
     from_dict,
     llama2c_hidden_dim,
     make_config,
+    overrides_for,
     parse_set,
     preset_names,
     resolve,
@@ -404,3 +405,12 @@ def test_register_wants_a_frozen_args_dataclass():
         architectures.register("zz-test-loose", args=Loose)
     with pytest.raises(TypeError, match="frozen ArchArgs dataclass"):
         architectures.register("zz-test-loose", args=dict)
+
+
+def test_overrides_for_a_run_over_several_architectures():
+    both = ["control", "relaxed"]
+    sets = {"model.lora_rank": 8, "model.dim": 64}
+    assert overrides_for("control", sets, both) == {"model.dim": 64}  # relaxed's key is relaxed's alone
+    assert overrides_for("relaxed", sets, both) == sets
+    assert overrides_for("control", sets, ["control"]) == sets  # nobody in the run has it: make_config refuses it
+    assert "belongs to architecture 'relaxed'" in _err(overrides_for("control", sets, ["control"]))
