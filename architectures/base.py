@@ -24,15 +24,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from architectures.blocks import (
-    IGNORE_INDEX,
-    Block,
-    KVCache,
-    RMSNorm,
-    block_forward_flops,
-    linear_cross_entropy,
-    precompute_rope,
-)
+from architectures.blocks import Block, KVCache, RMSNorm, block_forward_flops, precompute_rope
+from architectures.kernels import IGNORE_INDEX, linear_cross_entropy
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,7 +21,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import architectures
 from architectures import ArchArgs, BaseLM, RecurrenceError, UnknownArchitectureError
-from architectures.blocks import PROJECTIONS, KVCache, linear_cross_entropy
+from architectures.blocks import PROJECTIONS, KVCache
+from architectures.kernels import linear_cross_entropy
 from architectures.generate import Generation, generate, sample_next
 from benchctl.config import make_config
 
@@ -655,7 +656,7 @@ def test_three_part_truncated_backprop(tiny_model):
     assert c_trunc.take() == [True] * 7
 
 
-# ---- the head's loss without logits (architectures.blocks.linear_cross_entropy) --------------------------------------
+# ---- the head's loss without logits (architectures.kernels.linear_cross_entropy) -------------------------------------
 
 
 def _head_problem(N: int = 300, d: int = 24, V: int = 97, seed: int = 0):
