@@ -56,7 +56,9 @@ def component_names(rows: Sequence[dict[str, Any]]) -> list[str]:
     """Every component of the rows, once, in table order: embedding first, final_norm last, the others as met."""
     seen: list[str] = []
     for r in rows:
-        seen += [c for c in r.get("components", ()) if c not in seen]
+        listed = r.get("components")
+        if isinstance(listed, (list, tuple)):  # a row rebuilt from elsewhere may have no component list
+            seen += [c for c in listed if c not in seen]
     head = ["embedding"] if "embedding" in seen else []
     tail = ["final_norm"] if "final_norm" in seen else []
     return head + [c for c in seen if c not in ("embedding", "final_norm")] + tail

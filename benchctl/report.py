@@ -1021,7 +1021,7 @@ def _sec_runs(ctx: Context) -> list[str]:
 
 
 def _sec_models(ctx: Context) -> list[str]:
-    from benchctl.accounting import COMPONENTS
+    from benchctl.accounting import component_names
 
     out = ["## Models", ""]
     if ctx.runs.empty:
@@ -1031,8 +1031,8 @@ def _sec_models(ctx: Context) -> list[str]:
         acc = accounting_frame(ctx)
         names = {"embedding": "embedding", "blocks": "blocks", "depth_encoding": "depth enc.", "adapter": "adapter",
                  "recurrent_norm": "rec. norm", "lora": "LoRA", "final_norm": "final norm"}
-        comps = [c for c in COMPONENTS if acc[c].fillna(0).astype(float).any()]
-        headers = ["model"] + [names[c] for c in comps] + ["unique total", "effective", "depth", "MFLOP/token"]
+        comps = [c for c in component_names(acc.to_dict("records")) if acc[c].fillna(0).astype(float).any()]
+        headers = ["model"] + [names.get(c, c) for c in comps] + ["unique total", "effective", "depth", "MFLOP/token"]
         if ctx.is_paper:
             headers += ["study total", "match"]
         rows = []
