@@ -5,20 +5,27 @@
     architectures.names()  # ['control', 'frailt', 'three-part', 'relaxed']
 
 To add an architecture, drop one file in this folder that subclasses `BaseLM` and decorates it with
-`@register("my-arch")`; every module here is imported at start-up, and the tests parametrised over `names()`
-pick it up. Plain PyTorch, no I/O, no knowledge of benchctl.
+`@register("my-arch", args=MyArgs)`, where `MyArgs` is the architecture's own frozen dataclass of arguments
+(a subclass of `ArchArgs`; leave `args` out when there are none). The class and its arguments travel together, so
+the config layer learns the architecture's keys from the registry and never lists them itself. Every module here is
+imported at start-up, and the tests parametrised over `names()` pick the new file up. Plain PyTorch, no I/O, no
+knowledge of benchctl.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib
 import pkgutil
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterable, TypeVar
 
-from architectures.base import BaseLM, RecurrenceError
+from architectures.base import ArchArgs, BaseLM, RecurrenceError
 
-__all__ = ["BaseLM", "RecurrenceError", "UnknownArchitectureError", "register", "build", "get", "names"]
+__all__ = [
+    "ArchArgs", "BaseLM", "RecurrenceError", "UnknownArchitectureError",
+    "register", "build", "get", "names", "did_you_mean",
+]
 
 _REGISTRY: dict[str, type[BaseLM]] = {}
 # The study's four first, in the order tables and figures use; later registrations follow.
@@ -27,19 +34,31 @@ _ORDER = ["control", "frailt", "three-part", "relaxed"]
 T = TypeVar("T", bound=type[BaseLM])
 
 
+def did_you_mean(word: str, options: Iterable[str]) -> str:
+    """"; did you mean 'x'?" for the closest option to a mistyped word, or "" when nothing is close."""
+    close = difflib.get_close_matches(word, list(options), n=1)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
 class UnknownArchitectureError(KeyError):
     def __init__(self, name: str):
-        close = difflib.get_close_matches(name, names(), n=1)
-        hint = f"; did you mean '{close[0]}'?" if close else ""
-        self.message = f"unknown architecture '{name}'{hint} available: {', '.join(names())}"
+        self.message = f"unknown architecture '{name}'{did_you_mean(name, names())} available: {', '.join(names())}"
         super().__init__(self.message)
 
     def __str__(self) -> str:
         return self.message
 
 
-def register(name: str) -> Callable[[T], T]:
-    """Class decorator: make an architecture buildable by name. Registering a name twice is an error."""
+def register(name: str, args: type[ArchArgs] | None = None) -> Callable[[T], T]:
+    """Class decorator: make an architecture buildable by name, with `args` its own frozen arguments dataclass.
+
+    Registering a name twice is an error, and so is an `args` that is not a frozen `ArchArgs` dataclass (the
+    config must stay immutable and hashable once resolved).
+    """
+    args_cls = ArchArgs if args is None else args
+    if not (isinstance(args_cls, type) and issubclass(args_cls, ArchArgs) and dataclasses.is_dataclass(args_cls)
+            and args_cls.__dataclass_params__.frozen):  # type: ignore[attr-defined]
+        raise TypeError(f"@register('{name}', args=...) expects a frozen ArchArgs dataclass, got {args!r}")
 
     def deco(cls: T) -> T:
         if name in _REGISTRY and _REGISTRY[name] is not cls:
@@ -48,6 +67,7 @@ def register(name: str) -> Callable[[T], T]:
             raise TypeError(f"@register('{name}') expects a BaseLM subclass, got {cls!r}")
         cls.name = name
         cls.label = cls.label or name
+        cls.args_cls = args_cls
         _REGISTRY[name] = cls
         return cls
 
@@ -71,7 +91,7 @@ def build(name: str, args: Any) -> BaseLM:
 
 def _discover() -> None:
     for mod in pkgutil.iter_modules(__path__):
-        if mod.name not in ("base", "blocks") and not mod.name.startswith("_"):
+        if mod.name not in ("base", "blocks", "kernels", "generate") and not mod.name.startswith("_"):
             importlib.import_module(f"{__name__}.{mod.name}")
 
 

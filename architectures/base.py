@@ -8,27 +8,34 @@ A subclass says only how its blocks are scheduled (`schedule`), which extra para
 (`build_extra`/`init_extra`), how those count (`components`) and how much compute a token costs
 (`flop_terms`). Sharing is one module called in a loop, never aliased copies.
 
-`args` is any object with the fields of `benchctl.config.ModelArgs` (this package does not import benchctl).
+`args` is any object with the trunk fields (dim, n_layers, n_heads, n_kv_heads, hidden_dim, vocab_size,
+max_seq_len, norm_eps, rope_theta, dropout, init_std, n_recur) and, optionally, `arch_args`: an instance of the
+architecture's own frozen arguments dataclass (`args_cls`, bound by `@register`); without it the model uses that
+dataclass's defaults. benchctl's `ModelArgs` is one such object, but this package never imports benchctl.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, ClassVar, Iterable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from architectures.blocks import (
-    IGNORE_INDEX,
-    Block,
-    KVCache,
-    RMSNorm,
-    block_forward_flops,
-    linear_cross_entropy,
-    precompute_rope,
-)
+from architectures.blocks import Block, KVCache, RMSNorm, block_forward_flops, precompute_rope
+from architectures.kernels import IGNORE_INDEX, linear_cross_entropy
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArchArgs:
+    """Base of an architecture's own arguments: subclass it as a frozen dataclass, one field per argument.
+
+    A field annotated `Literal["a", "b"]` lists its choices (the config layer checks them); everything else
+    (ranges, shapes that involve the trunk) is the architecture's `validate_args`. The field names become the
+    user-facing keys `model.<field>` and must not reuse a trunk field's name.
+    """
 
 
 class RecurrenceError(ValueError):
@@ -47,11 +54,39 @@ def count(obj: Params) -> int:
 
 
 class BaseLM(nn.Module):
+    """embedding -> `schedule` -> final norm -> tied head. What a subclass must keep true:
+
+    - `components(n_recur)` covers every parameter of the model (beyond the embedding and final norm, which the
+      base adds): `param_report` checks that the components sum to the model's parameter count and raises
+      otherwise, so a forgotten parameter is a failing test, not a wrong table.
+    - The default `flop_terms` counts only the `Block`s found in components named "blocks", times their uses per
+      token. A component of the architecture's own that does matmuls (an adapter, LoRA, a gate applied to
+      activations) needs a `flop_terms` override, or its compute is missing from FLOPs/token (the tests compare
+      the count with torch's flop counter).
+    - `max_n_recur` defaults to the trained depth (`args.n_recur`): an architecture that can run deeper at test
+      time (or only at depth 1) says so by overriding it.
+    - Every parameter with two or more dimensions gets weight decay in training, everything else (norm gains,
+      biases) none, whatever component it belongs to; a new matrix- or vector-shaped parameter is decayed or not
+      by its shape alone.
+    """
+
     name: ClassVar[str] = ""  # set by @register
     label: ClassVar[str] = ""  # human-readable name for tables and figures
     description: ClassVar[str] = ""
+    args_cls: ClassVar[type[ArchArgs]] = ArchArgs  # the architecture's own arguments, set by @register
 
     # ---- class-level hooks used by the config layer ------------------------------------------------------------
+
+    @classmethod
+    def arch_args_of(cls, args: Any) -> Any:
+        """The architecture's own arguments carried by `args` (its dataclass's defaults when it carries none)."""
+        own = getattr(args, "arch_args", None)
+        return cls.args_cls() if own is None else own
+
+    @classmethod
+    def resolve_arch_args(cls, arch_args: Any) -> Any:
+        """Make the architecture's "auto" arguments explicit (e.g. a LoRA alpha that defaults to the rank)."""
+        return arch_args
 
     @classmethod
     def default_n_recur(cls, args: Any) -> int:
@@ -60,7 +95,7 @@ class BaseLM(nn.Module):
 
     @classmethod
     def max_n_recur(cls, args: Any) -> int | None:
-        """The largest recurrence allowed at evaluation (None = unbounded)."""
+        """The largest recurrence allowed at evaluation (None = unbounded); by default the trained depth."""
         return args.n_recur
 
     @classmethod
@@ -72,6 +107,7 @@ class BaseLM(nn.Module):
     def __init__(self, args: Any):
         super().__init__()
         self.args = args
+        self.arch_args = self.arch_args_of(args)
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
         self.layers = nn.ModuleList(Block(i, args) for i in range(args.n_layers))
         self.norm = RMSNorm(args.dim, eps=args.norm_eps)
@@ -161,8 +197,17 @@ class BaseLM(nn.Module):
     # ---- accounting ------------------------------------------------------------------------------------------------
 
     def components(self, n_recur: int) -> list[tuple[str, Params, int]]:
-        """(component, parameters, times applied per token at recurrence n_recur), beyond embedding and final norm."""
+        """(component, parameters, times applied per token at recurrence n_recur), beyond embedding and final norm.
+
+        Must cover every parameter (checked by `param_report`). A name may repeat (e.g. blocks applied once and
+        blocks applied n_recur times); reports add the counts of a repeated name.
+        """
         return [("blocks", self.layers, 1)]
+
+    def effective_depth(self, n_recur: int | None = None) -> int:
+        """Block applications per token: each component's uses times the `Block`s it holds, whatever its name."""
+        n = self.resolve_n_recur(n_recur)
+        return sum(uses * _n_blocks(obj) for _, obj, uses in self.components(n))
 
     def param_report(self, n_recur: int | None = None) -> dict[str, Any]:
         """Unique parameters by component (tied embedding counted once) and effective (unrolled) parameters."""
@@ -187,11 +232,7 @@ class BaseLM(nn.Module):
         Default: every `Block` in the "blocks" components, times its uses per token. An architecture whose own
         parameters do matmuls (adapters, LoRA) or that runs part of its schedule without gradients overrides this.
         """
-        calls = 0
-        for name, obj, uses in self.components(n_recur):
-            if name == "blocks":
-                mods = [obj] if isinstance(obj, nn.Module) else list(obj)
-                calls += uses * sum(isinstance(m, Block) for mod in mods for m in mod.modules())
+        calls = sum(uses * _n_blocks(obj) for name, obj, uses in self.components(n_recur) if name == "blocks")
         return [(calls * block_forward_flops(self.args, seq_len), True)]
 
     def flops_per_token(self, seq_len: int | None = None, n_recur: int | None = None, training: bool = True) -> float:
@@ -208,84 +249,12 @@ class BaseLM(nn.Module):
             return float(sum(f for f, _ in terms))
         return float(sum(f * (3 if bwd else 1) for f, bwd in terms))
 
-    # ---- generation ------------------------------------------------------------------------------------------------
 
-    @torch.no_grad()
-    def generate(
-        self,
-        idx: torch.Tensor,
-        max_new_tokens: int,
-        *,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        eos_id: int | None = None,
-        n_recur: int | None = None,
-        generator: torch.Generator | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sample continuations of idx (B, T) with a KV cache. Returns (new tokens (B, <=max_new), lengths (B,)).
-
-        Rows that emit `eos_id` stop (their later tokens are padding, cut by `lengths`, which counts the tokens
-        before EOS). When the context is full, the window slides as in llama2.c's sampler (the last max_seq_len
-        tokens are re-encoded each step), so generation length is not bounded by the context.
-        """
-        B = idx.shape[0]
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        if max_new_tokens == 0:  # nothing to sample (the loop below needs at least one step)
-            return idx.new_zeros(B, 0), torch.zeros(B, dtype=torch.long, device=idx.device)
-        max_len = self.args.max_seq_len
-        seq = idx
-        cache: KVCache | None = KVCache(max_len)
-        logits, _ = self(seq[:, -max_len:], n_recur=n_recur, cache=cache)
-        if seq.shape[1] >= max_len:
-            cache = None  # no room left: slide the window from here on
-        out = []
-        done = torch.zeros(B, dtype=torch.bool, device=idx.device)
-        lengths = torch.full((B,), max_new_tokens, dtype=torch.long, device=idx.device)
-        for i in range(max_new_tokens):
-            next_tok = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)  # (B,)
-            if eos_id is not None:
-                newly = (next_tok == eos_id) & ~done
-                lengths[newly] = i
-                done |= newly
-            out.append(next_tok)
-            if bool(done.all()) or i == max_new_tokens - 1:
-                break
-            seq = torch.cat([seq, next_tok[:, None]], dim=1)
-            if cache is not None and cache.pos < max_len:
-                logits, _ = self(next_tok[:, None], n_recur=n_recur, cache=cache)
-            else:
-                cache = None
-                logits, _ = self(seq[:, -max_len:], n_recur=n_recur)
-        new = torch.stack(out, dim=1)
-        return new, torch.minimum(lengths, torch.tensor(new.shape[1], device=idx.device))
+def _n_blocks(obj: Params) -> int:
+    """How many `Block` modules a component holds (a parameter holds none)."""
+    mods = [obj] if isinstance(obj, (nn.Module, nn.Parameter)) else list(obj)
+    return sum(isinstance(m, Block) for mod in mods if isinstance(mod, nn.Module) for m in mod.modules())
 
 
-def filter_logits(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None) -> torch.Tensor:
-    """Temperature, then top-k, then nucleus (top-p) filtering of logits (B, V); removed entries become -inf."""
-    logits = logits.float() / temperature
-    if top_k is not None and 0 < top_k < logits.size(-1):
-        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1)
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and 0 < top_p < 1:
-        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
-        probs = F.softmax(sorted_logits, dim=-1)
-        remove = probs.cumsum(-1) - probs > top_p  # keep the smallest prefix whose mass reaches top_p
-        sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
-        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
-    return logits
-
-
-def sample_next(
-    logits: torch.Tensor,
-    temperature: float,
-    top_k: int | None,
-    top_p: float | None,
-    generator: torch.Generator | None,
-) -> torch.Tensor:
-    """One token per row from logits (B, V): greedy at temperature 0, else top-k / nucleus sampling."""
-    if temperature <= 0:
-        return logits.argmax(dim=-1)
-    probs = F.softmax(filter_logits(logits, temperature, top_k, top_p), dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+# The sampling helpers moved to the generation routine; kept importable here for callers of the old location.
+from architectures.generate import filter_logits, sample_next  # noqa: E402,F401

@@ -8,17 +8,22 @@ recurrence is bounded by the trained R.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 import torch.nn as nn
 
 from architectures import register
-from architectures.base import BaseLM
-from architectures.blocks import block_forward_flops
+from architectures.base import ArchArgs, BaseLM
 
 
-@register("frailt")
+@dataclass(frozen=True, kw_only=True)
+class FraiLTArgs(ArchArgs):
+    frailt_init: Literal["zeros", "normal"] = "zeros"  # init of the per-pass iteration vectors E_iter
+
+
+@register("frailt", args=FraiLTArgs)
 class FraiLT(BaseLM):
     label = "FraiLT"
     description = "looped blocks with a learned per-pass iteration vector"
@@ -31,7 +36,7 @@ class FraiLT(BaseLM):
         self.iter_emb = nn.Parameter(torch.zeros(args.n_recur, args.dim))  # E_iter: (R, d)
 
     def init_extra(self, args: Any) -> None:
-        if args.frailt_init == "normal":
+        if self.arch_args.frailt_init == "normal":
             nn.init.normal_(self.iter_emb, mean=0.0, std=args.init_std)
         else:
             nn.init.zeros_(self.iter_emb)
@@ -46,5 +51,3 @@ class FraiLT(BaseLM):
     def components(self, n_recur):
         return [("blocks", self.layers, n_recur), ("depth_encoding", self.iter_emb, 1)]
 
-    def flop_terms(self, n_recur, seq_len):
-        return [(n_recur * self.args.n_layers * block_forward_flops(self.args, seq_len), True)]

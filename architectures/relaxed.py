@@ -10,16 +10,25 @@ implemented: models here train from scratch.
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch.nn as nn
 
 from architectures import register
-from architectures.base import BaseLM
+from architectures.base import ArchArgs, BaseLM
 from architectures.blocks import PROJECTIONS, LoRA, block_forward_flops, block_shapes
 
 
-@register("relaxed")
+@dataclass(frozen=True, kw_only=True)
+class RelaxedArgs(ArchArgs):
+    lora_rank: int = 16
+    lora_alpha: float | None = None  # None -> alpha = rank (scale 1)
+    lora_init: Literal["normal", "kaiming"] = "normal"  # A ~ normal(0, init_std) | kaiming; B = 0 always
+
+
+@register("relaxed", args=RelaxedArgs)
 class Relaxed(BaseLM):
     label = "Relaxed"
     description = "looped blocks with a LoRA per pass and block"
@@ -28,13 +37,25 @@ class Relaxed(BaseLM):
     def default_n_recur(cls, args: Any) -> int:
         return 4
 
+    @classmethod
+    def resolve_arch_args(cls, arch_args: RelaxedArgs) -> RelaxedArgs:
+        if arch_args.lora_alpha is None:
+            return dataclasses.replace(arch_args, lora_alpha=float(arch_args.lora_rank))
+        return arch_args
+
+    @classmethod
+    def validate_args(cls, args: Any) -> None:
+        rank = cls.arch_args_of(args).lora_rank
+        if rank < 1:
+            raise ValueError(f"model.lora_rank: must be >= 1, got {rank}")
+
     def build_extra(self, args: Any) -> None:
         shapes = block_shapes(args)
-        alpha = args.lora_alpha if args.lora_alpha is not None else args.lora_rank
+        own = self.resolve_arch_args(self.arch_args)
         # lora[t][l][proj]: one set per (pass t, block l)
         self.lora = nn.ModuleList(
             nn.ModuleList(
-                nn.ModuleDict({p: LoRA(*shapes[p], args.lora_rank, alpha) for p in PROJECTIONS})
+                nn.ModuleDict({p: LoRA(*shapes[p], own.lora_rank, own.lora_alpha) for p in PROJECTIONS})
                 for _ in range(args.n_layers)
             )
             for _ in range(args.n_recur)
@@ -43,7 +64,7 @@ class Relaxed(BaseLM):
     def init_extra(self, args: Any) -> None:
         for m in self.lora.modules():
             if isinstance(m, LoRA):
-                m.reset_parameters(args.lora_init, args.init_std)
+                m.reset_parameters(self.arch_args.lora_init, args.init_std)
 
     def schedule(self, h, cos, sin, n_recur, cache):
         for t in range(n_recur):
@@ -56,4 +77,4 @@ class Relaxed(BaseLM):
 
     def flop_terms(self, n_recur, seq_len):
         a = self.args
-        return [(n_recur * a.n_layers * block_forward_flops(a, seq_len, lora_rank=a.lora_rank), True)]
+        return [(n_recur * a.n_layers * block_forward_flops(a, seq_len, lora_rank=self.arch_args.lora_rank), True)]

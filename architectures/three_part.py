@@ -17,17 +17,29 @@ with r_bar = n_recur, drawn per training forward; and truncated backprop through
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 import torch.nn as nn
 
 from architectures import register
-from architectures.base import BaseLM
+from architectures.base import ArchArgs, BaseLM
 from architectures.blocks import RMSNorm, block_forward_flops
 
 
-@register("three-part")
+@dataclass(frozen=True, kw_only=True)
+class ThreePartArgs(ArchArgs):
+    n_prelude: int = 1  # blocks before the recurrent core
+    n_coda: int = 1  # blocks after it
+    state_init_std: float = 0.02  # sigma of the fresh initial state s0
+    recur_sampling: Literal["fixed", "poisson-lognormal"] = "fixed"  # poisson-lognormal: Huginn's sampled depth
+    recur_sigma: float = 0.5  # Huginn's lognormal sigma for sampled depth
+    backprop_depth: int = 0  # 0 = backprop through every iteration; k > 0 = only the last k (Huginn k = 8)
+    recur_out: Literal["norm", "bias"] = "norm"  # where the extra d parameters live: RMSNorm | adapter bias
+
+
+@register("three-part", args=ThreePartArgs)
 class ThreePart(BaseLM):
     label = "Three-part"
     description = "prelude / recurrent core with input injection / coda"
@@ -42,29 +54,36 @@ class ThreePart(BaseLM):
 
     @classmethod
     def validate_args(cls, args: Any) -> None:
-        if args.n_prelude < 0 or args.n_coda < 0 or args.n_prelude + args.n_coda >= args.n_layers:
+        a = cls.arch_args_of(args)
+        if a.n_prelude < 0 or a.n_coda < 0 or a.n_prelude + a.n_coda >= args.n_layers:
             raise ValueError(
-                f"model.n_prelude ({args.n_prelude}) + model.n_coda ({args.n_coda}) must leave at least one of "
+                f"model.n_prelude ({a.n_prelude}) + model.n_coda ({a.n_coda}) must leave at least one of "
                 f"model.n_layers={args.n_layers} blocks for the recurrent core"
             )
+        for key, ok, need in (("state_init_std", a.state_init_std >= 0, ">= 0"),
+                              ("recur_sigma", a.recur_sigma > 0, "positive"),
+                              ("backprop_depth", a.backprop_depth >= 0, ">= 0 (0 = full)")):
+            if not ok:
+                raise ValueError(f"model.{key}: must be {need}, got {getattr(a, key)}")
 
     def build_extra(self, args: Any) -> None:
-        self.adapter = nn.Linear(2 * args.dim, args.dim, bias=args.recur_out == "bias")  # W_ad: [s ; e] -> s
-        self.recur_norm = RMSNorm(args.dim, eps=args.norm_eps) if args.recur_out == "norm" else None
+        a = self.arch_args
+        self.adapter = nn.Linear(2 * args.dim, args.dim, bias=a.recur_out == "bias")  # W_ad: [s ; e] -> s
+        self.recur_norm = RMSNorm(args.dim, eps=args.norm_eps) if a.recur_out == "norm" else None
         L = args.n_layers
-        self._prelude = list(range(args.n_prelude))
-        self._core = list(range(args.n_prelude, L - args.n_coda))
-        self._coda = list(range(L - args.n_coda, L))
+        self._prelude = list(range(a.n_prelude))
+        self._core = list(range(a.n_prelude, L - a.n_coda))
+        self._coda = list(range(L - a.n_coda, L))
 
     def sample_n_recur(self) -> int:
         """Huginn's Poisson-lognormal depth, mean r_bar + 1 where r_bar = args.n_recur."""
-        sigma = self.args.recur_sigma
+        sigma = self.arch_args.recur_sigma
         mu = math.log(self.args.n_recur) - sigma**2 / 2
         tau = torch.empty(1).log_normal_(mean=mu, std=sigma)
         return int(torch.poisson(tau).item()) + 1
 
     def schedule(self, h, cos, sin, n_recur, cache):
-        a = self.args
+        a = self.arch_args
         for i in self._prelude:
             h = self.layers[i](h, cos, sin, cache=cache)
         e = h  # (B, T, d)
@@ -103,7 +122,7 @@ class ThreePart(BaseLM):
         integrated over tau by Gauss-Hermite quadrature; r runs until the remaining mass is below `tail`."""
         from numpy.polynomial.hermite import hermgauss
 
-        sigma = self.args.recur_sigma
+        sigma = self.arch_args.recur_sigma
         mu = math.log(self.args.n_recur) - sigma**2 / 2
         nodes, weights = hermgauss(80)
         taus = [math.exp(mu + math.sqrt(2.0) * sigma * float(x)) for x in nodes]
@@ -119,7 +138,7 @@ class ThreePart(BaseLM):
     def flops_per_token(self, seq_len=None, n_recur=None, training=True):
         """With Huginn's sampled depth, training FLOPs are the expectation over the depth distribution (mean depth
         r_bar + 1, truncation applied per depth); otherwise, and for any given n_recur, the fixed-depth count."""
-        if not (training and n_recur is None and self.args.recur_sampling == "poisson-lognormal"):
+        if not (training and n_recur is None and self.arch_args.recur_sampling == "poisson-lognormal"):
             return super().flops_per_token(seq_len, n_recur, training)
         return float(sum(p * super(ThreePart, self).flops_per_token(seq_len, r, training)
                          for r, p in self.depth_distribution()))
@@ -128,7 +147,7 @@ class ThreePart(BaseLM):
         a = self.args
         blk = block_forward_flops(a, seq_len)
         step = 2.0 * (2 * a.dim) * a.dim + len(self._core) * blk  # adapter + core blocks
-        k = a.backprop_depth
+        k = self.arch_args.backprop_depth
         n_free = max(n_recur - k, 0) if k else 0
         outer = (len(self._prelude) + len(self._coda)) * blk
         return [(outer, True), (n_free * step, False), ((n_recur - n_free) * step, True)]

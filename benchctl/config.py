@@ -1,14 +1,19 @@
 """Run configuration: one frozen config tree per run, named presets, and dotted overrides.
 
-Follows PRACTICES.md item 1 (torchtitan / nanoGPT style): `ModelArgs` is the network, `TrainConfig`,
-`DataConfig` and `EvalConfig` are the job. A `RunConfig` is built once from a preset name plus
-`--set section.key=value` overrides, validated (unknown keys, wrong types and impossible shapes are
-`ConfigError`s naming the key), resolved (every "auto"/None default made explicit, e.g. the FFN hidden size
-from the llama2.c formula and the architecture's default recurrence), and then never mutated: derive new
-configs with `dataclasses.replace`. The resolved config serialises to JSON and back losslessly and is stored
-in the runs table and in every checkpoint.
+torchtitan / nanoGPT style: `ModelArgs` is the network, `TrainConfig`, `DataConfig` and `EvalConfig` are the job.
+`ModelArgs` holds the trunk every architecture shares (widths, depth, vocabulary, context, recurrence) and carries
+the architecture's own arguments in `arch_args`, an instance of the frozen dataclass the architecture registered
+(`@register("relaxed", args=RelaxedArgs)`): this module never lists an architecture's fields. Users still address
+them as model keys (`--set model.lora_rank=8`); a key of another architecture is an error saying whose it is.
 
-The `paper` preset is exactly SPEC.md §1 (karpathy/llama2.c defaults with multiple_of = 16).
+A `RunConfig` is built once from a preset name plus `--set section.key=value` overrides, validated (unknown keys,
+wrong types, choices and impossible shapes are `ConfigError`s naming the key), resolved (every "auto"/None default
+made explicit, e.g. the FFN hidden size from the llama2.c formula and the architecture's default recurrence), and
+then never mutated: derive new configs with `dataclasses.replace`. The resolved config serialises to JSON (the
+architecture's arguments flat in the "model" section, beside the trunk) and back losslessly, and is stored in the
+runs table and in every checkpoint.
+
+The `paper` preset is the published study's recipe: karpathy/llama2.c's defaults with multiple_of = 16.
 """
 
 from __future__ import annotations
@@ -20,14 +25,17 @@ import math
 import types
 import typing
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, Literal
 
 from benchctl.errors import ConfigError
+
+if typing.TYPE_CHECKING:  # architectures imports torch; the CLI imports this module before it needs torch
+    from architectures import BaseLM
 
 
 @dataclass(frozen=True, kw_only=True)
 class ModelArgs:
-    """The network. Symbols follow SPEC.md: dim d, n_layers L (unique blocks), hidden_dim h, n_recur R."""
+    """The network's trunk. Symbols: dim d, n_layers L (unique blocks), hidden_dim h, n_recur R."""
 
     dim: int = 256
     n_layers: int = 4  # unique transformer blocks
@@ -44,20 +52,8 @@ class ModelArgs:
     # Recurrence: passes over the blocks (frailt, relaxed) or core iterations (three-part).
     # None -> the architecture's default (4 passes; 7 core iterations), so effective depth is 16 at L=4.
     n_recur: int | None = None
-    # FraiLT: init of the per-pass iteration vectors E_iter.
-    frailt_init: str = "zeros"  # zeros | normal
-    # three-part (prelude / recurrent core / coda).
-    n_prelude: int = 1
-    n_coda: int = 1
-    state_init_std: float = 0.02  # sigma of the fresh initial state s0
-    recur_sampling: str = "fixed"  # fixed | poisson-lognormal (Huginn)
-    recur_sigma: float = 0.5  # Huginn's lognormal sigma for sampled depth
-    backprop_depth: int = 0  # 0 = backprop through every iteration; k > 0 = only the last k (Huginn k = 8)
-    recur_out: str = "norm"  # where three-part's extra d parameters live: norm (RMSNorm) | bias (adapter bias)
-    # relaxed recursive: depth-wise LoRA on all seven projections.
-    lora_rank: int = 16
-    lora_alpha: float | None = None  # None -> alpha = rank
-    lora_init: str = "normal"  # A ~ normal(0, init_std) | kaiming; B = 0 always
+    # The architecture's own arguments (its registered dataclass); None until resolved -> that dataclass's defaults.
+    arch_args: Any = None
 
     @property
     def head_dim(self) -> int:
@@ -81,7 +77,7 @@ class TrainConfig:
     ckpt_interval: int = 1_000
     compile: bool = False
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    dtype: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU) | float32 | bfloat16
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,7 +110,12 @@ class RunConfig:
         return self.train.batch_size * self.train.grad_accum * self.model.max_seq_len
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Plain JSON-able dict; the architecture's own arguments sit flat in "model", beside the trunk."""
+        out = dataclasses.asdict(replace(self, model=replace(self.model, arch_args=None)))
+        del out["model"]["arch_args"]
+        if self.model.arch_args is not None:
+            out["model"].update(dataclasses.asdict(self.model.arch_args))
+        return out
 
     def to_json(self, indent: int | None = None) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, indent=indent)
@@ -130,18 +131,12 @@ class RunConfig:
 
 SECTIONS: dict[str, type] = {"model": ModelArgs, "train": TrainConfig, "data": DataConfig, "eval": EvalConfig}
 TOP_LEVEL = ("arch", "preset", "seed")
+_NOT_A_KEY = ("model.arch_args",)  # the container of the architecture's keys, not a key itself
 
-CHOICES: dict[str, tuple[str, ...]] = {
-    "model.frailt_init": ("zeros", "normal"),
-    "model.recur_sampling": ("fixed", "poisson-lognormal"),
-    "model.recur_out": ("norm", "bias"),
-    "model.lora_init": ("normal", "kaiming"),
-    "train.dtype": ("auto", "float32", "bfloat16"),
-}
-
-# Presets are plain data: overrides on top of the defaults above (which are the paper recipe).
+# Presets are plain data: overrides on top of the defaults above (which are the paper recipe). A preset may set
+# an architecture's own key (e.g. model.lora_rank); it applies to that architecture and is ignored for the others.
 PRESETS: dict[str, dict[str, Any]] = {
-    # SPEC.md §1, exactly.
+    # The published study's recipe, exactly.
     "paper": {},
     # A CPU-scale version of the study: same four architectures, same effective depth 16 for the recurrent ones,
     # same recipe shape (AdamW, warmup + cosine, accumulation, clipping, tied embeddings, llama2.c init).
@@ -207,6 +202,11 @@ def _field_types(cls: type) -> dict[str, Any]:
 def _parse_scalar(key: str, tp: Any, value: Any) -> Any:
     """Coerce `value` (a CLI string or a JSON value) to the annotated type `tp`, or raise ConfigError."""
     origin = typing.get_origin(tp)
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        parsed = _parse_scalar(key, type(choices[0]), value)
+        _require(parsed in choices, key, f"must be one of {', '.join(map(str, choices))}; got {parsed!r}")
+        return parsed
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null")):
@@ -258,31 +258,92 @@ def _parse_scalar(key: str, tp: Any, value: Any) -> Any:
     raise ConfigError(f"{key}: unsupported type {tp}")  # pragma: no cover - a bug in this file
 
 
-def _unknown_key(key: str, known: list[str]) -> ConfigError:
-    import difflib
+def _arch_class(arch: str) -> type[BaseLM]:
+    import architectures
 
-    close = difflib.get_close_matches(key, known, n=1)
-    hint = f"; did you mean '{close[0]}'?" if close else ""
-    return ConfigError(f"unknown config key '{key}'{hint} valid keys: {', '.join(known)}")
+    try:
+        return architectures.get(arch)
+    except architectures.UnknownArchitectureError as e:
+        raise ConfigError(str(e)) from None
 
 
-def all_keys() -> list[str]:
+def _arch_fields(arch_cls: type[BaseLM]) -> dict[str, Any]:
+    """The architecture's own keys (model.<field>) and their annotated types; a trunk name there is a bug."""
+    types_ = _field_types(arch_cls.args_cls)
+    clash = sorted(set(types_) & {f.name for f in fields(ModelArgs)})
+    if clash:
+        raise ConfigError(f"architecture '{arch_cls.name}' declares {', '.join(clash)}, already a trunk model key")
+    return types_
+
+
+def all_keys(arch: str = "control") -> list[str]:
+    """Every key a config of `arch` accepts: the top level, each section's fields and the architecture's own."""
     keys = list(TOP_LEVEL)
     for section, cls in SECTIONS.items():
-        keys += [f"{section}.{f.name}" for f in fields(cls)]
-    return keys
+        keys += [f"{section}.{f.name}" for f in fields(cls) if f"{section}.{f.name}" not in _NOT_A_KEY]
+    return keys + [f"model.{name}" for name in _arch_fields(_arch_class(arch))]
 
 
-def _apply(flat: dict[str, Any], overrides: dict[str, Any]) -> None:
-    known = all_keys()
+def key_owners(key: str) -> list[str]:
+    """The registered architectures whose own arguments include `key` ("model.lora_rank" -> ["relaxed"])."""
+    import architectures
+
+    if not key.startswith("model."):
+        return []
+    name = key.split(".", 1)[1]
+    return [a for a in architectures.names() if name in _arch_fields(architectures.get(a))]
+
+
+def overrides_for(arch: str, overrides: dict[str, Any] | None, archs: list[str]) -> dict[str, Any]:
+    """The overrides that apply to `arch` in a run over several architectures (`archs`, which holds it).
+
+    Each architecture takes its own keys: a key of another architecture in `archs` is left out for this one (a
+    sweep with `--set model.lora_rank=8` changes relaxed and leaves the control as it is). A key that no
+    architecture of `archs` has is kept, so `make_config` refuses it, saying whose it is.
+    """
+    out = {}
+    for key, value in (overrides or {}).items():
+        owners = key_owners(key)
+        if not owners or arch in owners or not set(owners) & set(archs):
+            out[key] = value
+    return out
+
+
+def choices(arch: str = "control") -> dict[str, tuple[Any, ...]]:
+    """Keys with a closed set of values (a `Literal` annotation) for `arch`, and their choices."""
+    out: dict[str, tuple[Any, ...]] = {}
+    typed = [(f"{section}.{name}", tp) for section, cls in SECTIONS.items() for name, tp in _field_types(cls).items()]
+    typed += [(f"model.{name}", tp) for name, tp in _arch_fields(_arch_class(arch)).items()]
+    for key, tp in typed:
+        if typing.get_origin(tp) is Literal:
+            out[key] = typing.get_args(tp)
+    return out
+
+
+def _apply(flat: dict[str, Any], overrides: dict[str, Any], arch: str, *, skip_other_archs: bool = False) -> None:
+    """Set `overrides` on `flat`. A key of another architecture is skipped (presets, configs stored before the
+    architectures owned their keys) or refused with whose it is; any other unknown key suggests the closest one."""
+    import architectures
+
+    known = all_keys(arch)
     for key, value in overrides.items():
-        if key not in known:
-            raise _unknown_key(key, known)
-        flat[key] = value
+        if key in known:
+            flat[key] = value
+            continue
+        owners = key_owners(key)
+        if owners and skip_other_archs:
+            continue
+        if owners:
+            whose = " and ".join(f"'{o}'" for o in owners)
+            raise ConfigError(f"config key '{key}' belongs to architecture {whose}, not to '{arch}'")
+        raise ConfigError(
+            f"unknown config key '{key}'{architectures.did_you_mean(key, known)} valid keys: {', '.join(known)}"
+        )
 
 
-def _flat_defaults() -> dict[str, Any]:
-    return {k: v for k, v in _flatten(dataclasses.asdict(RunConfig())).items()}
+def _flat_defaults(arch: str) -> dict[str, Any]:
+    defaults = RunConfig(arch=arch, model=ModelArgs(arch_args=_arch_class(arch).args_cls()))
+    return _flatten(defaults.to_dict())
 
 
 def _flatten(d: dict[str, Any]) -> dict[str, Any]:
@@ -301,8 +362,13 @@ def _build(flat: dict[str, Any]) -> RunConfig:
     kwargs: dict[str, Any] = {k: _parse_scalar(k, top_types[k], flat[k]) for k in TOP_LEVEL}
     for section, cls in SECTIONS.items():
         ftypes = _field_types(cls)
-        sec = {name: _parse_scalar(f"{section}.{name}", tp, flat[f"{section}.{name}"]) for name, tp in ftypes.items()}
+        sec = {name: _parse_scalar(f"{section}.{name}", tp, flat[f"{section}.{name}"])
+               for name, tp in ftypes.items() if f"{section}.{name}" not in _NOT_A_KEY}
         kwargs[section] = cls(**sec)
+    arch_cls = _arch_class(kwargs["arch"])
+    own = {name: _parse_scalar(f"model.{name}", tp, flat[f"model.{name}"])
+           for name, tp in _arch_fields(arch_cls).items()}
+    kwargs["model"] = replace(kwargs["model"], arch_args=arch_cls.args_cls(**own))
     return RunConfig(**kwargs)
 
 
@@ -328,50 +394,54 @@ def make_config(
     overrides: dict[str, Any] | None = None,
 ) -> RunConfig:
     """Build, validate and resolve the config for one run: preset -> overrides -> resolve -> validate."""
-    if preset not in PRESETS:
-        import difflib
+    import architectures
 
-        close = difflib.get_close_matches(preset, list(PRESETS), n=1)
-        hint = f"; did you mean '{close[0]}'?" if close else ""
+    if preset not in PRESETS:
+        hint = architectures.did_you_mean(preset, PRESETS)
         raise ConfigError(f"unknown preset '{preset}'{hint} available: {', '.join(PRESETS)}")
-    flat = _flat_defaults()
-    _apply(flat, PRESETS[preset])
+    flat = _flat_defaults(arch)
+    _apply(flat, PRESETS[preset], arch, skip_other_archs=True)
     flat.update({"arch": arch, "preset": preset, "seed": seed})
-    _apply(flat, overrides or {})
+    _apply(flat, overrides or {}, arch)
     return resolve(_build(flat))
 
 
 def from_dict(raw: dict[str, Any]) -> RunConfig:
-    """Rebuild a config from its JSON form, rejecting unknown keys (a config from another benchctl version)."""
+    """Rebuild a config from its JSON form, rejecting unknown keys (a config from another benchctl version).
+
+    Configs stored before the architectures owned their arguments have every architecture's keys in "model";
+    the keys of other architectures are dropped, so those configs load as the config they always described.
+    """
     if not isinstance(raw, dict):
         raise ConfigError("config JSON must be an object")
-    flat = _flat_defaults()
-    _apply(flat, _flatten(raw))
+    arch = raw.get("arch", RunConfig.arch)
+    if not isinstance(arch, str):
+        raise ConfigError(f"arch: expected a string, got {arch!r}")
+    flat = _flat_defaults(arch)
+    _apply(flat, _flatten(raw), arch, skip_other_archs=True)
     return resolve(_build(flat))
 
 
 def resolve(cfg: RunConfig) -> RunConfig:
     """Make every default explicit and validate. Idempotent: resolve(resolve(c)) == resolve(c)."""
-    import architectures
-
-    try:
-        arch_cls = architectures.get(cfg.arch)
-    except architectures.UnknownArchitectureError as e:
-        raise ConfigError(str(e)) from None
+    arch_cls = _arch_class(cfg.arch)
     m = cfg.model
+    own = arch_cls.args_cls() if m.arch_args is None else m.arch_args
+    if type(own) is not arch_cls.args_cls:
+        raise ConfigError(f"model.arch_args: architecture '{cfg.arch}' takes {arch_cls.args_cls.__name__}, "
+                          f"got {type(own).__name__}")
+    m = replace(m, arch_args=arch_cls.resolve_arch_args(own))
     if m.hidden_dim is None:
         if m.dim <= 0 or m.multiple_of <= 0:
             _validate_model(m)
         m = replace(m, hidden_dim=llama2c_hidden_dim(m.dim, m.multiple_of))
-    if m.lora_alpha is None:
-        m = replace(m, lora_alpha=float(m.lora_rank))
     if m.n_recur is None:
         m = replace(m, n_recur=arch_cls.default_n_recur(m))
     cfg = replace(cfg, model=m)
     validate(cfg)
     try:
         arch_cls.validate_args(cfg.model)
-    except ValueError as e:  # the architecture's shape check (its message names the key): a user error
+    except ValueError as e:  # the architecture's own check (its message names the key): a user error
         raise ConfigError(str(e)) from None
     return cfg
 
@@ -416,14 +486,11 @@ def validate(cfg: RunConfig) -> None:
     _require(0.0 <= m.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {m.dropout}")
     _require(m.init_std > 0, "model.init_std", f"must be positive, got {m.init_std}")
     _require(m.n_recur is not None and m.n_recur >= 1, "model.n_recur", f"must be >= 1, got {m.n_recur}")
-    _require(m.state_init_std >= 0, "model.state_init_std", f"must be >= 0, got {m.state_init_std}")
-    _require(m.recur_sigma > 0, "model.recur_sigma", f"must be positive, got {m.recur_sigma}")
-    _require(m.backprop_depth >= 0, "model.backprop_depth", f"must be >= 0 (0 = full), got {m.backprop_depth}")
-    _require(m.lora_rank >= 1, "model.lora_rank", f"must be >= 1, got {m.lora_rank}")
-    for key, choices in CHOICES.items():
+    for key, allowed in choices(cfg.arch).items():  # configs built in code skip the parser's check
         section, name = key.split(".")
-        value = getattr(getattr(cfg, section), name)
-        _require(value in choices, key, f"must be one of {', '.join(choices)}; got {value!r}")
+        holder = getattr(cfg, section)
+        value = getattr(holder, name) if hasattr(holder, name) else getattr(m.arch_args, name)
+        _require(value in allowed, key, f"must be one of {', '.join(map(str, allowed))}; got {value!r}")
     _require(cfg.seed >= 0, "seed", f"must be >= 0, got {cfg.seed}")
     _require(t.batch_size >= 1, "train.batch_size", f"must be >= 1, got {t.batch_size}")
     _require(t.grad_accum >= 1, "train.grad_accum", f"must be >= 1, got {t.grad_accum}")
@@ -464,7 +531,10 @@ def run_id(cfg: RunConfig, data_fingerprint: str) -> str:
     """A stable id for (resolved config, data): reruns of the same experiment find the same row.
 
     The data source path is replaced by the fingerprint of its content, so the same data reached by another path
-    is the same run, and changed data is a different one.
+    is the same run, and changed data is a different one. The hash covers the trunk and this architecture's own
+    arguments only, so registering another architecture never changes an id. (Ids computed before the
+    architectures owned their arguments also hashed every other architecture's keys; those ids changed once with
+    that move. A run already stored keeps its recorded id.)
     """
     flat = _flatten(cfg.to_dict())
     for k in _NOT_IDENTITY:

@@ -1,4 +1,4 @@
-"""The published study's numbers (SPEC.md §2 and §6), shown beside ours in `params` and the report.
+"""The published study's numbers (its parameter table and results), shown beside ours in `params` and the report.
 
 Each value is what the study printed. Where the study contradicts itself, `FLAGS` says how; benchctl never
 silently "corrects" a published number, it shows both.

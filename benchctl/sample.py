@@ -60,6 +60,8 @@ from benchctl.progress import Progress, silent
 if TYPE_CHECKING:  # torch is imported where used: the CLI starts without paying its import time
     import torch
 
+    from architectures.generate import Generation
+
 RULE = "opening-sentences-v1"
 MIN_PROMPT_WORDS = 16
 MAX_PROMPT_WORDS = 60
@@ -239,10 +241,13 @@ def batch_seed(seed: int, prompt_idxs: Sequence[int]) -> int:
 # Generation
 
 
-@dataclass(frozen=True)
-class Generation:
-    tokens: list[int]  # the new tokens, the end-of-story token excluded
-    finish_reason: str  # eos | length
+def __getattr__(name: str) -> Any:
+    """`Generation` lives with the zoo's generation routine; it is imported on first use, like torch."""
+    if name == "Generation":
+        from architectures.generate import Generation
+
+        return Generation
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def generate_batch(
@@ -257,87 +262,16 @@ def generate_batch(
     n_recur: int | None = None,
     generators: Sequence[torch.Generator] | None = None,
 ) -> list[Generation]:
-    """Complete each prompt (token ids, BOS included) with one KV-cached forward per step; see the module docstring.
+    """Complete each prompt (token ids, BOS included) with the zoo's generation routine; see the module docstring.
 
     Prompts may differ in length (ragged prefill, no padding). Row b samples from `generators[b]` (None: the global
-    RNG); temperature 0 is greedy. A row stops at a token in `stop_ids` (excluded from its tokens) or after
-    `max_new_tokens` new tokens.
+    RNG); temperature 0 is greedy. A row stops at a token in `stop_ids` (excluded from its tokens; by default the
+    end-of-story ids BOS and EOS) or after `max_new_tokens` new tokens.
     """
-    import torch
+    from architectures.generate import generate
 
-    if not prompts:
-        return []
-    if any(len(p) == 0 for p in prompts):
-        raise ValueError("every prompt needs at least one token (BOS)")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if generators is not None and len(generators) != len(prompts):
-        raise ValueError(f"{len(generators)} generators for {len(prompts)} prompts")
-    with torch.no_grad():
-        return _generate(model, prompts, max_new_tokens, temperature, top_k, top_p, stop_ids, n_recur, generators)
-
-
-def _generate(model, prompts, max_new_tokens, temperature, top_k, top_p, stop_ids, n_recur, generators
-              ) -> list[Generation]:
-    import torch
-    import torch.nn.functional as F
-
-    from architectures.base import filter_logits
-    from architectures.blocks import KVCache
-
-    device = next(model.parameters()).device
-    ctx = model.args.max_seq_len
-    B = len(prompts)
-    plen_all = [len(p) for p in prompts]
-    seq = torch.zeros(B, max(plen_all) + max_new_tokens, dtype=torch.long, device=device)  # (B, T_total)
-    for b, p in enumerate(prompts):
-        seq[b, : len(p)] = torch.as_tensor(list(p), dtype=torch.long)
-    plen = torch.tensor(plen_all, device=device)  # (B,)
-    stop = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=device)
-    rows = list(range(B))  # original index of each live row
-    gens = list(generators) if generators is not None else [None] * B
-    results: list[Generation | None] = [None] * B
-
-    T = min(plen_all)  # tokens per row fed so far; all live rows share positions
-    cache: KVCache | None = KVCache(ctx)
-    logits, _ = model(seq[:, max(0, T - ctx) : T], n_recur=n_recur, cache=cache)
-    if T >= ctx:
-        cache = None  # no room left: slide the window from here on
-    while True:
-        last = logits[:, -1, :]  # (b, V)
-        sampling = T >= plen  # (b,) rows past their prompt choose token T; the others are fed their prompt
-        tok = seq[:, T].clone()  # (b,)
-        if bool(sampling.any()):
-            if temperature <= 0:
-                picked = last.argmax(dim=-1)
-                tok = torch.where(sampling, picked, tok)
-            else:
-                probs = F.softmax(filter_logits(last, temperature, top_k, top_p), dim=-1)  # (b, V)
-                for r in sampling.nonzero().flatten().tolist():  # one draw per row, from that row's own stream
-                    tok[r] = torch.multinomial(probs[r], 1, generator=gens[r])[0]
-        seq[:, T] = tok
-        is_stop = sampling & torch.isin(tok, stop)
-        n_new = T + 1 - plen  # (b,) new tokens so far, stop token included
-        finished = is_stop | (sampling & (n_new >= max_new_tokens))
-        if bool(finished.any()):
-            for r in finished.nonzero().flatten().tolist():
-                start, end = int(plen[r]), T + (0 if bool(is_stop[r]) else 1)
-                results[rows[r]] = Generation(seq[r, start:end].tolist(), "eos" if bool(is_stop[r]) else "length")
-            keep = (~finished).nonzero().flatten()  # (b',)
-            if keep.numel() == 0:
-                break
-            seq, plen = seq[keep], plen[keep]
-            rows = [rows[i] for i in keep.tolist()]
-            gens = [gens[i] for i in keep.tolist()]
-            if cache is not None:
-                cache.select_rows(keep)
-        T += 1
-        if cache is not None and cache.pos < ctx:
-            logits, _ = model(seq[:, T - 1 : T], n_recur=n_recur, cache=cache)
-        else:
-            cache = None
-            logits, _ = model(seq[:, max(0, T - ctx) : T], n_recur=n_recur)
-    return [r for r in results if r is not None]
+    return generate(model, prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                    top_p=top_p, stop_ids=stop_ids, n_recur=n_recur, generators=generators)
 
 
 def decode_completion(tok, prompt_ids: Sequence[int], new_ids: Sequence[int]) -> str:

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import architectures
 from benchctl import db as dbm
 from benchctl import stages
-from benchctl.config import RunConfig, make_config
+from benchctl.config import RunConfig, make_config, overrides_for
 from benchctl.errors import Aborted, BenchctlError
 
 # Ask before starting work estimated to take longer than this on the current device.
@@ -26,7 +26,7 @@ def sweep(
 ) -> list[RunConfig]:
     """The (architecture x seed) grid, architectures in registry order."""
     names = archs or architectures.names()
-    return [make_config(preset, a, s, overrides) for s in (seeds or [0]) for a in names]
+    return [make_config(preset, a, s, overrides_for(a, overrides, names)) for s in (seeds or [0]) for a in names]
 
 
 def format_duration(seconds: float) -> str:

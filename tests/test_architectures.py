@@ -1,4 +1,4 @@
-"""Tests of the model zoo (architectures/): the registry, exact parameter accounting (SPEC.md §2), FLOPs per token
+"""Tests of the model zoo (architectures/): the registry, exact parameter accounting (the study's totals), FLOPs per token
 checked against torch.utils.flop_counter, and the behaviour every architecture promises — causality, seeding,
 KV-cached decoding, generation, the reductions to simpler models (FraiLT with one zero-encoded pass is the control;
 relaxed with zero LoRA is the plain looped model), recurrence overrides and their bounds, Huginn's sampled depth and
@@ -20,8 +20,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 import architectures
-from architectures import BaseLM, RecurrenceError, UnknownArchitectureError
-from architectures.blocks import PROJECTIONS, KVCache, linear_cross_entropy
+from architectures import ArchArgs, BaseLM, RecurrenceError, UnknownArchitectureError
+from architectures.blocks import PROJECTIONS, KVCache
+from architectures.kernels import linear_cross_entropy
+from architectures.generate import Generation, generate, sample_next
 from benchctl.config import make_config
 
 NAMES = architectures.names()
@@ -105,7 +107,7 @@ def reversed_arch():
 
 def test_registering_a_new_architecture_is_picked_up(reversed_arch, tiny_args):
     name, cls = reversed_arch
-    assert architectures.names() == STUDY + [name]
+    assert architectures.names() == NAMES + [name]  # the names registered at start-up, then the new one
     cfg = make_config("tiny", name)  # the config layer accepts it too
     torch.manual_seed(0)
     model = architectures.build(name, cfg.model)
@@ -328,61 +330,87 @@ def greedy_by_full_forward(model: BaseLM, idx: torch.Tensor, n: int) -> torch.Te
     return seq[:, idx.shape[1] :]
 
 
+def generated(model: BaseLM, idx: torch.Tensor, n: int, **kw) -> torch.Tensor:
+    """The routine's tokens for prompts idx (B, T) as a (B, n) tensor (every row must run to the full length)."""
+    outs = generate(model, idx.tolist(), max_new_tokens=n, **kw)
+    assert all(o.finish_reason == "length" and len(o.tokens) == n for o in outs)
+    return torch.tensor([o.tokens for o in outs], dtype=torch.long)
+
+
 @pytest.mark.parametrize("arch", NAMES)
 def test_generate(arch, tiny_model):
     overrides = {"state_init_std": 0.0} if arch == "three-part" else {}
     model = tiny_model(arch, **overrides)
     prompt = tokens(2, 6)
-    # sampling: shape, lengths, reproducible with a generator
-    new, lengths = model.generate(prompt, 7, temperature=1.0, top_k=20, generator=torch.Generator().manual_seed(1))
-    again, _ = model.generate(prompt, 7, temperature=1.0, top_k=20, generator=torch.Generator().manual_seed(1))
-    assert new.shape == (2, 7) and lengths.tolist() == [7, 7] and torch.equal(new, again)
-    assert new.dtype == torch.long and ((0 <= new) & (new < 512)).all()
-    nucleus, _ = model.generate(prompt, 3, temperature=0.8, top_p=0.9, generator=torch.Generator().manual_seed(2))
-    assert nucleus.shape == (2, 3)
+
+    def gens(seed):
+        return [torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed + 100)]
+
+    # sampling: shape, reproducible with the same generators
+    new = generated(model, prompt, 7, temperature=1.0, top_k=20, generators=gens(1))
+    assert torch.equal(new, generated(model, prompt, 7, temperature=1.0, top_k=20, generators=gens(1)))
+    assert new.shape == (2, 7) and ((0 <= new) & (new < 512)).all()
+    assert generated(model, prompt, 3, temperature=0.8, top_p=0.9, generators=gens(2)).shape == (2, 3)
     # greedy with the KV cache equals greedy by re-encoding
-    greedy, _ = model.generate(prompt, 10, temperature=0.0)
-    assert torch.equal(greedy, greedy_by_full_forward(model, prompt, 10))
+    assert torch.equal(generated(model, prompt, 10, temperature=0.0), greedy_by_full_forward(model, prompt, 10))
     # sliding beyond the context: 28 + 12 tokens > 32 (the cache fills, then the window slides)
     long_prompt = tokens(2, 28, seed=3)
-    slid, lengths = model.generate(long_prompt, 12, temperature=0.0)
-    assert slid.shape == (2, 12) and lengths.tolist() == [12, 12]
+    slid = generated(model, long_prompt, 12, temperature=0.0)
     assert torch.equal(slid, greedy_by_full_forward(model, long_prompt, 12))
-    # nothing to sample is an empty result, a negative count an error
-    none, n_none = model.generate(prompt, 0)
-    assert none.shape == (2, 0) and n_none.tolist() == [0, 0]
-    with pytest.raises(ValueError, match="max_new_tokens must be >= 0"):
-        model.generate(prompt, -1)
     # a prompt longer than the context is cut to its last max_seq_len tokens
-    over, _ = model.generate(tokens(1, 40, seed=4), 3, temperature=0.0)
+    over = generated(model, tokens(1, 40, seed=4), 3, temperature=0.0)
     assert torch.equal(over, greedy_by_full_forward(model, tokens(1, 40, seed=4)[:, -32:], 3))
+    # nothing to generate for no prompt; a count below one, an empty prompt or a generator short are errors
+    assert generate(model, [], max_new_tokens=3) == []
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
+        generate(model, prompt.tolist(), max_new_tokens=0)
+    with pytest.raises(ValueError, match="at least one token"):
+        generate(model, [[]], max_new_tokens=1)
+    with pytest.raises(ValueError, match="1 generators for 2 prompts"):
+        generate(model, prompt.tolist(), max_new_tokens=1, generators=[None])
 
 
 @pytest.mark.parametrize("arch", NAMES)
-def test_generate_stops_at_eos(arch, tiny_model):
+def test_generate_stops_at_a_stop_id_or_when_asked(arch, tiny_model):
     overrides = {"state_init_std": 0.0} if arch == "three-part" else {}
     model = tiny_model(arch, **overrides)
-    prompt = tokens(2, 5)
-    greedy, _ = model.generate(prompt, 6, temperature=0.0)
-    eos = int(greedy[0, 2])  # row 0 will emit it at step 2 (or earlier, if it also came before)
-    first0 = int((greedy[0] == eos).nonzero()[0])
-    hits1 = (greedy[1] == eos).nonzero()
-    first1 = int(hits1[0]) if len(hits1) else None
-    new, lengths = model.generate(prompt, 6, temperature=0.0, eos_id=eos)
-    assert lengths[0].item() == first0  # tokens before EOS
-    assert new[0, first0].item() == eos
-    assert lengths[1].item() == (first1 if first1 is not None else 6)
-    expected_len = 6 if first1 is None else max(first0, first1) + 1  # generation ends once every row is done
-    assert new.shape[1] == expected_len
-    # a single row stops right after its EOS
-    one, n_one = model.generate(prompt[:1], 6, temperature=0.0, eos_id=eos)
-    assert one.shape == (1, first0 + 1) and n_one.tolist() == [first0]
+    prompt = tokens(2, 5).tolist()
+    free = generated(model, torch.tensor(prompt), 6, temperature=0.0).tolist()
+    stop = free[0][2]  # row 0 emits it at step 2 (or earlier, if it also came before)
+    outs = generate(model, prompt, max_new_tokens=6, temperature=0.0, stop_ids=(stop,))
+    for row, out in zip(free, outs):  # the stop id ends its row and is not kept; the other row runs on
+        cut = row.index(stop) if stop in row else None
+        assert out == (Generation(row[:cut], "eos") if cut is not None else Generation(row, "length"))
+    # should_stop sees the row's index and its new tokens so far; True ends the row keeping the token
+    asked: list[tuple[int, list[int]]] = []
+
+    def at_three(i: int, new: list[int]) -> bool:
+        asked.append((i, list(new)))
+        return i == 1 and len(new) == 3
+
+    outs = generate(model, prompt, max_new_tokens=6, temperature=0.0, should_stop=at_three)
+    assert outs == [Generation(free[0], "length"), Generation(free[1][:3], "eos")]
+    assert (1, free[1][:3]) in asked and (0, free[0][:6]) in asked and not any(i == 1 and len(n) > 3 for i, n in asked)
+
+
+def test_generate_draws_like_the_single_row_sampler(tiny_model):
+    # One row, one generator: the same draws as sampling token by token with `sample_next` on full forwards.
+    model = tiny_model("frailt")
+    prompt = tokens(1, 5, seed=7)
+    out = generate(model, prompt.tolist(), max_new_tokens=8, temperature=0.9, top_k=40, top_p=0.95,
+                   generators=[torch.Generator().manual_seed(5)])
+    g, seq = torch.Generator().manual_seed(5), prompt
+    with torch.no_grad():
+        for _ in range(8):
+            nxt = sample_next(model(seq)[0][:, -1, :], 0.9, 40, 0.95, g)
+            seq = torch.cat([seq, nxt[:, None]], dim=1)
+    assert out[0].tokens == seq[0, 5:].tolist()
 
 
 def test_frailt_one_zero_pass_equals_control(tiny_model):
     control = tiny_model("control", seed=0)
     frailt = tiny_model("frailt", seed=1)
-    assert frailt.args.frailt_init == "zeros" and frailt.args.n_recur == 4
+    assert frailt.arch_args.frailt_init == "zeros" and frailt.args.n_recur == 4
     missing, unexpected = frailt.load_state_dict(control.state_dict(), strict=False)
     assert missing == ["iter_emb"] and unexpected == []
     assert torch.count_nonzero(frailt.iter_emb) == 0
@@ -458,8 +486,8 @@ def test_relaxed_lora_is_a_per_pass_weight_delta(tiny_model):
 
 def test_three_part_schedule_by_hand(tiny_model):
     model = tiny_model("three-part")
-    a = model.args
-    assert (a.n_recur, a.n_prelude, a.n_coda, a.state_init_std) == (7, 1, 1, 0.02)
+    a = model.arch_args
+    assert (model.args.n_recur, a.n_prelude, a.n_coda, a.state_init_std) == (7, 1, 1, 0.02)
     x = tokens(2, 10)
     cos, sin = model.rope_cos[:10], model.rope_sin[:10]
     with torch.no_grad():
@@ -603,7 +631,7 @@ def test_three_part_truncated_backprop(tiny_model):
 
     # Reference: the same forward with the state detached after 5 iterations gives exactly the truncated gradients.
     trunc.zero_grad()
-    model, a = trunc, trunc.args
+    model, a = trunc, trunc.arch_args
     cos, sin = model.rope_cos[:10], model.rope_sin[:10]
     torch.manual_seed(11)
     e = model.layers[0](model.tok_embeddings(x), cos, sin)
@@ -628,7 +656,7 @@ def test_three_part_truncated_backprop(tiny_model):
     assert c_trunc.take() == [True] * 7
 
 
-# ---- the head's loss without logits (architectures.blocks.linear_cross_entropy) --------------------------------------
+# ---- the head's loss without logits (architectures.kernels.linear_cross_entropy) -------------------------------------
 
 
 def _head_problem(N: int = 300, d: int = 24, V: int = 97, seed: int = 0):
@@ -718,5 +746,5 @@ def test_forward_on_cuda_matches_cpu(arch, tiny_model):
         with torch.autocast("cuda", dtype=torch.bfloat16):  # the training precision on CUDA
             _, bf16_loss = gpu(x.cuda(), y.cuda())
     assert abs(bf16_loss.item() - cpu_loss.item()) < 0.05
-    new, lengths = gpu.generate(x.cuda()[:, :4], 5, temperature=0.0)
-    assert new.shape == (2, 5) and new.device.type == "cuda"
+    outs = generate(gpu, x[:, :4].tolist(), max_new_tokens=5, temperature=0.0)
+    assert [len(o.tokens) for o in outs] == [5, 5]

@@ -1,5 +1,6 @@
 """Tests of `benchctl params` (benchctl/commands/params.py over benchctl/accounting.py): the study's four published
-totals with match marks (SPEC.md §2), the JSON form, and one-line errors without a traceback for typos.
+totals with match marks, every component each model reports, the JSON form, and one-line errors without a traceback
+for typos.
 
 Successful runs go through `typer.testing.CliRunner` on `benchctl.cli.app`; error paths go through
 `benchctl.cli.main()` (the one place that turns a BenchctlError into a printed line and an exit code), and once
@@ -15,6 +16,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
+import architectures
 from benchctl import accounting, paper
 from benchctl.cli import app, main
 from benchctl.config import make_config
@@ -37,13 +39,19 @@ def test_study_totals_are_the_spec_ones():
 
 def test_accounting_table_paper():
     rows = accounting.table("paper")
-    assert [r["arch"] for r in rows] == list(TOTALS)
+    assert [r["arch"] for r in rows] == architectures.names()
     for r in rows:
-        assert r["total_params"] == r["paper_total_params"] == TOTALS[r["arch"]]
-        assert r["matches_paper"] is True
-        assert sum(r[c] for c in accounting.COMPONENTS) == r["total_params"]
+        assert r["components"][0] == "embedding" and r["components"][-1] == "final_norm"
+        assert sum(r[c] for c in r["components"]) == r["total_params"]  # every component, whatever the model
         assert r["seq_len"] == 128
+        if r["arch"] in TOTALS:
+            assert r["total_params"] == r["paper_total_params"] == TOTALS[r["arch"]]
+            assert r["matches_paper"] is True
+        else:  # an architecture the study did not have has nothing to be compared with
+            assert r["paper_total_params"] is None and r["matches_paper"] is None
     by = {r["arch"]: r for r in rows}
+    assert by["control"]["components"] == ["embedding", "blocks", "final_norm"]
+    assert by["three-part"]["components"] == ["embedding", "blocks", "adapter", "recurrent_norm", "final_norm"]
     assert by["frailt"]["depth_encoding"] == 1_024
     assert (by["three-part"]["adapter"], by["three-part"]["recurrent_norm"]) == (131_072, 256)
     assert by["relaxed"]["lora"] == 1_249_280
@@ -59,6 +67,17 @@ def test_accounting_off_paper_has_no_study_total():
     # a changed paper config is still compared, and no longer matches
     (changed,) = accounting.table("paper", ["relaxed"], {"model.lora_rank": 8})
     assert changed["matches_paper"] is False and changed["total_params"] == TOTALS["relaxed"] - 1_249_280 // 2
+    # over every architecture an architecture's own key changes only the models that have it
+    rows = {r["arch"]: r for r in accounting.table("paper", None, {"model.lora_rank": 8})}
+    assert rows["relaxed"]["total_params"] == changed["total_params"]
+    assert rows["control"]["total_params"] == TOTALS["control"]
+
+
+def test_component_names_keep_the_models_order():
+    rows = [{"components": ["embedding", "blocks", "final_norm"]},
+            {"components": ["embedding", "blocks", "gate", "final_norm"]},
+            {"components": ["embedding", "lora", "blocks", "final_norm"]}]
+    assert accounting.component_names(rows) == ["embedding", "blocks", "gate", "lora", "final_norm"]
 
 
 def test_describe_uses_the_config_sequence_length():
@@ -78,9 +97,17 @@ def test_params_table():
         line = next(ln for ln in out.splitlines() if ln.strip().startswith(arch + " "))
         assert line.count(f"{total:,}") == 2, line  # ours and the study's, side by side
         assert "✓" in line and "✗" not in line
-    assert out.count("✓") == 4 + 1  # one per row, plus the legend
-    for extra in ("enc 1,024", "adapter 131,072", "rec-norm 256", "lora 1,249,280"):
-        assert extra in out
+    assert out.count("✓") == 4 + 1  # one per study row, plus the legend
+    # one row per component, one column per architecture; each column adds up to its total
+    lines = {ln.split()[0]: ln.split()[1:] for ln in out.splitlines() if ln.strip()}
+    archs = architectures.names()
+    rows = {r["arch"]: r for r in accounting.table("paper")}
+    for comp in accounting.component_names(list(rows.values())):
+        assert lines[comp] == [f"{rows[a][comp]:,}" if comp in rows[a] else "-" for a in archs], comp
+    assert lines["total"] == [f"{rows[a]['total_params']:,}" for a in archs]
+    for comp, n in (("depth_encoding", "1,024"), ("adapter", "131,072"), ("recurrent_norm", "256"),
+                    ("lora", "1,249,280")):
+        assert n in lines[comp]
     assert "13,706,496" in out  # FraiLT's effective parameters at depth 16
 
 
@@ -94,10 +121,11 @@ def test_params_json():
     result = runner.invoke(app, ["params", "--preset", "paper", "--json"])
     assert result.exit_code == 0, result.output
     rows = json.loads(result.output)
-    assert isinstance(rows, list) and [r["arch"] for r in rows] == list(TOTALS)
+    assert isinstance(rows, list) and [r["arch"] for r in rows] == architectures.names()
     for r in rows:
-        assert {"arch", "total_params", "paper_total_params", "flops_per_token"} <= r.keys()
-        assert r["total_params"] == r["paper_total_params"] == TOTALS[r["arch"]]
+        assert {"arch", "components", "total_params", "paper_total_params", "flops_per_token"} <= r.keys()
+        assert r["total_params"] == sum(r[c] for c in r["components"])
+        assert r["paper_total_params"] == TOTALS.get(r["arch"])
         assert isinstance(r["flops_per_token"], (int, float)) and r["flops_per_token"] > 0
     flops = {r["arch"]: r["flops_per_token"] for r in rows}
     assert flops["control"] == 26_836_992  # = 3 x (4 blocks + tied head) forward FLOPs at T = 128
@@ -115,7 +143,7 @@ def test_params_unknown_arch_is_one_line(capsys):
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
     assert "'thre-part'" in lines[0] and "did you mean 'three-part'?" in lines[0]
-    assert "available: control, frailt, three-part, relaxed" in lines[0]
+    assert "available: " + ", ".join(architectures.names()) in lines[0]
     assert "Traceback" not in err
 
 
@@ -137,6 +165,10 @@ def test_params_unknown_key_is_one_line(capsys):
         (["params", "--set", "model.dim=abc"], "model.dim: expected an integer"),
         (["params", "--arch", "three-part", "--set", "model.n_prelude=2", "--set", "model.n_coda=2"],
          "model.n_prelude (2) + model.n_coda (2)"),
+        (["params", "--arch", "control", "--set", "model.lora_rank=8"],
+         "config key 'model.lora_rank' belongs to architecture 'relaxed', not to 'control'"),
+        (["params", "--arch", "frailt", "--set", "model.frailt_init=ones"],
+         "model.frailt_init: must be one of zeros, normal; got 'ones'"),
     ],
 )
 def test_params_config_errors(capsys, argv, expect):
@@ -152,4 +184,4 @@ def test_console_script_error_has_no_traceback():
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
-    assert "three-part" in proc.stderr and "control, frailt, three-part, relaxed" in proc.stderr
+    assert "three-part" in proc.stderr and ", ".join(architectures.names()) in proc.stderr

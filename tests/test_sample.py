@@ -15,6 +15,7 @@ import torch
 from typer.testing import CliRunner
 
 import architectures
+from architectures.generate import sample_next
 from benchctl import db as dbm
 from benchctl import sample as smp
 from benchctl.errors import CheckpointError, ConfigError, DataError, EvalError
@@ -129,10 +130,13 @@ def test_sampling_draws_one_stream_per_row_and_matches_the_models_sampler(tiny_m
     for i, p in enumerate(prompts):  # alone, or with other companions, a row gives the same sample
         assert smp.generate_batch(model, [p], generators=gens([i]), **kw)[0] == batch[i]
     assert smp.generate_batch(model, prompts[2:], generators=gens([2, 3]), **kw) == batch[2:]
-    # one row through `BaseLM.generate` with the same generator state draws the same tokens
-    new, _ = model.generate(torch.tensor([prompts[1]]), 20, temperature=0.9, top_k=40, top_p=0.95,
-                            generator=gens([1])[0])
-    assert new[0].tolist() == batch[1].tokens
+    # one row sampled token by token with the zoo's sampler and the same generator state draws the same tokens
+    g, seq = gens([1])[0], torch.tensor([prompts[1]])
+    with torch.no_grad():
+        for _ in range(20):
+            nxt = sample_next(model(seq)[0][:, -1, :], 0.9, 40, 0.95, g)
+            seq = torch.cat([seq, nxt[:, None]], dim=1)
+    assert seq[0, len(prompts[1]):].tolist() == batch[1].tokens
     other = smp.generate_batch(model, prompts, generators=[torch.Generator().manual_seed(9) for _ in range(4)], **kw)
     assert other != batch
 

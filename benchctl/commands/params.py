@@ -27,30 +27,36 @@ def params(
     if as_json:
         print(json.dumps(rows, indent=2))
         return
-    short = {"depth_encoding": "enc", "adapter": "adapter", "recurrent_norm": "rec-norm", "lora": "lora"}
     counts = Table(title=f"unique parameters — preset '{preset}'", title_justify="left", box=box.SIMPLE_HEAD)
+    parts = Table(title="unique parameters by component", title_justify="left", box=box.SIMPLE_HEAD)
     compute = Table(title="depth and compute", title_justify="left", box=box.SIMPLE_HEAD)
-    for head in ("arch", "unique params", "study", "", "own extras"):
-        counts.add_column(head, justify="left" if head in ("arch", "own extras") else "right", no_wrap=True)
+    for head in ("arch", "unique params", "study", ""):
+        counts.add_column(head, justify="left" if head == "arch" else "right", no_wrap=True)
+    parts.add_column("component", justify="left", no_wrap=True)
+    for r in rows:
+        parts.add_column(r["arch"], justify="right", no_wrap=True)
     for head in ("arch", "depth", "effective params", "training MFLOP/token"):
         compute.add_column(head, justify="left" if head == "arch" else "right", no_wrap=True)
     for r in rows:
-        extras = "\n".join(f"{short[c]} {r[c]:,}" for c in accounting.COMPONENTS if c in short and r[c])
         study = f"{r['paper_total_params']:,}" if r["paper_total_params"] else "-"
         mark = {True: "[green]✓[/]", False: "[red]✗[/]", None: ""}[r["matches_paper"]]
-        counts.add_row(r["arch"], f"{r['total_params']:,}", study, mark, extras or "-")
+        counts.add_row(r["arch"], f"{r['total_params']:,}", study, mark)
         compute.add_row(
             r["arch"], str(r["effective_depth"]), f"{r['effective_params']:,}", f"{r['flops_per_token'] / 1e6:.1f}"
         )
+    names = accounting.component_names(rows)
+    for i, c in enumerate(names):
+        parts.add_row(c, *(f"{r[c]:,}" if c in r else "-" for r in rows), end_section=i == len(names) - 1)
+    parts.add_row("total", *(f"{r['total_params']:,}" for r in rows))
     console.print(counts)
+    console.print(parts)
     console.print(compute)
-    r0 = rows[0]
     console.print(
-        f"Every model has the tied embedding ({r0['embedding']:,}), {r0['blocks']:,} in its unique blocks and the "
-        f"final norm ({r0['final_norm']:,}); 'own extras' are the architecture's additions. "
+        "Every model has the tied embedding, its unique blocks and the final norm; the other components are the "
+        "architecture's own, and each column adds up to its total. "
         "✓ = equals the study's published total. depth = block applications per token; effective = parameters "
         f"applied per token, unrolled. MFLOP/token = training FLOPs (forward + backward, attention over "
-        f"seq_len {r0['seq_len']} included)."
+        f"seq_len {rows[0]['seq_len']} included)."
     )
     overrides = parse_set(set_)
     if overrides.get("model.recur_sampling", "fixed") != "fixed":

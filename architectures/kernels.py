@@ -1,0 +1,158 @@
+"""The fast paths of the zoo: the same maths as the reference code in `blocks.py`, arranged into fewer, larger kernels.
+
+- `LoRAProjection`: a group of projections sharing one input plus their LoRA deltas, with each low-rank product
+  accumulated straight into its slice of the output (and of the input gradient) instead of through concatenations
+  and full-size additions. `blocks.project_group` uses it; `blocks.lora_delta` is the plain-autograd reference.
+- `linear_cross_entropy`: the head's loss computed a chunk of rows at a time, without materialising the logits;
+  the reference is `F.cross_entropy(F.linear(h, weight).float(), targets, ignore_index=-1)`.
+
+Both run exactly the matmuls autograd would (the same FLOPs, counted the same way); the tests compare each with
+its reference. Each change here was measured with `benchctl bench`.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+
+IGNORE_INDEX = -1  # targets equal to this are left out of the loss (llama2.c's ignore_index)
+
+
+class LoRAProjection(torch.autograd.Function):
+    """y = x W^T + [s u_1 B_1^T | ... | s u_n B_n^T] with u = x A^T, for n projections sharing x (N, in).
+
+    W (O, in) and A (n r, in) are the group's stacked weights; B_j (o_j, r). Forward and backward run exactly the
+    matmuls autograd would (the same FLOPs, counted the same way), but each low-rank product is accumulated straight
+    into its slice of the output, and A's share of the input gradient straight into it (addmm with out=), instead of
+    through concatenations and separate full-size additions.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, a: torch.Tensor, scale: float,
+                *bs: torch.Tensor) -> torch.Tensor:
+        r = bs[0].shape[1]
+        u = torch.mm(x, a.t())  # (N, n r)
+        if scale != 1.0:
+            u.mul_(scale)
+        y = torch.mm(x, w.t())  # (N, O)
+        col = 0
+        for j, b in enumerate(bs):
+            ys = y[:, col : col + b.shape[0]]
+            torch.addmm(ys, u[:, j * r : (j + 1) * r], b.t(), out=ys)  # ys += s u_j B_j^T
+            col += b.shape[0]
+        ctx.save_for_backward(x, w, a, u, *bs)
+        ctx.scale = scale
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, gy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, w, a, u, *bs = ctx.saved_tensors
+        r = bs[0].shape[1]
+        gy = gy.contiguous()  # (N, O)
+        du = torch.empty_like(u)  # d(x A^T), (N, n r)
+        dbs = []
+        col = 0
+        for j, b in enumerate(bs):
+            g = gy[:, col : col + b.shape[0]]  # (N, o_j)
+            dbs.append(torch.mm(g.t(), u[:, j * r : (j + 1) * r]))  # (o_j, r); u carries the scale
+            torch.mm(g, b, out=du[:, j * r : (j + 1) * r])
+            col += b.shape[0]
+        if ctx.scale != 1.0:
+            du.mul_(ctx.scale)
+        da = torch.mm(du.t(), x)  # (n r, in)
+        dw = torch.mm(gy.t(), x)  # (O, in)
+        dx = torch.mm(gy, w)  # (N, in)
+        torch.addmm(dx, du, a, out=dx)  # dx += du A
+        return (dx, dw, da, None, *dbs)
+
+
+# ---- the head and its loss ------------------------------------------------------------------------------------------
+
+
+def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                         chunk: int | None = None) -> torch.Tensor:
+    """Mean cross-entropy of the logits h W^T (N, V) against targets (N,), without ever holding all the logits.
+
+    The same function as `F.cross_entropy(F.linear(h, weight).float(), targets, ignore_index=-1)`, evaluated `chunk`
+    rows at a time. With gradients needed (training), each chunk's gradient is formed while its logits are in cache
+    (softmax minus one-hot) and pushed through the head's two backward matmuls at once (`LinearCrossEntropy`): the same
+    three matmuls autograd would run, but no (N, V) logits, log-softmax or gradient tensors written to memory and read
+    back, and none held through the rest of the backward pass. h (N, d), weight (V, d), targets (N,) with -1 ignored.
+    `chunk` rows per step: by default 8 MB of float32 logits (512 rows at V = 4096), at least 128 rows.
+    """
+    if chunk is None:
+        chunk = max(128, (1 << 21) // weight.shape[0])
+    if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
+        return LinearCrossEntropy.apply(h, weight, targets, chunk)
+    total, n_valid = _chunked_cross_entropy(h, weight, targets, chunk, None, None)
+    return total / n_valid
+
+
+def _compute_dtype(h: torch.Tensor) -> torch.dtype:
+    dev = h.device.type
+    if dev in ("cpu", "cuda") and torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
+    return h.dtype
+
+
+def _chunked_cross_entropy(
+    h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int,
+    grad_h: torch.Tensor | None, grad_w: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed loss, number of counted targets); with grad_h (N, d) / grad_w (V, d) given, also fills them with the
+    gradient of the *summed* loss (the caller scales by 1 / n_valid)."""
+    cd = _compute_dtype(h)
+    autocast_off = torch.autocast(h.device.type, enabled=False) if h.device.type in ("cpu", "cuda") else nullcontext()
+    with autocast_off:  # the dtypes are chosen here, as autocast would (matmuls in cd, softmax in float32)
+        hc_all, w = h.to(cd), weight.to(cd)
+        valid = targets != IGNORE_INDEX
+        total = torch.zeros((), device=h.device, dtype=torch.float32)
+        accumulate_w = grad_w is not None and grad_w.dtype == cd  # addmm_ needs one dtype
+        for s in range(0, h.shape[0], chunk):
+            hc, vc = hc_all[s : s + chunk], valid[s : s + chunk]
+            idx = targets[s : s + chunk].clamp(min=0).unsqueeze(1)  # (n, 1); ignored rows point at 0, masked below
+            logp = torch.log_softmax(torch.mm(hc, w.t()).float(), dim=-1)  # (n, V)
+            total -= torch.where(vc, logp.gather(1, idx).squeeze(1), 0.0).sum()
+            if grad_h is None and grad_w is None:
+                continue
+            p = logp.exp_()  # softmax, in place
+            p.scatter_add_(1, idx, torch.where(vc, -1.0, 0.0).unsqueeze(1))
+            p.mul_(vc.unsqueeze(1))  # ignored rows contribute nothing
+            g = p.to(cd)
+            if grad_h is not None:
+                torch.mm(g, w, out=grad_h[s : s + chunk])  # grad_h is allocated in cd
+            if grad_w is not None:
+                if accumulate_w:
+                    grad_w.addmm_(g.t(), hc)
+                else:
+                    grad_w += g.t() @ hc
+    return total, valid.sum()
+
+
+class LinearCrossEntropy(torch.autograd.Function):
+    """Forward of `linear_cross_entropy` that also computes its gradients (see there); backward only scales them."""
+
+    @staticmethod
+    def forward(ctx: Any, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                chunk: int) -> torch.Tensor:
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_h = torch.empty(h.shape, dtype=_compute_dtype(h), device=h.device) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        total, n_valid = _chunked_cross_entropy(h, weight, targets, chunk, grad_h, grad_w)
+        inv = 1.0 / n_valid.float()  # nan loss when every target is ignored, as F.cross_entropy
+        ctx.save_for_backward(*(t for t in (grad_h, grad_w, inv) if t is not None))
+        ctx.need = (need_h, need_w)
+        ctx.dtypes = (h.dtype, weight.dtype)
+        return total * inv
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        saved = list(ctx.saved_tensors)
+        scale = grad_out * saved.pop()  # d loss / d (summed loss) = grad_out / n_valid
+        (need_h, need_w), (h_dtype, w_dtype) = ctx.need, ctx.dtypes
+        # out of place: the saved gradients stay valid for a second backward (retain_graph)
+        grad_h = (saved.pop(0) * scale).to(h_dtype) if need_h else None
+        grad_w = (saved.pop(0) * scale).to(w_dtype) if need_w else None
+        return grad_h, grad_w, None, None
