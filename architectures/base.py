@@ -254,7 +254,3 @@ def _n_blocks(obj: Params) -> int:
     """How many `Block` modules a component holds (a parameter holds none)."""
     mods = [obj] if isinstance(obj, (nn.Module, nn.Parameter)) else list(obj)
     return sum(isinstance(m, Block) for mod in mods if isinstance(mod, nn.Module) for m in mod.modules())
-
-
-# The sampling helpers moved to the generation routine; kept importable here for callers of the old location.
-from architectures.generate import filter_logits, sample_next  # noqa: E402,F401

@@ -272,16 +272,29 @@ class BenchctlLM(TemplateLM):
                     text = text.split(s)[0]
                 yield i, text
 
-    @torch.no_grad()
     def _generate(self, idx: torch.Tensor, max_new: int, until: list[str], temperature: float) -> list[list[int]]:
-        """idx (B, T), every row the same length -> generated ids per row, without the end token."""
-        from architectures.base import sample_next
-        from architectures.blocks import KVCache
+        """idx (B, T), every row the same length -> generated ids per row, without the end token.
 
-        L, B = self.max_length, idx.shape[0]
-        out: list[list[int]] = [[] for _ in range(B)]
+        The shared generation routine (KV cache, window slide, dropping finished rows); each row samples from its
+        own stream seeded from the batch content and its index, so a request's text does not depend on what else
+        is in its batch's RNG use. A row stops at the end-of-text token (dropped) or once its decoded text contains
+        a stop sequence (kept; `generate_until` cuts the text there)."""
+        from architectures.generate import generate
+
         if max_new <= 0:
-            return out
+            return [[] for _ in range(idx.shape[0])]
+        base = self._batch_seed(idx)
+        gens = [torch.Generator(device=self._device).manual_seed((base + r) % (2**63 - 1))
+                for r in range(idx.shape[0])]
+
+        def should_stop(_row: int, new: list[int]) -> bool:
+            return bool(until) and any(s in self.tok.decode(new) for s in until)
+
+        with self._seeded(idx):
+            outs = generate(self.model, idx.tolist(), max_new_tokens=max_new, temperature=temperature,
+                            stop_ids=(self.eot_token_id,), n_recur=self.n_recur, generators=gens,
+                            should_stop=should_stop)
+        return [g.tokens for g in outs]
         done = [False] * B
         seq = idx.to(self._device)  # (B, T)
         generator = torch.Generator(device=self._device).manual_seed(self._batch_seed(idx))
