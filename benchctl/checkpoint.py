@@ -72,16 +72,10 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
 
 def check_config(state: dict[str, Any], cfg: RunConfig, path: Path) -> None:
     """A checkpoint written under a different configuration must never be resumed silently."""
-    theirs = RunConfig.from_json(state["config"])
-    if theirs != cfg:
-        a, b = theirs.to_dict(), cfg.to_dict()
-        diffs = []
-        for section in a:
-            if isinstance(a[section], dict):
-                diffs += [f"{section}.{k}: {a[section][k]!r} != {b[section].get(k)!r}"
-                          for k in a[section] if a[section][k] != b[section].get(k)]
-            elif a[section] != b[section]:
-                diffs.append(f"{section}: {a[section]!r} != {b[section]!r}")
+    from benchctl.config import identity_diff
+
+    diffs = identity_diff(RunConfig.from_json(state["config"]), cfg)
+    if diffs:
         raise CheckpointError(
             f"checkpoint {path} was written with a different config ({'; '.join(diffs[:4])}); "
             "delete its run directory to retrain, or use the original settings"

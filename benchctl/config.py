@@ -89,6 +89,13 @@ class DataConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LogConfig:
+    """Where a run's numbers are mirrored besides results.db (which stays the source of truth)."""
+
+    tensorboard: bool = False  # also write every metric row to <db dir>/tensorboard/<run id> (or $BENCHCTL_TENSORBOARD=1)
+
+
+@dataclass(frozen=True, kw_only=True)
 class EvalConfig:
     val_windows: int = 3_200  # fixed validation windows of seq_len+1 tokens (llama2.c: 100 iters x 32)
     val_batch_size: int = 32
@@ -104,6 +111,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    log: LogConfig = field(default_factory=LogConfig)
 
     @property
     def tokens_per_step(self) -> int:
@@ -129,7 +137,9 @@ class RunConfig:
         return from_dict(raw)
 
 
-SECTIONS: dict[str, type] = {"model": ModelArgs, "train": TrainConfig, "data": DataConfig, "eval": EvalConfig}
+SECTIONS: dict[str, type] = {
+    "model": ModelArgs, "train": TrainConfig, "data": DataConfig, "eval": EvalConfig, "log": LogConfig,
+}
 TOP_LEVEL = ("arch", "preset", "seed")
 _NOT_A_KEY = ("model.arch_args",)  # the container of the architecture's keys, not a key itself
 
@@ -524,7 +534,15 @@ def validate(cfg: RunConfig) -> None:
 
 
 # Fields that change how a run is logged, not what it computes; they do not enter the run id.
-_NOT_IDENTITY = ("train.log_interval", "train.ckpt_interval", "train.eval_interval", "data.source")
+_NOT_IDENTITY = ("train.log_interval", "train.ckpt_interval", "train.eval_interval", "data.source", "log.tensorboard")
+
+
+def identity_diff(a: RunConfig, b: RunConfig) -> list[str]:
+    """`key: a != b` for every setting that makes two configs different runs (logging settings are not among them:
+    a run may be resumed with another log interval or with TensorBoard switched on)."""
+    fa, fb = _flatten(a.to_dict()), _flatten(b.to_dict())
+    keys = [k for k in dict.fromkeys([*fa, *fb]) if k not in _NOT_IDENTITY]
+    return [f"{k}: {fa.get(k)!r} != {fb.get(k)!r}" for k in keys if fa.get(k) != fb.get(k)]
 
 
 def run_id(cfg: RunConfig, data_fingerprint: str) -> str:

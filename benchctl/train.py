@@ -35,7 +35,7 @@ import torch.nn as nn
 import architectures
 from benchctl import checkpoint as ckpt
 from benchctl import db as dbm
-from benchctl import telemetry
+from benchctl import tblog, telemetry
 from benchctl.config import RunConfig, run_id
 from benchctl.errors import BenchctlError, ConfigError
 from benchctl.progress import Progress
@@ -202,6 +202,8 @@ def train_run(
     trainer = _Trainer(cfg, prepared, db, ckpt_path, rid, dist_info)
     trainer.resume(existing, log)
     trainer.record_start(existing)
+    trainer.mirror = tblog.open_mirror(db_path, rid, start_step=trainer.start_step,
+                                       on=trainer.writes and tblog.enabled(cfg.log.tensorboard))
     if trainer.resumed_from is not None:
         log(f"resuming {rid} from step {trainer.resumed_from}/{cfg.train.max_steps} ({ckpt_path})")
     return trainer.run(progress, stop_after)
@@ -249,6 +251,7 @@ class _Trainer:
         self.eval_sw = telemetry.Stopwatch(self.device)
         self.nvml = telemetry.NvmlSampler(self.device.index or 0)
         self.metrics: list[dict[str, Any]] = []
+        self.mirror: Any = tblog.NoMirror()  # TensorBoard copy of the metric rows, set once the start step is known
 
     def _setup_device(self) -> torch.device:
         """Resolve the device and check everything that can fail before a row is written."""
@@ -345,6 +348,7 @@ class _Trainer:
             raise
         finally:
             task.close()
+            self.mirror.close()
             self.nvml.stop()
             if self.dist.enabled:
                 import torch.distributed as dist
@@ -407,9 +411,12 @@ class _Trainer:
         self._add_metric("lr", lr, self.step)
         if grad_norm is not None:
             self._add_metric("grad_norm", float(grad_norm), self.step)
+        self._add_metric("peak_rss_bytes", telemetry.peak_rss_bytes(), self.step)
         fields = {"loss": f"{train_loss:.3f}"}
         if self.step_times:
-            fields["tok/s"] = f"{self.cfg.tokens_per_step / statistics.median(self.step_times[-20:]):,.0f}"
+            tps = self.cfg.tokens_per_step / statistics.median(self.step_times[-20:])
+            self._add_metric("tokens_per_s", tps, self.step)
+            fields["tok/s"] = f"{tps:,.0f}"
         task.move_to(self.step, **fields)
         self._flush_metrics()
 
@@ -441,7 +448,10 @@ class _Trainer:
                              "wall_seconds": self.carried["train_seconds"] + self.sw.total})
 
     def _take_metrics(self) -> list[dict[str, Any]]:
+        """The metric rows gathered since the last write, on their way to results.db (and to TensorBoard)."""
         rows, self.metrics = self.metrics, []
+        if self.writes:
+            self.mirror.add_rows(rows)
         return rows
 
     def _flush_metrics(self) -> None:
