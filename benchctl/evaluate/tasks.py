@@ -24,7 +24,6 @@ name is not found among those.
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import random
@@ -37,6 +36,7 @@ from typing import Any
 
 import yaml
 
+from architectures import did_you_mean
 from benchctl import data as datamod
 from benchctl.errors import EvalError
 from benchctl.files import atomic_write
@@ -288,8 +288,7 @@ def check_task_names(standard: Sequence[str]) -> None:
     """A typo of a bundled name is an EvalError here, before lm-eval's 20-second index is built to look it up."""
     for name in standard:
         if name.startswith("tinystories"):
-            close = difflib.get_close_matches(name, BUNDLED_TASKS, n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
+            hint = did_you_mean(name, BUNDLED_TASKS)
             raise EvalError(f"unknown task '{name}'{hint} bundled tasks: {', '.join(BUNDLED_TASKS)}")
 
 
@@ -322,8 +321,7 @@ class TaskIndex:
         for name in names:
             matched = _matches(self.tm, name)
             if not matched:
-                close = difflib.get_close_matches(name, list(BUNDLED_TASKS) + self.tm.all_tasks, n=1)
-                hint = f"; did you mean '{close[0]}'?" if close else ""
+                hint = did_you_mean(name, list(BUNDLED_TASKS) + self.tm.all_tasks)
                 raise EvalError(f"unknown task '{name}'{hint} (bundled: {', '.join(BUNDLED_TASKS)}; or any lm-eval "
                                 "task name, e.g. hellaswag, lambada_openai, blimp_*)")
             out += [m for m in matched if m not in out]

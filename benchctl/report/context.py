@@ -67,11 +67,9 @@ def choose_preset(runs: pd.DataFrame, preset: str | None) -> tuple[str | None, l
 
         known = sorted(set(preset_names()) | {c[0] for c in counts})
         if preset not in known:
-            import difflib
+            from architectures import did_you_mean
 
-            close = difflib.get_close_matches(preset, known, n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
-            raise ConfigError(f"unknown preset '{preset}'{hint} known: {', '.join(known)}")
+            raise ConfigError(f"unknown preset '{preset}'{did_you_mean(preset, known)} known: {', '.join(known)}")
         chosen = preset
     return chosen, [c for c in counts if c[0] != chosen]
 
