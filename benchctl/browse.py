@@ -14,7 +14,6 @@ browse databases written by older and newer versions.
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 import webbrowser
 from dataclasses import dataclass
@@ -272,15 +271,9 @@ def check_database(path: str | Path) -> Served:
     if not p.is_file():
         what = "is a directory, not" if p.is_dir() else "does not exist; expected"
         raise DatabaseError(f"{p} {what} a results database; train something first or pass --db PATH")
-    try:
-        conn = sqlite3.connect(f"file:{p.resolve()}?mode=ro", uri=True)
-        try:
-            tables = [r[0] for r in conn.execute("select name from sqlite_master where type = 'table'")]
-            columns = {t: [r[1] for r in conn.execute(f"pragma table_info([{t}])")] for t in tables}
-        finally:
-            conn.close()
-    except sqlite3.DatabaseError as e:
-        raise DatabaseError(f"{p} is not a readable SQLite database ({e})") from None
+    from benchctl import db as dbm
+
+    columns = dbm.file_columns(p)
     missing = [t for t in ("meta", "runs") if t not in columns]
     if missing:
         raise DatabaseError(f"{p} is an SQLite file but not a benchctl results database (no "

@@ -325,6 +325,21 @@ def schema_columns(table: str) -> list[str]:
     return list(_SCHEMA[table]["columns"])
 
 
+def file_columns(path: str | os.PathLike) -> dict[str, list[str]]:
+    """table -> columns of the SQLite file at `path`, opened read-only (nothing is created or migrated): what a
+    reader such as `benchctl browse` checks before serving a file."""
+    p = Path(path)
+    try:
+        conn = sqlite3.connect(f"file:{p.resolve()}?mode=ro", uri=True)
+        try:
+            tables = [r[0] for r in conn.execute("select name from sqlite_master where type = 'table'")]
+            return {t: [r[1] for r in conn.execute(f"pragma table_info([{t}])")] for t in tables}
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as e:
+        raise DatabaseError(f"{p} is not a readable SQLite database ({e})") from None
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Small helpers, one per table, used by the stages.
 
