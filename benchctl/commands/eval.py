@@ -26,8 +26,8 @@ def eval_(
     archs: Annotated[Optional[str], typer.Option("--archs", help="Only these architectures (comma list).")] = None,
     preset: Annotated[Optional[str], typer.Option("--preset", "-p", help="Only runs of this preset.")] = None,
     n_recur: Annotated[Optional[int], typer.Option(
-        "--n-recur", help="Test-time recurrence (default: each run's trained one). control: 1; frailt/relaxed: "
-        "1..trained R; three-part: any >= 1.")] = None,
+        "--n-recur", help="Test-time recurrence (default: each run's trained one); each run's architecture "
+        "says which depths it accepts, and a depth it cannot run is an error naming the limit.")] = None,
     limit: Annotated[Optional[int], typer.Option("--limit", help="Only the first N documents of each task.")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Requests per forward pass.")] = 32,
     device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda, cuda:N or mps.")] = "auto",
