@@ -19,8 +19,9 @@ from benchctl.cli import DbOpt, app, console, split_list
 @app.command("eval")
 def eval_(
     tasks: Annotated[Optional[str], typer.Option(
-        "--tasks", "-t", help="Comma list: tinystories_ppl, tinystories_ending, tinystories_names (default: all "
-        "three), or lm-eval task names / globs (hellaswag, lambada_openai, blimp_*).")] = None,
+        "--tasks", "-t", help="Comma list: tinystories_ppl, tinystories_ending, tinystories_names, "
+        "tinystories_order (default: all four), or lm-eval task names / globs (hellaswag, lambada_openai, "
+        "blimp_*).")] = None,
     runs: Annotated[Optional[str], typer.Option("--runs", help="Comma list of run ids (default: every done run).")]
     = None,
     archs: Annotated[Optional[str], typer.Option("--archs", help="Only these architectures (comma list).")] = None,
