@@ -4,11 +4,11 @@
 its output table, its `--output_path` files, its exit codes. Two things are added before it runs:
 - the "benchctl" model is registered (importing `benchctl.evaluate` does that), so `--model benchctl --model_args
   checkpoint=results/runs/<id>/ckpt.pt,n_recur=8` loads a run's checkpoint;
-- when a bundled task (tinystories_ppl, tinystories_ending, tinystories_names, or a glob matching one) is asked for
-  with a benchctl checkpoint, its documents are generated from the validation split of the data that run trained on
-  (found through the config stored in the checkpoint, prepared on demand, instantly when cached) and their folder is
-  put first on lm-eval's include path, before any `--include_path` of the user's. These are the same documents
-  `benchctl eval` uses, so the numbers compare;
+- when a bundled task (tinystories_ppl, tinystories_ending, tinystories_names, tinystories_order, or a glob
+  matching one) is asked for with a benchctl checkpoint, its documents are generated from the validation split of
+  the data that run trained on (found through the config stored in the checkpoint, prepared on demand, instantly
+  when cached) and their folder is put first on lm-eval's include path, before any `--include_path` of the
+  user's. These are the same documents `benchctl eval` uses, so the numbers compare;
 - with a benchctl checkpoint and no `--device`, the device is "auto" (CUDA when present, else CPU) instead of
   lm-eval's default "cuda:0", which fails on a machine without a GPU.
 

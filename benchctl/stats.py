@@ -244,3 +244,21 @@ def verdict(
         return f"{a} vs {b}, {quantity}: borderline ({detail}; the CI includes 0), {counts}."
     with_ = f"with {d.n_a} shared {unit}" if d.method == "paired-bootstrap" else f"with {counts}"
     return f"{a}'s and {b}'s {quantity} are not distinguishable {with_} ({detail})."
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Accuracy against a chance level
+
+
+def binom_above_chance(successes: int, n: int, chance: float) -> float | None:
+    """One-sided exact binomial p-value of `successes` correct answers out of `n` against the chance rate `chance`:
+    P(X >= successes) for X ~ Binomial(n, chance), i.e. `scipy.stats.binomtest(..., alternative="greater")`.
+
+    Small p means the accuracy is above chance. Exact rather than a normal approximation because the task sizes
+    here (a few hundred documents, sometimes a --limit of a few) are where the approximation is poor. None when
+    there is nothing to test (no documents, or a chance level of 0 or 1, which no accuracy can exceed)."""
+    if n <= 0 or not 0.0 < chance < 1.0:
+        return None
+    if not 0 <= successes <= n:
+        raise ValueError(f"successes must be in 0..{n}, got {successes}")
+    return float(sps.binomtest(int(successes), int(n), float(chance), alternative="greater").pvalue)

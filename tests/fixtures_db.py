@@ -59,13 +59,18 @@ def build_fixture_db(
     judge_repeats: int = 1,
     n_judge_failures: int = 3,
     evals: bool = True,
+    ladder: bool = False,
     failed_run: bool = True,
     running_run: bool = True,
     bench: bool = False,
     overrides: dict | None = None,
     device: str = "cpu",
 ) -> Path:
-    """Write a fixture results.db at `path` (created or added to) and return the path."""
+    """Write a fixture results.db at `path` (created or added to) and return the path.
+
+    `ladder` adds the accuracies of the two other multiple-choice tasks (with `evals`): tinystories_order well
+    above its chance level of 1/2 for every model, tinystories_names at its chance level of 1/4 for every model —
+    whole numbers of correct answers out of 200 documents per run, as lm-eval writes them."""
     path = Path(path)
     db = dbmod.connect(path)
     archs, seeds = list(archs), list(seeds)
@@ -175,6 +180,8 @@ def build_fixture_db(
                     "value": value, "stderr": stderr, "n_samples": 200, "task_version": "1.0", "batch_size": 16,
                     "lm_eval_version": "0.4.13", "created_at": _ts(5, t),
                 })
+            if ladder:
+                evals_rows += _ladder_rows(rid, cfg.model.n_recur, e, _ts(5, t))
     # Failures: the judge's answer could not be parsed; stored, never scored.
     if judge and grades:
         ok = [g for g in grades if g["repeat"] == 0]
@@ -197,6 +204,23 @@ def build_fixture_db(
             db["bench"].insert_all(_bench_rows(preset, archs), pk="id")
     db.conn.close()
     return path
+
+
+def _ladder_rows(rid: str, n_recur: int, e: np.random.Generator, created: str) -> list[dict]:
+    n = 200
+    rows = []
+    for task, metric, correct in (
+        ("tinystories_order", "acc", int(e.integers(130, 151))),  # 0.65-0.75: far above 1/2
+        ("tinystories_names", "acc", int(e.integers(45, 56))),  # 0.225-0.275: around 1/4
+        ("tinystories_names", "acc_norm", int(e.integers(45, 56))),
+    ):
+        acc = correct / n
+        rows.append({
+            "run_id": rid, "task": task, "metric": metric, "n_recur": n_recur, "limit_n": 0, "value": acc,
+            "stderr": math.sqrt(acc * (1 - acc) / (n - 1)), "n_samples": n, "task_version": "1+0123456789ab",
+            "batch_size": 16, "lm_eval_version": "0.4.13", "created_at": created,
+        })
+    return rows
 
 
 def _bench_rows(preset: str, archs: list[str]) -> list[dict]:

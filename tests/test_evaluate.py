@@ -4,7 +4,9 @@
   pairs in one right-padded batch, left truncation past the context, continuations longer than the context, rolling
   log-likelihood over a text longer than the context (windows computed by hand), generation that stops at stop
   sequences, three-part's seeded (reproducible, RNG-neutral) forwards.
-- The bundled task generators (deterministic, balanced groups, protagonist rule) and lm-eval finding every task.
+- The bundled task generators (deterministic, balanced groups, protagonist rule) and lm-eval finding every task;
+  the word-order task: its swap rule, minimal pairs of the same tokens, exactly 1/2 for an order-blind unigram
+  model scored by lm-eval, well above 1/2 for a briefly trained tiny model.
 - `benchctl eval` end to end, offline, on tiny checkpoints trained once for the module (three-part and FraiLT, 3
   steps): rows and their fields in results.db, skip / --force, recurrence override and rejection, RNG states,
   an unavailable task reported while the others run, progress as plain lines when output is not a terminal.
@@ -25,6 +27,7 @@ import torch.nn.functional as F
 
 import lm_eval
 from lm_eval.api.instance import Instance
+from lm_eval.api.model import LM
 
 from benchctl import data as datamod
 from benchctl import db as dbm
@@ -252,6 +255,7 @@ def test_generators_are_deterministic_and_balanced(trained):
         assert docs == make(stories, n_docs=40)
         assert docs != make(stories, n_docs=40, seed=1), name
         assert 0 < len(docs) <= 40
+    assert len(ev.GENERATORS["tinystories_order"](stories, n_docs=39)) == 40  # whole pairs
     for name in ("tinystories_ending", "tinystories_names"):
         docs = ev.GENERATORS[name](stories, n_docs=40)
         assert len(docs) % 4 == 0
@@ -272,6 +276,114 @@ def test_generators_are_deterministic_and_balanced(trained):
                         assert not re.search(rf"\b{wrong}\b", stories[d["story_idx"]])
 
 
+def test_order_pairs_rule():
+    s = "The dog was happy and ran to the park."
+    assert ev.order_pairs(s) == [2, 4, 6]  # was after dog, and after happy, to after ran (the after to: closed)
+    assert ev.swap_words(s, 2) == "The was dog happy and ran to the park."
+    assert ev.swap_words(s, 6) == "The dog was happy and to ran the park."
+    for rejected in (
+        'Lily said, "We can play with the ball."',  # dialogue
+        "Was the dog happy and ready to play?",  # not declarative: an inverted auxiliary can be grammatical
+        "She had 3 cats and a big dog.",  # digits
+        "He ran to it.",  # too short
+        "They played together and had fun.",  # movable adverb before "and"; "had" after a closed word
+        "The dog barked loudly and ran home.",  # -ly adverb
+        "She picked up the toys.",  # particle: "picked the up toys" vs "picked up the toys"
+        "The dog, Max, was happy.",  # punctuation attached to the word before "was"
+    ):
+        assert ev.order_pairs(rejected) == [], rejected
+
+
+def test_order_docs_are_minimal_pairs_of_the_same_tokens(trained):
+    stories = trained.prepared.valid_stories()
+    docs = ev.make_order_docs(stories)
+    assert len(docs) == ev.DEFAULT_DOCS and len({d["story_idx"] for d in docs}) == len(docs)
+    tok = trained.prepared.tokenizer()
+    for j, d in enumerate(docs):
+        original, swapped = d["choices"][d["label"]], d["choices"][1 - d["label"]]
+        assert (original, swapped) == (d["sentence"], d["swapped"]) and original != swapped
+        assert original in stories[d["story_idx"]]
+        a, b = original.split(" "), swapped.split(" ")
+        i = d["position"]
+        assert [k for k in range(len(a)) if a[k] != b[k]] == [i - 1, i]  # two adjacent words exchanged, nothing else
+        assert a[i] in ev.SWAP_WORDS and a[i - 1] not in ev.NOT_CONTENT and (b[i - 1], b[i]) == (a[i], a[i - 1])
+        # the same tokens in another order: SentencePiece pieces never cross a space
+        assert sorted(tok.encode(original, bos=False)) == sorted(tok.encode(swapped, bos=False))
+        if j % 2:
+            assert {d["label"], docs[j - 1]["label"]} == {0, 1}  # the original is first in one doc of each pair
+
+
+class OrderBlindLM(LM):
+    """A unigram model of the training split: log p(text) is the sum of its tokens' smoothed unigram log-probabilities,
+    added in sorted order, so two orderings of the same tokens get bit-identical log-likelihoods."""
+
+    def __init__(self, prepared: datamod.Prepared):
+        super().__init__()
+        self.tok = prepared.tokenizer()
+        counts = np.bincount(np.asarray(prepared.train_tokens()), minlength=self.tok.vocab_size).astype(float)
+        self.logp = np.log((counts + 1) / (counts.sum() + len(counts)))
+
+    def loglikelihood(self, requests):
+        out = []
+        for req in requests:
+            context, continuation = req.args
+            skip = len(self.tok.encode(context, bos=False)) if context else 0
+            ids = self.tok.encode(context + continuation, bos=False)[skip:]
+            out.append((float(sum(sorted(self.logp[i] for i in ids))), False))
+        return out
+
+    def loglikelihood_rolling(self, requests):
+        raise NotImplementedError
+
+    def generate_until(self, requests):
+        raise NotImplementedError
+
+
+def test_an_order_blind_model_scores_exactly_one_half(trained):
+    """Through lm-eval's own multiple_choice scoring: every document is a tie, lm-eval picks the first choice, and
+    the original is first in exactly one document of each pair."""
+    from lm_eval.tasks import TaskManager
+
+    from benchctl.checkpoint import rng_state, set_rng_state
+    from benchctl.evaluate.runner import _quiet
+
+    bundled = ev.build_bundled_tasks(trained.prepared, ["tinystories_order"])
+    tm = TaskManager(include_path=str(bundled.dir), include_defaults=False)
+    saved = rng_state()
+    try:
+        with _quiet():
+            res = lm_eval.simple_evaluate(model=OrderBlindLM(trained.prepared), tasks=["tinystories_order"],
+                                          task_manager=tm, log_samples=True, bootstrap_iters=0)
+    finally:
+        set_rng_state(saved)
+    assert res["results"]["tinystories_order"]["acc,none"] == 0.5
+    samples = sorted(res["samples"]["tinystories_order"], key=lambda x: x["doc_id"])
+    assert len(samples) == bundled.n_docs["tinystories_order"] == ev.DEFAULT_DOCS
+    for x in samples:
+        (ll_a, _), (ll_b, _) = x["resps"][0][0], x["resps"][1][0]
+        assert ll_a == ll_b  # order-blind: a tie on every document
+    assert all(a["acc"] + b["acc"] == 1.0 for a, b in zip(samples[::2], samples[1::2]))
+
+
+@pytest.mark.slow
+def test_a_trained_model_beats_chance_on_order(trained, tinystories_dir, tmp_path):
+    """The task is passable at CPU scale: the tiny control trained for 250 steps (about a minute on two shared
+    cores) already prefers the original word order far more often than 1/2 (0.82 at 300 steps on TinyStories; 80
+    steps are not enough, 0.56). The module's prepared data cache is reused."""
+    from scipy import stats as sps
+
+    db = tmp_path / "order.db"
+    run_cli(["train", "--arch", "control", "--preset", "tiny", "--data", str(tinystories_dir), "--db", str(db),
+             "--set", "train.max_steps=250", "--no-progress", "--yes"])
+    s = ev.evaluate_runs(dbm.connect(db), db, tasks=["tinystories_order"], threads=1, progress=False,
+                         log=lambda _: None)
+    (row,) = s.rows
+    n = row["n_samples"]
+    correct = round(row["value"] * n)
+    assert n == ev.DEFAULT_DOCS and row["value"] > 0.6
+    assert sps.binomtest(correct, n, 0.5, alternative="greater").pvalue < 1e-3
+
+
 def test_bundled_tasks_are_written_and_found(trained):
     from lm_eval.tasks import TaskManager
 
@@ -289,6 +401,9 @@ def test_bundled_tasks_are_written_and_found(trained):
     assert path.is_absolute() and path.exists()
     assert cfg["metadata"]["version"] == ev.TASK_VERSIONS["tinystories_names"]
     assert cfg["metadata"]["docs_sha256"].startswith(a.versions["tinystories_names"].split("+")[1])
+    assert cfg["metadata"]["chance"] == 0.25  # the template's stated chance level survives the rendering
+    order = yaml.safe_load((a.dir / "tinystories_order.yaml").read_text())
+    assert order["metadata"]["chance"] == 0.5 and order["metadata"]["n_docs"] == a.n_docs["tinystories_order"] == 24
 
 
 # ---- benchctl eval -------------------------------------------------------------------------------------------------
@@ -304,7 +419,8 @@ def test_eval_end_to_end_stores_rows(trained):
         n = 7 if arch == "three-part" else 4
         for task, metrics in (("tinystories_ppl", ("word_perplexity", "byte_perplexity", "bits_per_byte")),
                               ("tinystories_ending", ("acc", "acc_norm")),
-                              ("tinystories_names", ("acc", "acc_norm"))):
+                              ("tinystories_names", ("acc", "acc_norm")),
+                              ("tinystories_order", ("acc",))):
             for metric in metrics:
                 r = by[(rid, task, metric)]
                 assert r["n_recur"] == n and r["limit_n"] == 8 and r["n_samples"] == 8
@@ -317,20 +433,22 @@ def test_eval_end_to_end_stores_rows(trained):
                     assert r["stderr"] is None  # lm-eval's "N/A"
         bpb = by[(rid, "tinystories_ppl", "bits_per_byte")]["value"]
         assert by[(rid, "tinystories_ppl", "byte_perplexity")]["value"] == pytest.approx(2**bpb, rel=1e-6)
-    assert len(rows) == 2 * 7
+    assert len(rows) == 2 * 8
 
     # a rerun skips everything; --force recomputes the same numbers (deterministic, three-part included)
     summary = ev.evaluate_runs(db, trained.db, limit=8, batch_size=16, progress=False, log=lambda _: None)
-    assert summary.evaluated == [] and len(summary.skipped) == 6
-    assert len(summary.rows) == 14
+    assert summary.evaluated == [] and len(summary.skipped) == 8
+    assert len(summary.rows) == 16
     forced = ev.evaluate_runs(db, trained.db, limit=8, batch_size=16, force=True, progress=False,
                               log=lambda _: None)
-    assert len(forced.evaluated) == 6
+    assert len(forced.evaluated) == 8
     again = {(r["run_id"], r["task"], r["metric"]): r["value"] for r in db.query(
         "select * from eval_results where limit_n = 8")}
     assert again == pytest.approx({k: r["value"] for k, r in by.items()})
-    headers, = {tuple(h) for _, h, _ in ev.summary_tables(forced)[1:]}
-    assert headers == ("arch", "seed", "n_recur", "acc", "acc_norm")
+    headers = {task: tuple(h) for task, h, _ in ev.summary_tables(forced)}
+    assert headers["tinystories_ending"] == headers["tinystories_names"] == ("arch", "seed", "n_recur", "acc",
+                                                                              "acc_norm")
+    assert headers["tinystories_order"] == ("arch", "seed", "n_recur", "acc")
 
 
 def test_lm_eval_environment_info_is_quick_and_quiet(trained, tmp_path, monkeypatch, capfd):

@@ -19,8 +19,9 @@ from benchctl.cli import DbOpt, app, console, split_list
 @app.command("eval")
 def eval_(
     tasks: Annotated[Optional[str], typer.Option(
-        "--tasks", "-t", help="Comma list: tinystories_ppl, tinystories_ending, tinystories_names (default: all "
-        "three), or lm-eval task names / globs (hellaswag, lambada_openai, blimp_*).")] = None,
+        "--tasks", "-t", help="Comma list: tinystories_ppl, tinystories_ending, tinystories_names, "
+        "tinystories_order (default: all four), or lm-eval task names / globs (hellaswag, lambada_openai, "
+        "blimp_*).")] = None,
     runs: Annotated[Optional[str], typer.Option("--runs", help="Comma list of run ids (default: every done run).")]
     = None,
     archs: Annotated[Optional[str], typer.Option("--archs", help="Only these architectures (comma list).")] = None,
@@ -67,7 +68,7 @@ def eval_(
              + (" (--force recomputes)" if summary.skipped else "") + f", {summary.seconds:.1f} s."]
     if summary.unavailable:
         notes.append(f"not run (dataset not available; see above): {', '.join(summary.unavailable)}.")
-    notes.append("bits/byte and word ppl: lower is better; acc (chance 0.25 on the bundled tasks), acc_norm "
-                 "(length-normalised): higher is better; ± = standard error. Every metric: sqlite-utils "
+    notes.append("bits/byte and word ppl: lower is better; acc (chance: 1/4 on tinystories_ending and _names, 1/2 "
+                 "on tinystories_order), acc_norm (length-normalised): higher is better; ± = standard error. Every metric: sqlite-utils "
                  f"{path} 'select * from eval_results' --table")
     console.print("\n".join(notes), highlight=False, soft_wrap=True)

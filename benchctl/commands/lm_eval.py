@@ -29,8 +29,9 @@ def lm_eval_(
     args = list(ctx.args)
     if any(a in ("-h", "--help") for a in args):
         console.print("benchctl lm-eval: lm-eval's command line with --model benchctl registered and the bundled "
-                      "tasks (tinystories_ppl, tinystories_ending, tinystories_names) generated for the checkpoint "
-                      "given in --model_args checkpoint=...; benchctl's own options: --record (store the metrics in "
-                      "results.db) and --db PATH. lm-eval's help follows.\n", highlight=False, soft_wrap=True)
+                      "tasks (tinystories_ppl, tinystories_ending, tinystories_names, tinystories_order) generated "
+                      "for the checkpoint given in --model_args checkpoint=...; benchctl's own options: --record "
+                      "(store the metrics in results.db) and --db PATH. lm-eval's help follows.\n", highlight=False,
+                      soft_wrap=True)
     lm_eval_cli.run(args, record=record, db_path=db,
                     log=lambda msg: console.print(msg, highlight=False, soft_wrap=True))

@@ -43,7 +43,9 @@ from benchctl.evaluate.tasks import (  # noqa: E402
     BUNDLED_TASKS,
     DEFAULT_DOCS,
     GENERATORS,
+    NOT_CONTENT,
     NOT_NAMES,
+    SWAP_WORDS,
     TASK_SEED,
     TASK_VERSIONS,
     TASKS_SUBDIR,
@@ -54,13 +56,17 @@ from benchctl.evaluate.tasks import (  # noqa: E402
     last_sentence_split,
     make_ending_docs,
     make_names_docs,
+    make_order_docs,
     make_ppl_docs,
+    order_pairs,
+    swap_words,
 )
 
 __all__ = [
     "BOOTSTRAP_ITERS", "BUNDLED_TASKS", "DEFAULT_BATCH_SIZE", "DEFAULT_DOCS", "DEFAULT_SEED", "GENERATORS",
-    "HUB_PROBE_TIMEOUT", "NOT_NAMES", "TASKS_SUBDIR", "TASK_SEED", "TASK_VERSIONS", "TEMPLATES", "BenchctlLM",
-    "BundledTasks", "EvalSummary", "allowed_recurrence", "build_bundled_tasks", "check_recurrence", "evaluate_runs",
-    "find_protagonist", "hub_offline", "hub_reachable", "last_sentence_split", "make_ending_docs", "make_names_docs",
-    "make_ppl_docs", "result_rows", "summary_tables",
+    "HUB_PROBE_TIMEOUT", "NOT_CONTENT", "NOT_NAMES", "SWAP_WORDS", "TASKS_SUBDIR", "TASK_SEED", "TASK_VERSIONS",
+    "TEMPLATES", "BenchctlLM", "BundledTasks", "EvalSummary", "allowed_recurrence", "build_bundled_tasks",
+    "check_recurrence", "evaluate_runs", "find_protagonist", "hub_offline", "hub_reachable", "last_sentence_split",
+    "make_ending_docs", "make_names_docs", "make_order_docs", "make_ppl_docs", "order_pairs", "result_rows",
+    "summary_tables", "swap_words",
 ]

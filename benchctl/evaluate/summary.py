@@ -11,6 +11,7 @@ _SHOW = {  # metrics shown per bundled task, in order (the others are in the dat
     "tinystories_ppl": ("bits_per_byte", "word_perplexity"),
     "tinystories_ending": ("acc", "acc_norm"),
     "tinystories_names": ("acc", "acc_norm"),
+    "tinystories_order": ("acc",),
 }
 
 

@@ -6,9 +6,14 @@ Bundled tasks (`BUNDLED_TASKS`) are generated from the run's validation split in
 - tinystories_ending: the true last sentence of a story vs the last sentences of three other stories (acc, acc_norm).
 - tinystories_names: the protagonist's name at its next mention vs the protagonists of three other stories (acc,
   acc_norm); see `find_protagonist` for the rule.
-Both multiple-choice tasks are balanced: documents come in groups of four stories that share the same four choices
+- tinystories_order: a validation sentence vs the same words with one function word moved in front of the word
+  before it (acc); see `make_order_docs` for the rule that makes the swapped sentence ungrammatical.
+The ending and names tasks are balanced: documents come in groups of four stories that share the same four choices
 (the group's answers, in one order), so every choice is right exactly once per group and a model that ignores the
-story — a prior for frequent names such as "Lily", a favourite position — scores exactly 1/4 (`_group_docs`).
+story — a prior for frequent names such as "Lily", a favourite position — scores exactly 1/4 (`_group_docs`). The
+order task is balanced the same way in pairs, so a model that ignores word order scores exactly 1/2. Together they
+are a ladder of what a small model has learned: local syntax (order), then entity tracking (names), then story
+tracking (ending); each template states its chance level in `metadata.chance` (the report tests against it).
 
 Each generator has a version (`TASK_VERSIONS`, bump it when its output changes); the rendered YAML carries it in
 `metadata.version`, and the stored `task_version` is "<version>+<sha256 of the documents, 12 hex>", so two rows with
@@ -41,8 +46,8 @@ from benchctl import data as datamod
 from benchctl.errors import EvalError
 from benchctl.files import atomic_write
 
-BUNDLED_TASKS = ("tinystories_ppl", "tinystories_ending", "tinystories_names")
-TASK_VERSIONS = {"tinystories_ppl": 1, "tinystories_ending": 1, "tinystories_names": 1}
+BUNDLED_TASKS = ("tinystories_ppl", "tinystories_ending", "tinystories_names", "tinystories_order")
+TASK_VERSIONS = {"tinystories_ppl": 1, "tinystories_ending": 1, "tinystories_names": 1, "tinystories_order": 1}
 TASK_SEED = 1234  # seed of the document selection and the distractors
 DEFAULT_DOCS = 200  # documents per bundled task
 TEMPLATES = Path(__file__).parent.parent / "tasks"  # benchctl/tasks/*.yaml, shipped as package data
@@ -221,10 +226,109 @@ def make_names_docs(stories: Sequence[str], n_docs: int = DEFAULT_DOCS, seed: in
     return _group_docs(rng, groups, lambda it: {"name": it.answer})
 
 
+# The words that move in tinystories_order: articles, prepositions that cannot be verb particles, auxiliaries and
+# modals, personal pronouns (not "her", which is also a determiner), coordinating and subordinating conjunctions.
+SWAP_WORDS = frozenset("""
+a an the
+to of with for at from into onto
+is are was were am has have had do does did will would can could should must
+he she it they we you him them me us
+and but or because if
+""".split())
+# Words that are neither: the rest of the closed classes, the adverbs that can stand in several places (a pair with
+# one of these could be reordered grammatically: "she was always" -> "she always was"), and "close", whose
+# "was close to the park" would become the grammatical "was to close the park". Never swapped.
+NOT_CONTENT = SWAP_WORDS | frozenset("""
+this that these those her his my your our their its some any no every each all both many much more most few such
+what which who whom whose where when why how than as while until since though although unless whether so yet nor
+up down out off on in over under away back around through about by along across after before behind near inside
+outside between upon without not never always often still again also too very just only even then there here now
+soon once today tomorrow yesterday later together home ever already almost quite really well maybe perhaps
+be been being shall may might i myself himself herself itself themselves yourself ourselves one everyone everything
+someone something anyone anything nobody nothing everywhere somewhere let lets close
+""".split())
+_ORDER_WORD = re.compile(r"[a-z]+")
+_ORDER_SENTENCE = re.compile(r"[A-Z][a-z]*(?:'[a-z]+)?,?(?: [A-Za-z]+(?:'[a-z]+)?,?)+\.")
+
+
+def order_pairs(sentence: str) -> list[int]:
+    """Positions i where words i-1 and i of `sentence` may be swapped for tinystories_order (see `make_order_docs`).
+
+    Word i is in `SWAP_WORDS`, word i-1 is an open-class word (lowercase letters only, not in `NOT_CONTENT`, not an
+    -ly adverb); both are bare (no punctuation attached) and word i-1 is not the first word, so the swap moves no
+    comma, full stop or capital letter. Empty when the sentence itself is not eligible: a single line of plain words
+    (letters, in-word apostrophes, commas) ending in a full stop — no dialogue, digits or odd characters, so the
+    task never asks about punctuation, and declarative, so an inverted auxiliary never reads as a question."""
+    if not _ORDER_SENTENCE.fullmatch(sentence):
+        return []
+    words = sentence.split(" ")
+    if not 5 <= len(words) <= 25:
+        return []
+    return [i for i in range(2, len(words))
+            if words[i] in SWAP_WORDS and _ORDER_WORD.fullmatch(words[i - 1])
+            and words[i - 1] not in NOT_CONTENT and not words[i - 1].endswith("ly")]
+
+
+def swap_words(sentence: str, i: int) -> str:
+    """`sentence` with words i-1 and i exchanged (single spaces, as eligible sentences have)."""
+    words = sentence.split(" ")
+    words[i - 1], words[i] = words[i], words[i - 1]
+    return " ".join(words)
+
+
+def make_order_docs(stories: Sequence[str], n_docs: int = DEFAULT_DOCS, seed: int = TASK_SEED
+                    ) -> list[dict[str, Any]]:
+    """Minimal pairs of local word order: a validation sentence against the same sentence with a function word moved
+    in front of the open-class word before it ("the dog was happy" -> "the was dog happy"). About n_docs documents
+    (an even number), at most one per story.
+
+    Why the swapped sentence is ungrammatical: English puts an article before its noun phrase, a preposition before
+    its object, an auxiliary after its subject and before its verb, an object pronoun after its verb, a subject
+    pronoun before its verb, and a conjunction between the things it joins; moving such a word in front of the
+    open-class word that precedes it breaks that order ("she the saw dog", "she to went the park", "the was dog
+    happy", "Tom him saw", "he and ran jumped"). Swaps that English allows are kept out by construction: the other
+    closed-class words, particles ("picked up toys" / "picked toys up") and movable adverbs ("was always" / "always
+    was") are never swapped, and only declarative sentences are used.
+
+    Both choices are the same words (the same multiset of whitespace-separated words, by construction; with the
+    whitespace-bounded pieces of a SentencePiece tokenizer also the same tokens), so a scorer that ignores word order
+    gives both the same log-likelihood. The original is the first choice in exactly one document of every
+    consecutive pair (seeded which one), and lm-eval breaks a tie towards the first choice, so such a scorer gets
+    exactly 1/2 on whole pairs of documents, and any order-blind scorer 1/2 in expectation.
+    The whole sentence is scored with an empty context (the model sees only the sentence: the task is local syntax).
+    """
+    rng = random.Random(f"tinystories_order:{seed}")
+    order = list(range(len(stories)))
+    rng.shuffle(order)
+    n_docs += n_docs % 2
+    docs: list[dict[str, Any]] = []
+    for idx in order:
+        story = stories[idx].strip()
+        ends = [0] + [m.end() for m in _SENT_END.finditer(story)] + [len(story)]
+        sentences = [story[a:b].strip() for a, b in zip(ends, ends[1:])]
+        eligible = [(k, s) for k, s in enumerate(sentences) if order_pairs(s)]
+        if not eligible:
+            continue
+        k, sentence = rng.choice(eligible)
+        i = rng.choice(order_pairs(sentence))
+        docs.append({"sentence": sentence, "swapped": swap_words(sentence, i), "position": i,
+                     "sentence_idx": k, "story_idx": idx})
+        if len(docs) == n_docs:
+            break
+    docs = docs[: len(docs) - len(docs) % 2]
+    for j in range(0, len(docs), 2):
+        first = rng.randrange(2)
+        for d, label in ((docs[j], first), (docs[j + 1], 1 - first)):
+            d["choices"] = [d["sentence"], d["swapped"]] if label == 0 else [d["swapped"], d["sentence"]]
+            d["label"] = label
+    return docs
+
+
 GENERATORS: dict[str, Callable[..., list[dict[str, Any]]]] = {
     "tinystories_ppl": make_ppl_docs,
     "tinystories_ending": make_ending_docs,
     "tinystories_names": make_names_docs,
+    "tinystories_order": make_order_docs,
 }
 
 
@@ -273,8 +377,9 @@ def _render_yaml(task: str, data_path: Path, out_dir: Path, seed: int, n_docs: i
         "data_files": {"test": str(data_path.resolve())},
         "cache_dir": str((out_dir / "hf_datasets").resolve()),  # datasets' arrow cache stays in benchctl's cache
     }
-    cfg["metadata"] = {"version": float(TASK_VERSIONS[task]), "generator": f"benchctl.evaluate.{task}",
-                       "seed": seed, "n_docs": n_docs, "docs_sha256": digest, "data_fingerprint": fingerprint}
+    cfg["metadata"] = {**(cfg.get("metadata") or {}), "version": float(TASK_VERSIONS[task]),
+                       "generator": f"benchctl.evaluate.{task}", "seed": seed, "n_docs": n_docs,
+                       "docs_sha256": digest, "data_fingerprint": fingerprint}
     header = (f"# Generated by benchctl (template benchctl/tasks/{task}.yaml); regenerated on every "
               "`benchctl eval`.\n")
     return header + yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True)
