@@ -722,3 +722,10 @@ def depth_results(db: sqlite_utils.Database) -> list[dict[str, Any]]:
         "select d.*, r.arch, r.preset, r.seed, json_extract(r.config_json, '$.model.n_recur') as trained_n_recur "
         "from depth_results d join runs r on r.id = d.run_id order by r.arch, r.seed, d.exit_rule, d.threshold desc, "
         "d.n_recur"))
+
+
+def sample_mean_depth(db: sqlite_utils.Database, run_id: str, prompt_set: str, settings_hash: str) -> float | None:
+    """Mean of the stored samples' mean exit depths for a run, prompt set and settings (None without an exit)."""
+    r = next(iter(db.query("select avg(mean_depth) as d from samples where run_id = ? and prompt_set = ? and "
+                           "settings_hash = ?", [run_id, prompt_set, settings_hash])))
+    return r["d"]
