@@ -107,8 +107,8 @@ def settings_for(arch_cls: Any, trained: int, *, depths: Sequence[int], exit_rul
                  with_trained: bool = False) -> list[Setting]:
     """The settings to measure for one run of `arch_cls` trained at depth `trained`; `with_trained` adds the trained
     depth and twice it to the depths (the report judges extrapolation from those two)."""
-    if not arch_cls.iterable():
-        return [Setting(trained)]  # fixed depth: one reference row whatever was asked
+    if not arch_cls.iterable():  # fixed depth: one reference row in a depth sweep, nothing to exit from
+        return [Setting(trained)] if exit_rule is None else []
     if extrapolate is not None and arch_cls.extrapolate_rules and extrapolate not in arch_cls.extrapolate_rules:
         raise ConfigError(f"--extrapolate: {arch_cls.name} accepts {', '.join(arch_cls.extrapolate_rules)}; "
                           f"got {extrapolate!r}")

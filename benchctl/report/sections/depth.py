@@ -150,6 +150,9 @@ def fig_frontier(ctx: Any, df: pd.DataFrame) -> Any:
                     ax.annotate(f"{r.threshold:g}", (r.mean_depth, r.mean), fontsize=7, xytext=(4, 4),
                                 textcoords="offset points")
         ax.set_xscale("log", base=2)
+        from matplotlib.ticker import ScalarFormatter
+
+        ax.xaxis.set_major_formatter(ScalarFormatter())
         ax.set_xlabel("mean depth per token (iterations; exit: what skipping exited tokens would compute)")
         ax.set_ylabel("validation loss (nats/token)")
         ax.set_title("Compute/quality frontier: adaptive exit (labels = thresholds) vs fixed depth", fontsize=11)
