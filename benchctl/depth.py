@@ -102,6 +102,17 @@ def check_exit_rule(rule: str | None) -> str | None:
     return rule
 
 
+def check_extrapolate(rule: str | None) -> str | None:
+    """A rule no registered architecture knows is an error, even for a selection that would not use it."""
+    import architectures
+
+    known = sorted({r for a in architectures.names() for r in architectures.get(a).extrapolate_rules})
+    if rule is not None and rule not in known:
+        raise ConfigError(f"--extrapolate: unknown rule '{rule}'{architectures.did_you_mean(rule, known)} "
+                          f"known: {', '.join(known)}")
+    return rule
+
+
 def settings_for(arch_cls: Any, trained: int, *, depths: Sequence[int], exit_rule: str | None,
                  thresholds: Sequence[float], max_depth: int | None, extrapolate: str | None,
                  with_trained: bool = False) -> list[Setting]:
@@ -257,6 +268,7 @@ def depth_all(
     depths = parse_depths(depths)
     thresholds = parse_thresholds(thresholds)
     check_exit_rule(exit_rule)
+    check_extrapolate(extrapolate)
     if max_depth is not None and max_depth < 1:
         raise ConfigError(f"--max-depth must be >= 1, got {max_depth}")
     if windows is not None and windows < 1:

@@ -237,6 +237,7 @@ def test_depth_rows_are_idempotent_and_resumable(results):
     assert {(r["exit_rule"], r["threshold"], r["n_recur"]) for r in ex.rows if r["arch"] == "frailt"} == {
         ("kl", 1e-2, 4), ("kl", 1e-3, 4)}
     assert all(1 <= r["mean_depth"] <= r["n_recur"] for r in ex.rows)
+    assert dp.estimate_seconds(db, results, [r["id"] for r in dbm.runs(db)]) > 0  # what the paper preset prints
 
 
 def test_trained_depth_row_is_the_final_validation_loss(results):
@@ -251,7 +252,8 @@ def test_cli_errors_are_one_line(results, capsys):
     from benchctl import cli
 
     for argv, text in ((["--depths", "1,x"], "--depths"), (["--exit", "foo"], "--exit: unknown rule 'foo'"),
-                       (["--extrapolate", "bogus", "--archs", "frailt"], "--extrapolate")):
+                       (["--extrapolate", "bogus"], "--extrapolate: unknown rule 'bogus'"),
+                       (["--extrapolate", "cycle", "--archs", "frailt,control", "--depths", "1,0"], "--depths")):
         with pytest.raises(SystemExit) as exc:
             cli.main(["depth", "--db", str(results), "--no-progress", *argv])
         err = capsys.readouterr().err

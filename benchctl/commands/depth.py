@@ -48,6 +48,7 @@ def depth(
     dp.parse_depths(depths)
     dp.parse_thresholds(thresholds)
     dp.check_exit_rule(exit_rule)
+    dp.check_extrapolate(extrapolate)
     path = db_path_of(db)
     handle = dbm.connect(path, create=False)
     reporter = Progress(enabled=progress, console=console)
