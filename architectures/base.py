@@ -12,13 +12,19 @@ A subclass says only how its blocks are scheduled (`schedule`), which extra para
 max_seq_len, norm_eps, rope_theta, dropout, init_std, n_recur) and, optionally, `arch_args`: an instance of the
 architecture's own frozen arguments dataclass (`args_cls`, bound by `@register`); without it the model uses that
 dataclass's defaults. benchctl's `ModelArgs` is one such object, but this package never imports benchctl.
+
+Test-time recurrence. A recurrent architecture also exposes its schedule as prelude -> n iterations of a step ->
+coda through three hooks (`prelude`, `core_step`, `coda`), so shared code can run it to any depth and look at the
+state after each iteration: `iterate` runs depths past the trained one (with the architecture's extrapolation rule)
+and the per-token adaptive exit. `schedule` stays the training path, bit-identical and fast; an architecture that
+does not implement the hooks runs at its fixed depth only.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterable
+from typing import Any, ClassVar, Iterable, NamedTuple
 
 import torch
 import torch.nn as nn
@@ -43,6 +49,34 @@ class RecurrenceError(ValueError):
 
 
 Params = nn.Module | nn.Parameter | Iterable[nn.Module | nn.Parameter]
+
+EXIT_RULES = ("kl", "latent")
+
+
+@dataclass(frozen=True)
+class ExitRule:
+    """Per-token adaptive exit (the zero-shot exit of Geiping et al. 2025): a token stops iterating once its
+    criterion falls below `threshold`; threshold <= 0 never exits.
+
+    kl:     KL(previous || current) of the token's next-token distributions at successive iterations, summed over
+            the vocabulary (the first iteration is compared against the uniform distribution).
+    latent: ||s_prev - s_cur|| / ||s_cur|| of the recurrent state.
+    """
+
+    rule: str
+    threshold: float
+
+    def __post_init__(self) -> None:
+        if self.rule not in EXIT_RULES:
+            raise ValueError(f"unknown exit rule {self.rule!r}; choose one of {', '.join(EXIT_RULES)}")
+        if not self.threshold >= 0:
+            raise ValueError(f"exit threshold must be >= 0, got {self.threshold}")
+
+
+class IterOutput(NamedTuple):
+    logits: torch.Tensor | None  # (B, T, V), None when return_logits=False
+    loss: torch.Tensor | None
+    depths: torch.Tensor  # (B, T) int64: the iteration each token's state froze at (n_recur when it never exited)
 
 
 def count(obj: Params) -> int:
@@ -74,6 +108,9 @@ class BaseLM(nn.Module):
     label: ClassVar[str] = ""  # human-readable name for tables and figures
     description: ClassVar[str] = ""
     args_cls: ClassVar[type[ArchArgs]] = ArchArgs  # the architecture's own arguments, set by @register
+    # Inference-only rules for iterations past the trained depth, the default first. They never change what is
+    # trained, so they are not arguments (not in the run id); callers pass one to `forward`/`iterate`.
+    extrapolate_rules: ClassVar[tuple[str, ...]] = ()
 
     # ---- class-level hooks used by the config layer ------------------------------------------------------------
 
@@ -101,6 +138,26 @@ class BaseLM(nn.Module):
     @classmethod
     def validate_args(cls, args: Any) -> None:
         """Raise ValueError subclasses (the config layer turns them into errors naming the key)."""
+
+    @classmethod
+    def iterable(cls) -> bool:
+        """True when the architecture implements the iteration hooks (depth sweeps and adaptive exit apply);
+        False: it runs at its fixed depth only."""
+        return cls.core_step is not BaseLM.core_step
+
+    @classmethod
+    def resolve_extrapolate(cls, rule: str | None) -> str | None:
+        """The extrapolation rule to use (the default for None); None for an architecture that has none."""
+        if not cls.extrapolate_rules:
+            if rule not in (None, "none"):
+                raise RecurrenceError(f"{cls.name}: has no extrapolation rules (got {rule!r})")
+            return None
+        if rule is None:
+            return cls.extrapolate_rules[0]
+        if rule not in cls.extrapolate_rules:
+            raise RecurrenceError(f"{cls.name}: extrapolate must be one of {', '.join(cls.extrapolate_rules)}; "
+                                  f"got {rule!r}")
+        return rule
 
     # ---- construction ----------------------------------------------------------------------------------------------
 
@@ -166,14 +223,22 @@ class BaseLM(nn.Module):
         n_recur: int | None = None,
         cache: KVCache | None = None,
         return_logits: bool = True,
+        extrapolate: str | None = None,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """tokens (B, T) -> logits (B, T, V) and, given targets (B, T), the mean cross-entropy (ignore index -1).
 
         `return_logits=False` (with targets) returns (None, loss) and computes the loss through the head without
-        materialising the logits (`linear_cross_entropy`): what training and validation use.
+        materialising the logits (`linear_cross_entropy`): what training and validation use. Past the trained
+        depth an architecture with extrapolation rules runs through `iterate` with `extrapolate` (None: default).
         """
-        B, T = tokens.shape
         n = self.resolve_n_recur(n_recur)
+        if n > self.args.n_recur and self.extrapolate_rules:
+            out = self.iterate(tokens, targets, n_recur=n, cache=cache, return_logits=return_logits,
+                               extrapolate=extrapolate)
+            return out.logits, out.loss
+        if extrapolate is not None:
+            self.resolve_extrapolate(extrapolate)  # a bad rule is an error even where it would not apply
+        B, T = tokens.shape
         pos = cache.pos if cache is not None else 0
         if pos + T > self.args.max_seq_len:
             raise ValueError(f"sequence of {pos + T} tokens exceeds the context of {self.args.max_seq_len}")
@@ -182,9 +247,14 @@ class BaseLM(nn.Module):
             cache.begin()
         h = self.dropout(self.tok_embeddings(tokens))  # (B, T, d)
         h = self.schedule(h, cos, sin, n, cache)
-        h = self.norm(h)
         if cache is not None:
             cache.advance(T)
+        return self._head(self.norm(h), targets, return_logits)
+
+    def _head(self, h: torch.Tensor, targets: torch.Tensor | None, return_logits: bool
+              ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Normed hidden states (B, T, d) -> (logits or None, mean cross-entropy or None)."""
+        B, T, _ = h.shape
         if targets is not None and not return_logits:
             return None, linear_cross_entropy(h.reshape(B * T, -1), self.output.weight, targets.reshape(-1))
         logits = self.output(h)  # (B, T, V)
@@ -193,6 +263,93 @@ class BaseLM(nn.Module):
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1),
                                    ignore_index=IGNORE_INDEX)
         return logits, loss
+
+    # ---- iteration hooks (test-time recurrence) --------------------------------------------------------------------
+
+    def prelude(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None
+                ) -> tuple[torch.Tensor, Any]:
+        """Embedded tokens (B, T, d) -> (initial recurrent state s0, context every step reads). Looped models:
+        (h, None)."""
+        return h, None
+
+    def core_step(self, s: torch.Tensor, ctx: Any, t: int, cos: torch.Tensor, sin: torch.Tensor,
+                  cache: KVCache | None, extrapolate: str | None) -> torch.Tensor:
+        """Iteration t (0-based) of the recurrence: state (B, T, d) -> next state. `extrapolate` (resolved) says
+        what iterations t >= the trained depth use in place of depth-specific parameters."""
+        raise NotImplementedError(f"{self.name} does not expose its recurrence (fixed depth)")
+
+    def coda(self, s: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+        """Final recurrent state -> hidden states before the final norm. Looped models: the state itself."""
+        return s
+
+    def iterate(
+        self,
+        tokens: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        *,
+        n_recur: int | None = None,
+        cache: KVCache | None = None,
+        return_logits: bool = True,
+        extrapolate: str | None = None,
+        exit: ExitRule | None = None,
+    ) -> IterOutput:
+        """`forward` through the iteration hooks: any depth (with the extrapolation rule), optionally with the
+        per-token adaptive exit; returns the logits, loss and each token's exit depth.
+
+        Exit. After each iteration every token still iterating computes its criterion (`ExitRule`); for `kl` its
+        next-token distribution comes from the coda, final norm and head applied to the current state (looped
+        models: final norm and head). A token that exits is FROZEN: its state stops changing, so its output is the
+        state at its exit depth. Attention stays well-defined for the tokens still iterating because the exited
+        tokens' keys/values at later iterations are computed from their frozen state (every iteration still runs
+        over every token; Huginn instead copies the cache entries of the last iteration it computed). So no
+        arithmetic is skipped here: the mean exit depth is the compute an implementation that skips exited tokens
+        would spend. Threshold 0 never exits and reproduces the full-depth forward exactly. Under a KV cache all
+        `n_recur` iterations always run, so every forward of a generation uses the same cache slots.
+        """
+        cls = type(self)
+        if not cls.iterable():
+            raise RecurrenceError(f"{self.name}: runs at a fixed depth; it has no iteration hooks")
+        n = self.resolve_n_recur(n_recur)
+        rule = self.resolve_extrapolate(extrapolate)
+        B, T = tokens.shape
+        pos = cache.pos if cache is not None else 0
+        if pos + T > self.args.max_seq_len:
+            raise ValueError(f"sequence of {pos + T} tokens exceeds the context of {self.args.max_seq_len}")
+        cos, sin = self.rope_cos[pos : pos + T], self.rope_sin[pos : pos + T]
+        if cache is not None:
+            cache.begin()
+        s, ctx = self.prelude(self.dropout(self.tok_embeddings(tokens)), cos, sin, cache)
+        checking = exit is not None and exit.threshold > 0
+        coda_slots = _SlotScope(cache)
+        depths = torch.full((B, T), n, dtype=torch.long, device=tokens.device)
+        active = torch.ones(B, T, dtype=torch.bool, device=tokens.device)
+        prev = None
+        if checking and exit.rule == "kl":  # iteration 1 is compared against the uniform distribution
+            prev = torch.full((B, T, self.args.vocab_size), -math.log(self.args.vocab_size), device=tokens.device)
+        for t in range(n):
+            new = self.core_step(s, ctx, t, cos, sin, cache, rule)
+            if not checking:
+                s = new
+                continue
+            if exit.rule == "kl":
+                with coda_slots:
+                    cur = F.log_softmax(self.output(self.norm(self.coda(new, cos, sin, cache))).float(), dim=-1)
+                crit = F.kl_div(cur, prev, log_target=True, reduction="none").sum(-1)  # KL(prev || cur), (B, T)
+                prev = cur
+            else:
+                crit = (new - s).float().norm(dim=-1) / new.float().norm(dim=-1).clamp_min(1e-12)
+            s = torch.where(active[..., None], new, s)  # frozen tokens keep their state
+            done = active & (crit < exit.threshold)
+            depths = torch.where(done, torch.full_like(depths, t + 1), depths)
+            active = active & ~done
+            if cache is None and not bool(active.any()):
+                break  # nothing left to iterate and no cache that later forwards would read
+        with coda_slots:
+            h = self.coda(s, cos, sin, cache)
+        if cache is not None:
+            cache.advance(T)
+        logits, loss = self._head(self.norm(h), targets, return_logits)
+        return IterOutput(logits, loss, depths)
 
     # ---- accounting ------------------------------------------------------------------------------------------------
 
@@ -248,6 +405,29 @@ class BaseLM(nn.Module):
         if not training:
             return float(sum(f for f, _ in terms))
         return float(sum(f * (3 if bwd else 1) for f, bwd in terms))
+
+
+class _SlotScope:
+    """Gives the coda the same KV-cache slots every time it runs within one forward: the exit check probes the coda
+    after each iteration and the final coda overwrites what the probes wrote at these positions, so the cache ends
+    up holding the coda's keys/values of each token's final (frozen) state."""
+
+    def __init__(self, cache: KVCache | None):
+        self.cache = cache
+        self.start: int | None = None
+        self.resume = 0
+
+    def __enter__(self) -> None:
+        if self.cache is not None:
+            self.resume = self.cache._next
+            if self.start is not None:
+                self.cache._next = self.start
+            else:
+                self.start = self.resume
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.cache is not None and self.start != self.resume:  # a rewound probe: continue where the steps were
+            self.cache._next = self.resume
 
 
 def _n_blocks(obj: Params) -> int:

@@ -11,6 +11,12 @@ the context the window slides, re-encoding the last `max_seq_len` tokens each st
   prompts share its batch (up to floating-point differences between batch shapes).
 - Early exit per row. A row finishes at a stop id (excluded from its tokens), when `should_stop` says so (the
   token kept), or after `max_new_tokens`; finished rows leave the batch and the KV cache (`KVCache.select_rows`).
+
+Test-time depth: `n_recur` may exceed the trained depth (with the architecture's `extrapolate` rule), and `exit`
+(an `ExitRule`) runs every forward through `BaseLM.iterate` with the per-token adaptive exit; each `Generation`
+then carries `mean_depth`, the mean exit iteration over every position the model processed for that row (prompt
+and generated tokens). Every iteration is still computed (see `BaseLM.iterate`), so the mean depth is what an
+implementation skipping exited tokens would spend, not what this one did.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from architectures.base import ExitRule
 from architectures.blocks import KVCache
 
 
@@ -28,6 +35,7 @@ from architectures.blocks import KVCache
 class Generation:
     tokens: list[int]  # the new tokens, the stop token excluded
     finish_reason: str  # "eos" (a stop id or should_stop) | "length"
+    mean_depth: float | None = None  # with an adaptive exit: mean exit iteration over the positions processed
 
 
 def filter_logits(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None) -> torch.Tensor:
@@ -71,12 +79,16 @@ def generate(
     n_recur: int | None = None,
     generators: Sequence[torch.Generator | None] | None = None,
     should_stop: Callable[[int, list[int]], bool] | None = None,
+    extrapolate: str | None = None,
+    exit: ExitRule | None = None,
 ) -> list[Generation]:
     """Complete each prompt (token ids) with one KV-cached forward per step; one `Generation` per prompt, in order.
 
     Row i samples from `generators[i]` (None: the global RNG); temperature 0 is greedy. `should_stop(i, new)` is
     asked after each new token of prompt i with its new tokens so far (that token included); True finishes the row
-    keeping the token. Runs under `torch.no_grad()`.
+    keeping the token. `extrapolate` picks the rule for depths past the trained one (None: the architecture's
+    default); `exit` turns on the per-token adaptive exit with `n_recur` as the maximum depth. Runs under
+    `torch.no_grad()`.
     """
     if not prompts:
         return []
@@ -87,7 +99,7 @@ def generate(
     if generators is not None and len(generators) != len(prompts):
         raise ValueError(f"{len(generators)} generators for {len(prompts)} prompts")
     with torch.no_grad():
-        return _Decoder(model, prompts, max_new_tokens, n_recur, generators).run(
+        return _Decoder(model, prompts, max_new_tokens, n_recur, generators, extrapolate, exit).run(
             temperature, top_k, top_p, stop_ids, should_stop
         )
 
@@ -95,8 +107,9 @@ def generate(
 class _Decoder:
     """The live batch of one `generate` call: token buffer, prompt lengths, rows still running and their cache."""
 
-    def __init__(self, model, prompts, max_new_tokens, n_recur, generators):
+    def __init__(self, model, prompts, max_new_tokens, n_recur, generators, extrapolate=None, exit=None):
         self.model, self.n_recur, self.max_new = model, n_recur, max_new_tokens
+        self.extrapolate, self.exit = extrapolate, exit
         device = next(model.parameters()).device
         self.ctx = model.args.max_seq_len
         B = len(prompts)
@@ -110,11 +123,24 @@ class _Decoder:
         self.results: list[Generation | None] = [None] * B
         self.T = min(plen)  # tokens per row fed so far; all live rows share positions
         self.cache: KVCache | None = KVCache(self.ctx)
+        self.depth_sum = torch.zeros(B, dtype=torch.float64, device=device)  # (B,) exit depths of processed positions
+        self.depth_n = torch.zeros(B, dtype=torch.long, device=device)
+
+    def _forward(self, tokens: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+        """Logits (b, T, V) of one forward, at the requested depth or with the adaptive exit."""
+        if self.exit is None:
+            extra = {} if self.extrapolate is None else {"extrapolate": self.extrapolate}
+            return self.model(tokens, n_recur=self.n_recur, cache=cache, **extra)[0]
+        out = self.model.iterate(tokens, n_recur=self.n_recur, cache=cache, extrapolate=self.extrapolate,
+                                 exit=self.exit)
+        self.depth_sum += out.depths.sum(-1).double()
+        self.depth_n += out.depths.shape[-1]
+        return out.logits
 
     def run(self, temperature, top_k, top_p, stop_ids, should_stop) -> list[Generation]:
         seq, T, ctx = self.seq, self.T, self.ctx
         stop = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=seq.device)
-        logits, _ = self.model(seq[:, max(0, T - ctx) : T], n_recur=self.n_recur, cache=self.cache)
+        logits = self._forward(seq[:, max(0, T - ctx) : T], self.cache)
         if T >= ctx:
             self.cache = None  # no room left: slide the window from here on
         while True:
@@ -159,12 +185,14 @@ class _Decoder:
             start = int(self.plen[r])
             dropped = bool(is_stop[r]) and bool(torch.isin(self.seq[r, self.T], stop))  # a stop id is not kept
             end = self.T + (0 if dropped else 1)
+            depth = float(self.depth_sum[r] / self.depth_n[r]) if self.exit is not None else None
             self.results[self.rows[r]] = Generation(self.seq[r, start:end].tolist(),
-                                                    "eos" if bool(is_stop[r]) else "length")
+                                                    "eos" if bool(is_stop[r]) else "length", depth)
         keep = (~finished).nonzero().flatten()  # (b',)
         if keep.numel() == 0:
             return False
         self.seq, self.plen = self.seq[keep], self.plen[keep]
+        self.depth_sum, self.depth_n = self.depth_sum[keep], self.depth_n[keep]
         self.rows = [self.rows[i] for i in keep.tolist()]
         self.gens = [self.gens[i] for i in keep.tolist()]
         if self.cache is not None:
@@ -175,8 +203,6 @@ class _Decoder:
         """Logits after feeding token T-1: one cached token while the context has room, else the slid window."""
         T, ctx = self.T, self.ctx
         if self.cache is not None and self.cache.pos < ctx:
-            logits, _ = self.model(self.seq[:, T - 1 : T], n_recur=self.n_recur, cache=self.cache)
-        else:
-            self.cache = None
-            logits, _ = self.model(self.seq[:, max(0, T - ctx) : T], n_recur=self.n_recur)
-        return logits
+            return self._forward(self.seq[:, T - 1 : T], self.cache)
+        self.cache = None
+        return self._forward(self.seq[:, max(0, T - ctx) : T], None)

@@ -3,9 +3,13 @@
 R passes over B1..B4 (cycle layout); at pass t, block l uses its shared weights plus its own LoRA
 (alpha/r) B_{l,t} A_{l,t} on all seven projections (wq wk wv wo w1 w2 w3). R*L LoRA sets (16 at rank 16 in
 the paper preset), so the unique parameters are the control's plus R*L*r*(8d + 3(d+h)) = 5,462,272.
-With B = 0 at init the model starts as the plain looped model. Test-time recurrence is bounded by R (each pass
-has its own LoRA set). SVD/average/stepwise initialisation from a trained control ("retrofit") is not
+With B = 0 at init the model starts as the plain looped model. SVD/average/stepwise initialisation from a trained control ("retrofit") is not
 implemented: models here train from scratch.
+
+Test-time depth. One iteration of the shared iteration API is one pass over all blocks with that pass's LoRA set
+(no prelude or coda), so the model runs at any depth. Passes past the R trained sets follow an inference-only rule
+(never part of the run id): `cycle` (default) uses set t mod R, `last` reuses set R-1, `none` runs the shared blocks
+alone.
 """
 
 from __future__ import annotations
@@ -33,9 +37,15 @@ class Relaxed(BaseLM):
     label = "Relaxed"
     description = "looped blocks with a LoRA per pass and block"
 
+    extrapolate_rules = ("cycle", "last", "none")
+
     @classmethod
     def default_n_recur(cls, args: Any) -> int:
         return 4
+
+    @classmethod
+    def max_n_recur(cls, args: Any) -> int | None:
+        return None  # every extrapolation rule defines the passes past R
 
     @classmethod
     def resolve_arch_args(cls, arch_args: RelaxedArgs) -> RelaxedArgs:
@@ -71,6 +81,13 @@ class Relaxed(BaseLM):
             for l, layer in enumerate(self.layers):
                 h = layer(h, cos, sin, lora=self.lora[t][l], cache=cache)
         return h
+
+    def core_step(self, s, ctx, t, cos, sin, cache, extrapolate):
+        R = len(self.lora)
+        k = t if t < R else {"cycle": t % R, "last": R - 1}.get(extrapolate)
+        for l, layer in enumerate(self.layers):
+            s = layer(s, cos, sin, lora=None if k is None else self.lora[k][l], cache=cache)
+        return s
 
     def components(self, n_recur):
         return [("blocks", self.layers, n_recur), ("lora", self.lora, 1)]

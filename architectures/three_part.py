@@ -7,7 +7,9 @@
     out = coda(s)                                B4
 
 With r = 7 the effective depth is 1 + 7*2 + 1 = 16 and the unique parameters are the control's plus 2d^2 + d
-(4,344,320 in the paper preset). The core can run any r >= 1 at test time.
+(4,344,320 in the paper preset). The core can run any r >= 1 at test time: in the shared iteration API the
+prelude is B1 plus the draw of s0, one iteration is the adapter and the core blocks, and the coda is the recurrent
+norm and B4 (so the adaptive exit reads the coda's prediction after every iteration).
 
 Options (off in "paper"): Huginn's sampled depth, tau ~ LogNormal(ln r_bar - sigma^2/2, sigma), r = Poisson(tau) + 1
 with r_bar = n_recur, drawn per training forward; and truncated backprop through only the last k iterations
@@ -106,6 +108,21 @@ class ThreePart(BaseLM):
     def _core_step(self, s, e, cos, sin, cache):
         s = self.adapter(torch.cat([s, e], dim=-1))  # (B, T, 2d) -> (B, T, d)
         for i in self._core:
+            s = self.layers[i](s, cos, sin, cache=cache)
+        return s
+
+    def prelude(self, h, cos, sin, cache):
+        for i in self._prelude:
+            h = self.layers[i](h, cos, sin, cache=cache)
+        return torch.randn_like(h) * self.arch_args.state_init_std, h  # (s0, e)
+
+    def core_step(self, s, ctx, t, cos, sin, cache, extrapolate):
+        return self._core_step(s, ctx, cos, sin, cache)
+
+    def coda(self, s, cos, sin, cache):
+        if self.recur_norm is not None:
+            s = self.recur_norm(s)
+        for i in self._coda:
             s = self.layers[i](s, cos, sin, cache=cache)
         return s
 

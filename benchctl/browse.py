@@ -47,6 +47,8 @@ TABLES: dict[str, tuple[str, str]] = {
                                      "prompt hash, repeat). Failed rows are never scores."),
     "eval_results": ("lm-eval results", "One row per (run, task, metric, test-time recurrence, document limit)."),
     "bench": ("Speed benchmarks", "One row per architecture and implementation per `benchctl bench` invocation."),
+    "depth_results": ("Test-time depth", "Validation loss per (run, inference depth or adaptive-exit setting, "
+                                         "extrapolation rule, windows), from `benchctl depth`."),
     "meta": ("Schema", "Key-value facts about this database (its schema version)."),
 }
 
@@ -140,6 +142,10 @@ COLUMNS: dict[str, dict[str, tuple[str, str | None]]] = {
         "n_tokens": ("new tokens, end-of-story token excluded", "tokens"),
         "finish_reason": ("eos or length", None),
         "created_at": ("when it was generated (UTC)", None),
+        "extrapolate": ("rule for passes past the trained depth (empty: none applied)", None),
+        "exit_rule": ("adaptive exit rule, kl or latent (empty: fixed depth)", None),
+        "exit_threshold": ("adaptive exit threshold", None),
+        "mean_depth": ("mean exit iteration over the positions processed (adaptive exit)", None),
     },
     "judge_requests": {
         "key": ("'<judge_model>|<prompt_hash>|<sample_id>|<repeat>'", None),
@@ -198,6 +204,21 @@ COLUMNS: dict[str, dict[str, tuple[str, str | None]]] = {
         "batch_size": ("requests per forward pass (padding can move scores)", None),
         "lm_eval_version": ("lm-eval version", None),
         "created_at": ("when it was computed (UTC)", None),
+    },
+    "depth_results": {
+        "run_id": ("the measured run (runs.id)", None),
+        "n_recur": ("inference depth (maximum depth with an exit rule)", None),
+        "exit_rule": ("kl or latent (empty: fixed depth)", None),
+        "threshold": ("exit threshold (0 for a fixed depth)", None),
+        "extrapolate": ("rule for iterations past the trained depth (empty: the arch has none)", None),
+        "windows": ("validation windows measured (the first N of the fixed set)", None),
+        "val_loss": ("mean next-token cross-entropy", None),
+        "mean_depth": ("mean exit iteration over tokens (= n_recur at a fixed depth)", None),
+        "tokens": ("tokens measured", "tokens"),
+        "seconds": ("wall time of the measurement", "s"),
+        "flops_per_token": ("forward FLOPs per token (at the mean depth for exit rows)", "FLOPs/token"),
+        "depth_hist": ("JSON {depth: tokens} of per-token exit depths", None),
+        "created_at": ("when it was measured (UTC)", None),
     },
     "bench": {
         "id": ("row id", None),

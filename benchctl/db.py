@@ -15,6 +15,7 @@ Tables (see README "Querying results.db"):
   judge_grades    parsed grades (or failures) per (sample, judge model, prompt hash, repeat)
   eval_results    lm-eval metrics per (run, task, metric, n_recur, limit)
   bench           benchmark measurements
+  depth_results   validation loss per (run, inference depth or adaptive-exit setting)
   meta            schema version
 """
 
@@ -130,6 +131,10 @@ _SCHEMA: dict[str, dict[str, Any]] = {
             "n_tokens": int,  # new tokens, the end-of-story token excluded
             "finish_reason": str,  # eos | length
             "created_at": str,
+            "extrapolate": str,  # rule for passes past the trained depth (NULL: none applied or the arch has none)
+            "exit_rule": str,  # kl | latent with an adaptive exit, else NULL
+            "exit_threshold": float,
+            "mean_depth": float,  # with an adaptive exit: mean exit iteration over the positions processed
         },
         "pk": "id",
         "foreign_keys": [("run_id", "runs", "id"), ("prompt_id", "prompts", "id")],
@@ -246,6 +251,26 @@ _SCHEMA: dict[str, dict[str, Any]] = {
             "created_at": str,
         },
         "pk": "id",
+    },
+    "depth_results": {
+        "columns": {
+            "run_id": str,
+            "n_recur": int,  # the depth (the maximum depth with an exit rule)
+            "exit_rule": str,  # "" for a fixed depth, else kl | latent (part of the key, so never NULL)
+            "threshold": float,  # 0 for a fixed depth
+            "extrapolate": str,  # rule for iterations past the trained depth ("" when the arch has none)
+            "windows": int,  # validation windows measured (the first N of the run's fixed set)
+            "val_loss": float,
+            "mean_depth": float,  # mean exit iteration over tokens (= n_recur at a fixed depth)
+            "tokens": int,
+            "seconds": float,
+            "flops_per_token": float,  # forward FLOPs/token at n_recur (at the mean depth for exit rows)
+            "depth_hist": str,  # JSON {depth: tokens} of per-token exit depths
+            "created_at": str,
+        },
+        "pk": ("run_id", "n_recur", "exit_rule", "threshold", "extrapolate", "windows"),
+        "foreign_keys": [("run_id", "runs", "id")],
+        "not_null": {"val_loss"},
     },
     "meta": {"columns": {"key": str, "value": str}, "pk": "key"},
 }
@@ -681,3 +706,41 @@ def record_bench_rows(db: sqlite_utils.Database, rows: list[dict[str, Any]]) -> 
     """One `benchctl bench` invocation's rows, all or none."""
     with db.conn:
         db["bench"].insert_all(rows, alter=False)
+
+
+# ---- test-time depth (depth_results)
+
+_DEPTH_PK = ("run_id", "n_recur", "exit_rule", "threshold", "extrapolate", "windows")
+
+
+def depth_keys(db: sqlite_utils.Database, run_id: str) -> set[tuple[Any, ...]]:
+    """(n_recur, exit_rule, threshold, extrapolate, windows) of every depth_results row stored for a run."""
+    return {tuple(r[k] for k in _DEPTH_PK[1:]) for r in db.query("select * from depth_results where run_id = ?",
+                                                                 [run_id])}
+
+
+def record_depth_result(db: sqlite_utils.Database, row: dict[str, Any]) -> None:
+    """One measured (run, setting) row, written as soon as it is measured; an existing key is kept."""
+
+    def write() -> None:
+        with db.conn:
+            db["depth_results"].insert({"created_at": now(), **row}, pk=_DEPTH_PK, ignore=True)
+
+    retry_locked(write)
+
+
+def depth_results(db: sqlite_utils.Database) -> list[dict[str, Any]]:
+    """Every depth_results row with its run's architecture, preset, seed and trained depth (`trained_n_recur`)."""
+    if "depth_results" not in db.table_names():
+        return []
+    return list(db.query(
+        "select d.*, r.arch, r.preset, r.seed, json_extract(r.config_json, '$.model.n_recur') as trained_n_recur "
+        "from depth_results d join runs r on r.id = d.run_id order by r.arch, r.seed, d.exit_rule, d.threshold desc, "
+        "d.n_recur"))
+
+
+def sample_mean_depth(db: sqlite_utils.Database, run_id: str, prompt_set: str, settings_hash: str) -> float | None:
+    """Mean of the stored samples' mean exit depths for a run, prompt set and settings (None without an exit)."""
+    r = next(iter(db.query("select avg(mean_depth) as d from samples where run_id = ? and prompt_set = ? and "
+                           "settings_hash = ?", [run_id, prompt_set, settings_hash])))
+    return r["d"]

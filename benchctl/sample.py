@@ -39,6 +39,13 @@ batch is written in one transaction, so a killed run keeps its finished batches 
 (a batch is always regenerated whole, keeping its composition, hence its three-part samples, unchanged).
 `settings_json` holds the requested settings (`n_recur` null = each run's trained recurrence); the `n_recur` column
 holds the recurrence that ran.
+
+Test-time depth. `n_recur` may exceed the trained depth (FraiLT and relaxed then follow `extrapolate`, default their
+own rule), and `exit_rule`/`exit_threshold` turn on the per-token adaptive exit with `n_recur` as the maximum depth
+(see `architectures.base.BaseLM.iterate`). These settings enter the settings hash only when set, so default-depth
+samples keep their ids and never mix with depth-tagged ones; the samples' `extrapolate`, `exit_rule`,
+`exit_threshold` and `mean_depth` columns record what ran (mean depth: the mean exit iteration over every position
+the model processed for that sample).
 """
 
 from __future__ import annotations
@@ -77,6 +84,7 @@ DEFAULT_TOP_K = 300
 DEFAULT_MAX_NEW_TOKENS = 256
 DEFAULT_SEED = 0
 DEFAULT_BATCH_SIZE = 64
+DEFAULT_EXIT_THRESHOLD = 5e-4  # Huginn's default for its KL exit
 
 BOS_ID, EOS_ID = 1, 2  # the ids data.tokenizer_spec fixes; a story ends with BOS (see the module docstring)
 
@@ -190,8 +198,13 @@ class SampleSettings:
     seed: int = DEFAULT_SEED
     n_recur: int | None = None  # None = each run's trained recurrence
     batch_size: int = DEFAULT_BATCH_SIZE
+    extrapolate: str | None = None  # None = each architecture's default rule past the trained depth
+    exit_rule: str | None = None  # kl | latent: per-token adaptive exit, n_recur = maximum depth
+    exit_threshold: float | None = None  # None with an exit rule = DEFAULT_EXIT_THRESHOLD
 
     def __post_init__(self) -> None:
+        if self.exit_rule is not None and self.exit_threshold is None:
+            object.__setattr__(self, "exit_threshold", DEFAULT_EXIT_THRESHOLD)
         if self.top_k == 0:
             object.__setattr__(self, "top_k", None)
         if not (self.temperature >= 0 and self.temperature < float("inf")):
@@ -208,9 +221,28 @@ class SampleSettings:
             raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
         if self.n_recur is not None and self.n_recur < 1:
             raise EvalError(f"--n-recur must be >= 1, got {self.n_recur}")
+        if self.exit_rule is not None and self.exit_rule not in ("kl", "latent"):
+            raise ConfigError(f"--exit: unknown rule '{self.exit_rule}'; choose kl or latent")
+        if self.exit_threshold is not None and self.exit_rule is None:
+            raise ConfigError("--threshold needs --exit kl or --exit latent")
+        if self.exit_threshold is not None and not self.exit_threshold >= 0:
+            raise ConfigError(f"--threshold must be >= 0, got {self.exit_threshold}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "stop": "bos,eos", "sampler": SAMPLER}
+        d = dataclasses.asdict(self)
+        for k in ("extrapolate", "exit_rule", "exit_threshold"):  # only when set: default samples keep their hash
+            if d[k] is None:
+                del d[k]
+        return {**d, "stop": "bos,eos", "sampler": SAMPLER}
+
+    @property
+    def exit(self) -> Any:
+        """The generation routine's ExitRule, or None."""
+        if self.exit_rule is None:
+            return None
+        from architectures.base import ExitRule
+
+        return ExitRule(self.exit_rule, float(self.exit_threshold))
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -261,17 +293,21 @@ def generate_batch(
     stop_ids: Sequence[int] = (BOS_ID, EOS_ID),
     n_recur: int | None = None,
     generators: Sequence[torch.Generator] | None = None,
+    extrapolate: str | None = None,
+    exit: Any = None,
 ) -> list[Generation]:
     """Complete each prompt (token ids, BOS included) with the zoo's generation routine; see the module docstring.
 
     Prompts may differ in length (ragged prefill, no padding). Row b samples from `generators[b]` (None: the global
     RNG); temperature 0 is greedy. A row stops at a token in `stop_ids` (excluded from its tokens; by default the
-    end-of-story ids BOS and EOS) or after `max_new_tokens` new tokens.
+    end-of-story ids BOS and EOS) or after `max_new_tokens` new tokens. `extrapolate` and `exit` (an ExitRule) are
+    the test-time depth options of `architectures.generate.generate`.
     """
     from architectures.generate import generate
 
     return generate(model, prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                    top_p=top_p, stop_ids=stop_ids, n_recur=n_recur, generators=generators)
+                    top_p=top_p, stop_ids=stop_ids, n_recur=n_recur, generators=generators,
+                    extrapolate=extrapolate, exit=exit)
 
 
 def decode_completion(tok, prompt_ids: Sequence[int], new_ids: Sequence[int]) -> str:
@@ -297,19 +333,31 @@ def select_runs(
     return dbm.finished_runs(db, run_ids=run_ids, archs=archs, preset=preset, purpose="to sample")
 
 
-def _check_n_recur(row: dict[str, Any], cfg, n_recur: int | None) -> int:
-    """The recurrence this run will sample with; an impossible override is an EvalError, before any work."""
+def _check_n_recur(row: dict[str, Any], cfg, settings: SampleSettings) -> tuple[int, str | None]:
+    """(recurrence, extrapolation rule applied or None) this run will sample with; an impossible setting is an
+    EvalError, before any work."""
     import torch
 
     import architectures
 
+    n_recur = settings.n_recur
     with torch.device("meta"):  # no weights needed to ask the architecture what it can run
         model = architectures.build(cfg.arch, cfg.model)
     try:
-        return model.resolve_n_recur(n_recur)
+        n = model.resolve_n_recur(n_recur)
     except architectures.RecurrenceError as e:
         raise EvalError(f"--n-recur {n_recur} cannot run on {row['id']}: {e}; choose another value or narrow "
                         "the runs with --archs / --runs") from None
+    if settings.exit_rule is not None and not model.iterable():
+        raise EvalError(f"--exit cannot run on {row['id']}: {cfg.arch} runs at a fixed depth; narrow the runs "
+                        "with --archs / --runs")
+    rule = None
+    if model.extrapolate_rules:
+        try:
+            rule = model.resolve_extrapolate(settings.extrapolate)
+        except architectures.RecurrenceError as e:
+            raise EvalError(f"--extrapolate on {row['id']}: {e}") from None
+    return n, (rule if n > cfg.model.n_recur else None)
 
 
 @dataclass
@@ -317,6 +365,7 @@ class RunPlan:
     row: dict[str, Any]
     pset: PromptSet
     n_recur: int  # resolved
+    extrapolate: str | None  # the rule applied past the trained depth (None: none applied)
     batches: list[list[Prompt]]  # batches with at least one missing sample, each whole
     missing: int
     existing: int
@@ -336,6 +385,7 @@ class RunSamples:
     n_samples: int = 0  # stored for (prompt set, settings)
     mean_tokens: float | None = None
     eos_share: float | None = None
+    mean_depth: float | None = None  # with an adaptive exit: mean of the stored samples' mean depths
     new_tokens: int = 0  # tokens generated by this call (stop tokens included)
     gen_seconds: float = 0.0  # wall time inside generation (model load and database writes excluded)
 
@@ -377,8 +427,8 @@ def plan(db, rows: list[dict[str, Any]], settings: SampleSettings, n_prompts: in
     psets: dict[str, PromptSet] = {}
     plans = []
     cfgs = [RunConfig.from_json(row["config_json"]) for row in rows]
-    n_recurs = [_check_n_recur(row, cfg, settings.n_recur) for row, cfg in zip(rows, cfgs)]
-    for row, cfg, n_recur in zip(rows, cfgs, n_recurs):
+    resolved = [_check_n_recur(row, cfg, settings) for row, cfg in zip(rows, cfgs)]
+    for row, cfg, (n_recur, rule) in zip(rows, cfgs, resolved):
         key = json.dumps([dataclasses.asdict(cfg.data), cfg.model.vocab_size], sort_keys=True)
         if key not in prepared_by_key:
             prepared_by_key[key] = data.prepare(cfg.data, cfg.model.vocab_size, progress=progress)
@@ -399,7 +449,7 @@ def plan(db, rows: list[dict[str, Any]], settings: SampleSettings, n_prompts: in
         batches = [list(pset.prompts[i : i + B]) for i in range(0, len(pset.prompts), B)]
         todo = [b for b in batches if any(sample_id(row["id"], p.id, settings.hash) not in have for p in b)]
         existing = sum(1 for i in ids if i in have)
-        plans.append(RunPlan(row, pset, n_recur, todo, len(ids) - existing, existing))
+        plans.append(RunPlan(row, pset, n_recur, rule, todo, len(ids) - existing, existing))
     return plans
 
 
@@ -419,7 +469,7 @@ def sample_run(
     tok = Tokenizer(tok_path)
     stop_ids = (tok.bos_id, tok.eos_id)
     with torch.no_grad():  # warm-up (kernel selection, allocator) so the measured speed is the steady state
-        model(torch.ones(1, 1, dtype=torch.long, device=device), n_recur=p.n_recur)
+        model(torch.ones(1, 1, dtype=torch.long, device=device), n_recur=p.n_recur, extrapolate=p.extrapolate)
     for batch in p.batches:
         ids = [sample_id(run_id, q.id, settings.hash) for q in batch]
         encoded = [tok.encode(q.text, bos=True, eos=False) for q in batch]
@@ -432,6 +482,7 @@ def sample_run(
         outs = generate_batch(
             model, encoded, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
             top_k=settings.top_k, top_p=settings.top_p, stop_ids=stop_ids, n_recur=p.n_recur, generators=gens,
+            extrapolate=p.extrapolate, exit=settings.exit,
         )
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -447,6 +498,8 @@ def sample_run(
                 "max_new_tokens": settings.max_new_tokens, "seed": settings.seed, "n_recur": p.n_recur,
                 "batch_size": settings.batch_size, "device": device.type,
                 "n_tokens": len(o.tokens), "finish_reason": o.finish_reason, "created_at": now,
+                "extrapolate": p.extrapolate, "exit_rule": settings.exit_rule,
+                "exit_threshold": settings.exit_threshold, "mean_depth": o.mean_depth,
             }
             for sid, q, ids_in, o in zip(ids, batch, encoded, outs)
         ])
@@ -471,6 +524,9 @@ def sample_all(
     device: str = "auto",
     batch_size: int = DEFAULT_BATCH_SIZE,
     progress: bool | Progress = True,
+    extrapolate: str | None = None,
+    exit_rule: str | None = None,
+    exit_threshold: float | None = None,
 ) -> SampleSummary:
     """Complete the prompt set with every selected finished run; stored samples are skipped. See the docstring.
 
@@ -480,7 +536,8 @@ def sample_all(
 
     reporter = progress if isinstance(progress, Progress) else Progress(enabled=progress)
     settings = SampleSettings(temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens,
-                              seed=seed, n_recur=n_recur, batch_size=batch_size)
+                              seed=seed, n_recur=n_recur, batch_size=batch_size, extrapolate=extrapolate,
+                              exit_rule=exit_rule, exit_threshold=exit_threshold)
     if n_prompts < 1:
         raise ConfigError(f"--n-prompts must be >= 1, got {n_prompts}")
     dev = resolve_device(device, option="--device")
@@ -504,6 +561,7 @@ def sample_all(
                            on_batch=lambda n, label=label, res=res: bar.update(
                                advance=n, description=label, **{"tok/s": _rate(res.tokens_per_s)}))
             res.n_samples, res.mean_tokens, res.eos_share = dbm.sample_stats(db, r["id"], p.pset.id, settings.hash)
+            res.mean_depth = dbm.sample_mean_depth(db, r["id"], p.pset.id, settings.hash)
     summary.example = _example(db, plans[0], settings)
     return summary
 

@@ -65,6 +65,7 @@ def build_fixture_db(
     bench: bool = False,
     overrides: dict | None = None,
     device: str = "cpu",
+    depth: bool = False,
 ) -> Path:
     """Write a fixture results.db at `path` (created or added to) and return the path.
 
@@ -74,7 +75,7 @@ def build_fixture_db(
     path = Path(path)
     db = dbmod.connect(path)
     archs, seeds = list(archs), list(seeds)
-    runs, metrics, samples, grades, evals_rows = [], [], [], [], []
+    runs, metrics, samples, grades, evals_rows, depth_rows = [], [], [], [], [], []
     prompts = [
         {"id": f"{PROMPT_SET}:{i}", "prompt_set": PROMPT_SET, "idx": i, "text": f"Once upon a time, story {i}",
          "source_story": 10 * i, "created_at": _ts(1, 0)}
@@ -168,6 +169,8 @@ def build_fixture_db(
                         "raw_text": "{...}", "prompt_tokens": 300, "output_tokens": 30, "thinking_tokens": 0,
                         "created_at": _ts(4, t),
                     })
+        if depth:
+            depth_rows += _depth_rows(rid, arch, cfg.model.n_recur, final, seed)
         if evals:
             e = _rng("eval", rid)
             for task, metric, value, stderr in (
@@ -202,6 +205,9 @@ def build_fixture_db(
                                           replace=True)
         if bench:
             db["bench"].insert_all(_bench_rows(preset, archs), pk="id")
+        if depth_rows:
+            db["depth_results"].insert_all(depth_rows, pk=("run_id", "n_recur", "exit_rule", "threshold",
+                                                           "extrapolate", "windows"), replace=True)
     db.conn.close()
     return path
 
@@ -220,6 +226,38 @@ def _ladder_rows(rid: str, n_recur: int, e: np.random.Generator, created: str) -
             "stderr": math.sqrt(acc * (1 - acc) / (n - 1)), "n_samples": n, "task_version": "1+0123456789ab",
             "batch_size": 16, "lm_eval_version": "0.4.13", "created_at": created,
         })
+    return rows
+
+
+# Loss change per doubling of depth past the trained one: FraiLT keeps improving, relaxed degrades, three-part
+# saturates (the seeds' noise decides), so the report's three verdicts all appear.
+_PAST_TRAINED = {"frailt": -0.05, "relaxed": 0.08, "three-part": 0.0}
+
+
+def _depth_rows(rid: str, arch: str, trained: int, final: float, seed: int) -> list[dict]:
+    """depth_results rows: the control at its one depth; recurrent runs at 1..32 and a kl exit at 3 thresholds."""
+    import json
+
+    r = _rng("depth", rid)
+    final = 3.2  # the same base for every seed: the verdicts then rest on the small per-depth noise only
+    base = {"run_id": rid, "exit_rule": "", "threshold": 0.0, "windows": 32, "tokens": 1024, "seconds": 0.5,
+            "created_at": _ts(6, seed)}
+    if arch not in _PAST_TRAINED:
+        return [{**base, "n_recur": trained, "extrapolate": "", "val_loss": final, "mean_depth": float(trained),
+                 "flops_per_token": 1e6, "depth_hist": json.dumps({str(trained): 1024})}]
+    ext = {"frailt": "last", "relaxed": "cycle"}.get(arch, "")
+    rows = []
+    for d in sorted({1, 2, 4, 8, 16, 32, trained, 2 * trained}):
+        steps = math.log2(d / trained)
+        loss = final + (0.3 * -steps if steps < 0 else _PAST_TRAINED[arch] * steps) + 0.001 * r.standard_normal()
+        rows.append({**base, "n_recur": d, "extrapolate": ext, "val_loss": loss, "mean_depth": float(d),
+                     "flops_per_token": 1e6 * d, "depth_hist": json.dumps({str(d): 1024})})
+    for thr, mean in ((1e-2, 0.4), (1e-3, 0.7), (1e-4, 0.95)):
+        m = mean * trained
+        hist = {str(k): int(1024 / trained) for k in range(1, trained + 1)}
+        rows.append({**base, "n_recur": trained, "exit_rule": "kl", "threshold": thr, "extrapolate": ext,
+                     "val_loss": final + 0.2 * (1 - mean), "mean_depth": max(1.0, m), "flops_per_token": 1e6 * m,
+                     "depth_hist": json.dumps(hist)})
     return rows
 
 

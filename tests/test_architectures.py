@@ -520,21 +520,19 @@ def test_three_part_recurrence_override(tiny_model):
 
 
 @pytest.mark.parametrize("arch", ["frailt", "relaxed"])
-def test_bounded_recurrence(arch, tiny_model):
+def test_recurrence_past_the_trained_depth(arch, tiny_model):
+    """Depths up to R use the trained schedule; past R the inference-only extrapolation rule applies."""
     model = tiny_model(arch)
     x = tokens(1, 8)
     outs = [model(x, n_recur=r)[0] for r in (1, 2, 3, 4)]
     assert torch.equal(outs[-1], model(x)[0])
     assert not torch.allclose(outs[0], outs[-1])
-    with pytest.raises(RecurrenceError, match=rf"{arch}: n_recur=5 is beyond .*at most 4"):
-        model(x, n_recur=5)
+    assert torch.isfinite(model(x, n_recur=8)[0]).all()
+    assert torch.equal(model(x, n_recur=8)[0], model(x, n_recur=8, extrapolate=model.extrapolate_rules[0])[0])
+    with pytest.raises(RecurrenceError, match="extrapolate must be one of"):
+        model(x, n_recur=8, extrapolate="bogus")
     with pytest.raises(RecurrenceError, match="n_recur must be >= 1"):
         model(x, n_recur=0)
-    # a model trained with R = 2 is bounded by 2
-    small = tiny_model(arch, n_recur=2)
-    small(x, n_recur=2)
-    with pytest.raises(RecurrenceError, match="at most 2"):
-        small(x, n_recur=3)
 
 
 def test_control_has_no_recurrence(tiny_model):

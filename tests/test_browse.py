@@ -52,12 +52,12 @@ def test_units_are_named_where_they_matter():
     assert browse.describe("runs", "no_such_column") is None
 
 
-def _add_depth_table(path: Path) -> None:
+def _add_depth_rows(path: Path) -> None:
     conn = sqlite3.connect(path)
     with conn:
-        conn.execute("create table depth_results (run_id text, n_recur integer, val_loss real)")
         run_ids = [r[0] for r in conn.execute("select id from runs where status = 'done'")]
-        conn.executemany("insert into depth_results values (?, ?, ?)",
+        conn.executemany("insert into depth_results (run_id, n_recur, exit_rule, threshold, extrapolate, windows, "
+                         "val_loss) values (?, ?, '', 0, '', 8, ?)",
                          [(rid, r, 3.5 - 0.1 * r) for rid in run_ids for r in (1, 2, 4)])
     conn.close()
 
@@ -66,13 +66,13 @@ def test_canned_queries_follow_the_schema(tmp_path):
     path = build_fixture_db(tmp_path / "results.db", seeds=(0,), judge=False, evals=False)
     served = browse.check_database(path)
     queries = browse.canned_queries(served)
-    assert "depth_results" not in queries and "judge_grades_by_model" in queries
+    assert "judge_grades_by_model" in queries
     assert "r.arch as model" in queries["final_losses"]["sql"]
     conn = sqlite3.connect(path)
     with conn:
         conn.execute("alter table runs add column variant text")
     conn.close()
-    _add_depth_table(path)
+    _add_depth_rows(path)
     queries = browse.canned_queries(browse.check_database(path))
     assert "coalesce(r.variant, r.arch) as model" in queries["final_losses"]["sql"]
     assert "depth_results" in queries
@@ -122,7 +122,7 @@ def _rows(base: str, path: str) -> list[dict]:
 @pytest.mark.slow
 def test_serves_descriptions_and_every_canned_query(tmp_path):
     path = build_fixture_db(tmp_path / "results.db", seeds=(0, 1), n_prompts=4, bench=True)
-    _add_depth_table(path)
+    _add_depth_rows(path)
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen([sys.executable, "-m", "benchctl", "browse", "--db", str(path), "--port", str(port),

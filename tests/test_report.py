@@ -21,7 +21,8 @@ from benchctl.cli import app, main
 from benchctl.errors import ConfigError, DatabaseError
 from fixtures_db import JUDGE_MODEL, PROMPT_HASH, STUDY_ARCHS, build_fixture_db
 
-SECTIONS = ("Runs", "Models", "Training cost", "Loss", "Judge", "lm-eval", "Comparisons", "Benchmark", "Provenance")
+SECTIONS = ("Runs", "Models", "Training cost", "Loss", "Judge", "lm-eval", "Test-time recurrence", "Comparisons",
+            "Benchmark", "Provenance")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -91,7 +92,7 @@ def fpv(p: float) -> str:
 @pytest.fixture(scope="module")
 def full(tmp_path_factory):
     d = tmp_path_factory.mktemp("full")
-    path = build_fixture_db(d / "results.db", judge_repeats=2, bench=True)
+    path = build_fixture_db(d / "results.db", judge_repeats=2, bench=True, depth=True)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     out = report.write_report(path, d / "reports")
     return {"db": path, "out": out, "md": out.read_text(), "digest": digest, "dir": d}

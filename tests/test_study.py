@@ -14,10 +14,11 @@ from fixtures_db import build_fixture_db
 
 
 def test_registry_is_the_study_in_order():
-    assert stages.names() == ["prepare", "train", "sample", "judge", "eval", "report"]
-    assert stages.skippable() == ["sample", "judge", "eval"]
+    assert stages.names() == ["prepare", "train", "sample", "judge", "eval", "depth", "report"]
+    assert stages.skippable() == ["sample", "judge", "eval", "depth"]
     assert report.figure_names() == ("training_time.png", "peak_memory.png", "final_val_loss.png",
-                                     "val_loss_curves.png", "judge_grades.png")
+                                     "val_loss_curves.png", "judge_grades.png", "depth_loss.png",
+                                     "depth_frontier.png", "depth_exit_hist.png")
     assert not hasattr(study, "STAGES")
 
 
@@ -34,22 +35,22 @@ def test_a_new_stage_runs_in_order_and_adds_its_section(tmp_path, monkeypatch):
                 s.report_path = tmp_path / "report.md"
         return run
 
-    def depth_section(frames) -> list[str]:
-        return ["## Depth", "", f"{len(frames.ctx.done_models)} models", ""]
+    def probe_section(frames) -> list[str]:
+        return ["## Probe", "", f"{len(frames.ctx.done_models)} models", ""]
 
-    depth = stages.Stage(name="depth", order=60, run=fake("depth"), sections=(depth_section,))
+    depth = stages.Stage(name="probe", order=60, run=fake("probe"), sections=(probe_section,))
     fakes = tuple(stages.Stage(name=s.name, order=s.order, run=fake(s.name), sections=s.sections)
                   for s in stages.registered())
     monkeypatch.setattr(stages, "registered", lambda: tuple(sorted(fakes + (depth,), key=lambda s: s.order)))
     lines: list[str] = []
     path = run_study(StudyOptions(preset="tiny", archs=["control"], db_path=tmp_path / "r.db"), log=lines.append)
     assert path == tmp_path / "report.md"
-    assert seen == ["prepare", "train", "sample", "judge", "eval", "depth", "report"]
-    assert lines == [f"== {i}/7 {n}: {n} ran" for i, n in enumerate(seen, 1)]
+    assert seen == ["prepare", "train", "sample", "judge", "eval", "depth", "probe", "report"]
+    assert lines == [f"== {i}/8 {n}: {n} ran" for i, n in enumerate(seen, 1)]
 
     db = build_fixture_db(tmp_path / "fixture.db", judge=False, evals=False)
     md = report.build(db).markdown
-    assert md.index("\n## lm-eval\n") < md.index("\n## Depth\n\n4 models\n") < md.index("\n## Comparisons\n")
+    assert md.index("\n## lm-eval\n") < md.index("\n## Probe\n\n4 models\n") < md.index("\n## Comparisons\n")
 
 
 def test_failed_training_runs_are_reported_after_the_report(tmp_path, monkeypatch):
@@ -113,7 +114,7 @@ def test_skip_accepts_only_skippable_stages(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["study", "--preset", "tiny", "--skip", "judge,train", "--db", str(tmp_path / "r.db")])
     assert e.value.code == 2
-    assert "--skip accepts sample, judge, eval; got train" in capsys.readouterr().err
+    assert "--skip accepts sample, judge, eval, depth; got train" in capsys.readouterr().err
 
 
 def test_study_end_to_end_on_tiny_data(tmp_path, tinystories_dir, monkeypatch):
@@ -123,12 +124,13 @@ def test_study_end_to_end_on_tiny_data(tmp_path, tinystories_dir, monkeypatch):
         preset="tiny", archs=["control"], seeds=[0], db_path=tmp_path / "r.db", out_dir=tmp_path / "reports",
         overrides={"data.source": str(tinystories_dir), "train.max_steps": 2, "train.eval_interval": 1,
                    "train.warmup_steps": 1},
-        skip=("sample", "judge", "eval"), progress=False,
+        skip=("sample", "judge", "eval", "depth"), progress=False,
     )
     lines: list[str] = []
     path = run_study(opts, log=lines.append)
     heads = [ln for ln in lines if ln.startswith("== ")]
-    assert [h.split(":")[0] for h in heads] == [f"== {i}/6 {n}" for i, n in enumerate(stages.names(), 1)]
-    assert heads[2:5] == ["== 3/6 sample: skipped", "== 4/6 judge: skipped", "== 5/6 eval: skipped"]
+    assert [h.split(":")[0] for h in heads] == [f"== {i}/7 {n}" for i, n in enumerate(stages.names(), 1)]
+    assert heads[2:6] == ["== 3/7 sample: skipped", "== 4/7 judge: skipped", "== 5/7 eval: skipped",
+                          "== 6/7 depth: skipped"]
     assert path == tmp_path / "reports" / "report.md"
     assert "| control | 1 | 0 | 0 | 0 | 0 |" in path.read_text()

@@ -34,8 +34,16 @@ def sample(
     archs: Annotated[Optional[str], typer.Option("--archs", help="Only these architectures (comma list).")] = None,
     preset: Annotated[Optional[str], typer.Option("--preset", "-p", help="Only runs of this preset.")] = None,
     n_recur: Annotated[
-        Optional[int], typer.Option("--n-recur", help="Test-time recurrence override (default: as trained).")
+        Optional[int], typer.Option("--n-recur", help="Test-time recurrence override (default: as trained; the "
+                                    "maximum depth with --exit).")
     ] = None,
+    extrapolate: Annotated[Optional[str], typer.Option(
+        "--extrapolate", help="Passes past the trained depth: frailt last|cycle|none (default last), relaxed "
+        "cycle|last|none (default cycle).")] = None,
+    exit_rule: Annotated[Optional[str], typer.Option(
+        "--exit", help="Per-token adaptive exit: kl (next-token distributions) or latent (state change).")] = None,
+    threshold: Annotated[Optional[float], typer.Option(
+        "--threshold", help=f"Exit threshold (default {smp.DEFAULT_EXIT_THRESHOLD:g}).")] = None,
     batch_size: Annotated[
         int, typer.Option("--batch-size", help="Prompts generated together (recorded: it fixes three-part's noise).")
     ] = smp.DEFAULT_BATCH_SIZE,
@@ -55,10 +63,14 @@ def sample(
         handle, path, n_prompts=n_prompts, temperature=temperature, top_k=top_k, top_p=top_p,
         max_new_tokens=max_new_tokens, seed=seed, n_recur=n_recur, run_ids=split_list(runs),
         archs=split_list(archs), preset=preset, device=device, batch_size=batch_size, progress=reporter,
+        extrapolate=extrapolate, exit_rule=exit_rule, exit_threshold=threshold,
     )
     t = Table(title=f"samples — prompt set {', '.join(s.prompt_sets)}, settings {s.settings_hash}",
               title_justify="left", box=box.SIMPLE_HEAD)
-    for head in ("arch", "seed", "R", "samples", "new", "mean tokens", "ended", "tok/s"):
+    exiting = s.settings.exit_rule is not None
+    heads = ("arch", "seed", "R", "samples", "new", "mean tokens", "ended", "tok/s") + (("mean depth",) if exiting
+                                                                                      else ())
+    for head in heads:
         t.add_column(head, justify="left" if head == "arch" else "right", no_wrap=True)
     for r in s.runs:
         t.add_row(
@@ -66,11 +78,16 @@ def sample(
             "-" if r.mean_tokens is None else f"{r.mean_tokens:.1f}",
             "-" if r.eos_share is None else f"{100 * r.eos_share:.0f}%",
             "-" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}",
+            *(("-" if r.mean_depth is None else f"{r.mean_depth:.2f}",) if exiting else ()),
         )
     console.print(t)
     st = s.settings
     knobs = (f"temperature {st.temperature}, top-k {st.top_k or 'off'}, top-p {st.top_p or 'off'}, "
              f"max {st.max_new_tokens} new tokens, seed {st.seed}, batch {st.batch_size}, device {s.device}")
+    if exiting:
+        knobs += (f"; adaptive exit {st.exit_rule} < {st.exit_threshold:g} (R = maximum depth; mean depth = mean exit "
+                  "iteration over the positions processed: every iteration is still computed, so it is what "
+                  "skipping exited tokens would spend)")
     console.print(
         f"{s.generated} generated, {s.skipped} already stored. {knobs}. R = recurrence used; ended = share that "
         "ended the story (BOS) before the token limit; tok/s = generation speed of this call.",
