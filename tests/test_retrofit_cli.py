@@ -103,3 +103,24 @@ def test_init_from_without_retrofit_is_refused(parent, capsys, tinystories_dir):
                     str(db_path), "--no-progress", "--set", f"train.init_from={pid}:average+svd"])
     assert code != 0 and "benchctl retrofit" in capsys.readouterr().err
     assert dbm.retrofit_runs(dbm.connect(db_path))  # the retrofitted runs are listed
+
+
+def test_report_has_a_retrofit_section_with_compute_including_the_parent(parent):
+    from benchctl.report.render import build
+
+    db_path, pid = parent
+    p = _row(db_path, "id = ?", [pid])
+    rendered = build(db_path, "tiny")
+    md = rendered.markdown
+    section = md.split("## Retrofit", 1)[1].split("\n## ", 1)[0]
+    assert "| relaxed [" in section and "average+svd" in section and "select" in section
+    # parent TFLOP = the parent's FLOPs/token x its tokens
+    assert f"{p['flops_per_token'] * p['tokens_seen'] / 1e12:.3f}" in section
+    assert "retrofit_loss_flops.png" in rendered.figures
+
+
+def test_no_retrofit_section_without_retrofitted_runs(tmp_path):
+    from benchctl.report.render import build
+
+    md = build(dbm.connect(tmp_path / "empty.db")).markdown
+    assert "## Retrofit" not in md
