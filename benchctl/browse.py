@@ -97,6 +97,10 @@ COLUMNS: dict[str, dict[str, tuple[str, str | None]]] = {
         "started_at": ("when training last started or resumed (UTC)", None),
         "finished_at": ("when the run finished or failed (UTC)", None),
         "updated_at": ("last update of this row (UTC)", None),
+        "parent_run_id": ("a retrofitted run: the finished run its weights were converted from", None),
+        "init_method": ("how the weights were converted: stepwise, average or select (+svd / +zero LoRA init)", None),
+        "parent_tokens": ("training tokens the parent run had seen", None),
+        "parent_flops": ("training FLOPs already spent on the parent run", None),
     },
     "metrics": {
         "run_id": ("the run (runs.id)", None),

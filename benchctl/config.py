@@ -78,6 +78,14 @@ class TrainConfig:
     compile: bool = False
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
+    # adamw: AdamW on every parameter; muon: torch.optim.Muon on the hidden 2-D matrices, AdamW on the rest
+    optimizer: Literal["adamw", "muon"] = "adamw"
+    # Ramp the recurrence up from 1 to model.n_recur over the first recur_curriculum_frac of the steps (passes for
+    # looped models, the mean sampled depth for three-part); none trains at the full depth from the first step.
+    recur_curriculum: Literal["none", "linear", "1-sqrt"] = "none"
+    recur_curriculum_frac: float = 0.25
+    # Set by `benchctl retrofit`: "<parent run id>:<init method>", the run whose weights this one starts from.
+    init_from: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -519,6 +527,8 @@ def validate(cfg: RunConfig) -> None:
     _require(t.eval_interval >= 1, "train.eval_interval", f"must be >= 1, got {t.eval_interval}")
     _require(t.log_interval >= 1, "train.log_interval", f"must be >= 1, got {t.log_interval}")
     _require(t.ckpt_interval >= 1, "train.ckpt_interval", f"must be >= 1, got {t.ckpt_interval}")
+    _require(0 < t.recur_curriculum_frac <= 1, "train.recur_curriculum_frac",
+             f"must be in (0, 1], got {t.recur_curriculum_frac}")
     dev = t.device
     _require(
         dev in ("auto", "cpu", "cuda", "mps") or (dev.startswith("cuda:") and dev[5:].isdigit()),
@@ -535,6 +545,14 @@ def validate(cfg: RunConfig) -> None:
 
 # Fields that change how a run is logged, not what it computes; they do not enter the run id.
 _NOT_IDENTITY = ("train.log_interval", "train.ckpt_interval", "train.eval_interval", "data.source", "log.tensorboard")
+
+
+# Keys added after runs were already stored: at their default they stay out of the run id, so every run trained
+# before they existed keeps its id (and is found, skipped or resumed as before).
+_ID_OMITTED_AT_DEFAULT: dict[str, Any] = {
+    "train.optimizer": "adamw", "train.recur_curriculum": "none", "train.recur_curriculum_frac": 0.25,
+    "train.init_from": None,
+}
 
 
 def identity_diff(a: RunConfig, b: RunConfig) -> list[str]:
@@ -557,6 +575,9 @@ def run_id(cfg: RunConfig, data_fingerprint: str) -> str:
     flat = _flatten(cfg.to_dict())
     for k in _NOT_IDENTITY:
         flat.pop(k, None)
+    for k, default in _ID_OMITTED_AT_DEFAULT.items():
+        if flat.get(k) == default:
+            flat.pop(k, None)
     flat["data.fingerprint"] = data_fingerprint
     blob = json.dumps(flat, sort_keys=True)
     digest = hashlib.sha256(blob.encode()).hexdigest()[:10]

@@ -81,6 +81,13 @@ _SCHEMA: dict[str, dict[str, Any]] = {
             "started_at": str,
             "finished_at": str,
             "updated_at": str,
+            # a retrofitted run (`benchctl retrofit`): the run its weights were converted from, how, and what the
+            # parent had already cost (tokens and training FLOPs), so its compute can be compared with training
+            # the same architecture from scratch
+            "parent_run_id": str,
+            "init_method": str,  # stepwise | average | select, "+svd" / "+zero" for the relaxed LoRA init
+            "parent_tokens": int,
+            "parent_flops": float,
         },
         "pk": "id",
         "not_null": {"arch", "preset", "seed", "status", "config_json"},
@@ -744,3 +751,42 @@ def sample_mean_depth(db: sqlite_utils.Database, run_id: str, prompt_set: str, s
     r = next(iter(db.query("select avg(mean_depth) as d from samples where run_id = ? and prompt_set = ? and "
                            "settings_hash = ?", [run_id, prompt_set, settings_hash])))
     return r["d"]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# ---- retrofit: runs whose weights were converted from a finished run
+
+
+def retrofit_parent(db: sqlite_utils.Database, ref: str, preset: str | None = None) -> dict[str, Any]:
+    """The finished run a retrofit starts from: `ref` is a run id, or an architecture/variant name matched against
+    the finished runs (of `preset` when given), which must then be unique."""
+    row = get_run(db, ref)
+    if row is None:
+        # a variant name (when runs record one) or an architecture name
+        by_variant = "variant" in db["runs"].columns_dict
+        named = "(variant = ? or arch = ?)" if by_variant else "arch = ?"
+        sql = f"select * from runs where status = 'done' and {named}" + (" and preset = ?" if preset else "")
+        params = [ref] * (2 if by_variant else 1) + ([preset] if preset else [])
+        rows = list(db.query(sql + " order by created_at, id", params))
+        if not rows:
+            raise ConfigError(f"--from {ref!r}: no run with that id and no finished run of that name"
+                              + (f" at preset '{preset}'" if preset else "") + "; list them with 'benchctl runs'")
+        if len(rows) > 1:
+            raise ConfigError(f"--from {ref!r} matches {len(rows)} finished runs ({', '.join(r['id'] for r in rows)}); "
+                              "pass one run id")
+        row = rows[0]
+    if row["status"] != "done":
+        raise ConfigError(f"--from {row['id']}: the run is {row['status']}, not done; finish it first")
+    return row
+
+
+def retrofit_runs(db: sqlite_utils.Database) -> list[dict[str, Any]]:
+    """Every run that started from converted weights, oldest first."""
+    return list(db.query("select * from runs where parent_run_id is not null order by created_at, id"))
+
+
+def last_metric(db: sqlite_utils.Database, run_id: str, name: str) -> float | None:
+    """The value of a run's metric at its latest step (None when it never recorded it)."""
+    row = db.execute("select value from metrics where run_id = ? and name = ? order by step desc limit 1",
+                     [run_id, name]).fetchone()
+    return None if row is None else float(row[0])

@@ -34,10 +34,12 @@ import torch.nn as nn
 
 import architectures
 from benchctl import checkpoint as ckpt
+from benchctl import curriculum
 from benchctl import db as dbm
 from benchctl import tblog, telemetry
 from benchctl.config import RunConfig, run_id
 from benchctl.errors import BenchctlError, ConfigError
+from benchctl.optim import make_optimizer  # noqa: F401  (re-exported: bench and older imports find it here)
 from benchctl.progress import Progress
 from benchctl.runtime import (  # noqa: F401  (re-exported: older imports of these names from train keep working)
     Dist,
@@ -62,22 +64,6 @@ def get_lr(step: int, cfg: RunConfig) -> float:
     decay_ratio = (step - t.warmup_steps) / max(1, t.max_steps - t.warmup_steps)
     coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))
     return t.min_lr + coeff * (t.lr - t.min_lr)
-
-
-def make_optimizer(model: nn.Module, cfg: RunConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW, two groups: weight decay on every >=2-D tensor (matrices, embeddings, LoRA, depth encodings), none on
-    norms and biases (llama2.c `configure_optimizers`). Fused kernel on CUDA and CPU: one kernel per tensor instead
-    of a dozen (on CPU the foreach path is a Python-level loop of per-op kernels, slower even than the plain loop;
-    measured with `benchctl bench`); elsewhere PyTorch's default."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    groups = [
-        {"params": decay, "weight_decay": cfg.train.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-    extra: dict[str, Any] = {"fused": True} if device.type in ("cuda", "cpu") else {}
-    return torch.optim.AdamW(groups, lr=cfg.train.lr, betas=(cfg.train.beta1, cfg.train.beta2), **extra)
 
 
 @torch.no_grad()
@@ -125,10 +111,12 @@ def train_step(
     amp: torch.dtype | None,
     *,
     ddp: bool = False,
+    n_recur: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One optimizer step: grad_accum micro-batches, clipping, AdamW. The exact step `train` runs and `bench` times.
 
     `train_model` is what runs forward (the model, or its compiled/DDP wrapper); `model` owns the parameters.
+    `n_recur` runs the forward at that recurrence (the depth curriculum), None at the model's own.
     Returns (summed micro-batch loss = the step's mean loss, gradient norm before clipping or None).
     """
     t = cfg.train
@@ -140,7 +128,8 @@ def train_step(
         sync_ctx = train_model.no_sync() if ddp and micro < t.grad_accum - 1 else nullcontext()
         with sync_ctx, (torch.autocast(device.type, dtype=amp) if amp else nullcontext()):
             # the loss only: the logits (B, T, V) are never materialised (architectures.blocks.linear_cross_entropy)
-            loss = train_model(x, y, return_logits=False)[1] / t.grad_accum
+            depth = {} if n_recur is None else {"n_recur": n_recur}
+            loss = train_model(x, y, return_logits=False, **depth)[1] / t.grad_accum
         loss.backward()
         loss_sum += loss.detach()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip) if t.grad_clip > 0 else None
@@ -177,12 +166,17 @@ def train_run(
     progress: Progress | bool = True,
     log: Callable[[str], None] = print,
     stop_after: int | None = None,
+    init_state: dict[str, torch.Tensor] | None = None,
+    run_values: dict[str, Any] | None = None,
 ) -> RunResult:
     """Train one run to completion (or resume it), writing rows to `db` (rank 0 only; `db` is None elsewhere).
 
     `progress` reports the steps (a `Progress`; a bool builds a default one, drawing only on rank 0).
     `stop_after` ends the process's work after that optimizer step (a checkpoint is written), as if killed: used by
     tests of resumption and by `--max-wall` style limits.
+    `init_state` is the model's starting state dict instead of its own initialisation (a retrofitted run, whose
+    `train.init_from` names where it came from; ignored once the run has a checkpoint), and `run_values` are extra
+    columns of the run row written with it at the start (e.g. the retrofit's parent).
     """
     dist_info = Dist.from_env()
     rid = run_id(cfg, prepared.fingerprint)
@@ -200,8 +194,8 @@ def train_run(
         progress = Progress(enabled=False, console=progress.console)
 
     trainer = _Trainer(cfg, prepared, db, ckpt_path, rid, dist_info)
-    trainer.resume(existing, log)
-    trainer.record_start(existing)
+    trainer.resume(existing, log, init_state)
+    trainer.record_start(existing, run_values)
     trainer.mirror = tblog.open_mirror(db_path, rid, start_step=trainer.start_step,
                                        on=trainer.writes and tblog.enabled(cfg.log.tensorboard))
     if trainer.resumed_from is not None:
@@ -251,6 +245,7 @@ class _Trainer:
         self.eval_sw = telemetry.Stopwatch(self.device)
         self.nvml = telemetry.NvmlSampler(self.device.index or 0)
         self.metrics: list[dict[str, Any]] = []
+        self.flops: curriculum.FlopCounter | None = None  # FLOPs spent so far, kept under a depth curriculum
         self.mirror: Any = tblog.NoMirror()  # TensorBoard copy of the metric rows, set once the start step is known
 
     def _setup_device(self) -> torch.device:
@@ -274,8 +269,10 @@ class _Trainer:
 
     # ---- start ------------------------------------------------------------------------------------------------------
 
-    def resume(self, existing: dict[str, Any] | None, log: Callable[[str], None]) -> None:
-        """Continue from the run's checkpoint when there is one: weights, optimizer, sampler, RNG, telemetry."""
+    def resume(self, existing: dict[str, Any] | None, log: Callable[[str], None],
+               init_state: dict[str, torch.Tensor] | None = None) -> None:
+        """Continue from the run's checkpoint when there is one: weights, optimizer, sampler, RNG, telemetry.
+        Without one, a run with `train.init_from` starts from `init_state` (the weights it was converted from)."""
         if self.ckpt_path.exists():
             state = ckpt.load(self.ckpt_path, map_location="cpu")
             ckpt.check_config(state, self.cfg, self.ckpt_path)
@@ -288,9 +285,16 @@ class _Trainer:
             del state
         elif existing is not None and existing["status"] == "done":
             log(f"run {self.rid} is marked done but its checkpoint is missing; training it again")
+        if self.resumed_from is None and self.cfg.train.init_from:
+            if init_state is None:
+                raise ConfigError(f"train.init_from={self.cfg.train.init_from!r}: this run starts from converted "
+                                  "weights; start it with 'benchctl retrofit'")
+            self.model.load_state_dict(init_state)
+        self.flops = curriculum.FlopCounter(self.model, self.cfg, self.start_step) \
+            if curriculum.enabled(self.cfg) else None
         self.step_times = list(self.carried["step_times"])
 
-    def record_start(self, existing: dict[str, Any] | None) -> None:
+    def record_start(self, existing: dict[str, Any] | None, run_values: dict[str, Any] | None = None) -> None:
         """The run row (environment recorded from the start, so failed runs have it too) and the run directory."""
         if not self.writes:
             return
@@ -303,6 +307,7 @@ class _Trainer:
             "n_params": report["total"], "effective_params": report["effective"],
             "flops_per_token": self.model.flops_per_token(cfg.model.max_seq_len), "max_steps": cfg.train.max_steps,
             "world_size": self.dist.world_size, "error": None, "pid": os.getpid(), "hostname": _hostname(),
+            **(run_values or {}),
         }
         dbm.start_run(self.db, row, new=existing is None, resume_step=self.start_step)
         self.ckpt_path.parent.mkdir(parents=True, exist_ok=True)
@@ -372,9 +377,9 @@ class _Trainer:
             g["lr"] = lr
         timed = self.step - self.start_step >= TIMING_WARMUP_STEPS
         t0 = time.perf_counter()
-        with self.sw if timed else nullcontext():
+        with self.sw if timed else nullcontext(), curriculum.at_step(self.model, self.step, cfg) as depth:
             loss_sum, grad_norm = train_step(self.train_model, self.model, self.optimizer, self.sampler.next_batch,
-                                             cfg, self.device, self.amp, ddp=self.dist.enabled)
+                                             cfg, self.device, self.amp, ddp=self.dist.enabled, n_recur=depth)
         if not timed:
             telemetry.sync(self.device)
             self.warmup_compile += time.perf_counter() - t0
@@ -411,6 +416,9 @@ class _Trainer:
         self._add_metric("lr", lr, self.step)
         if grad_norm is not None:
             self._add_metric("grad_norm", float(grad_norm), self.step)
+        if self.flops is not None:  # under a depth curriculum: the compute actually spent, and the depth
+            self._add_metric("train_flops", self.flops.advance_to(self.step), self.step)
+            self._add_metric("recur_depth", curriculum.depth_at(self.step - 1, self.cfg), self.step)
         self._add_metric("peak_rss_bytes", telemetry.peak_rss_bytes(), self.step)
         fields = {"loss": f"{train_loss:.3f}"}
         if self.step_times:

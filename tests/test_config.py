@@ -240,7 +240,8 @@ CHOICES = [(arch, key, allowed) for arch in architectures.names() for key, allow
 
 
 def test_choices_come_from_the_annotations():
-    assert choices("control") == {"train.dtype": ("auto", "float32", "bfloat16")}
+    assert choices("control") == {"train.dtype": ("auto", "float32", "bfloat16"), "train.optimizer": ("adamw", "muon"),
+                                  "train.recur_curriculum": ("none", "linear", "1-sqrt")}
     assert choices("frailt")["model.frailt_init"] == ("zeros", "normal")
     assert choices("three-part")["model.recur_sampling"] == ("fixed", "poisson-lognormal")
     assert choices("three-part")["model.recur_out"] == ("norm", "bias")

@@ -14,11 +14,11 @@ from fixtures_db import build_fixture_db
 
 
 def test_registry_is_the_study_in_order():
-    assert stages.names() == ["prepare", "train", "sample", "judge", "eval", "depth", "report"]
+    assert stages.names() == ["prepare", "train", "retrofit", "sample", "judge", "eval", "depth", "report"]
     assert stages.skippable() == ["sample", "judge", "eval", "depth"]
     assert report.figure_names() == ("training_time.png", "peak_memory.png", "final_val_loss.png",
-                                     "val_loss_curves.png", "judge_grades.png", "depth_loss.png",
-                                     "depth_frontier.png", "depth_exit_hist.png")
+                                     "val_loss_curves.png", "retrofit_loss_flops.png", "judge_grades.png",
+                                     "depth_loss.png", "depth_frontier.png", "depth_exit_hist.png")
     assert not hasattr(study, "STAGES")
 
 
@@ -39,8 +39,8 @@ def test_a_new_stage_runs_in_order_and_adds_its_section(tmp_path, monkeypatch):
         return ["## Probe", "", f"{len(frames.ctx.done_models)} models", ""]
 
     depth = stages.Stage(name="probe", order=60, run=fake("probe"), sections=(probe_section,))
-    fakes = tuple(stages.Stage(name=s.name, order=s.order, run=fake(s.name), sections=s.sections)
-                  for s in stages.registered())
+    fakes = tuple(stages.Stage(name=s.name, order=s.order, run=fake(s.name) if s.run else None, sections=s.sections)
+                  for s in stages.registered())  # a stage with sections only (retrofit) stays without a run
     monkeypatch.setattr(stages, "registered", lambda: tuple(sorted(fakes + (depth,), key=lambda s: s.order)))
     lines: list[str] = []
     path = run_study(StudyOptions(preset="tiny", archs=["control"], db_path=tmp_path / "r.db"), log=lines.append)
@@ -129,7 +129,8 @@ def test_study_end_to_end_on_tiny_data(tmp_path, tinystories_dir, monkeypatch):
     lines: list[str] = []
     path = run_study(opts, log=lines.append)
     heads = [ln for ln in lines if ln.startswith("== ")]
-    assert [h.split(":")[0] for h in heads] == [f"== {i}/7 {n}" for i, n in enumerate(stages.names(), 1)]
+    assert [h.split(":")[0] for h in heads] == [f"== {i}/7 {n}" for i, n in enumerate(
+        [s.name for s in stages.registered() if s.run is not None], 1)]
     assert heads[2:6] == ["== 3/7 sample: skipped", "== 4/7 judge: skipped", "== 5/7 eval: skipped",
                           "== 6/7 depth: skipped"]
     assert path == tmp_path / "reports" / "report.md"
