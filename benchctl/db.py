@@ -40,6 +40,7 @@ _SCHEMA: dict[str, dict[str, Any]] = {
         "columns": {
             "id": str,
             "arch": str,
+            "variant": str,  # the name a plan gave the run when it was first trained (the arch name without a plan)
             "preset": str,
             "seed": int,
             "status": str,  # pending | running | done | failed
@@ -247,6 +248,21 @@ _SCHEMA: dict[str, dict[str, Any]] = {
         },
         "pk": "id",
     },
+    "plan_runs": {
+        "columns": {
+            "plan": str,  # the plan's name
+            "variant": str,  # the variant's name in that plan
+            "preset": str,
+            "seed": int,
+            "run_id": str,  # the run it trained (or found already trained, maybe under another variant name)
+            "plan_path": str,  # the plan file
+            "plan_sha256": str,  # hash of the plan file's bytes
+            "created_at": str,
+            "updated_at": str,
+        },
+        "pk": ("plan", "variant", "preset", "seed"),
+        "foreign_keys": [("run_id", "runs", "id")],
+    },
     "meta": {"columns": {"key": str, "value": str}, "pk": "key"},
 }
 
@@ -307,6 +323,8 @@ def migrate(db: sqlite_utils.Database) -> None:
                 for col, tp in spec["columns"].items():
                     if col not in have:
                         table.add_column(col, tp)
+                        if (name, col) in _BACKFILL:
+                            db.execute(_BACKFILL[name, col])
         db["meta"].upsert({"key": "schema_version", "value": str(SCHEMA_VERSION)}, pk="key")
     _ensure_indexes(db)
 
@@ -422,11 +440,14 @@ def start_run(db: sqlite_utils.Database, run: dict[str, Any], *, new: bool, resu
     step 0 also forgets any earlier checkpoint rows."""
     rid, stamp = run["id"], now()
     values = {**run, "started_at": stamp, "updated_at": stamp}
+    variant = values.pop("variant", None) or run.get("arch")
     with db.conn:
         if new:
-            db["runs"].insert({**values, "created_at": stamp, "step": 0, "tokens_seen": 0}, alter=True)
+            db["runs"].insert({**values, "variant": variant, "created_at": stamp, "step": 0, "tokens_seen": 0},
+                              alter=True)
         else:
             db["runs"].update(rid, values, alter=True)
+            _keep_first_variant(db, rid, variant)
         _truncate_metrics_after(db, rid, resume_step)
         if resume_step == 0:
             db.execute("delete from metrics where run_id = ?", [rid])
@@ -666,3 +687,43 @@ def record_bench_rows(db: sqlite_utils.Database, rows: list[dict[str, Any]]) -> 
     """One `benchctl bench` invocation's rows, all or none."""
     with db.conn:
         db["bench"].insert_all(rows, alter=False)
+
+
+# ---- plans: run variants and the runs each plan trained
+
+# A column added to an existing table that has a value to derive for the rows already there: runs stored before
+# plans existed are named after their architecture, as runs trained without a plan still are.
+_BACKFILL = {("runs", "variant"): "update runs set variant = arch where variant is null"}
+
+
+def _keep_first_variant(db: sqlite_utils.Database, run_id: str, variant: str | None) -> None:
+    """A run keeps the variant name it was first trained under; one without a name (an older row) takes this one."""
+    if variant:
+        db.execute("update runs set variant = ? where id = ? and variant is null", [variant, run_id])
+
+
+def record_plan_runs(db: sqlite_utils.Database, rows: list[dict[str, Any]]) -> None:
+    """Which run each (plan, variant, preset, seed) trained, in one transaction. A run reached under a second
+    variant name keeps its first in `runs.variant`; this table is how a plan still finds it under its own name."""
+    if not rows:
+        return
+    stamp = now()
+
+    def write() -> None:
+        with db.conn:
+            for row in rows:
+                prev = next(iter(db.query(
+                    "select created_at from plan_runs where plan = ? and variant = ? and preset = ? and seed = ?",
+                    [row["plan"], row["variant"], row["preset"], row["seed"]])), None)
+                created = prev["created_at"] if prev else stamp
+                db["plan_runs"].upsert({**row, "created_at": created, "updated_at": stamp},
+                                       pk=("plan", "variant", "preset", "seed"))
+                _keep_first_variant(db, row["run_id"], row["variant"])
+
+    retry_locked(write)
+
+
+def plan_runs(db: sqlite_utils.Database, plan: str | None = None) -> list[dict[str, Any]]:
+    """Every plan_runs row (of one plan), by plan, preset, seed and variant."""
+    where, params = ("where plan = ?", [plan]) if plan else ("", [])
+    return list(db.query(f"select * from plan_runs {where} order by plan, preset, seed, variant", params))

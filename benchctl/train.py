@@ -177,8 +177,12 @@ def train_run(
     progress: Progress | bool = True,
     log: Callable[[str], None] = print,
     stop_after: int | None = None,
+    variant: str | None = None,
 ) -> RunResult:
     """Train one run to completion (or resume it), writing rows to `db` (rank 0 only; `db` is None elsewhere).
+
+    `variant` names the run in tables (a plan's variant name; the architecture's name when None). A run keeps the
+    first name it was trained under.
 
     `progress` reports the steps (a `Progress`; a bool builds a default one, drawing only on rank 0).
     `stop_after` ends the process's work after that optimizer step (a checkpoint is written), as if killed: used by
@@ -201,7 +205,7 @@ def train_run(
 
     trainer = _Trainer(cfg, prepared, db, ckpt_path, rid, dist_info)
     trainer.resume(existing, log)
-    trainer.record_start(existing)
+    trainer.record_start(existing, variant)
     trainer.mirror = tblog.open_mirror(db_path, rid, start_step=trainer.start_step,
                                        on=trainer.writes and tblog.enabled(cfg.log.tensorboard))
     if trainer.resumed_from is not None:
@@ -290,7 +294,7 @@ class _Trainer:
             log(f"run {self.rid} is marked done but its checkpoint is missing; training it again")
         self.step_times = list(self.carried["step_times"])
 
-    def record_start(self, existing: dict[str, Any] | None) -> None:
+    def record_start(self, existing: dict[str, Any] | None, variant: str | None = None) -> None:
         """The run row (environment recorded from the start, so failed runs have it too) and the run directory."""
         if not self.writes:
             return
@@ -298,7 +302,7 @@ class _Trainer:
         report = self.model.param_report()
         env = telemetry.environment(self.device, self.nvml.driver_version)
         row = {**env,
-            "id": self.rid, "arch": cfg.arch, "preset": cfg.preset, "seed": cfg.seed, "status": "running",
+            "id": self.rid, "arch": cfg.arch, "variant": variant or cfg.arch, "preset": cfg.preset, "seed": cfg.seed, "status": "running",
             "config_json": cfg.to_json(), "data_fingerprint": prepared.fingerprint, "data_source": prepared.source,
             "n_params": report["total"], "effective_params": report["effective"],
             "flops_per_token": self.model.flops_per_token(cfg.model.max_seq_len), "max_steps": cfg.train.max_steps,

@@ -348,7 +348,8 @@ def test_figures_are_valid_pngs(full):
 
     figdir = full["out"].parent / "figures"
     names = sorted(p.name for p in figdir.glob("*.png"))
-    assert names == sorted(report.figure_names())
+    # loss against training depth needs models of one architecture that differ only in depth: not in this fixture
+    assert names == sorted(set(report.figure_names()) - {"loss_vs_depth.png"})
     for name in names:
         data = (figdir / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from benchctl.errors import DatabaseError
 # Columns the report reads; large text columns (completions, raw judge answers, configs of bench rows) are skipped.
 _SKIP_COLUMNS = {"samples": {"completion", "settings_json"}, "judge_grades": {"raw_text"}, "bench": {"config_json"},
                  "prompts": {"text"}}
-_TABLES = ("runs", "metrics", "prompts", "samples", "judge_grades", "eval_results", "bench")
+_TABLES = ("runs", "metrics", "prompts", "samples", "judge_grades", "eval_results", "bench", "plan_runs")
 _PKS = {
     "runs": ["preset", "arch", "seed", "id"],
     "metrics": ["run_id", "name", "step"],
@@ -30,6 +30,7 @@ _PKS = {
     "judge_grades": ["sample_id", "judge_model", "prompt_hash", "repeat"],
     "eval_results": ["run_id", "task", "metric", "n_recur", "limit_n"],
     "bench": ["id"],
+    "plan_runs": ["plan", "preset", "seed", "variant"],
 }
 
 
@@ -44,6 +45,7 @@ class Data:
     grades: pd.DataFrame
     evals: pd.DataFrame
     bench: pd.DataFrame
+    plan_runs: pd.DataFrame = field(default_factory=lambda: _empty("plan_runs"))  # which run each plan variant is
 
 
 def open_db(path: str | os.PathLike) -> sqlite3.Connection:
@@ -92,7 +94,12 @@ def load(conn: sqlite3.Connection) -> Data:
     return Data(
         runs=frames["runs"], metrics=frames["metrics"], prompts=frames["prompts"], samples=frames["samples"],
         grades=frames["judge_grades"], evals=frames["eval_results"], bench=frames["bench"],
+        plan_runs=frames["plan_runs"],
     )
+
+
+def _empty(table: str) -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=object) for c in schema_columns(table)})
 
 
 def _read_table(conn: sqlite3.Connection, table: str, have: set[str]) -> pd.DataFrame:
