@@ -6,7 +6,7 @@ tool prints can be traced back to a row and the settings that produced it. Users
 (`sqlite3 results/results.db`, `sqlite-utils`, Datasette), so table and column names are meant to be read.
 
 Tables (see README "Querying results.db"):
-  runs            one row per (architecture, preset, seed, data): status, config, losses, telemetry
+  runs            one row per (architecture, preset, seed, data): variant name, status, config, losses, telemetry
   metrics         long format (run_id, step, name) -> value, with tokens seen and wall time
   checkpoints     checkpoint files written per run and step
   prompts         the versioned story beginnings used for sampling
@@ -15,6 +15,7 @@ Tables (see README "Querying results.db"):
   judge_grades    parsed grades (or failures) per (sample, judge model, prompt hash, repeat)
   eval_results    lm-eval metrics per (run, task, metric, n_recur, limit)
   bench           benchmark measurements
+  plan_runs       which run each study plan's (variant, preset, seed) reached, with the plan file's hash
   meta            schema version
 """
 

@@ -302,7 +302,8 @@ class _Trainer:
         report = self.model.param_report()
         env = telemetry.environment(self.device, self.nvml.driver_version)
         row = {**env,
-            "id": self.rid, "arch": cfg.arch, "variant": variant or cfg.arch, "preset": cfg.preset, "seed": cfg.seed, "status": "running",
+            "id": self.rid, "arch": cfg.arch, "preset": cfg.preset, "seed": cfg.seed, "status": "running",
+            "variant": variant or cfg.arch,
             "config_json": cfg.to_json(), "data_fingerprint": prepared.fingerprint, "data_source": prepared.source,
             "n_params": report["total"], "effective_params": report["effective"],
             "flops_per_token": self.model.flops_per_token(cfg.model.max_seq_len), "max_steps": cfg.train.max_steps,
