@@ -126,7 +126,12 @@ def variant_names(runs: pd.DataFrame, plan_runs: pd.DataFrame | None, plan: str 
     out = {str(i): str(v) for i, v in zip(runs["id"], runs["variant"] if "variant" in runs else []) if _named(v)}
     if plan and plan_runs is not None and not plan_runs.empty:
         mine = plan_runs[plan_runs["plan"] == plan]
-        out.update({str(i): str(v) for i, v in zip(mine["run_id"], mine["variant"]) if _named(v)})
+        in_plan: dict[str, set[str]] = {}
+        for i, v in zip(mine["run_id"], mine["variant"]):
+            if _named(v):
+                in_plan.setdefault(str(i), set()).add(str(v))
+        for i, names in in_plan.items():  # two variants of one plan can be one run: keep its own name if it is one
+            out[i] = out[i] if out.get(i) in names else min(names)
     return out
 
 
