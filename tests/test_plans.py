@@ -251,3 +251,12 @@ def test_study_with_a_plan_names_its_runs_and_records_the_plan(tmp_path, tinysto
     assert {r["plan_sha256"] for r in dbm.plan_runs(db)} == {plans.load(path).sha256}
     md = report_path.read_text()
     assert "| two |" in md and "| base |" in md and "| same-again |" not in md  # one run, its first name
+
+
+def test_train_all_with_a_bad_plan_writes_nothing(tmp_path, capsys):
+    path = write(tmp_path, GOOD.replace("model.n_recur=2", "model.dimm=64"))
+    db = tmp_path / "r.db"
+    with pytest.raises(SystemExit) as e:
+        main(["train-all", "--plan", str(path), "--preset", "tiny", "--db", str(db), "--data", str(tmp_path / "x")])
+    assert e.value.code == 2 and "unknown config key 'model.dimm'" in capsys.readouterr().err
+    assert not db.exists()
