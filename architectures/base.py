@@ -121,8 +121,9 @@ class BaseLM(nn.Module):
         return cls.args_cls() if own is None else own
 
     @classmethod
-    def resolve_arch_args(cls, arch_args: Any) -> Any:
-        """Make the architecture's "auto" arguments explicit (e.g. a LoRA alpha that defaults to the rank)."""
+    def resolve_arch_args(cls, arch_args: Any, trunk: Any = None) -> Any:
+        """Make the architecture's "auto" arguments explicit (e.g. a LoRA alpha that defaults to the rank); `trunk`
+        is the resolved trunk (dim, hidden_dim, ...) for arguments whose default depends on the model's shape."""
         return arch_args
 
     @classmethod

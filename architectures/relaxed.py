@@ -3,8 +3,11 @@
 R passes over B1..B4 (cycle layout); at pass t, block l uses its shared weights plus its own LoRA
 (alpha/r) B_{l,t} A_{l,t} on all seven projections (wq wk wv wo w1 w2 w3). R*L LoRA sets (16 at rank 16 in
 the paper preset), so the unique parameters are the control's plus R*L*r*(8d + 3(d+h)) = 5,462,272.
-With B = 0 at init the model starts as the plain looped model. SVD/average/stepwise initialisation from a trained control ("retrofit") is not
-implemented: models here train from scratch.
+Left unset (or "auto"), the rank follows `auto_lora_rank`: the LoRA sets then add the same share of the control's
+unique parameters at any width as they do at the paper's (rank 16, +29.7%), instead of a fixed rank that would add
++68% at d = 64.
+With B = 0 at init the model starts as the plain looped model; `architectures.retrofit` builds it instead from a
+trained deeper control (average or stepwise shared blocks, SVD of the residuals for the LoRAs).
 
 Test-time depth. One iteration of the shared iteration API is one pass over all blocks with that pass's LoRA set
 (no prelude or coda), so the model runs at any depth. Passes past the R trained sets follow an inference-only rule
@@ -24,10 +27,29 @@ from architectures import register
 from architectures.base import ArchArgs, BaseLM
 from architectures.blocks import PROJECTIONS, LoRA, block_forward_flops, block_shapes
 
+# The paper's LoRA share: 16 sets (4 passes x 4 blocks) of rank 16 at d = 256, h = 688 hold 1,249,280 parameters,
+# 29.65% of the 4,212,992 unique parameters of the control they are added to.
+PAPER_LORA_SHARE = 1_249_280 / 4_212_992
+# The passes the rule assumes: the architecture's default. A deeper relaxed model keeps the rank and gains one LoRA
+# set per extra pass (that is the architecture), so variants differing in n_recur differ in nothing else.
+_RULE_PASSES = 4
+
+
+def auto_lora_rank(args: Any) -> int:
+    """The LoRA rank whose sets (at the default 4 passes) add PAPER_LORA_SHARE of the plain control's unique
+    parameters, rounded to the nearest integer >= 1: 16 at the paper's trunk, 7 at d = 64, h = 176, vocab 4096.
+
+    `args` is the resolved trunk (dim, n_layers, n_heads, n_kv_heads, hidden_dim, vocab_size). The control's
+    unique parameters are the tied embedding, the blocks' projections and two norms each, and the final norm."""
+    shapes = block_shapes(args).values()
+    control = args.vocab_size * args.dim + args.n_layers * (sum(i * o for i, o in shapes) + 2 * args.dim) + args.dim
+    per_rank = _RULE_PASSES * args.n_layers * sum(i + o for i, o in shapes)
+    return max(1, round(PAPER_LORA_SHARE * control / per_rank))
+
 
 @dataclass(frozen=True, kw_only=True)
 class RelaxedArgs(ArchArgs):
-    lora_rank: int = 16
+    lora_rank: int | None = None  # None ("auto") -> auto_lora_rank(trunk): 16 at the paper's trunk
     lora_alpha: float | None = None  # None -> alpha = rank (scale 1)
     lora_init: Literal["normal", "kaiming"] = "normal"  # A ~ normal(0, init_std) | kaiming; B = 0 always
 
@@ -48,20 +70,24 @@ class Relaxed(BaseLM):
         return None  # every extrapolation rule defines the passes past R
 
     @classmethod
-    def resolve_arch_args(cls, arch_args: RelaxedArgs) -> RelaxedArgs:
+    def resolve_arch_args(cls, arch_args: RelaxedArgs, trunk: Any = None) -> RelaxedArgs:
+        if arch_args.lora_rank is None:
+            if trunk is None:  # a bug in the caller: the rule needs the trunk's shapes
+                raise ValueError("model.lora_rank: 'auto' needs the model's trunk arguments to resolve")
+            arch_args = dataclasses.replace(arch_args, lora_rank=auto_lora_rank(trunk))
         if arch_args.lora_alpha is None:
             return dataclasses.replace(arch_args, lora_alpha=float(arch_args.lora_rank))
         return arch_args
 
     @classmethod
     def validate_args(cls, args: Any) -> None:
-        rank = cls.arch_args_of(args).lora_rank
+        rank = cls.resolve_arch_args(cls.arch_args_of(args), args).lora_rank
         if rank < 1:
             raise ValueError(f"model.lora_rank: must be >= 1, got {rank}")
 
     def build_extra(self, args: Any) -> None:
         shapes = block_shapes(args)
-        own = self.resolve_arch_args(self.arch_args)
+        own = self.arch_args = self.resolve_arch_args(self.arch_args, args)
         # lora[t][l][proj]: one set per (pass t, block l)
         self.lora = nn.ModuleList(
             nn.ModuleList(

@@ -49,6 +49,8 @@ TABLES: dict[str, tuple[str, str]] = {
     "bench": ("Speed benchmarks", "One row per architecture and implementation per `benchctl bench` invocation."),
     "depth_results": ("Test-time depth", "Validation loss per (run, inference depth or adaptive-exit setting, "
                                          "extrapolation rule, windows), from `benchctl depth`."),
+    "plan_runs": ("Plan runs", "Which run each study plan's (variant, preset, seed) trained or found already trained, "
+                  "with the plan file's path and hash."),
     "meta": ("Schema", "Key-value facts about this database (its schema version)."),
 }
 
@@ -57,6 +59,8 @@ COLUMNS: dict[str, dict[str, tuple[str, str | None]]] = {
     "runs": {
         "id": ("run id: hash of the resolved config and the data fingerprint", None),
         "arch": ("architecture: control, frailt, three-part, relaxed, ...", None),
+        "variant": ("the name a study plan gave the run when it was first trained (its architecture without a plan)",
+                    None),
         "preset": ("named recipe: paper, small or tiny", None),
         "seed": ("training seed (weights, batches, dropout of recurrence)", None),
         "status": ("pending, running, done or failed", None),
@@ -261,14 +265,26 @@ COLUMNS: dict[str, dict[str, tuple[str, str | None]]] = {
         "git_commit": ("benchctl commit", None),
         "created_at": ("when it was measured (UTC)", None),
     },
+    "plan_runs": {
+        "plan": ("the plan's name (study, controls, depth or a plan file's own name)", None),
+        "variant": ("the variant's name in that plan", None),
+        "preset": ("named recipe the plan ran with", None),
+        "seed": ("training seed", None),
+        "run_id": ("the run it trained, or found trained (possibly under another variant name)", None),
+        "plan_path": ("the plan file", None),
+        "plan_sha256": ("SHA-256 of the plan file's bytes", None),
+        "created_at": ("when the plan first reached this run (UTC)", None),
+        "updated_at": ("when the plan last reached this run (UTC)", None),
+    },
     "meta": {
         "key": ("fact name, e.g. schema_version", None),
         "value": ("its value", None),
     },
 }
 
-_FACETS = {"runs": ["arch", "preset", "status"], "metrics": ["name"], "judge_grades": ["judge_model", "status"],
-           "eval_results": ["task", "metric"], "bench": ["arch", "impl"], "samples": ["finish_reason"]}
+_FACETS = {"runs": ["arch", "variant", "preset", "status"], "metrics": ["name"],
+           "judge_grades": ["judge_model", "status"], "eval_results": ["task", "metric"], "bench": ["arch", "impl"],
+           "samples": ["finish_reason"], "plan_runs": ["plan", "variant", "preset"]}
 
 
 def describe(table: str, column: str) -> str | None:

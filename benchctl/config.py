@@ -227,7 +227,8 @@ def _parse_scalar(key: str, tp: Any, value: Any) -> Any:
         return parsed
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null")):
+        # "auto" reads as None too: every optional key's None means "derive it" (hidden_dim, n_recur, lora_rank)
+        if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null", "auto")):
             return None
         return _parse_scalar(key, args[0], value)
     if value is None:
@@ -448,11 +449,12 @@ def resolve(cfg: RunConfig) -> RunConfig:
     if type(own) is not arch_cls.args_cls:
         raise ConfigError(f"model.arch_args: architecture '{cfg.arch}' takes {arch_cls.args_cls.__name__}, "
                           f"got {type(own).__name__}")
-    m = replace(m, arch_args=arch_cls.resolve_arch_args(own))
     if m.hidden_dim is None:
         if m.dim <= 0 or m.multiple_of <= 0:
             _validate_model(m)
         m = replace(m, hidden_dim=llama2c_hidden_dim(m.dim, m.multiple_of))
+    _validate_model(m)  # an architecture's "auto" argument may be a function of the trunk's shapes
+    m = replace(m, arch_args=arch_cls.resolve_arch_args(own, m))
     if m.n_recur is None:
         m = replace(m, n_recur=arch_cls.default_n_recur(m))
     cfg = replace(cfg, model=m)

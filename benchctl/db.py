@@ -6,7 +6,7 @@ tool prints can be traced back to a row and the settings that produced it. Users
 (`sqlite3 results/results.db`, `sqlite-utils`, Datasette), so table and column names are meant to be read.
 
 Tables (see README "Querying results.db"):
-  runs            one row per (architecture, preset, seed, data): status, config, losses, telemetry
+  runs            one row per (architecture, preset, seed, data): variant name, status, config, losses, telemetry
   metrics         long format (run_id, step, name) -> value, with tokens seen and wall time
   checkpoints     checkpoint files written per run and step
   prompts         the versioned story beginnings used for sampling
@@ -16,6 +16,7 @@ Tables (see README "Querying results.db"):
   eval_results    lm-eval metrics per (run, task, metric, n_recur, limit)
   bench           benchmark measurements
   depth_results   validation loss per (run, inference depth or adaptive-exit setting)
+  plan_runs       which run each study plan's (variant, preset, seed) reached, with the plan file's hash
   meta            schema version
 """
 
@@ -41,6 +42,7 @@ _SCHEMA: dict[str, dict[str, Any]] = {
         "columns": {
             "id": str,
             "arch": str,
+            "variant": str,  # the name a plan gave the run when it was first trained (the arch name without a plan)
             "preset": str,
             "seed": int,
             "status": str,  # pending | running | done | failed
@@ -279,6 +281,21 @@ _SCHEMA: dict[str, dict[str, Any]] = {
         "foreign_keys": [("run_id", "runs", "id")],
         "not_null": {"val_loss"},
     },
+    "plan_runs": {
+        "columns": {
+            "plan": str,  # the plan's name
+            "variant": str,  # the variant's name in that plan
+            "preset": str,
+            "seed": int,
+            "run_id": str,  # the run it trained (or found already trained, maybe under another variant name)
+            "plan_path": str,  # the plan file
+            "plan_sha256": str,  # hash of the plan file's bytes
+            "created_at": str,
+            "updated_at": str,
+        },
+        "pk": ("plan", "variant", "preset", "seed"),
+        "foreign_keys": [("run_id", "runs", "id")],
+    },
     "meta": {"columns": {"key": str, "value": str}, "pk": "key"},
 }
 
@@ -339,6 +356,8 @@ def migrate(db: sqlite_utils.Database) -> None:
                 for col, tp in spec["columns"].items():
                     if col not in have:
                         table.add_column(col, tp)
+                        if (name, col) in _BACKFILL:
+                            db.execute(_BACKFILL[name, col])
         db["meta"].upsert({"key": "schema_version", "value": str(SCHEMA_VERSION)}, pk="key")
     _ensure_indexes(db)
 
@@ -469,11 +488,14 @@ def start_run(db: sqlite_utils.Database, run: dict[str, Any], *, new: bool, resu
     step 0 also forgets any earlier checkpoint rows."""
     rid, stamp = run["id"], now()
     values = {**run, "started_at": stamp, "updated_at": stamp}
+    variant = values.pop("variant", None) or run.get("arch")
     with db.conn:
         if new:
-            db["runs"].insert({**values, "created_at": stamp, "step": 0, "tokens_seen": 0}, alter=True)
+            db["runs"].insert({**values, "variant": variant, "created_at": stamp, "step": 0, "tokens_seen": 0},
+                              alter=True)
         else:
             db["runs"].update(rid, values, alter=True)
+            _keep_first_variant(db, rid, variant)
         _truncate_metrics_after(db, rid, resume_step)
         if resume_step == 0:
             db.execute("delete from metrics where run_id = ?", [rid])
@@ -790,3 +812,44 @@ def last_metric(db: sqlite_utils.Database, run_id: str, name: str) -> float | No
     row = db.execute("select value from metrics where run_id = ? and name = ? order by step desc limit 1",
                      [run_id, name]).fetchone()
     return None if row is None else float(row[0])
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# ---- plans: run variants and the runs each plan trained
+
+# A column added to an existing table that has a value to derive for the rows already there: runs stored before
+# plans existed are named after their architecture, as runs trained without a plan still are.
+_BACKFILL = {("runs", "variant"): "update runs set variant = arch where variant is null"}
+
+
+def _keep_first_variant(db: sqlite_utils.Database, run_id: str, variant: str | None) -> None:
+    """A run keeps the variant name it was first trained under; one without a name (an older row) takes this one."""
+    if variant:
+        db.execute("update runs set variant = ? where id = ? and variant is null", [variant, run_id])
+
+
+def record_plan_runs(db: sqlite_utils.Database, rows: list[dict[str, Any]]) -> None:
+    """Which run each (plan, variant, preset, seed) trained, in one transaction. A run reached under a second
+    variant name keeps its first in `runs.variant`; this table is how a plan still finds it under its own name."""
+    if not rows:
+        return
+    stamp = now()
+
+    def write() -> None:
+        with db.conn:
+            for row in rows:
+                prev = next(iter(db.query(
+                    "select created_at from plan_runs where plan = ? and variant = ? and preset = ? and seed = ?",
+                    [row["plan"], row["variant"], row["preset"], row["seed"]])), None)
+                created = prev["created_at"] if prev else stamp
+                db["plan_runs"].upsert({**row, "created_at": created, "updated_at": stamp},
+                                       pk=("plan", "variant", "preset", "seed"))
+                _keep_first_variant(db, row["run_id"], row["variant"])
+
+    retry_locked(write)
+
+
+def plan_runs(db: sqlite_utils.Database, plan: str | None = None) -> list[dict[str, Any]]:
+    """Every plan_runs row (of one plan), by plan, preset, seed and variant."""
+    where, params = ("where plan = ?", [plan]) if plan else ("", [])
+    return list(db.query(f"select * from plan_runs {where} order by plan, preset, seed, variant", params))

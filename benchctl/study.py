@@ -1,13 +1,15 @@
 """The pipeline: the registered stages (benchctl.stages) in order, by default prepare -> train-all -> sample ->
 judge -> eval -> report, each stage resumable.
 
-A sweep is data: `sweep(preset, archs, seeds, overrides)` returns the list of run configs, seed being one axis. Every
-run has a stable id from its config and data, so rerunning any stage skips what is done and resumes what is not.
+A sweep is data: a plan (benchctl.plans; `study` by default, the published study's four models) resolved at a preset
+and seeds gives the list of (variant name, run config), seed being one axis; `sweep(preset, archs, seeds, overrides)`
+is the same without names, one config per architecture. Every run has a stable id from its config and data (the
+variant name is only a label), so rerunning any stage skips what is done and resumes what is not.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -81,10 +83,15 @@ def train_all(
     log: Callable[[str], None] = print,
     yes: bool = False,
     confirm: Callable[[str], bool] | None = None,
+    variants: list[str] | None = None,
+    plan: Any = None,
 ) -> TrainAllResult:
     """Train every config not yet done (resuming interrupted ones); a failing run is recorded and the rest go on.
 
-    Before starting, work estimated above an hour needs `yes` or a yes from `confirm` (see confirm_long_run)."""
+    `variants` names each config (a plan's variant names; architecture names when None) and `plan` (a
+    benchctl.plans.Plan) is recorded with every run it reaches, trained now or before, so its report finds them under
+    its own names. Before starting, work estimated above an hour needs `yes` or a yes from `confirm` (see
+    confirm_long_run)."""
     from benchctl.config import run_id
     from benchctl.train import train_run
 
@@ -96,27 +103,54 @@ def train_all(
             todo.append(c)
     confirm_long_run(todo, prepared, yes=yes, log=log, confirm=confirm)
     result = TrainAllResult()
-    for i, c in enumerate(cfgs, 1):
-        log(f"[{i}/{len(cfgs)}] {c.arch} seed {c.seed} (preset {c.preset})")
+    names = variants or [c.arch for c in cfgs]
+    for i, (c, name) in enumerate(zip(cfgs, names), 1):
+        log(f"[{i}/{len(cfgs)}] {name} seed {c.seed} (preset {c.preset})")
+        rid = run_id(c, prepared.fingerprint)
         try:
-            r = train_run(c, prepared, db, db_path, progress=progress, log=log)
+            r = train_run(c, prepared, db, db_path, progress=progress, log=log, variant=name)
         except BenchctlError as e:
-            result.failed.append((run_id(c, prepared.fingerprint), str(e)))
+            _record_plan_run(db, plan, name, c, rid)
+            result.failed.append((rid, str(e)))
             log(f"  failed: {e}")
             continue
+        _record_plan_run(db, plan, name, c, rid)
         (result.skipped if r.skipped else result.done).append(r.run_id)
         if r.skipped:
             log(f"  already done: {r.run_id}")
     return result
 
 
+def _record_plan_run(db: dbm.Database, plan: Any, variant: str, cfg: RunConfig, rid: str) -> None:
+    """The plan reached this run under `variant` (once its row exists: a run that failed before starting has none)."""
+    if plan is None or dbm.get_run(db, rid) is None:
+        return
+    dbm.record_plan_runs(db, [{"plan": plan.name, "variant": variant, "preset": cfg.preset, "seed": cfg.seed,
+                               "run_id": rid, "plan_path": str(plan.path), "plan_sha256": plan.sha256}])
+
+
+def planned_runs(
+    plan_name: str, preset: str | None, archs: list[str] | None, seeds: list[int] | None,
+    overrides: dict[str, Any] | None = None,
+) -> tuple[Any, str, list[Any]]:
+    """(plan, preset, runs): the plan by name or path, the preset (given, else the plan's, else paper) and every
+    (variant, config) at the seeds (given, else the plan's, else 0, 1, 2), all validated before anything runs."""
+    from benchctl import plans
+
+    plan = plans.load(plan_name)
+    preset = preset or plan.preset or "paper"
+    seeds = seeds or list(plan.seeds or plans.DEFAULT_SEEDS)
+    return plan, preset, plans.resolve(plan, preset, seeds, overrides, archs)
+
+
 @dataclass
 class StudyOptions:
     """Everything `benchctl study` decides, in one place (the CLI fills it; tests build it directly)."""
 
-    preset: str = "paper"
-    archs: list[str] | None = None
-    seeds: list[int] | None = None
+    preset: str | None = None  # None: the plan's preset, else paper
+    plan: str = "study"  # a built-in plan's name or a plan file's path
+    archs: list[str] | None = None  # keep only the plan's variants of these architectures
+    seeds: list[int] | None = None  # None: the plan's seeds, else 0, 1, 2
     overrides: dict[str, Any] = field(default_factory=dict)
     db_path: Path = field(default_factory=dbm.default_path)
     out_dir: Path = Path("reports")
@@ -139,9 +173,12 @@ def run_study(
     finished, the report lists the failure, and the caller is told (BenchctlError at the end). `confirm` asks the
     user before long training (None: long training needs opts.yes).
     """
-    cfgs = sweep(opts.preset, opts.archs, opts.seeds, opts.overrides)
+    plan, preset, runs = planned_runs(opts.plan, opts.preset, opts.archs, opts.seeds, opts.overrides)
+    opts = replace(opts, preset=preset, seeds=sorted({r.cfg.seed for r in runs}))
+    cfgs = [r.cfg for r in runs]
     archs = sorted({c.arch for c in cfgs}, key=lambda a: architectures.names().index(a))
-    study = stages.StudyRun(opts=opts, cfgs=cfgs, archs=archs, log=log, confirm=confirm)
+    study = stages.StudyRun(opts=opts, cfgs=cfgs, archs=archs, variants=[r.variant for r in runs], plan=plan,
+                            log=log, confirm=confirm)
     todo = [s for s in stages.registered() if s.run is not None]
     for i, stage in enumerate(todo, 1):
         study.heading = f"{i}/{len(todo)} {stage.name}"

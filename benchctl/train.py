@@ -168,8 +168,12 @@ def train_run(
     stop_after: int | None = None,
     init_state: dict[str, torch.Tensor] | None = None,
     run_values: dict[str, Any] | None = None,
+    variant: str | None = None,
 ) -> RunResult:
     """Train one run to completion (or resume it), writing rows to `db` (rank 0 only; `db` is None elsewhere).
+
+    `variant` names the run in tables (a plan's variant name; the architecture's name when None). A run keeps the
+    first name it was trained under.
 
     `progress` reports the steps (a `Progress`; a bool builds a default one, drawing only on rank 0).
     `stop_after` ends the process's work after that optimizer step (a checkpoint is written), as if killed: used by
@@ -195,7 +199,7 @@ def train_run(
 
     trainer = _Trainer(cfg, prepared, db, ckpt_path, rid, dist_info)
     trainer.resume(existing, log, init_state)
-    trainer.record_start(existing, run_values)
+    trainer.record_start(existing, run_values, variant)
     trainer.mirror = tblog.open_mirror(db_path, rid, start_step=trainer.start_step,
                                        on=trainer.writes and tblog.enabled(cfg.log.tensorboard))
     if trainer.resumed_from is not None:
@@ -294,7 +298,8 @@ class _Trainer:
             if curriculum.enabled(self.cfg) else None
         self.step_times = list(self.carried["step_times"])
 
-    def record_start(self, existing: dict[str, Any] | None, run_values: dict[str, Any] | None = None) -> None:
+    def record_start(self, existing: dict[str, Any] | None, run_values: dict[str, Any] | None = None,
+                     variant: str | None = None) -> None:
         """The run row (environment recorded from the start, so failed runs have it too) and the run directory."""
         if not self.writes:
             return
@@ -303,6 +308,7 @@ class _Trainer:
         env = telemetry.environment(self.device, self.nvml.driver_version)
         row = {**env,
             "id": self.rid, "arch": cfg.arch, "preset": cfg.preset, "seed": cfg.seed, "status": "running",
+            "variant": variant or cfg.arch,
             "config_json": cfg.to_json(), "data_fingerprint": prepared.fingerprint, "data_source": prepared.source,
             "n_params": report["total"], "effective_params": report["effective"],
             "flops_per_token": self.model.flops_per_token(cfg.model.max_seq_len), "max_steps": cfg.train.max_steps,

@@ -66,6 +66,7 @@ def build_fixture_db(
     overrides: dict | None = None,
     device: str = "cpu",
     depth: bool = False,
+    variant: str | None = None,
 ) -> Path:
     """Write a fixture results.db at `path` (created or added to) and return the path.
 
@@ -101,7 +102,7 @@ def build_fixture_db(
         tps = cfg.tokens_per_step
         train_s = 12.0 * time_mul * (1 + 0.03 * r.standard_normal())
         row = {
-            "id": rid, "arch": arch, "preset": preset, "seed": seed, "status": status,
+            "id": rid, "arch": arch, "variant": variant or arch, "preset": preset, "seed": seed, "status": status,
             "config_json": cfg.to_json(), "data_fingerprint": FINGERPRINT, "data_source": DATA_SOURCE,
             "n_params": acc["total_params"], "effective_params": acc["effective_params"],
             "flops_per_token": acc["flops_per_token"], "max_steps": max_steps,
@@ -277,3 +278,50 @@ def _bench_rows(preset: str, archs: list[str]) -> list[dict]:
                 "created_at": _ts(6, 0),
             })
     return rows
+
+
+# The `controls` plan's variants as (name, arch, overrides): the study's four plus three controls.
+CONTROLS_VARIANTS = (
+    ("control", "control", {}), ("frailt", "frailt", {}), ("three-part", "three-part", {}),
+    ("relaxed", "relaxed", {}), ("control-2x", "control", {"model.n_layers": 8}),
+    ("control-16", "control", {"model.n_layers": 16}), ("control-iso-flops", "control", {"train.max_steps": 101}),
+)
+# The `depth` plan's frailt and three-part variants.
+DEPTH_VARIANTS = tuple(
+    [(f"frailt-r{r}", "frailt", {"model.n_recur": r}) for r in (1, 2, 4, 8)]
+    + [(f"three-part-r{r}", "three-part", {"model.n_recur": r}) for r in (1, 3, 7, 14)]
+)
+
+
+def build_plan_fixture_db(
+    path: str | Path,
+    plan: str,
+    variants: Iterable[tuple[str, str, dict]],
+    *,
+    preset: str = "tiny",
+    seeds: Iterable[int] = (0, 1, 2),
+    record_plan: bool = True,
+    **kwargs,
+) -> Path:
+    """A fixture results.db of a plan's variants (name, arch, overrides) x seeds: each variant's runs named by it
+    (the first name wins for a run reached twice, as in training), and plan_runs rows when `record_plan`. Extra
+    keyword arguments go to build_fixture_db (judge, evals and the failed and running runs are off by default)."""
+    path, seeds = Path(path), list(seeds)
+    opts = {"judge": False, "evals": False, "failed_run": False, "running_run": False, **kwargs}
+    db = dbmod.connect(path)
+    seen = {r["id"] for r in db.query("select id from runs")}  # a run already stored keeps its first name
+    db.conn.close()
+    rows = []
+    for name, arch, overrides in variants:
+        ids = [run_id(make_config(preset, arch, s, overrides=overrides or None), FINGERPRINT) for s in seeds]
+        if not set(ids) <= seen:
+            build_fixture_db(path, preset=preset, archs=[arch], seeds=seeds, overrides=overrides or None,
+                             variant=name, **opts)
+        seen |= set(ids)
+        rows += [{"plan": plan, "variant": name, "preset": preset, "seed": s, "run_id": rid,
+                  "plan_path": f"/plans/{plan}.toml", "plan_sha256": "ab" * 32} for s, rid in zip(seeds, ids)]
+    if record_plan:
+        db = dbmod.connect(path)
+        dbmod.record_plan_runs(db, rows)
+        db.conn.close()
+    return path

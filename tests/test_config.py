@@ -132,7 +132,7 @@ def test_resolve_fills_auto_fields_and_keeps_explicit_ones():
                                                           "model.lora_alpha": 2.5})
     assert (explicit.model.hidden_dim, explicit.model.n_recur, explicit.model.arch_args.lora_alpha) == (96, 2, 2.5)
     # no arguments at all: the architecture's defaults; another architecture's arguments: an error
-    assert resolve(RunConfig(arch="relaxed")).model.arch_args == RelaxedArgs(lora_alpha=16.0)
+    assert resolve(RunConfig(arch="relaxed")).model.arch_args == RelaxedArgs(lora_rank=16, lora_alpha=16.0)
     with pytest.raises(ConfigError, match="architecture 'control' takes ArchArgs, got RelaxedArgs"):
         resolve(RunConfig(arch="control", model=ModelArgs(arch_args=RelaxedArgs())))
 

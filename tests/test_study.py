@@ -17,7 +17,8 @@ def test_registry_is_the_study_in_order():
     assert stages.names() == ["prepare", "train", "retrofit", "sample", "judge", "eval", "depth", "report"]
     assert stages.skippable() == ["sample", "judge", "eval", "depth"]
     assert report.figure_names() == ("training_time.png", "peak_memory.png", "final_val_loss.png",
-                                     "val_loss_curves.png", "retrofit_loss_flops.png", "judge_grades.png",
+                                     "val_loss_curves.png", "loss_vs_compute.png", "loss_vs_params.png",
+                                     "loss_vs_depth.png", "retrofit_loss_flops.png", "judge_grades.png",
                                      "depth_loss.png", "depth_frontier.png", "depth_exit_hist.png")
     assert not hasattr(study, "STAGES")
 

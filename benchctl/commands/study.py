@@ -7,15 +7,22 @@ from typing import Annotated, Optional
 
 import typer
 
-from benchctl.cli import DataOpt, DbOpt, PresetOpt, ProgressOpt, SetOpt, YesOpt, app, console, parse_seeds, split_list
+from benchctl.cli import DataOpt, DbOpt, ProgressOpt, SetOpt, YesOpt, app, console, parse_seeds, split_list
 from benchctl.cli import db_path_of, overrides_with_data
+
+PlanOpt = Annotated[str, typer.Option("--plan", help="A built-in plan (see 'benchctl plans') or a plan file's path.")]
+PlanPresetOpt = Annotated[Optional[str], typer.Option(
+    "--preset", "-p", help="Named preset: paper, small or tiny (default: the plan's, else paper).")]
 
 
 @app.command()
 def study(
-    preset: PresetOpt = "paper",
-    seeds: Annotated[Optional[str], typer.Option("--seeds", help="Comma list or range, e.g. 0,1,2 or 0-4.")] = None,
-    archs: Annotated[Optional[str], typer.Option("--archs", help="Comma list (default: all registered).")] = None,
+    plan: PlanOpt = "study",
+    preset: PlanPresetOpt = None,
+    seeds: Annotated[Optional[str], typer.Option(
+        "--seeds", help="Comma list or range, e.g. 0,1,2 or 0-4 (default: the plan's, else 0,1,2).")] = None,
+    archs: Annotated[Optional[str], typer.Option(
+        "--archs", help="Keep only the plan's variants of these architectures (comma list).")] = None,
     judge_model: Annotated[str, typer.Option("--judge-model", help="Gemini model that grades the stories.")] = (
         "gemini-2.5-flash"
     ),
@@ -29,7 +36,8 @@ def study(
     yes: YesOpt = False,
     progress: ProgressOpt = True,
 ) -> None:
-    """prepare -> train-all -> sample -> judge (with an API key) -> eval -> report. Rerun to resume any stage."""
+    """prepare -> train-all -> sample -> judge (with an API key) -> eval -> report, for every variant × seed of a
+    plan (default: the study's four models). Rerun to resume any stage."""
     from benchctl import stages
     from benchctl.commands.confirm import terminal_confirm
     from benchctl.errors import ConfigError
@@ -40,7 +48,7 @@ def study(
     if bad:
         raise ConfigError(f"--skip accepts {', '.join(stages.skippable())}; got {', '.join(bad)}")
     opts = StudyOptions(
-        preset=preset, archs=split_list(archs), seeds=parse_seeds(seeds),
+        preset=preset, plan=plan, archs=split_list(archs), seeds=parse_seeds(seeds),
         overrides=overrides_with_data(set_, data), db_path=db_path_of(db), out_dir=out, judge_model=judge_model,
         n_prompts=n_prompts, eval_tasks=split_list(tasks), skip=skipped, yes=yes, progress=progress,
     )

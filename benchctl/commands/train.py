@@ -87,26 +87,38 @@ def train(
 
 @app.command("train-all")
 def train_all(
-    preset: PresetOpt = "paper",
+    preset: Annotated[Optional[str], typer.Option(
+        "--preset", "-p", help="Named preset: paper, small or tiny (default: the plan's, else paper).")] = None,
     archs: Annotated[Optional[str], typer.Option("--archs", help="Comma list (default: all registered).")] = None,
-    seeds: Annotated[Optional[str], typer.Option("--seeds", help="Comma list or range, e.g. 0,1,2 or 0-4.")] = None,
+    seeds: Annotated[Optional[str], typer.Option(
+        "--seeds", help="Comma list or range, e.g. 0,1,2 or 0-4 (default: 0; with --plan the plan's, else 0,1,2).")
+    ] = None,
+    plan: Annotated[Optional[str], typer.Option(
+        "--plan", help="Train a plan's variants (a built-in plan's name or a plan file's path).")] = None,
     set_: SetOpt = None,
     data: DataOpt = None,
     db: DbOpt = None,
     yes: YesOpt = False,
     progress: ProgressOpt = True,
 ) -> None:
-    """Train every (architecture, seed) pair, skipping finished runs and resuming interrupted ones."""
+    """Train every (architecture, seed) pair, or every (variant, seed) of a --plan, skipping finished runs and
+    resuming interrupted ones."""
     from benchctl import db as dbm
     from benchctl import study
     from benchctl.commands.confirm import terminal_confirm
     from benchctl.errors import BenchctlError
 
-    cfgs = study.sweep(preset, split_list(archs), parse_seeds(seeds), overrides_with_data(set_, data))
+    overrides = overrides_with_data(set_, data)
+    plan_, variants = None, None
+    if plan is None:
+        cfgs = study.sweep(preset or "paper", split_list(archs), parse_seeds(seeds), overrides)
+    else:
+        plan_, _, planned = study.planned_runs(plan, preset, split_list(archs), parse_seeds(seeds), overrides)
+        cfgs, variants = [r.cfg for r in planned], [r.variant for r in planned]
     prepared = prepare_for(cfgs[0], progress)
     path = db_path_of(db)
     res = study.train_all(cfgs, prepared, path, progress=progress, log=console.print, yes=yes,
-                          confirm=terminal_confirm())
+                          confirm=terminal_confirm(), variants=variants, plan=plan_)
     handle = dbm.connect(path)
     summarize([dbm.get_run(handle, rid) for rid in res.done + res.skipped])
     if res.failed:
@@ -125,8 +137,8 @@ def summarize(rows: list[dict[str, Any] | None]) -> None:
     if not rows:
         return
     t = Table(title="runs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for head in ("arch", "seed", "params", "initial", "final", "time", "tok/s", "peak mem"):
-        t.add_column(head, justify="left" if head == "arch" else "right", no_wrap=True)
+    for head in ("variant", "seed", "params", "initial", "final", "time", "tok/s", "peak mem"):
+        t.add_column(head, justify="left" if head == "variant" else "right", no_wrap=True)
     kinds = set()
     for r in rows:
         if r.get("peak_gpu_mem_bytes"):
@@ -136,7 +148,7 @@ def summarize(rows: list[dict[str, Any] | None]) -> None:
         else:
             mem = "-"
         t.add_row(
-            r["arch"], str(r["seed"]), f"{r['n_params']:,}" if r.get("n_params") else "-",
+            r.get("variant") or r["arch"], str(r["seed"]), f"{r['n_params']:,}" if r.get("n_params") else "-",
             _f(r.get("initial_val_loss")), _f(r.get("final_val_loss")),
             f"{r['train_seconds']:.1f}s" if r.get("train_seconds") is not None else "-",
             f"{r['tokens_per_s']:,.0f}" if r.get("tokens_per_s") else "-", mem,
@@ -168,7 +180,7 @@ def runs(
     handle = dbm.connect(db_path_of(db), create=False)
     rows = dbm.runs(handle, status=status, preset=preset)
     if as_json:
-        keep = ("id", "arch", "preset", "seed", "status", "step", "max_steps", "initial_val_loss", "final_val_loss",
+        keep = ("id", "arch", "variant", "preset", "seed", "status", "step", "max_steps", "initial_val_loss", "final_val_loss",
                 "train_seconds", "tokens_per_s", "device", "error")
         print(json.dumps([{k: r.get(k) for k in keep} for r in rows], indent=2))
         return
@@ -176,9 +188,9 @@ def runs(
         console.print("no runs yet; start with 'benchctl train-all --preset small'")
         return
     t = Table(box=box.SIMPLE_HEAD)
-    for head in ("id", "status", "step", "final loss", "error"):
+    for head in ("id", "variant", "status", "step", "final loss", "error"):
         t.add_column(head, no_wrap=head != "error", justify="right" if head in ("step", "final loss") else "left")
     for r in rows:
-        t.add_row(r["id"], r["status"], f"{r.get('step') or 0}/{r.get('max_steps') or '?'}",
+        t.add_row(r["id"], r.get("variant") or r["arch"], r["status"], f"{r.get('step') or 0}/{r.get('max_steps') or '?'}",
                   _f(r.get("final_val_loss")), (r.get("error") or "")[:60])
     console.print(t)

@@ -1,13 +1,17 @@
 """Which runs the report is about and how they group into models.
 
 A report covers one preset. Within it, runs whose configs differ in anything that changes what they compute are
-different models (a `--set` variant gets its own name and colour), never pooled as seeds. Models are ordered by the
-architecture registry, then variants, and every model keeps one colour across all tables and figures.
+different models, never pooled as seeds. A model is named by its runs' variant name: the name the reported plan gave
+them (`plan_runs`), else the name stored with the run (a plan's variant name, or the architecture's name for runs
+trained without one). Runs without a usable name (none stored, or one another model already has) get a generated
+label: the architecture, plus the keys that differ from its base config (`control [n_layers=8]`). Models are
+ordered by the architecture registry, then variants, and every model keeps one colour across all tables and figures.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +46,7 @@ class Context:
     arch_of: dict[str, str]
     overrides: dict[str, str]  # model -> keys that differ from the preset's defaults ("" when none)
     other_presets: list[tuple[str, int, int]] = field(default_factory=list)  # (preset, done, total)
+    plan: str | None = None  # the plan whose variant names the report uses first (None: the names stored with runs)
 
     @property
     def done_models(self) -> list[str]:
@@ -116,15 +121,41 @@ def arch_rank(arch: str) -> tuple[int, str]:
     return (names.index(arch), "") if arch in names else (len(names), arch)
 
 
-def build_context(runs: pd.DataFrame, preset: str | None) -> Context:
-    """Select a preset's runs and split them into models. Pure: runs frame in, Context out."""
+def variant_names(runs: pd.DataFrame, plan_runs: pd.DataFrame | None, plan: str | None) -> dict[str, str]:
+    """run id -> the name to show: the plan's variant name for the runs `plan` reached, else the run's stored one."""
+    out = {str(i): str(v) for i, v in zip(runs["id"], runs["variant"] if "variant" in runs else []) if _named(v)}
+    if plan and plan_runs is not None and not plan_runs.empty:
+        mine = plan_runs[plan_runs["plan"] == plan]
+        in_plan: dict[str, set[str]] = {}
+        for i, v in zip(mine["run_id"], mine["variant"]):
+            if _named(v):
+                in_plan.setdefault(str(i), set()).add(str(v))
+        for i, names in in_plan.items():  # two variants of one plan can be one run: keep its own name if it is one
+            out[i] = out[i] if out.get(i) in names else min(names)
+    return out
+
+
+def _named(v: Any) -> bool:
+    return isinstance(v, str) and v.strip() != ""
+
+
+def _natural(name: str) -> list[Any]:
+    """'frailt-r14' after 'frailt-r8': numbers in a name compare as numbers."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
+
+
+def build_context(runs: pd.DataFrame, preset: str | None, plan_runs: pd.DataFrame | None = None,
+                  plan: str | None = None) -> Context:
+    """Select a preset's runs and split them into models, named by variant (see the module docstring). Pure: runs
+    (and plan_runs) frames in, Context out."""
     chosen, others = choose_preset(runs, preset)
     sel = runs[runs["preset"] == chosen].copy() if chosen is not None else runs.iloc[0:0].copy()
+    if plan_runs is not None and not plan_runs.empty:
+        plan_runs = plan_runs[plan_runs["preset"] == chosen]
+    names = variant_names(sel, plan_runs, plan)
     sel["model"] = sel["arch"].astype(object)
     sel["overrides"] = ""
-    ordered: list[tuple[tuple, str]] = []
-    arch_of: dict[str, str] = {}
-    overrides: dict[str, str] = {}
+    groups: list[tuple[str, list[int], str, str]] = []  # (arch, member rows, generated label, overrides)
     for arch in sorted(set(sel["arch"]), key=arch_rank):
         idx = sel.index[sel["arch"] == arch]
         sig = {i: (model_keys(sel.at[i, "config_json"]), str(sel.at[i, "data_fingerprint"] or "")) for i in idx}
@@ -138,26 +169,58 @@ def build_context(runs: pd.DataFrame, preset: str | None) -> Context:
         vs_default = {s: ("" if defaults is None else ", ".join(_diff(k, defaults))) for s, (k, _) in variants.items()}
         # The base variant: the preset's defaults if some runs have them, else the one with most runs.
         base = sorted(variants, key=lambda s: (vs_default[s] != "", -len(members[s]), s))[0]
-        for rank, s in enumerate(sorted(variants, key=lambda s: (s != base, s))):
+        for s in sorted(variants, key=lambda s: (s != base, s)):
             keys, fp = variants[s]
             if s == base:
-                name = arch
+                label = arch
             else:
                 parts = _diff(keys, variants[base][0])
                 if fp != variants[base][1]:
                     parts.append(f"data={fp[:8]}")
-                name = f"{arch} [{', '.join(parts)}]"
-            sel.loc[members[s], "model"] = name
-            sel.loc[members[s], "overrides"] = vs_default[s]
-            ordered.append(((arch_rank(arch), rank), name))
-            arch_of[name] = arch
-            overrides[name] = vs_default[s]
+                label = f"{arch} [{', '.join(parts)}]"
+            groups.append((arch, members[s], label, vs_default[s]))
+    ordered: list[tuple[tuple, str]] = []
+    arch_of: dict[str, str] = {}
+    overrides: dict[str, str] = {}
+    for rank, (arch, rows, name) in enumerate(_name_groups(sel, groups, names)):
+        sel.loc[rows, "model"] = name
+        sel.loc[rows, "overrides"] = groups[rank][3]
+        has_variant = name != groups[rank][2]
+        # within an architecture: the arch-named model first, then variant names (numbers in order), then labels
+        ordered.append(((arch_rank(arch), name != arch, not has_variant, _natural(name) if has_variant else [],
+                         rank), name))
+        arch_of[name] = arch
+        overrides[name] = groups[rank][3]
     models = [name for _, name in sorted(ordered)]
     return Context(
         preset=chosen, runs=sel.reset_index(drop=True), done=sel[sel["status"] == "done"].reset_index(drop=True),
         models=models, colours=colours_for(models, arch_of), arch_of=arch_of, overrides=overrides,
-        other_presets=others,
+        other_presets=others, plan=plan,
     )
+
+
+def _name_groups(sel: pd.DataFrame, groups: list[tuple[str, list[int], str, str]],
+                 names: dict[str, str]) -> list[tuple[str, list[int], str]]:
+    """(arch, rows, name) per group: the variant name all its runs share, when no earlier group claimed it; else the
+    generated label (made unique with a suffix should a variant name have taken it)."""
+    claimed: set[str] = set()
+    chosen: list[str | None] = []
+    for _, rows, _, _ in groups:
+        found = {names.get(str(sel.at[i, "id"])) for i in rows} - {None}
+        name = found.pop() if len(found) == 1 else None
+        if name is not None and name in claimed:
+            name = None
+        chosen.append(name)
+        claimed |= {name} if name else set()
+    out = []
+    for (arch, rows, label, _), name in zip(groups, chosen):
+        if name is None:
+            name, k = label, 2
+            while name in claimed:
+                name, k = f"{label} ({k})", k + 1
+            claimed.add(name)
+        out.append((arch, rows, name))
+    return out
 
 
 def colours_for(models: list[str], arch_of: dict[str, str]) -> dict[str, str]:

@@ -21,7 +21,8 @@ from benchctl.errors import DatabaseError
 # Columns the report reads; large text columns (completions, raw judge answers, configs of bench rows) are skipped.
 _SKIP_COLUMNS = {"samples": {"completion", "settings_json"}, "judge_grades": {"raw_text"}, "bench": {"config_json"},
                  "prompts": {"text"}}
-_TABLES = ("runs", "metrics", "prompts", "samples", "judge_grades", "eval_results", "bench", "depth_results")
+_TABLES = ("runs", "metrics", "prompts", "samples", "judge_grades", "eval_results", "bench", "depth_results",
+           "plan_runs")
 _PKS = {
     "runs": ["preset", "arch", "seed", "id"],
     "metrics": ["run_id", "name", "step"],
@@ -31,6 +32,7 @@ _PKS = {
     "eval_results": ["run_id", "task", "metric", "n_recur", "limit_n"],
     "bench": ["id"],
     "depth_results": ["run_id", "exit_rule", "threshold", "extrapolate", "windows", "n_recur"],
+    "plan_runs": ["plan", "preset", "seed", "variant"],
 }
 
 
@@ -46,6 +48,7 @@ class Data:
     evals: pd.DataFrame
     bench: pd.DataFrame
     depth: pd.DataFrame = field(default_factory=pd.DataFrame)  # depth_results
+    plan_runs: pd.DataFrame = field(default_factory=lambda: _empty("plan_runs"))  # which run each plan variant is
 
 
 def open_db(path: str | os.PathLike) -> sqlite3.Connection:
@@ -95,7 +98,12 @@ def load(conn: sqlite3.Connection) -> Data:
         runs=frames["runs"], metrics=frames["metrics"], prompts=frames["prompts"], samples=frames["samples"],
         grades=frames["judge_grades"], evals=frames["eval_results"], bench=frames["bench"],
         depth=frames["depth_results"],
+        plan_runs=frames["plan_runs"],
     )
+
+
+def _empty(table: str) -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=object) for c in schema_columns(table)})
 
 
 def _read_table(conn: sqlite3.Connection, table: str, have: set[str]) -> pd.DataFrame:

@@ -58,11 +58,12 @@ def _status_rank(s: str) -> tuple[int, str]:
     return (order.index(s), s) if s in order else (len(order), s)
 
 
-def render(data: Data, preset: str | None = None) -> Rendered:
-    """The whole report as markdown plus figures, from loaded tables. Pure: the same data gives the same output."""
+def render(data: Data, preset: str | None = None, plan: str | None = None) -> Rendered:
+    """The whole report as markdown plus figures, from loaded tables. Pure: the same data gives the same output.
+    `plan` names models by that plan's variant names first (see build_context)."""
     from benchctl import stages
 
-    ctx = build_context(data.runs, preset)
+    ctx = build_context(data.runs, preset, data.plan_runs, plan)
     frames = Frames(ctx, data)
     lines = header(ctx)
     for stage in stages.registered():
@@ -73,9 +74,9 @@ def render(data: Data, preset: str | None = None) -> Rendered:
     return Rendered("\n".join(lines) + "\n", frames.figures, ctx.preset, ctx.other_presets)
 
 
-def build(db: str | os.PathLike | Any, preset: str | None = None) -> Rendered:
+def build(db: str | os.PathLike | Any, preset: str | None = None, plan: str | None = None) -> Rendered:
     """Read results.db (a path, opened read-only, or an open connection) and render the report in memory."""
-    return render(read(db), preset)
+    return render(read(db), preset, plan)
 
 
 def save(rendered: Rendered, out_dir: str | os.PathLike) -> Path:
@@ -96,8 +97,9 @@ def save(rendered: Rendered, out_dir: str | os.PathLike) -> Path:
 
 
 def write_report(db: str | os.PathLike | Any, out_dir: str | os.PathLike,
-                 preset: str | None = None) -> Path:
+                 preset: str | None = None, plan: str | None = None) -> Path:
     """results.db -> out_dir/report.md (+ out_dir/figures/*.png); returns the path of report.md.
 
-    preset=None reports the preset with most finished runs (the report names it and lists the others)."""
-    return save(build(db, preset), out_dir)
+    preset=None reports the preset with most finished runs (the report names it and lists the others); `plan`
+    names the models by that plan's variant names first."""
+    return save(build(db, preset, plan), out_dir)

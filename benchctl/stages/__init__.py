@@ -53,6 +53,8 @@ class StudyRun:
     opts: StudyOptions
     cfgs: list[Any]  # RunConfig of every run in the sweep
     archs: list[str]  # architectures of the sweep, in registry order
+    variants: list[str] | None = None  # the plan's variant name of each config in `cfgs` (None: arch names)
+    plan: Any = None  # the benchctl.plans.Plan the sweep comes from
     log: Callable[[str], None] = print
     confirm: Callable[[str], bool] | None = None
     prepared: Any = None

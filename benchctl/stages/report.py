@@ -5,6 +5,7 @@ benchmark rows from `benchctl bench`, and the provenance of every run."""
 
 from __future__ import annotations
 
+from benchctl.report.sections.fair import fair_section, plan_section
 from benchctl.report.sections.summary import bench_section, comparisons_section, provenance_section
 from benchctl.stages import Stage, StudyRun
 
@@ -13,8 +14,9 @@ def run(study: StudyRun) -> None:
     from benchctl import report
 
     study.say(f"{study.opts.out_dir}")
-    study.report_path = report.write_report(study.opts.db_path, study.opts.out_dir, study.opts.preset)
+    plan = study.plan.name if study.plan is not None else None
+    study.report_path = report.write_report(study.opts.db_path, study.opts.out_dir, study.opts.preset, plan)
 
 
 STAGE = Stage(name="report", order=100, run=run,
-              sections=(comparisons_section, bench_section, provenance_section))
+              sections=(comparisons_section, fair_section, bench_section, provenance_section, plan_section))

@@ -1,0 +1,64 @@
+"""`benchctl plans` (the built-in study plans) and `benchctl plans show NAME|PATH` (a plan's resolved variants)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+from rich import box
+from rich.table import Table
+
+from benchctl.cli import PresetOpt, app, console, parse_seeds
+
+plans_app = typer.Typer(help="Study plans: which models `benchctl study --plan` trains.", rich_markup_mode=None)
+app.add_typer(plans_app, name="plans")
+
+
+@plans_app.callback(invoke_without_command=True)
+def plans(ctx: typer.Context) -> None:
+    """List the built-in plans (name, description, variants); `benchctl plans show NAME` resolves one."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from benchctl import plans as pl
+
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for head in ("plan", "variants", "description"):
+        t.add_column(head, justify="right" if head == "variants" else "left", no_wrap=head != "description")
+    for p in pl.builtin():
+        t.add_row(p.name, str(len(p.variants)), p.description)
+    console.print(t)
+    console.print(f"default: {pl.DEFAULT_PLAN}. Run one with 'benchctl study --plan NAME' (or a path to a plan file); "
+                  "'benchctl plans show NAME' lists its variants.")
+
+
+@plans_app.command("show")
+def show(
+    name: Annotated[str, typer.Argument(help="A built-in plan's name or a plan file's path.")],
+    preset: Annotated[Optional[str], PresetOpt.__metadata__[0]] = None,
+    seeds: Annotated[Optional[str], typer.Option("--seeds", help="Comma list or range (default: the plan's).")] = None,
+) -> None:
+    """Resolve a plan at a preset: each variant's architecture, overrides, steps, parameters and training FLOPs."""
+    from benchctl import accounting
+    from benchctl.study import planned_runs
+
+    plan, preset_, runs = planned_runs(name, preset, None, parse_seeds(seeds))
+    seeds_ = sorted({r.cfg.seed for r in runs})
+    console.print(f"plan {plan.name} ({plan.path}, sha256 {plan.sha256[:12]}): {plan.description}")
+    console.print(f"preset {preset_}, seeds {', '.join(map(str, seeds_))}")
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for head in ("variant", "arch", "steps", "params", "MFLOP/token", "train TFLOP", "set"):
+        t.add_column(head, justify="left" if head in ("variant", "arch", "set") else "right", no_wrap=head != "set")
+    variants = {v.name: v for v in plan.variants}
+    for r in runs:
+        if r.cfg.seed != seeds_[0]:
+            continue
+        row = accounting.describe(r.cfg)
+        fpt = float(row["flops_per_token"])
+        v = variants[r.variant]
+        sets = [f"{k}={x}" for k, x in v.sets.items()]
+        sets += [f"steps: {v.match_train_flops}'s training FLOPs"] if v.match_train_flops else []
+        t.add_row(r.variant, r.cfg.arch, f"{r.cfg.train.max_steps:,}", f"{row['total_params']:,}", f"{fpt / 1e6:.3f}",
+                  f"{fpt * r.cfg.train.max_steps * r.cfg.tokens_per_step / 1e12:.3f}", ", ".join(sets) or "-")
+    console.print(t)
+    console.print("FLOPs: the analytic count of matmuls (attention scores and the tied head included), forward + "
+                  "backward = 3x forward where gradients flow; train FLOPs = FLOPs/token x steps x tokens/step.")

@@ -1,0 +1,291 @@
+"""Study plans: which models a study trains, as a small TOML file of named variants.
+
+A plan has a `name`, a one-line `description`, optionally a default `preset` and `seeds`, and `[[variant]]` tables:
+
+    [[variant]]
+    name = "control-2x"            # the label tables and figures show
+    arch = "control"               # a registered architecture
+    set = ["model.n_layers=8"]     # optional config overrides, as with --set
+    # optional, at most one of:
+    steps = 1200                   # train.max_steps
+    train_tokens = 5_000_000       # steps = ceil(tokens / tokens per step)
+    match_train_flops = "frailt"   # steps so that training FLOPs equal that variant's
+
+The built-in plans live beside this module (`study`, the default, `controls`, `depth`); any other path to a TOML
+file is a plan too. A variant is a label, not part of a run's identity: the run id is still the hash of the
+resolved config and data, so the same model reached from two plans is trained once.
+
+Everything is checked before anything is trained or written: an unknown key, an unknown architecture, a bad
+config key or value, a duplicate variant name, a `match_train_flops` naming a missing variant, for every variant
+at every seed. Each problem is one ConfigError line naming the plan file and the offending key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from benchctl.config import RunConfig, make_config, overrides_for, parse_set
+from benchctl.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 reads TOML through the backport
+    import tomli as tomllib
+
+DEFAULT_PLAN = "study"
+DEFAULT_SEEDS = (0, 1, 2)  # three seeds: the fewest that give a t-interval with a usable width
+_DIR = Path(__file__).parent
+_TOP_KEYS = ("name", "description", "preset", "seeds", "variant")
+_VARIANT_KEYS = ("name", "arch", "set", "steps", "train_tokens", "match_train_flops")
+_LENGTH_KEYS = ("steps", "train_tokens", "match_train_flops")  # at most one: each decides the training length
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    arch: str
+    sets: dict[str, str]  # config overrides from `set`
+    steps: int | None = None
+    train_tokens: int | None = None
+    match_train_flops: str | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    description: str
+    path: Path
+    sha256: str  # of the file's bytes: which version of the plan a study ran
+    variants: tuple[Variant, ...]
+    preset: str | None = None
+    seeds: tuple[int, ...] | None = None
+
+    @property
+    def archs(self) -> list[str]:
+        return list(dict.fromkeys(v.arch for v in self.variants))
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One run of a plan: its variant name and its resolved config."""
+
+    variant: str
+    cfg: RunConfig
+
+
+def builtin_names() -> list[str]:
+    """The plans shipped with benchctl: the default first, then by name."""
+    names = sorted(p.stem for p in _DIR.glob("*.toml"))
+    return sorted(names, key=lambda n: (n != DEFAULT_PLAN, n))
+
+
+def builtin() -> list[Plan]:
+    return [load(n) for n in builtin_names()]
+
+
+def load(name_or_path: str | Path) -> Plan:
+    """A built-in plan by name, or a plan file by path; parsed and checked for shape (not yet for configs)."""
+    text = str(name_or_path)
+    path = _DIR / f"{text}.toml" if text in builtin_names() else Path(text)
+    if not path.is_file():
+        from architectures import did_you_mean
+
+        raise ConfigError(f"unknown plan '{text}'{did_you_mean(text, builtin_names())} built-in plans: "
+                          f"{', '.join(builtin_names())}; or give the path of a plan file")
+    raw_bytes = path.read_bytes()
+    try:
+        raw = tomllib.loads(raw_bytes.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not a valid TOML file: {e}") from None
+    return _parse(raw, path, hashlib.sha256(raw_bytes).hexdigest())
+
+
+def _unknown(path: Path, where: str, key: str, allowed: tuple[str, ...]) -> ConfigError:
+    from architectures import did_you_mean
+
+    return ConfigError(f"{path}: {where}unknown key '{key}'{did_you_mean(key, allowed)} allowed: {', '.join(allowed)}")
+
+
+def _typed(path: Path, where: str, key: str, value: Any, tp: type, what: str) -> Any:
+    if isinstance(value, bool) or not isinstance(value, tp):
+        raise ConfigError(f"{path}: {where}'{key}' must be {what}, got {value!r}")
+    return value
+
+
+def _parse(raw: dict[str, Any], path: Path, sha: str) -> Plan:
+    for key in raw:
+        if key not in _TOP_KEYS:
+            raise _unknown(path, "", key, _TOP_KEYS)
+    for key in ("name", "description"):
+        if key not in raw:
+            raise ConfigError(f"{path}: missing key '{key}'")
+        _typed(path, "", key, raw[key], str, "a string")
+    preset = None if "preset" not in raw else _typed(path, "", "preset", raw["preset"], str, "a string")
+    seeds = None
+    if "seeds" in raw:
+        items = _typed(path, "", "seeds", raw["seeds"], list, "a list of integers >= 0")
+        if not items or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in items):
+            raise ConfigError(f"{path}: 'seeds' must be a non-empty list of integers >= 0, got {items!r}")
+        seeds = tuple(dict.fromkeys(items))
+    tables = raw.get("variant")
+    if not isinstance(tables, list) or not tables or not all(isinstance(t, dict) for t in tables):
+        raise ConfigError(f"{path}: needs at least one [[variant]] table")
+    variants: list[Variant] = []
+    for i, t in enumerate(tables, 1):
+        variants.append(_variant(t, path, i))
+    names = [v.name for v in variants]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ConfigError(f"{path}: variant name '{dup[0]}' is used twice; each variant needs its own name")
+    for v in variants:
+        if v.match_train_flops is not None and v.match_train_flops not in names:
+            from architectures import did_you_mean
+
+            raise ConfigError(f"{path}: variant '{v.name}': match_train_flops names no variant of this plan: "
+                              f"'{v.match_train_flops}'{did_you_mean(v.match_train_flops, names)}")
+    return Plan(name=raw["name"], description=raw["description"], path=path, sha256=sha, variants=tuple(variants),
+                preset=preset, seeds=seeds)
+
+
+def _variant(t: dict[str, Any], path: Path, i: int) -> Variant:
+    import architectures
+
+    label = f"'{t['name']}'" if isinstance(t.get("name"), str) else f"#{i}"
+    where = f"variant {label}: "
+    for key in t:
+        if key not in _VARIANT_KEYS:
+            raise _unknown(path, where, key, _VARIANT_KEYS)
+    for key in ("name", "arch"):
+        if key not in t:
+            raise ConfigError(f"{path}: {where}missing key '{key}'")
+        _typed(path, where, key, t[key], str, "a string")
+    if not t["name"].strip():
+        raise ConfigError(f"{path}: {where}'name' must not be empty")
+    try:
+        architectures.get(t["arch"])
+    except architectures.UnknownArchitectureError as e:
+        raise ConfigError(f"{path}: {where}arch: {e}") from None
+    items = _typed(path, where, "set", t.get("set", []), list, 'a list of "section.key=value" strings')
+    if not all(isinstance(s, str) for s in items):
+        raise ConfigError(f'{path}: {where}\'set\' must be a list of "section.key=value" strings, got {items!r}')
+    try:
+        sets = parse_set(items)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {where}set: {e}") from None
+    given = [k for k in _LENGTH_KEYS if k in t]
+    if len(given) > 1:
+        raise ConfigError(f"{path}: {where}'{given[0]}' and '{given[1]}' both set the training length; keep one")
+    for key in ("steps", "train_tokens"):
+        if key in t and (_typed(path, where, key, t[key], int, "a positive integer") < 1):
+            raise ConfigError(f"{path}: {where}'{key}' must be a positive integer, got {t[key]!r}")
+    match = t.get("match_train_flops")
+    if match is not None:
+        _typed(path, where, "match_train_flops", match, str, "a variant name")
+    return Variant(name=t["name"], arch=t["arch"], sets=sets, steps=t.get("steps"),
+                   train_tokens=t.get("train_tokens"), match_train_flops=match)
+
+
+def train_flops(cfg: RunConfig) -> float:
+    """Training FLOPs of a run: the model's FLOPs per token (forward + backward, recurrence and attention included)
+    times the tokens it trains on (max_steps x tokens per step)."""
+    from benchctl import accounting
+
+    return float(accounting.describe(cfg)["flops_per_token"]) * cfg.train.max_steps * cfg.tokens_per_step
+
+
+def iso_flop_steps(cfg: RunConfig, target_flops: float) -> int:
+    """The optimizer steps at which `cfg` spends `target_flops` training FLOPs (nearest step, at least 1)."""
+    from benchctl import accounting
+
+    per_step = float(accounting.describe(cfg)["flops_per_token"]) * cfg.tokens_per_step
+    return max(1, round(target_flops / per_step))
+
+
+def resolve(
+    plan: Plan,
+    preset: str,
+    seeds: list[int],
+    overrides: dict[str, Any] | None = None,
+    archs: list[str] | None = None,
+) -> list[PlannedRun]:
+    """Every (variant, seed) run of `plan`, seed-major like `study.sweep`, each config built and validated.
+
+    `overrides` (the command line's --set and --data) apply to every variant, then the variant's own `set` on top
+    (it is what makes the variant), then its training length. `archs` keeps only the variants of those
+    architectures; a variant they match against is still resolved for its FLOPs, just not trained.
+    """
+    import architectures
+
+    for a in archs or []:
+        try:
+            architectures.get(a)
+        except architectures.UnknownArchitectureError as e:
+            raise ConfigError(f"--archs: {e}") from None
+    keep = [v for v in plan.variants if not archs or v.arch in archs]
+    if not keep:
+        raise ConfigError(f"plan '{plan.name}' has no variant of architecture(s) {', '.join(archs or [])}; "
+                          f"its architectures: {', '.join(plan.archs)}")
+    scope = list(dict.fromkeys(v.arch for v in keep))  # an architecture's own --set key skips the others
+    base = {v.name: _base_config(plan, v, preset, overrides, scope) for v in plan.variants}
+    lengths: dict[str, RunConfig] = {}
+    for v in plan.variants:
+        _with_length(plan, v, base, lengths, ())
+    out = []
+    for seed in seeds:
+        for v in keep:
+            out.append(PlannedRun(v.name, _at_seed(plan, v, lengths[v.name], seed)))
+    return out
+
+
+def _where(plan: Plan, v: Variant) -> str:
+    return f"{plan.path}: variant '{v.name}'"
+
+
+def _base_config(plan: Plan, v: Variant, preset: str, overrides: dict[str, Any] | None,
+                 scope: list[str]) -> RunConfig:
+    sets = {**overrides_for(v.arch, overrides, scope), **v.sets}
+    try:
+        return make_config(preset, v.arch, 0, sets)
+    except ConfigError as e:
+        raise ConfigError(f"{_where(plan, v)}: {e}") from None
+
+
+def _with_length(plan: Plan, v: Variant, base: dict[str, RunConfig], done: dict[str, RunConfig],
+                 chain: tuple[str, ...]) -> RunConfig:
+    """The variant's config with its training length set; a variant it matches is resolved first."""
+    if v.name in done:
+        return done[v.name]
+    if v.name in chain:
+        raise ConfigError(f"{_where(plan, v)}: match_train_flops goes round in a circle: "
+                          f"{' -> '.join([*chain, v.name])}")
+    cfg = base[v.name]
+    steps = v.steps
+    if v.train_tokens is not None:
+        steps = math.ceil(v.train_tokens / cfg.tokens_per_step)
+    if v.match_train_flops is not None:
+        other = next(o for o in plan.variants if o.name == v.match_train_flops)
+        target = train_flops(_with_length(plan, other, base, done, (*chain, v.name)))
+        steps = iso_flop_steps(cfg, target)
+    if steps is not None:
+        cfg = _checked(plan, v, replace(cfg, train=replace(cfg.train, max_steps=steps)), "steps")
+    done[v.name] = cfg
+    return cfg
+
+
+def _checked(plan: Plan, v: Variant, cfg: RunConfig, key: str) -> RunConfig:
+    from benchctl.config import validate
+
+    try:
+        validate(cfg)
+    except ConfigError as e:
+        raise ConfigError(f"{_where(plan, v)}: {key}: {e}") from None
+    return cfg
+
+
+def _at_seed(plan: Plan, v: Variant, cfg: RunConfig, seed: int) -> RunConfig:
+    return _checked(plan, v, replace(cfg, seed=seed), "seeds")
