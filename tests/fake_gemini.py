@@ -14,7 +14,8 @@ Errors use the google.rpc shape, with a RetryInfo detail when a retry delay is g
                "details": [{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "2s"}]}}
 
 Scripting: each request takes the next `Reply` from a queue (`server.push(...)`), else asks `script(request)` (a
-function returning a `Reply`), else answers with `default_grade` (deterministic scores from the prompt's hash).
+function returning a `Reply`), else answers with `default_grade` (deterministic scores from the prompt's hash, after
+a short assessment when the request's response schema has an `assessment` field).
 The server records every request (path, model, headers, JSON body, time) and the largest number of requests that were
 being handled at the same time (`max_in_flight`), so tests can check concurrency limits and that nothing was sent.
 """
@@ -54,6 +55,17 @@ class Request:
     @property
     def generation_config(self) -> dict[str, Any]:
         return self.body.get("generationConfig", {})
+
+    @property
+    def schema_fields(self) -> list[str]:
+        """The answer fields the request's structured-output schema asks for, in the requested order."""
+        schema = self.generation_config.get("responseSchema") or self.generation_config.get("responseJsonSchema") or {}
+        return list(schema.get("propertyOrdering") or schema.get("properties") or [])
+
+    @property
+    def wants_assessment(self) -> bool:
+        """True for the `assess` protocol: the schema has an `assessment` field before the grades."""
+        return "assessment" in self.schema_fields
 
 
 @dataclass
@@ -111,6 +123,16 @@ def grade(
     return text(json.dumps(obj), delay=delay, **kw)
 
 
+def assessed(
+    assessment: Any = "A simple story with a clear ending.", grammar: Any = 7, creativity: Any = 6,
+    consistency: Any = 5, plot: Any = 4, *, delay: float = 0.0, **kw: Any
+) -> Reply:
+    """A well-formed answer of the `assess` protocol: the assessment first, then the grades."""
+    obj = {"assessment": assessment, "grammar": grammar, "creativity": creativity, "consistency": consistency,
+           "plot": plot}
+    return text(json.dumps(obj), delay=delay, output_tokens=90, **kw)
+
+
 def blocked(reason: str = "SAFETY", prompt_tokens: int = 180) -> Reply:
     """The prompt itself was blocked: no candidates, `promptFeedback.blockReason` set."""
     body = {
@@ -139,9 +161,13 @@ def server_error(code: int = 500) -> Reply:
 
 
 def default_grade(request: Request) -> Reply:
-    """Deterministic, valid scores derived from the prompt, so end-to-end tests get varied but repeatable grades."""
+    """Deterministic, valid scores derived from the prompt, so end-to-end tests get varied but repeatable grades;
+    with an assessment first when the request's schema asks for one (the `assess` protocol)."""
     h = hashlib.sha256(request.prompt.encode()).digest()
     g, c, k, p = (1 + b % 10 for b in h[:4])
+    if request.wants_assessment:
+        return assessed(f"Assessment {h[:4].hex()}: grammar {g}, creativity {c}, consistency {k}, plot {p}.",
+                        g, c, k, p)
     return grade(g, c, k, p)
 
 
