@@ -21,7 +21,7 @@ from benchctl.cli import app, main
 from benchctl.errors import ConfigError, DatabaseError
 from fixtures_db import JUDGE_MODEL, PROMPT_HASH, STUDY_ARCHS, build_fixture_db
 
-SECTIONS = ("Runs", "Models", "Training cost", "Loss", "Judge", "lm-eval", "Comparisons", "Benchmark", "Provenance")
+SECTIONS = ("Runs", "Models", "Training cost", "Loss", "Judge", "Judge reliability", "lm-eval", "Comparisons", "Benchmark", "Provenance")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -337,6 +337,61 @@ def test_raw_significance_that_holm_removes_is_not_called_a_difference(tmp_path)
     assert "not distinguishable once adjusted for multiple comparisons" in v
     assert "lower" not in v and "higher" not in v
     assert "Holm-adjusted" in v and "over the 6 pairwise comparisons of final validation loss" in v
+
+
+def test_judge_reliability_repeats_failures_and_trust(full):
+    db, sec = full["db"], section(full["md"], "Judge reliability")
+    rep = {r["criterion"]: r for r in tables(sec.split("### Agreement between repeats")[1])[0]}
+    for c in ("grammar", "average"):
+        units = {}
+        for sid, v in q(db, f"select sample_id, {c} from judge_grades where status = 'ok' order by sample_id, repeat"):
+            units.setdefault(sid, []).append(v)
+        alpha = bstats.krippendorff_alpha(list(units.values()))
+        assert rep[c]["alpha [95% CI]"].startswith(fnum(alpha, 2) + " [")
+        assert rep[c]["samples"] == str(sum(len(v) >= 2 for v in units.values()))
+    counts = {a: (f, t) for a, f, t in q(db, """
+        select r.arch, sum(g.status != 'ok'), count(*) from judge_grades g join samples s on s.id = g.sample_id
+        join runs r on r.id = s.run_id where r.status = 'done' group by r.arch""")}
+    table = [[f, t - f] for f, t in (counts[a] for a in STUDY_ARCHS)]
+    p = sps.chi2_contingency(table).pvalue
+    assert f"chi-square test that the rates are equal: {bstats.fmt_p(p)}." in sec
+    assert f"control {counts['control'][0]}/{counts['control'][1]}" in sec
+    trust = sec.split("### How far to trust the judge")[1]
+    assert "Repeated grades of the same sample agree with alpha = " in trust and "No second judge" in trust
+    assert "Length bias is not measured" in trust  # the fixture's completions all have 40 tokens
+
+
+def test_judge_reliability_length_bias_and_a_second_protocol(tmp_path):
+    p = build_fixture_db(tmp_path / "r.db", archs=("control", "three-part"), seeds=(0, 1), evals=False,
+                         failed_run=False, running_run=False)
+    conn = sqlite3.connect(p)
+    conn.execute("update samples set n_tokens = 20 + (abs(random()) % 80)")
+    # the same samples graded under the assess protocol (its own prompt version): a second set, never pooled
+    conn.execute("""insert into judge_grades (sample_id, judge_model, prompt_hash, repeat, status, grammar, creativity,
+                    consistency, plot, average, protocol, assessment)
+                    select sample_id, judge_model, 'assesshash01', repeat, status, grammar, creativity,
+                    consistency, min(10, plot + 1), (grammar + creativity + consistency + min(10, plot + 1)) / 4.0,
+                    'assess', 'A short assessment.' from judge_grades where status = 'ok' and sample_id in
+                    (select id from samples where prompt_id in ('pset01:0', 'pset01:1', 'pset01:2'))""")
+    conn.commit()
+    conn.close()
+    md = report.build(p).markdown
+    sec = section(md, "Judge reliability")
+    rows = by_model(tables(sec.split("### Length bias")[1])[0])
+    for arch in ("control", "three-part"):
+        x = q(p, """select s.n_tokens, avg(g.average) from judge_grades g join samples s on s.id = g.sample_id
+                    join runs r on r.id = s.run_id where r.arch = ? and g.status = 'ok' and g.judge_model = ?
+                    and g.prompt_hash = ? group by s.id order by s.id""", (arch, JUDGE_MODEL, PROMPT_HASH))
+        rho = sps.spearmanr([v[0] for v in x], [v[1] for v in x]).statistic
+        assert rows[arch]["Spearman rho"] == fnum(rho, 2) and rows[arch]["samples"] == str(len(x))
+    assert re.search(r"after adjusting for length: .* \((changed|unchanged)\)", sec)
+    cross = tables(sec.split("### Agreement with other judges and protocols")[1])[0]
+    assert len(cross) == 1 and cross[0]["other grade set"] == f"{JUDGE_MODEL} / assess / assesshash01"
+    assert 0 < float(cross[0]["mean shift (average)"]) <= 0.25  # plot + 1, capped at 10, over four criteria
+    judge = section(md, "Judge")
+    assert "· assess · prompt assesshash01" in judge and "· json · prompt" in judge
+    cmp = section(md, "Comparisons")
+    assert f"judge `{JUDGE_MODEL}`, protocol `json`" in cmp and "not mixed with: " in cmp and "`assess`" in cmp
 
 
 def test_lm_eval_table(full):
