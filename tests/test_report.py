@@ -21,7 +21,8 @@ from benchctl.cli import app, main
 from benchctl.errors import ConfigError, DatabaseError
 from fixtures_db import JUDGE_MODEL, PROMPT_HASH, STUDY_ARCHS, build_fixture_db
 
-SECTIONS = ("Runs", "Models", "Training cost", "Loss", "Judge", "Judge reliability", "lm-eval", "Comparisons", "Benchmark", "Provenance")
+SECTIONS = ("Runs", "Models", "Training cost", "Loss", "Judge", "Judge reliability", "lm-eval", "Comparisons",
+            "Benchmark", "Provenance")
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -284,7 +284,8 @@ def test_verdict_never_prints_negative_zero():
 # Krippendorff (2011), "Computing Krippendorff's alpha-reliability", the reliability data with missing values
 # (4 coders x 12 units; None = not coded): alpha = 0.849 for interval data.
 KRIPPENDORFF_UNITS = [[1, 1, None, 1], [2, 2, 3, 2], [3, 3, 3, 3], [3, 3, 3, 3], [2, 2, 2, 2], [1, 2, 3, 4],
-                      [4, 4, 4, 4], [1, 1, 2, 1], [2, 2, 2, 2], [None, 5, 5, 5], [None, None, 1, 1], [None, 3, None, None]]
+                      [4, 4, 4, 4], [1, 1, 2, 1], [2, 2, 2, 2], [None, 5, 5, 5], [None, None, 1, 1],
+                      [None, 3, None, None]]
 
 
 def test_krippendorff_alpha_matches_the_published_value():

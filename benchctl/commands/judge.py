@@ -57,10 +57,12 @@ def judge(
     """Grade generated stories with Gemini: grammar, creativity, consistency, plot (1-10) per sample.
 
     Needs GEMINI_API_KEY (or GOOGLE_API_KEY); GOOGLE_GEMINI_BASE_URL points the client at another endpoint.
-    Every request and answer is cached in results.db by (model, prompt-file and protocol hash, sample, repeat): a rerun skips every
-    grade already stored as ok and regrades the failed ones (rate-limited, truncated, unparseable...), so after an
-    interruption just run the same command again. Answers that are not valid scores are stored as failures, never
-    as scores.
+    Every request and answer is cached in results.db by (model, prompt-file and protocol hash, sample, repeat): a
+    rerun skips every grade already stored as ok and regrades the failed ones (rate-limited, truncated,
+    unparseable...), so after an interruption just run the same command again. Answers that are not valid scores are
+    stored as failures, never as scores. `--protocol assess` (default) has the judge write its general assessment of
+    the story before the grades, as the study's grading text asks; `--repeats 2`, a second `--model` or the other
+    `--protocol` on the same samples feed the report's judge reliability section.
     """
     from benchctl import db as dbm
     from benchctl import judge as engine

@@ -43,7 +43,15 @@ from benchctl.judge.client import (
     require_api_key,
     server_retry_delay,
 )
-from benchctl.judge.prompt import PROMPT_PATH, PROMPT_PATHS, STORY_SEPARATOR, STORY_SLOT, Template, format_story, load_template
+from benchctl.judge.prompt import (
+    PROMPT_PATH,
+    PROMPT_PATHS,
+    STORY_SEPARATOR,
+    STORY_SLOT,
+    Template,
+    format_story,
+    load_template,
+)
 from benchctl.judge.run import judge_all, judge_all_async
 from benchctl.judge.storage import select_samples
 from benchctl.judge.summary import ArchSummary, CriterionStat, JudgeSummary, criterion_stat

@@ -1,8 +1,9 @@
 """What the judge reads from and writes to results.db, as judge objects; the queries themselves live in benchctl.db.
 
-The unit of work is a key (judge model, prompt hash, sample id, repeat); the prompt hash covers the protocol too. Each key's request row (`judge_requests`,
-with what was sent, the raw response, tokens and attempts summed over every run) and grade row (`judge_grades`, the
-four scores or the failure) are written together as soon as the answer arrives.
+The unit of work is a key (judge model, prompt hash, sample id, repeat); the prompt hash covers the protocol too.
+Each key's request row (`judge_requests`, with what was sent, the raw response, tokens and attempts summed over every
+run) and grade row (`judge_grades`, the four scores or the failure, and the assessment under the `assess` protocol)
+are written together as soon as the answer arrives.
 """
 
 from __future__ import annotations
