@@ -187,6 +187,7 @@ class FakeGemini:
         *,
         api_key: str | None = "test-key",
         latency: float = 0.0,
+        port: int = 0,  # 0 = any free port (tests); a fixed one for runs by hand
     ):
         self.script = script
         self.api_key = api_key
@@ -197,7 +198,7 @@ class FakeGemini:
         self._queue: collections.deque[Reply] = collections.deque()
         self._lock = threading.Lock()
         self._closing = threading.Event()
-        self._httpd = _Server(("127.0.0.1", 0), self._handler_class())
+        self._httpd = _Server(("127.0.0.1", port), self._handler_class())
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="fake-gemini", daemon=True)
         self._thread.start()
 
@@ -312,3 +313,47 @@ class FakeGemini:
                 self._send(reply.status, reply.body, reply.headers)
 
         return Handler
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve until interrupted, for trying `benchctl judge` by hand without the internet:
+
+        python tests/fake_gemini.py --port 8765 &
+        GEMINI_API_KEY=test-key GOOGLE_GEMINI_BASE_URL=http://127.0.0.1:8765 benchctl judge --repeats 2
+
+    `--noise` adds a seeded ±1 jitter to each criterion, so repeated grades of one sample differ as a real judge's
+    would at temperature > 0; `--garbage-every N` answers every N-th request with text that is not a grade (it must
+    be stored as a failure and regraded on the next run)."""
+    import argparse
+    import random
+
+    ap = argparse.ArgumentParser(description=main.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--port", type=int, default=8765)
+    ap.add_argument("--api-key", default="test-key")
+    ap.add_argument("--noise", action="store_true")
+    ap.add_argument("--garbage-every", type=int, default=0)
+    args = ap.parse_args(argv)
+    rng, counter, lock = random.Random(0), [0], threading.Lock()
+
+    def script(request: Request) -> Reply:
+        with lock:
+            counter[0] += 1
+            n, jitter = counter[0], [rng.choice((-1, 0, 0, 1)) if args.noise else 0 for _ in range(4)]
+        if args.garbage_every and n % args.garbage_every == 0:
+            return text("Sorry, I cannot grade this story.")
+        body = json.loads(default_grade(request).body["candidates"][0]["content"]["parts"][0]["text"])
+        g, c, k, p = (min(10, max(1, body[f] + j)) for f, j in zip(("grammar", "creativity", "consistency", "plot"),
+                                                                    jitter))
+        return assessed(body["assessment"], g, c, k, p) if request.wants_assessment else grade(g, c, k, p)
+
+    server = FakeGemini(script, api_key=args.api_key, port=args.port)
+    print(f"fake Gemini at {server.url} (key {args.api_key!r}); Ctrl-C to stop", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        server.close()
+
+
+if __name__ == "__main__":
+    main()
