@@ -149,7 +149,8 @@ def _trust_lines(rep: dict[str, stats.Agreement] | None, cross: list[Any], lb: s
                      "judge is not measured.")
     if lb is not None and lb.slope is not None:
         rhos = [r for r, _, _ in lb.rho.values() if r is not None]
-        span = f"Spearman rho per model {fnum(min(rhos), 2)} to {fnum(max(rhos), 2)}; " if rhos else ""
+        lo, hi = (fnum(min(rhos), 2), fnum(max(rhos), 2)) if rhos else ("", "")
+        span = "" if not rhos else f"Spearman rho {lo}; " if lo == hi else f"Spearman rho per model {lo} to {hi}; "
         parts.append(f"Each 100 tokens of completion move the grade by {fnum(100 * lb.slope, 2)} points "
                      f"({span}pooled linear fit); the ranking of models "
                      f"{'changes' if lb.rank_changes else 'does not change'} once length is adjusted for.")
