@@ -172,6 +172,7 @@ _SCHEMA: dict[str, dict[str, Any]] = {
             "temperature": float,
             "thinking_budget": int,  # NULL = the model's default (none sent)
             "max_output_tokens": int,
+            "protocol": str,  # json | assess (NULL: made before protocols existed, i.e. json)
             "created_at": str,
             "updated_at": str,
         },
@@ -193,6 +194,8 @@ _SCHEMA: dict[str, dict[str, Any]] = {
             "finish_reason": str,
             "raw_text": str,
             "error": str,
+            "protocol": str,  # json | assess (NULL: made before protocols existed, i.e. json)
+            "assessment": str,  # the judge's general assessment, written before the grades (protocol assess)
             "prompt_tokens": int,
             "output_tokens": int,
             "thinking_tokens": int,

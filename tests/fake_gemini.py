@@ -14,7 +14,8 @@ Errors use the google.rpc shape, with a RetryInfo detail when a retry delay is g
                "details": [{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "2s"}]}}
 
 Scripting: each request takes the next `Reply` from a queue (`server.push(...)`), else asks `script(request)` (a
-function returning a `Reply`), else answers with `default_grade` (deterministic scores from the prompt's hash).
+function returning a `Reply`), else answers with `default_grade` (deterministic scores from the prompt's hash, after
+a short assessment when the request's response schema has an `assessment` field).
 The server records every request (path, model, headers, JSON body, time) and the largest number of requests that were
 being handled at the same time (`max_in_flight`), so tests can check concurrency limits and that nothing was sent.
 """
@@ -54,6 +55,17 @@ class Request:
     @property
     def generation_config(self) -> dict[str, Any]:
         return self.body.get("generationConfig", {})
+
+    @property
+    def schema_fields(self) -> list[str]:
+        """The answer fields the request's structured-output schema asks for, in the requested order."""
+        schema = self.generation_config.get("responseSchema") or self.generation_config.get("responseJsonSchema") or {}
+        return list(schema.get("propertyOrdering") or schema.get("properties") or [])
+
+    @property
+    def wants_assessment(self) -> bool:
+        """True for the `assess` protocol: the schema has an `assessment` field before the grades."""
+        return "assessment" in self.schema_fields
 
 
 @dataclass
@@ -111,6 +123,16 @@ def grade(
     return text(json.dumps(obj), delay=delay, **kw)
 
 
+def assessed(
+    assessment: Any = "A simple story with a clear ending.", grammar: Any = 7, creativity: Any = 6,
+    consistency: Any = 5, plot: Any = 4, *, delay: float = 0.0, **kw: Any
+) -> Reply:
+    """A well-formed answer of the `assess` protocol: the assessment first, then the grades."""
+    obj = {"assessment": assessment, "grammar": grammar, "creativity": creativity, "consistency": consistency,
+           "plot": plot}
+    return text(json.dumps(obj), delay=delay, output_tokens=90, **kw)
+
+
 def blocked(reason: str = "SAFETY", prompt_tokens: int = 180) -> Reply:
     """The prompt itself was blocked: no candidates, `promptFeedback.blockReason` set."""
     body = {
@@ -139,9 +161,13 @@ def server_error(code: int = 500) -> Reply:
 
 
 def default_grade(request: Request) -> Reply:
-    """Deterministic, valid scores derived from the prompt, so end-to-end tests get varied but repeatable grades."""
+    """Deterministic, valid scores derived from the prompt, so end-to-end tests get varied but repeatable grades;
+    with an assessment first when the request's schema asks for one (the `assess` protocol)."""
     h = hashlib.sha256(request.prompt.encode()).digest()
     g, c, k, p = (1 + b % 10 for b in h[:4])
+    if request.wants_assessment:
+        return assessed(f"Assessment {h[:4].hex()}: grammar {g}, creativity {c}, consistency {k}, plot {p}.",
+                        g, c, k, p)
     return grade(g, c, k, p)
 
 
@@ -161,6 +187,7 @@ class FakeGemini:
         *,
         api_key: str | None = "test-key",
         latency: float = 0.0,
+        port: int = 0,  # 0 = any free port (tests); a fixed one for runs by hand
     ):
         self.script = script
         self.api_key = api_key
@@ -171,7 +198,7 @@ class FakeGemini:
         self._queue: collections.deque[Reply] = collections.deque()
         self._lock = threading.Lock()
         self._closing = threading.Event()
-        self._httpd = _Server(("127.0.0.1", 0), self._handler_class())
+        self._httpd = _Server(("127.0.0.1", port), self._handler_class())
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="fake-gemini", daemon=True)
         self._thread.start()
 
@@ -286,3 +313,47 @@ class FakeGemini:
                 self._send(reply.status, reply.body, reply.headers)
 
         return Handler
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve until interrupted, for trying `benchctl judge` by hand without the internet:
+
+        python tests/fake_gemini.py --port 8765 &
+        GEMINI_API_KEY=test-key GOOGLE_GEMINI_BASE_URL=http://127.0.0.1:8765 benchctl judge --repeats 2
+
+    `--noise` adds a seeded ±1 jitter to each criterion, so repeated grades of one sample differ as a real judge's
+    would at temperature > 0; `--garbage-every N` answers every N-th request with text that is not a grade (it must
+    be stored as a failure and regraded on the next run)."""
+    import argparse
+    import random
+
+    ap = argparse.ArgumentParser(description=main.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--port", type=int, default=8765)
+    ap.add_argument("--api-key", default="test-key")
+    ap.add_argument("--noise", action="store_true")
+    ap.add_argument("--garbage-every", type=int, default=0)
+    args = ap.parse_args(argv)
+    rng, counter, lock = random.Random(0), [0], threading.Lock()
+
+    def script(request: Request) -> Reply:
+        with lock:
+            counter[0] += 1
+            n, jitter = counter[0], [rng.choice((-1, 0, 0, 1)) if args.noise else 0 for _ in range(4)]
+        if args.garbage_every and n % args.garbage_every == 0:
+            return text("Sorry, I cannot grade this story.")
+        body = json.loads(default_grade(request).body["candidates"][0]["content"]["parts"][0]["text"])
+        g, c, k, p = (min(10, max(1, body[f] + j)) for f, j in zip(("grammar", "creativity", "consistency", "plot"),
+                                                                    jitter))
+        return assessed(body["assessment"], g, c, k, p) if request.wants_assessment else grade(g, c, k, p)
+
+    server = FakeGemini(script, api_key=args.api_key, port=args.port)
+    print(f"fake Gemini at {server.url} (key {args.api_key!r}); Ctrl-C to stop", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        server.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -31,7 +31,7 @@ import fake_gemini as fg  # tests/ is on sys.path under pytest (no package __ini
 PROMPT_HASH = "e7a999193150"
 # google-genai 3.4 subclasses aiohttp.ClientSession, which aiohttp 3.14 flags; not ours to fix.
 pytestmark = pytest.mark.filterwarnings("ignore:Inheritance class AiohttpClientSession:DeprecationWarning")
-FAST = dict(base_delay=0.01, max_delay=0.05, progress=False, seed=0)
+FAST = dict(base_delay=0.01, max_delay=0.05, progress=False, seed=0, protocol="json")  # the assess tests override it
 ARCHS = ("control", "frailt")
 
 
@@ -520,3 +520,90 @@ def test_cli_json_summary(tmp_path, server, monkeypatch):
     out = json.loads(res.output)
     assert out["n_ok"] == 6 and out["n_requests"] == 6 and out["usage"]["prompt_tokens"] == 6 * 180
     assert [a["arch"] for a in out["per_arch"]] == ["control"] and out["per_arch"][0]["n_grades"] == 6
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The assess protocol: the judge writes its general assessment first, and it is stored with the grade.
+
+ASSESS = {**FAST, "protocol": "assess"}
+
+
+def test_assess_template_hashes_the_protocol_with_the_file():
+    raw = judge.PROMPT_PATHS["assess"].read_bytes()
+    t = judge.load_template(protocol="assess")
+    assert t.hash == hashlib.sha256(b"protocol: assess\n" + raw).hexdigest()[:12] and t.protocol == "assess"
+    assert '"assessment"' in t.text and t.text.count("{story}") == 1
+    # one file under both protocols: two prompt versions, so neither protocol's cache answers the other
+    assert judge.load_template(judge.PROMPT_PATH, "assess").hash != judge.load_template(judge.PROMPT_PATH).hash
+    with pytest.raises(ConfigError, match="protocol"):
+        judge.load_template(protocol="essay")
+
+
+@pytest.mark.parametrize(
+    "obj,why",
+    [
+        ({"grammar": 7, "creativity": 6, "consistency": 5, "plot": 4}, "no assessment"),
+        ({"assessment": "  ", "grammar": 7, "creativity": 6, "consistency": 5, "plot": 4}, "not a non-empty text"),
+        ({"assessment": 3, "grammar": 7, "creativity": 6, "consistency": 5, "plot": 4}, "not a non-empty text"),
+        ({"assessment": "Fine.", "grammar": 11, "creativity": 6, "consistency": 5, "plot": 4}, "out of range"),
+    ],
+)
+def test_parse_assess_needs_an_assessment_and_valid_grades(obj, why):
+    grade, err = judge.parse_grade(json.dumps(obj), "STOP", None, "assess")
+    assert grade is None and why in err
+
+
+def test_assess_stores_assessments_and_is_cached_apart_from_json(tmp_path, server):
+    db = make_db(tmp_path / "r.db")
+    s = judge.judge_all(db, judge_model="gemini-2.5-flash", base_url=server.url, **ASSESS)
+    assert s.n_ok == 6 and s.protocol == "assess" and server.count == 6
+    gc = server.requests[0].generation_config
+    assert server.requests[0].schema_fields[0] == "assessment"  # written before the grades
+    assert gc["maxOutputTokens"] == 2048 and gc["responseSchema"]["properties"]["assessment"]["type"] == "STRING"
+    t = judge.load_template(protocol="assess")
+    rows = grades(db, "ok")
+    assert len(rows) == 6
+    for row in rows:
+        assert row["protocol"] == "assess" and row["prompt_hash"] == t.hash
+        assert row["assessment"].startswith("Assessment ") and f"plot {row['plot']}." in row["assessment"]
+    assert {r["protocol"] for r in db.query("select protocol from judge_requests")} == {"assess"}
+    # the json protocol is graded again, never answered from the assess cache; and a rerun of assess sends nothing
+    j = judge.judge_all(db, judge_model="gemini-2.5-flash", base_url=server.url, **FAST)
+    assert j.n_cached == 0 and j.n_ok == 6 and server.count == 12
+    assert {(r["protocol"], r["assessment"]) for r in grades(db) if r["prompt_hash"] == PROMPT_HASH} == {("json", None)}
+    again = judge.judge_all(db, judge_model="gemini-2.5-flash", base_url=server.url, **ASSESS)
+    assert again.n_cached == 6 and server.count == 12
+
+
+def test_assess_survives_errors_and_bad_answers_without_losing_or_inventing_grades(tmp_path, server):
+    db = make_db(tmp_path / "r.db", n_prompts=3, archs=("control",))
+    server.push(
+        fg.rate_limited("0.01s"), fg.server_error(503),  # retried within the key
+        fg.text('{"assessment": "A nice sto', finish_reason="MAX_TOKENS"),  # truncated mid-assessment
+        fg.text("I think this story is lovely. 7/10"),  # not JSON
+        fg.grade(),  # grades but no assessment: the protocol was not followed
+    )
+    s = judge.judge_all(db, judge_model="gemini-2.5-flash", base_url=server.url, concurrency=1, max_attempts=3,
+                        **ASSESS)
+    assert s.n_ok + s.n_failed == 3 and s.n_failed == 3
+    failed = grades(db, "failed")
+    assert len(failed) == 3 and all(r["grammar"] is None and r["assessment"] is None for r in failed)
+    assert sorted(r["error"].split(":")[0] for r in failed) == ["no assessment", "truncated", "unparseable JSON"]
+    assert sum(r["attempts"] for r in db.query("select attempts from judge_requests")) == 5  # 429 and 503 retried
+    rerun = judge.judge_all(db, judge_model="gemini-2.5-flash", base_url=server.url, **ASSESS)
+    assert rerun.n_ok == 3 and len(grades(db, "ok")) == 3 and not grades(db, "failed")
+    assert all(r["assessment"] for r in grades(db, "ok"))
+
+
+def test_cli_protocol_option(tmp_path, server, monkeypatch):
+    from benchctl.cli import app
+
+    path = tmp_path / "r.db"
+    make_db(path)
+    monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", server.url)
+    res = CliRunner().invoke(app, ["judge", "--db", str(path), "--protocol", "json", "--repeats", "2"])
+    assert res.exit_code == 0, res.output
+    assert "protocol json" in res.output and "12 graded, 0 failed" in res.output
+    assert {r["protocol"] for r in grades(dbm.connect(path))} == {"json"}
+    res = CliRunner().invoke(app, ["judge", "--db", str(path), "--protocol", "essay"])
+    assert isinstance(res.exception, ConfigError)

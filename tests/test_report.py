@@ -21,7 +21,8 @@ from benchctl.cli import app, main
 from benchctl.errors import ConfigError, DatabaseError
 from fixtures_db import JUDGE_MODEL, PROMPT_HASH, STUDY_ARCHS, build_fixture_db
 
-SECTIONS = ("Runs", "Models", "Training cost", "Loss", "Judge", "lm-eval", "Test-time recurrence", "Comparisons",
+SECTIONS = ("Runs", "Models", "Training cost", "Loss", "Judge", "Judge reliability", "lm-eval", "Test-time recurrence",
+            "Comparisons",
             "Benchmark", "Provenance")
 
 
@@ -224,42 +225,53 @@ def test_component_order_merges_each_models_order():
 
 
 def _judge_truth(db: Path):
-    """Per model: per-sample averages over ok repeats (independently, in SQL), failures, per-prompt means."""
+    """Per model: per-sample averages over ok repeats (independently, in SQL) grouped by seed, failures, and the
+    judge average per (seed, prompt)."""
     rows = q(db, """
-        select r.arch, s.id, s.prompt_id, avg(g.grammar), avg(g.creativity), avg(g.consistency), avg(g.plot),
-               avg(g.average)
+        select r.arch, r.seed, s.id, s.prompt_id, avg(g.grammar), avg(g.creativity), avg(g.consistency),
+               avg(g.plot), avg(g.average)
         from judge_grades g join samples s on s.id = g.sample_id join runs r on r.id = s.run_id
-        where r.status = 'done' and g.status = 'ok' group by r.arch, s.id, s.prompt_id""")
+        where r.status = 'done' and g.status = 'ok' group by r.arch, r.seed, s.id, s.prompt_id""")
     failed = dict(q(db, """
         select r.arch, count(*) from judge_grades g join samples s on s.id = g.sample_id
         join runs r on r.id = s.run_id where r.status = 'done' and g.status != 'ok' group by r.arch"""))
-    per_sample, per_prompt = {}, {}
-    for arch, _sid, pid, *vals in rows:
-        per_sample.setdefault(arch, []).append(vals)
-        per_prompt.setdefault(arch, {}).setdefault(pid, []).append(vals[-1])
-    per_prompt = {a: {p: float(np.mean(v)) for p, v in d.items()} for a, d in per_prompt.items()}
-    return per_sample, failed, per_prompt
+    per_seed, per_seed_prompt = {}, {}
+    for arch, seed, _sid, pid, *vals in rows:
+        per_seed.setdefault(arch, {}).setdefault(seed, []).append(vals)
+        per_seed_prompt.setdefault(arch, {})[(seed, pid)] = vals[-1]
+    return per_seed, failed, per_seed_prompt
 
 
 def test_judge_table_matches_independent_computation(full):
     db, sec = full["db"], section(full["md"], "Judge")
-    per_sample, failed, _ = _judge_truth(db)
+    per_seed, failed, _ = _judge_truth(db)
     rows = by_model(tables(sec)[0])
     assert sum(failed.values()) == 3
     for arch in STUDY_ARCHS:
-        vals = np.array(per_sample[arch])  # (samples, 5)
+        seeds = per_seed[arch]
         r = rows[arch]
-        assert r["graded"] == str(len(vals)) and r["samples"] == "36"
+        assert r["graded"] == str(sum(len(v) for v in seeds.values())) and r["samples"] == "36"
         assert r["failed"] == str(failed.get(arch, 0))
         for j, c in enumerate(("grammar", "creativity", "consistency", "plot", "average")):
-            m, lo, hi = t_ci(vals[:, j])
+            m, lo, hi = t_ci([np.mean([v[j] for v in seeds[sd]]) for sd in sorted(seeds)])  # over seeds
             assert r[c] == f"{m:.2f} ± {(hi - lo) / 2:.2f}"
     assert f"`{JUDGE_MODEL}`" in sec and f"`{PROMPT_HASH}`" in sec
+    assert "t-interval over the 3 seeds' means" in sec
     study = by_model(tables(sec)[1])
     assert study["three-part"]["average"] == "3.07"  # the study's grades beside ours
 
 
-def test_comparisons_match_scipy_and_bootstrap(full):
+def _holm(ps):
+    """Holm by hand: sorted p_(i) * (m - i), running max."""
+    order = np.argsort(ps, kind="stable")
+    adj, run = [0.0] * len(ps), 0.0
+    for rank, i in enumerate(order):
+        run = max(run, min(1.0, (len(ps) - rank) * ps[i]))
+        adj[i] = run
+    return adj
+
+
+def test_comparisons_match_scipy(full):
     db, sec = full["db"], section(full["md"], "Comparisons")
     rows = tables(sec)[0]
     loss = {(r["a"], r["b"]): r for r in rows if r["quantity"] == "final validation loss"}
@@ -268,42 +280,120 @@ def test_comparisons_match_scipy_and_bootstrap(full):
                       ("frailt", "three-part"), ("frailt", "relaxed"), ("three-part", "relaxed")]
     assert list(loss) == expected_pairs and list(judge) == expected_pairs
     ps = []
-    for a, b in expected_pairs:
+    for a, b in expected_pairs:  # every model has seeds 0, 1, 2: paired by seed
         xa, xb = done_values(db, "final_val_loss", a), done_values(db, "final_val_loss", b)
-        ref = sps.ttest_ind(xa, xb, equal_var=False)
+        ref = sps.ttest_rel(xa, xb)
         lo, hi = ref.confidence_interval(0.95)
         r = loss[(a, b)]
+        assert r["test"] == "paired t over shared seeds" and r["n (a, b)"] == "3 shared"
         assert r["a − b"] == fnum(np.mean(xa) - np.mean(xb))
         assert r["95% CI"] == f"{fnum(lo)} to {fnum(hi)}"
-        assert r["p"] == fpv(ref.pvalue)
-        assert r["n (a, b)"] == "3, 3"
+        assert r["p"] == fpv(ref.pvalue) and r["p (Wilcoxon)"] == "-"  # fewer than 6 pairs
         ps.append(ref.pvalue)
-    # Holm by hand: sorted p_(i) * (m - i), running max
-    order = np.argsort(ps, kind="stable")
-    adj, run = [0.0] * len(ps), 0.0
-    for rank, i in enumerate(order):
-        run = max(run, min(1.0, (len(ps) - rank) * ps[i]))
-        adj[i] = run
-    assert [loss[p]["p (Holm)"] for p in expected_pairs] == [fpv(x) for x in adj]
-    # judge: paired over shared prompts, each prompt averaged over seeds and repeats (independent SQL)
-    _, _, per_prompt = _judge_truth(db)
+    assert [loss[p]["p (Holm)"] for p in expected_pairs] == [fpv(x) for x in _holm(ps)]
+    # judge: per seed, the mean paired difference over shared prompts; then a t over the seeds
+    _, _, psp = _judge_truth(db)
+    jps = []
     for a, b in expected_pairs:
-        shared = sorted(set(per_prompt[a]) & set(per_prompt[b]))
-        diff = np.mean([per_prompt[a][p] - per_prompt[b][p] for p in shared])
+        shared = sorted(set(psp[a]) & set(psp[b]))
+        seeds = sorted({s for s, _ in shared})
+        ma = [np.mean([psp[a][k] for k in shared if k[0] == s]) for s in seeds]
+        mb = [np.mean([psp[b][k] for k in shared if k[0] == s]) for s in seeds]
+        ref = sps.ttest_rel(ma, mb)
         r = judge[(a, b)]
-        assert r["a − b"] == fnum(diff, 2) and r["n (a, b)"] == f"{len(shared)} shared"
-        lo, hi = (float(x) for x in r["95% CI"].split(" to "))
-        assert lo <= round(diff, 2) <= hi
-        d = bstats.paired_bootstrap(per_prompt[a], per_prompt[b], n_boot=report.N_BOOT,
-                                    seed=__import__("zlib").crc32(f"{a}|{b}".encode()))
-        assert r["p"] == fpv(d.p) and r["95% CI"] == f"{fnum(d.lo, 2)} to {fnum(d.hi, 2)}"
-    # one verdict sentence per comparison, consistent with the numbers
+        assert r["test"] == "t over per-seed means" and r["n (a, b)"] == "3 shared (12 prompts)"
+        assert r["a − b"] == fnum(np.mean(ma) - np.mean(mb), 2) and r["p"] == fpv(ref.pvalue)
+        lo, hi = ref.confidence_interval(0.95)
+        assert r["95% CI"] == f"{fnum(lo, 2)} to {fnum(hi, 2)}"
+        jps.append(ref.pvalue)
+    assert [judge[p]["p (Holm)"] for p in expected_pairs] == [fpv(x) for x in _holm(jps)]
+    # one verdict sentence per comparison, decided on the Holm-adjusted p and naming its family
     verdicts = [l[2:] for l in sec.splitlines() if l.startswith("- ")]
     assert len(verdicts) == 12
     for r, v in zip(rows, verdicts):
         assert v.startswith(f"{r['a']}'s") or v.startswith(f"{r['a']} vs")
-        significant = r["p"] == "< 0.001" or float(r["p"]) < 0.05
-        assert ("not distinguishable" in v) != significant or "borderline" in v
+        significant = r["p (Holm)"] == "< 0.001" or float(r["p (Holm)"]) < 0.05
+        assert ("not distinguishable" in v) != significant
+        assert f"over the 6 pairwise comparisons of {r['quantity']}" in v
+    assert f"judge `{JUDGE_MODEL}`, protocol `json`, prompt `{PROMPT_HASH}`" in sec
+
+
+def test_raw_significance_that_holm_removes_is_not_called_a_difference(tmp_path):
+    """A fixture where one pair has raw p < 0.05 but Holm p > 0.05: its verdict never says lower/higher."""
+    p = build_fixture_db(tmp_path / "r.db", judge=False, evals=False, failed_run=False, running_run=False)
+    conn = sqlite3.connect(p)
+    # seeds share a data stream: frailt and relaxed differ by a small, consistent gap (raw p = 0.026) over a large
+    # seed-to-seed spread; no other pair differs, so Holm multiplies that p by 6
+    gaps = {"frailt": (0.0, 0.0, 0.0), "relaxed": (0.010, 0.018, 0.014), "control": (0.05, -0.03, 0.01),
+            "three-part": (-0.02, 0.04, 0.03)}
+    for arch, gap in gaps.items():
+        for seed, base in enumerate((1.30, 1.40, 1.50)):
+            conn.execute("update runs set final_val_loss = ? where arch = ? and seed = ? and status = 'done'",
+                         (base + gap[seed], arch, seed))
+    conn.commit()
+    conn.close()
+    cmp = section(report.build(p).markdown, "Comparisons")
+    row = next(r for r in tables(cmp)[0] if (r["a"], r["b"]) == ("frailt", "relaxed"))
+    assert float(row["p"]) < 0.05 < float(row["p (Holm)"])
+    v = next(l for l in cmp.splitlines() if l.startswith("- frailt's and relaxed's final validation loss"))
+    assert "not distinguishable once adjusted for multiple comparisons" in v
+    assert "lower" not in v and "higher" not in v
+    assert "Holm-adjusted" in v and "over the 6 pairwise comparisons of final validation loss" in v
+
+
+def test_judge_reliability_repeats_failures_and_trust(full):
+    db, sec = full["db"], section(full["md"], "Judge reliability")
+    rep = {r["criterion"]: r for r in tables(sec.split("### Agreement between repeats")[1])[0]}
+    for c in ("grammar", "average"):
+        units = {}
+        for sid, v in q(db, f"select sample_id, {c} from judge_grades where status = 'ok' order by sample_id, repeat"):
+            units.setdefault(sid, []).append(v)
+        alpha = bstats.krippendorff_alpha(list(units.values()))
+        assert rep[c]["alpha [95% CI]"].startswith(fnum(alpha, 2) + " [")
+        assert rep[c]["samples"] == str(sum(len(v) >= 2 for v in units.values()))
+    counts = {a: (f, t) for a, f, t in q(db, """
+        select r.arch, sum(g.status != 'ok'), count(*) from judge_grades g join samples s on s.id = g.sample_id
+        join runs r on r.id = s.run_id where r.status = 'done' group by r.arch""")}
+    table = [[f, t - f] for f, t in (counts[a] for a in STUDY_ARCHS)]
+    p = sps.chi2_contingency(table).pvalue
+    assert f"chi-square test that the rates are equal: {bstats.fmt_p(p)}." in sec
+    assert f"control {counts['control'][0]}/{counts['control'][1]}" in sec
+    trust = sec.split("### How far to trust the judge")[1]
+    assert "Repeated grades of the same sample agree with alpha = " in trust and "No second judge" in trust
+    assert "Length bias is not measured" in trust  # the fixture's completions all have 40 tokens
+
+
+def test_judge_reliability_length_bias_and_a_second_protocol(tmp_path):
+    p = build_fixture_db(tmp_path / "r.db", archs=("control", "three-part"), seeds=(0, 1), evals=False,
+                         failed_run=False, running_run=False)
+    conn = sqlite3.connect(p)
+    conn.execute("update samples set n_tokens = 20 + (abs(random()) % 80)")
+    # the same samples graded under the assess protocol (its own prompt version): a second set, never pooled
+    conn.execute("""insert into judge_grades (sample_id, judge_model, prompt_hash, repeat, status, grammar, creativity,
+                    consistency, plot, average, protocol, assessment)
+                    select sample_id, judge_model, 'assesshash01', repeat, status, grammar, creativity,
+                    consistency, min(10, plot + 1), (grammar + creativity + consistency + min(10, plot + 1)) / 4.0,
+                    'assess', 'A short assessment.' from judge_grades where status = 'ok' and sample_id in
+                    (select id from samples where prompt_id in ('pset01:0', 'pset01:1', 'pset01:2'))""")
+    conn.commit()
+    conn.close()
+    md = report.build(p).markdown
+    sec = section(md, "Judge reliability")
+    rows = by_model(tables(sec.split("### Length bias")[1])[0])
+    for arch in ("control", "three-part"):
+        x = q(p, """select s.n_tokens, avg(g.average) from judge_grades g join samples s on s.id = g.sample_id
+                    join runs r on r.id = s.run_id where r.arch = ? and g.status = 'ok' and g.judge_model = ?
+                    and g.prompt_hash = ? group by s.id order by s.id""", (arch, JUDGE_MODEL, PROMPT_HASH))
+        rho = sps.spearmanr([v[0] for v in x], [v[1] for v in x]).statistic
+        assert rows[arch]["Spearman rho"] == fnum(rho, 2) and rows[arch]["samples"] == str(len(x))
+    assert re.search(r"after adjusting for length: .* \((changed|unchanged)\)", sec)
+    cross = tables(sec.split("### Agreement with other judges and protocols")[1])[0]
+    assert len(cross) == 1 and cross[0]["other grade set"] == f"{JUDGE_MODEL} / assess / assesshash01"
+    assert 0 < float(cross[0]["mean shift (average)"]) <= 0.25  # plot + 1, capped at 10, over four criteria
+    judge = section(md, "Judge")
+    assert "· assess · prompt assesshash01" in judge and "· json · prompt" in judge
+    cmp = section(md, "Comparisons")
+    assert f"judge `{JUDGE_MODEL}`, protocol `json`" in cmp and "not mixed with: " in cmp and "`assess`" in cmp
 
 
 def test_lm_eval_table(full):
@@ -452,8 +542,10 @@ def test_single_seed(tmp_path):
     assert len(loss_verdicts) == 6
     assert all(v.endswith("cannot be tested: one seed per model.") for v in loss_verdicts)
     assert all(r["p"] == "-" and r["95% CI"] == "-" for r in tables(cmp)[0] if r["quantity"] != "judge average")
-    # the judge comparison still pairs prompts: 12 prompts x 1 seed
-    assert any(r["n (a, b)"] == "12 shared" for r in tables(cmp)[0])
+    # the judge comparison still pairs prompts: 12 prompts x 1 seed, a verdict about the trained models only
+    assert any(r["n (a, b)"] == "12 shared" and r["test"] == "paired t over prompts (one seed)"
+               for r in tables(cmp)[0])
+    assert "about these two trained models only" in cmp
 
 
 def test_preset_choice_and_other_presets(tmp_path):
@@ -572,4 +664,4 @@ def test_two_judges_are_reported_apart(tmp_path):
     assert other["control"]["average"] == "9.00 ± 0.00" and other["control"]["graded"] == str(n_control)
     assert 0 < n_control < 8
     cmp = [r for r in tables(section(md, "Comparisons"))[0] if r["quantity"] == "judge average"]
-    assert len(cmp) == 1 and cmp[0]["n (a, b)"] == "12 shared"  # the primary judge, all 12 prompts
+    assert len(cmp) == 1 and cmp[0]["n (a, b)"] == "2 shared (12 prompts)"  # the primary judge: 2 seeds, 12 prompts

@@ -39,6 +39,14 @@ def judge(
     max_attempts: Annotated[
         int, typer.Option("--max-attempts", help="Calls per grade at most; 429, 5xx and connection errors are retried.")
     ] = 6,
+    protocol: Annotated[
+        str,
+        typer.Option(
+            "--protocol",
+            help="assess: the judge writes its general assessment of the story, then the grades (the study's "
+            "wording; the assessment is stored); json: the grades only. Each protocol is graded and cached apart.",
+        ),
+    ] = "assess",
     skip_failed: Annotated[
         bool, typer.Option("--skip-failed", help="Keep stored failures instead of regrading them.")
     ] = False,
@@ -49,10 +57,12 @@ def judge(
     """Grade generated stories with Gemini: grammar, creativity, consistency, plot (1-10) per sample.
 
     Needs GEMINI_API_KEY (or GOOGLE_API_KEY); GOOGLE_GEMINI_BASE_URL points the client at another endpoint.
-    Every request and answer is cached in results.db by (model, prompt-file hash, sample, repeat): a rerun skips every
-    grade already stored as ok and regrades the failed ones (rate-limited, truncated, unparseable...), so after an
-    interruption just run the same command again. Answers that are not valid scores are stored as failures, never
-    as scores.
+    Every request and answer is cached in results.db by (model, prompt-file and protocol hash, sample, repeat): a
+    rerun skips every grade already stored as ok and regrades the failed ones (rate-limited, truncated,
+    unparseable...), so after an interruption just run the same command again. Answers that are not valid scores are
+    stored as failures, never as scores. `--protocol assess` (default) has the judge write its general assessment of
+    the story before the grades, as the study's grading text asks; `--repeats 2`, a second `--model` or the other
+    `--protocol` on the same samples feed the report's judge reliability section.
     """
     from benchctl import db as dbm
     from benchctl import judge as engine
@@ -74,6 +84,7 @@ def judge(
         thinking_budget=engine.AUTO if thinking_budget is None else thinking_budget,
         max_attempts=max_attempts,
         retry_failed=not skip_failed,
+        protocol=protocol,
     )
     if as_json:
         print(json.dumps(summary.to_dict(), indent=2, default=str))
@@ -102,7 +113,7 @@ def print_summary(summary) -> None:
 
     s = summary
     head = (
-        f"{s.judge_model}, prompt {s.prompt_hash}, temperature {s.temperature:g}, thinking "
+        f"{s.judge_model}, protocol {s.protocol}, prompt {s.prompt_hash}, temperature {s.temperature:g}, thinking "
         f"{'model default' if s.thinking_budget is None else s.thinking_budget}, repeats {s.repeats}"
     )
     console.print(head, highlight=False)

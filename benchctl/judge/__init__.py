@@ -1,8 +1,10 @@
 """The Gemini judge: grade every generated story on grammar, creativity, consistency and plot (1 to 10 each).
 
-The protocol is the TinyStories paper's GPT-4 grading, adapted to Gemini: the grading prompt is the file
-`judge_prompts/story_grading.md` (the study's grading text, plus an instruction asking for JSON), with the story shown
-as the paper shows it — the beginning, then `***`, then the model's completion.
+The protocol is the TinyStories paper's GPT-4 grading, adapted to Gemini: the grading prompt is the study's grading
+text, with the story shown as the paper shows it — the beginning, then `***`, then the model's completion — and an
+instruction for the structured answer. Two answer protocols: `assess` (default; `judge_prompts/
+story_grading_assess.md`) has the judge write the general assessment the text asks for, then the four grades, and
+the assessment is stored with the grade; `json` (`judge_prompts/story_grading.md`) asks for the grades only.
 
     prompt.py   the template and its version (the hash of the file), how a story is shown
     client.py   the API key, the request, the retry policy, parsing an answer into a Grade, tokens and prices
@@ -16,6 +18,10 @@ as the paper shows it — the beginning, then `***`, then the model's completion
 from benchctl.judge.client import (
     API_KEY_VARS,
     AUTO,
+    DEFAULT_PROTOCOL,
+    PROTOCOLS,
+    AssessedGrade,
+    answer_schema,
     CHARS_PER_TOKEN,
     CRITERIA,
     DEFAULT_MODEL,
@@ -37,7 +43,15 @@ from benchctl.judge.client import (
     require_api_key,
     server_retry_delay,
 )
-from benchctl.judge.prompt import PROMPT_PATH, STORY_SEPARATOR, STORY_SLOT, Template, format_story, load_template
+from benchctl.judge.prompt import (
+    PROMPT_PATH,
+    PROMPT_PATHS,
+    STORY_SEPARATOR,
+    STORY_SLOT,
+    Template,
+    format_story,
+    load_template,
+)
 from benchctl.judge.run import judge_all, judge_all_async
 from benchctl.judge.storage import select_samples
 from benchctl.judge.summary import ArchSummary, CriterionStat, JudgeSummary, criterion_stat
@@ -45,6 +59,11 @@ from benchctl.judge.summary import ArchSummary, CriterionStat, JudgeSummary, cri
 __all__ = [
     "API_KEY_VARS",
     "AUTO",
+    "DEFAULT_PROTOCOL",
+    "PROTOCOLS",
+    "PROMPT_PATHS",
+    "AssessedGrade",
+    "answer_schema",
     "CHARS_PER_TOKEN",
     "CRITERIA",
     "DEFAULT_MODEL",

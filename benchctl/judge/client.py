@@ -1,7 +1,8 @@
 """Talking to Gemini: the API key, the request, the retry policy, and reading the answer into a `Grade`.
 
 - google-genai's async client (`client.aio.models.generate_content`) with structured output (the pydantic `Grade`
-  schema), at most `concurrency` requests in flight (an asyncio.Semaphore; the SDK has no limit of its own).
+  schema, or `AssessedGrade` — an `assessment` text first — under the `assess` protocol), at most `concurrency`
+  requests in flight (an asyncio.Semaphore; the SDK has no limit of its own).
 - The SDK's own retries are switched off (`HttpRetryOptions(attempts=1)` also disables its implicit retry on
   connection errors); benchctl retries 429, 5xx and transport errors with exponential backoff and jitter, honouring
   the server's RetryInfo `retryDelay` (which the SDK does not), up to `max_attempts` calls. Other 4xx fail the key at
@@ -42,13 +43,22 @@ AUTO = "auto"
 # Thinking: off (budget 0) on the models that allow turning it off; other models keep their default (not sent).
 # The budget actually sent is stored with every request.
 _THINKING_OFF_MODELS = ("gemini-2.5-flash", "gemini-2.5-flash-lite")
-# The answer is ~25 tokens of JSON; thinking tokens count towards the output limit, so leave room when thinking is on.
+# Protocols: `json` asks for the four grades only; `assess` (the default, the study's wording) has the judge write its
+# general assessment of the story first, in an `assessment` field ahead of the grades, as the grading text asks.
+PROTOCOLS = ("json", "assess")
+DEFAULT_PROTOCOL = "assess"
+
+# The json answer is ~25 tokens; an assessment adds a paragraph (~100–300 tokens), so its limit leaves several times
+# that. Thinking tokens count towards the output limit, so leave room when thinking is on.
 MAX_OUTPUT_NO_THINKING = 1024
+MAX_OUTPUT_ASSESS_NO_THINKING = 2048
 MAX_OUTPUT_THINKING = 8192
 
-# Dry-run estimate: Gemini tokenizes English at roughly 4 characters per token; the JSON answer is ~25–35 tokens.
+# Dry-run estimate: Gemini tokenizes English at roughly 4 characters per token; the JSON answer is ~25–35 tokens,
+# one with an assessment ~250.
 CHARS_PER_TOKEN = 4.0
 OUTPUT_TOKENS_ESTIMATE = 40
+ASSESS_OUTPUT_TOKENS_ESTIMATE = 250
 
 # USD per million tokens, paid tier, prompts up to 200k tokens (ai.google.dev/gemini-api/docs/pricing, 2025).
 # Output price applies to candidates and thinking tokens alike. Models not listed have no cost estimate.
@@ -72,6 +82,26 @@ class Grade(pydantic.BaseModel):
     @property
     def average(self) -> float:
         return (self.grammar + self.creativity + self.consistency + self.plot) / 4
+
+
+class AssessedGrade(pydantic.BaseModel):
+    """The `assess` protocol's answer: the general assessment first (so it is written before the grades — field
+    order is generation order in structured output), then the same four scores."""
+
+    assessment: str = pydantic.Field(min_length=1)
+    grammar: int = pydantic.Field(ge=SCORE_MIN, le=SCORE_MAX)
+    creativity: int = pydantic.Field(ge=SCORE_MIN, le=SCORE_MAX)
+    consistency: int = pydantic.Field(ge=SCORE_MIN, le=SCORE_MAX)
+    plot: int = pydantic.Field(ge=SCORE_MIN, le=SCORE_MAX)
+
+    @property
+    def average(self) -> float:
+        return (self.grammar + self.creativity + self.consistency + self.plot) / 4
+
+
+def answer_schema(protocol: str) -> type[pydantic.BaseModel]:
+    """The structured-output schema of a protocol."""
+    return AssessedGrade if protocol == "assess" else Grade
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -141,9 +171,10 @@ class Usage:
 
 
 def parse_grade(
-    text: str | None, finish_reason: str | None, block_reason: str | None = None
-) -> tuple[Grade | None, str | None]:
-    """(grade, None) for a complete, valid answer; (None, why) otherwise."""
+    text: str | None, finish_reason: str | None, block_reason: str | None = None, protocol: str = "json"
+) -> tuple[Grade | AssessedGrade | None, str | None]:
+    """(grade, None) for a complete, valid answer; (None, why) otherwise. Under `assess` the answer must also carry
+    a non-empty `assessment` string, and the grade returned is an AssessedGrade holding it."""
     if block_reason:
         return None, f"blocked: promptFeedback.blockReason {block_reason}"
     if finish_reason == "MAX_TOKENS":
@@ -169,8 +200,14 @@ def parse_grade(
             problems.append(f"{c}={v!r} is not an integer")
         elif not SCORE_MIN <= v <= SCORE_MAX:
             problems.append(f"{c}={v} out of range {SCORE_MIN}..{SCORE_MAX}")
+    if protocol == "assess":
+        text_ = obj.get("assessment")
+        if not isinstance(text_, str) or not text_.strip():
+            problems.insert(0, "no assessment" if text_ is None else f"assessment={text_!r} is not a non-empty text")
     if problems:
         return None, "; ".join(problems)
+    if protocol == "assess":
+        return AssessedGrade(assessment=obj["assessment"].strip(), **{c: obj[c] for c in CRITERIA}), None
     return Grade(**{c: obj[c] for c in CRITERIA}), None
 
 
@@ -281,7 +318,7 @@ class Outcome:
     """The result of one key after all attempts."""
 
     item: WorkItem
-    grade: Grade | None
+    grade: Grade | AssessedGrade | None
     error: str | None
     finish_reason: str | None = None
     raw_text: str | None = None
@@ -305,6 +342,7 @@ class Settings:
     max_attempts: int
     base_delay: float
     max_delay: float
+    protocol: str = "json"
 
 
 def request_record(item: WorkItem, s: Settings) -> dict[str, Any]:
@@ -320,7 +358,7 @@ def request_record(item: WorkItem, s: Settings) -> dict[str, Any]:
             "max_output_tokens": s.max_output_tokens,
             "thinking_budget": s.thinking_budget,
             "response_mime_type": "application/json",
-            "response_schema": Grade.model_json_schema(),
+            "response_schema": answer_schema(s.protocol).model_json_schema(),
         },
     }
 
@@ -331,7 +369,7 @@ def _gen_config(s: Settings) -> Any:
     thinking = None if s.thinking_budget is None else types.ThinkingConfig(thinking_budget=s.thinking_budget)
     return types.GenerateContentConfig(
         response_mime_type="application/json",
-        response_schema=Grade,
+        response_schema=answer_schema(s.protocol),
         temperature=s.temperature,
         max_output_tokens=s.max_output_tokens,
         thinking_config=thinking,
@@ -400,7 +438,7 @@ class Job:
                     out.http_status, out.response_json = None, None
                     out.error = f"connection error: {type(e).__name__}: {e}".strip()
                 else:
-                    _read_answer(out, resp)
+                    _read_answer(out, resp, self.s.protocol)
                     break
                 if out.attempts >= self.s.max_attempts:
                     out.error = f"gave up after {out.attempts} attempts; last: {out.error}"
@@ -412,7 +450,7 @@ class Job:
             return out
 
 
-def _read_answer(out: Outcome, resp: Any) -> None:
+def _read_answer(out: Outcome, resp: Any, protocol: str) -> None:
     """Fill `out` from an answered call: the stored response, its tokens, and the grade or why there is none."""
     out.http_status = 200
     out.response_json = resp.model_dump(
@@ -423,4 +461,4 @@ def _read_answer(out: Outcome, resp: Any) -> None:
     out.usage = _usage(resp)
     out.billed += out.usage
     out.raw_text, out.finish_reason, block = _response_text(resp)
-    out.grade, out.error = parse_grade(out.raw_text, out.finish_reason, block)
+    out.grade, out.error = parse_grade(out.raw_text, out.finish_reason, block, protocol)

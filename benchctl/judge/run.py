@@ -15,13 +15,17 @@ from typing import Any, Sequence
 
 from benchctl.errors import ConfigError, JudgeError
 from benchctl.judge.client import (
+    ASSESS_OUTPUT_TOKENS_ESTIMATE,
     AUTO,
     CHARS_PER_TOKEN,
     DEFAULT_MODEL,
+    DEFAULT_PROTOCOL,
     DEFAULT_TEMPERATURE,
+    MAX_OUTPUT_ASSESS_NO_THINKING,
     MAX_OUTPUT_NO_THINKING,
     MAX_OUTPUT_THINKING,
     OUTPUT_TOKENS_ESTIMATE,
+    PROTOCOLS,
     Job,
     Settings,
     WorkItem,
@@ -36,9 +40,12 @@ from benchctl.judge.summary import JudgeSummary, summarize
 from benchctl.progress import Progress
 
 
-def _validate(judge_model: str, concurrency: int, repeats: int, limit: int | None, max_attempts: int) -> None:
+def _validate(judge_model: str, concurrency: int, repeats: int, limit: int | None, max_attempts: int,
+              protocol: str) -> None:
     if not judge_model or not judge_model.strip():
         raise ConfigError("--model must name a Gemini model, e.g. gemini-2.5-flash")
+    if protocol not in PROTOCOLS:
+        raise ConfigError(f"--protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
     if concurrency < 1:
         raise ConfigError(f"--concurrency must be at least 1, got {concurrency}")
     if repeats < 1:
@@ -79,17 +86,20 @@ async def judge_all_async(
     timeout_s: float = 120.0,
     prompt_path: str | os.PathLike | None = None,
     seed: int | None = None,
+    protocol: str = DEFAULT_PROTOCOL,
 ) -> JudgeSummary:
     """Async form of `judge_all` (same arguments), for callers that already run an event loop."""
-    _validate(judge_model, concurrency, repeats, limit, max_attempts)
+    _validate(judge_model, concurrency, repeats, limit, max_attempts, protocol)
     key = None if dry_run else require_api_key()  # before any work, so a missing key never costs a thing
     t0 = time.monotonic()
-    template = load_template(prompt_path)
+    template = load_template(prompt_path, protocol)
     budget = default_thinking_budget(judge_model) if thinking_budget == AUTO else thinking_budget
     if max_output_tokens is None:
-        max_output_tokens = MAX_OUTPUT_NO_THINKING if budget == 0 else MAX_OUTPUT_THINKING
+        no_thinking = MAX_OUTPUT_ASSESS_NO_THINKING if protocol == "assess" else MAX_OUTPUT_NO_THINKING
+        max_output_tokens = no_thinking if budget == 0 else MAX_OUTPUT_THINKING
     s = Settings(
-        judge_model, template.hash, temperature, budget, max_output_tokens, max_attempts, base_delay, max_delay
+        judge_model, template.hash, temperature, budget, max_output_tokens, max_attempts, base_delay, max_delay,
+        protocol,
     )
 
     samples = select_samples(db, run_ids, limit)
@@ -110,6 +120,7 @@ async def judge_all_async(
         n_keys=n_keys,
         n_cached=n_keys - len(todo),
         n_todo=len(todo),
+        protocol=protocol,
     )
     if dry_run:
         _estimate(todo, s, summary)
@@ -139,13 +150,14 @@ def _todo(db: Database, samples: list[dict[str, Any]], template: Template, s: Se
 def _estimate(todo: list[WorkItem], s: Settings, summary: JudgeSummary) -> None:
     """A dry run's token and cost estimate for the keys it would send (retries and thinking by default excluded)."""
     budget = s.thinking_budget
+    per_answer = ASSESS_OUTPUT_TOKENS_ESTIMATE if s.protocol == "assess" else OUTPUT_TOKENS_ESTIMATE
     summary.estimated_prompt_tokens = sum(math.ceil(len(it.prompt) / CHARS_PER_TOKEN) for it in todo)
-    summary.estimated_output_tokens = len(todo) * (OUTPUT_TOKENS_ESTIMATE + (budget or 0))
+    summary.estimated_output_tokens = len(todo) * (per_answer + (budget or 0))
     summary.estimated_cost_usd = estimate_cost(
         s.judge_model, summary.estimated_prompt_tokens, summary.estimated_output_tokens
     )
     summary.notes.append(
-        f"estimate only: prompt tokens ~ characters/{CHARS_PER_TOKEN:g}, output ~ {OUTPUT_TOKENS_ESTIMATE} tokens "
+        f"estimate only: prompt tokens ~ characters/{CHARS_PER_TOKEN:g}, output ~ {per_answer} tokens "
         "per request" + (f" + a thinking budget of {budget}" if budget else "")
         + ("; thinking tokens not included (the model thinks by default)" if budget is None else "")
         + "; retries not included"
@@ -208,6 +220,7 @@ def judge_all(
     timeout_s: float = 120.0,
     prompt_path: str | os.PathLike | None = None,
     seed: int | None = None,
+    protocol: str = DEFAULT_PROTOCOL,
 ) -> JudgeSummary:
     """Grade the samples in `db` (all, those of `run_ids`, or the first `limit`) `repeats` times with `judge_model`.
 
@@ -216,6 +229,9 @@ def judge_all(
     8192 otherwise. retry_failed: regrade keys whose stored grade failed (True) or keep them (False).
     max_attempts / base_delay / max_delay (seconds): the retry policy for 429, 5xx and connection errors.
     base_url: the service root (default: $GOOGLE_GEMINI_BASE_URL, else Google's endpoint). seed: the jitter RNG.
+    protocol: "assess" (the judge writes its general assessment, stored in judge_grades.assessment, then the grades;
+    output limit 2048 with thinking off) or "json" (grades only). Each protocol is its own prompt version (hash), so
+    a grade cached under one is never reused for the other.
     progress: a Progress to report through, or True (bars on stderr) / False (silent).
 
     Raises JudgeError without an API key (unless dry_run) before any work, when there are no samples, and when the
@@ -227,6 +243,6 @@ def judge_all(
             dry_run=dry_run, base_url=base_url, progress=progress, temperature=temperature,
             thinking_budget=thinking_budget, max_output_tokens=max_output_tokens, retry_failed=retry_failed,
             max_attempts=max_attempts, base_delay=base_delay, max_delay=max_delay, timeout_s=timeout_s,
-            prompt_path=prompt_path, seed=seed,
+            prompt_path=prompt_path, seed=seed, protocol=protocol,
         )
     )

@@ -1,8 +1,9 @@
 """What the judge reads from and writes to results.db, as judge objects; the queries themselves live in benchctl.db.
 
-The unit of work is a key (judge model, prompt hash, sample id, repeat). Each key's request row (`judge_requests`,
-with what was sent, the raw response, tokens and attempts summed over every run) and grade row (`judge_grades`, the
-four scores or the failure) are written together as soon as the answer arrives.
+The unit of work is a key (judge model, prompt hash, sample id, repeat); the prompt hash covers the protocol too.
+Each key's request row (`judge_requests`, with what was sent, the raw response, tokens and attempts summed over every
+run) and grade row (`judge_grades`, the four scores or the failure, and the assessment under the `assess` protocol)
+are written together as soon as the answer arrives.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ def record(db: Database, o: Outcome, s: Settings) -> None:
         "temperature": s.temperature,
         "thinking_budget": s.thinking_budget,
         "max_output_tokens": s.max_output_tokens,
+        "protocol": s.protocol,
     }
     g = o.grade
     grade_row = {
@@ -74,6 +76,8 @@ def record(db: Database, o: Outcome, s: Settings) -> None:
         "finish_reason": o.finish_reason,
         "raw_text": o.raw_text,
         "error": o.error,
+        "protocol": s.protocol,
+        "assessment": getattr(g, "assessment", None),
         # The tokens of the answer this grade came from (judge_requests holds the sum over every call).
         "prompt_tokens": o.usage.prompt_tokens,
         "output_tokens": o.usage.output_tokens,

@@ -69,6 +69,7 @@ class JudgeSummary:
     per_arch: list[ArchSummary] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
+    protocol: str = "json"  # json: grades only; assess: a general assessment first, then the grades
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

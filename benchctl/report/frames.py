@@ -1,14 +1,13 @@
 """Pure computations from the loaded tables to one DataFrame per report table or figure (no I/O, no formatting).
 
 Only runs with status `done` enter the statistics. Means carry 95% t-intervals over seeds (benchctl.stats);
-comparisons between models carry Holm-adjusted p-values per quantity.
+comparisons between models carry Holm-adjusted p-values per quantity, and their verdicts are decided on those.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import zlib
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -23,7 +22,7 @@ from benchctl.report.load import Data
 
 CRITERIA = ("grammar", "creativity", "consistency", "plot")
 JUDGE_COLUMNS = CRITERIA + ("average",)
-N_BOOT = 10_000
+N_BOOT = 2_000  # bootstrap resamples behind the judge's agreement intervals (Krippendorff's alpha)
 
 
 def vals(df: pd.DataFrame, col: str) -> list[float]:
@@ -230,7 +229,9 @@ def curve_frame(ctx: Context, metrics: pd.DataFrame) -> pd.DataFrame:
 
 @dataclass
 class JudgeGroup:
-    """Grades from one judge model and prompt file on samples drawn with one set of sampling settings."""
+    """Grades from one judge model, protocol and prompt file on samples drawn with one set of sampling settings.
+
+    The protocol is hashed into the prompt hash when grades are made, so one group never mixes protocols."""
 
     judge_model: str
     prompt_hash: str
@@ -238,16 +239,23 @@ class JudgeGroup:
     table: pd.DataFrame  # one row per model
     per_prompt: dict[str, dict[str, float]]  # model -> prompt id -> mean judge average over seeds and repeats
     n_ok: int
+    protocol: str = "json"  # grades stored before protocols existed were made with the JSON-only one
+    # model -> (seed, prompt id) -> judge average of that sample, its repeats averaged: the unit the tests pair on
+    per_seed_prompt: dict[str, dict[tuple[int, str], float]] = field(default_factory=dict)
+    # every grade row of the group, with its model, run_seed and the sample's n_tokens
+    grades: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def judge_groups(ctx: Context, samples: pd.DataFrame, grades: pd.DataFrame) -> list[JudgeGroup]:
     """Judge grades of the done runs, grouped by (judge model, prompt hash, sampling settings), most grades first.
 
-    Each sample's ok repeats are averaged first, so a CI is over samples (prompts × seeds), not over repeats."""
+    Each sample's ok repeats are averaged first. The table's intervals are over seeds when there are two or more
+    (each seed's mean over its graded samples is one value: the seed is the unit a claim about an architecture
+    rests on); with one seed they are over that seed's samples and speak for the trained models only."""
     if ctx.done.empty or samples.empty or grades.empty:
         return []
-    s = samples.merge(ctx.done[["id", "model"]].rename(columns={"id": "run_id"}), on="run_id", how="inner")
-    s = s.rename(columns={"id": "sample_id"})
+    runs = ctx.done[["id", "model", "seed"]].rename(columns={"id": "run_id", "seed": "run_seed"})
+    s = samples.merge(runs, on="run_id", how="inner").rename(columns={"id": "sample_id"})
     s["settings_key"] = s["settings_hash"].astype(object).where(s["settings_hash"].notna(), None)
     missing = s["settings_key"].isna()
     if missing.any():  # no hash recorded: the settings themselves are the key
@@ -255,42 +263,53 @@ def judge_groups(ctx: Context, samples: pd.DataFrame, grades: pd.DataFrame) -> l
             lambda r: json.dumps([py(r[c]) for c in ("temperature", "top_k", "top_p", "max_new_tokens", "n_recur")]),
             axis=1,
         )
-    g = grades.merge(s[["sample_id", "run_id", "prompt_id", "model", "settings_key"]], on="sample_id", how="inner")
+    g = grades.merge(s[["sample_id", "run_id", "prompt_id", "model", "run_seed", "n_tokens", "settings_key"]],
+                     on="sample_id", how="inner")
     if g.empty:
         return []
     for c in CRITERIA + ("average",):
         g[c] = pd.to_numeric(g[c], errors="coerce")
     g["average"] = g["average"].fillna(g[list(CRITERIA)].mean(axis=1, skipna=False))
-    out: list[JudgeGroup] = []
-    for (jm, ph, sk), gg in g.groupby(["judge_model", "prompt_hash", "settings_key"], sort=True):
-        ss = s[s["settings_key"] == sk]
-        ok = gg[gg["status"] == "ok"]
-        per_sample = (ok.groupby(["model", "sample_id", "prompt_id"], sort=True)[list(JUDGE_COLUMNS)]
-                      .mean().reset_index())
-        rows, per_prompt = [], {}
-        for m in ctx.done_models:
-            ms = ss[ss["model"] == m]
-            if ms.empty:
-                continue
-            mg, mps = gg[gg["model"] == m], per_sample[per_sample["model"] == m]
-            row: dict[str, Any] = {
-                "model": m,
-                "samples": len(ms),
-                "graded": int(mps["sample_id"].nunique()),
-                "failed": int((mg["status"] != "ok").sum()),
-                "repeats": int(mg["repeat"].nunique()) if not mg.empty else 0,
-                "prompts": int(mps["prompt_id"].nunique()),
-            }
-            for c in JUDGE_COLUMNS:
-                row.update(_ci_cols(c, stats.mean_ci(mps[c].tolist())))
-            rows.append(row)
-            per_prompt[m] = {str(k): float(v) for k, v in mps.groupby("prompt_id", sort=True)["average"].mean().items()}
-        first = ss.sort_values("sample_id").iloc[0] if not ss.empty else None
-        settings = {} if first is None else {
-            c: py(first[c]) for c in ("temperature", "top_k", "top_p", "max_new_tokens")
-        }
-        out.append(JudgeGroup(str(jm), str(ph), settings, pd.DataFrame(rows), per_prompt, len(ok)))
+    out = [_judge_group(ctx, s[s["settings_key"] == sk], gg, str(jm), str(ph))
+           for (jm, ph, sk), gg in g.groupby(["judge_model", "prompt_hash", "settings_key"], sort=True)]
     return sorted(out, key=lambda j: (-j.n_ok, j.judge_model, j.prompt_hash, json.dumps(j.settings, sort_keys=True)))
+
+
+def _judge_group(ctx: Context, ss: pd.DataFrame, gg: pd.DataFrame, jm: str, ph: str) -> JudgeGroup:
+    ok = gg[gg["status"] == "ok"]
+    per_sample = (ok.groupby(["model", "run_seed", "sample_id", "prompt_id"], sort=True)[list(JUDGE_COLUMNS)]
+                  .mean().reset_index())
+    rows, per_prompt, per_seed_prompt = [], {}, {}
+    for m in ctx.done_models:
+        ms = ss[ss["model"] == m]
+        if ms.empty:
+            continue
+        mg, mps = gg[gg["model"] == m], per_sample[per_sample["model"] == m]
+        seeds = int(mps["run_seed"].nunique())
+        row: dict[str, Any] = {
+            "model": m,
+            "samples": len(ms),
+            "graded": int(mps["sample_id"].nunique()),
+            "failed": int((mg["status"] != "ok").sum()),
+            "repeats": int(mg["repeat"].nunique()) if not mg.empty else 0,
+            "prompts": int(mps["prompt_id"].nunique()),
+            "seeds": seeds,
+            "ci_unit": "seeds" if seeds >= 2 else "samples",
+        }
+        for c in JUDGE_COLUMNS:
+            values = mps.groupby("run_seed", sort=True)[c].mean().tolist() if seeds >= 2 else mps[c].tolist()
+            row.update(_ci_cols(c, stats.mean_ci(values)))
+        rows.append(row)
+        per_prompt[m] = {str(k): float(v) for k, v in mps.groupby("prompt_id", sort=True)["average"].mean().items()}
+        per_seed_prompt[m] = {(int(r.run_seed), str(r.prompt_id)): float(r.average)
+                              for r in mps.groupby(["run_seed", "prompt_id"], sort=True)["average"].mean()
+                              .reset_index().itertuples()}
+    first = ss.sort_values("sample_id").iloc[0] if not ss.empty else None
+    settings = {} if first is None else {c: py(first[c]) for c in ("temperature", "top_k", "top_p", "max_new_tokens")}
+    protocols = sorted({str(p) for p in gg["protocol"].dropna()}) if "protocol" in gg else []
+    return JudgeGroup(jm, ph, settings, pd.DataFrame(rows), per_prompt, len(ok),
+                      protocol="/".join(protocols) or "json", per_seed_prompt=per_seed_prompt,
+                      grades=gg.reset_index(drop=True))
 
 
 def eval_frame(ctx: Context, evals: pd.DataFrame) -> pd.DataFrame:
@@ -329,37 +348,47 @@ def _pairs(models: list[str]) -> list[tuple[str, str]]:
     return pairs
 
 
+LOSS = "final validation loss"
+JUDGE_AVERAGE = "judge average"
+
+
 def comparison_frame(ctx: Context, judge: JudgeGroup | None = None) -> pd.DataFrame:
-    """Differences a − b in final validation loss (Welch over seeds) and judge average (paired bootstrap over
-    shared prompts), with 95% CI, p, Holm-adjusted p per quantity, and a verdict sentence."""
-    cols = ["a", "b", "quantity", "method", "n_a", "n_b", "diff", "lo", "hi", "p", "p_holm", "verdict"]
-    rows = []
+    """Differences a − b in final validation loss (benchctl.stats.compare_seeds: paired t over shared seeds, Welch
+    when the seeds differ) and judge average (stats.compare_judge: t over per-seed mean differences, or over prompts
+    with one seed), with 95% CI, p, Holm-adjusted p per quantity, and a verdict sentence decided on the adjusted p."""
+    cols = ["a", "b", "quantity", "method", "n_a", "n_b", "n_prompts", "scope", "diff", "lo", "hi", "p",
+            "p_wilcoxon", "p_holm", "verdict"]
+    found: list[tuple[str, str, str, stats.Comparison]] = []
     pairs = _pairs(ctx.done_models)
     for a, b in pairs:
-        d = stats.welch(vals(ctx.done[ctx.done["model"] == a], "final_val_loss"),
-                        vals(ctx.done[ctx.done["model"] == b], "final_val_loss"))
-        rows.append(_comparison_row(a, b, "final validation loss", d, "seeds", 3))
+        found.append((a, b, LOSS, stats.compare_seeds(_per_seed(ctx, a), _per_seed(ctx, b))))
     if judge is not None:
         for a, b in pairs:
-            if a not in judge.per_prompt or b not in judge.per_prompt:
-                continue
-            d = stats.paired_bootstrap(judge.per_prompt[a], judge.per_prompt[b], n_boot=N_BOOT,
-                                       seed=zlib.crc32(f"{a}|{b}".encode()))
-            rows.append(_comparison_row(a, b, "judge average", d, "prompts", 2))
-    df = pd.DataFrame(rows, columns=cols)
-    for q in df["quantity"].unique():
-        mask = df["quantity"] == q
-        df.loc[mask, "p_holm"] = pd.Series(stats.holm([py(p) for p in df.loc[mask, "p"]]), index=df.index[mask],
-                                           dtype=object)
-    return df
+            if a in judge.per_seed_prompt and b in judge.per_seed_prompt:
+                found.append((a, b, JUDGE_AVERAGE,
+                              stats.compare_judge(judge.per_seed_prompt[a], judge.per_seed_prompt[b])))
+    adjusted: list[float | None] = [None] * len(found)
+    for q in (LOSS, JUDGE_AVERAGE):
+        idx = [i for i, f in enumerate(found) if f[2] == q]
+        for i, p in zip(idx, stats.holm([found[i][3].p for i in idx])):
+            adjusted[i] = p
+    rows = []
+    for (a, b, q, c), p_adj in zip(found, adjusted):
+        family = f"the {sum(1 for f in found if f[2] == q and f[3].testable)} pairwise comparisons of {q}"
+        rows.append({
+            "a": a, "b": b, "quantity": q, "method": c.method, "n_a": c.n_a, "n_b": c.n_b, "n_prompts": c.n_prompts,
+            "scope": c.scope, "diff": c.diff, "lo": c.lo, "hi": c.hi, "p": c.p, "p_wilcoxon": c.p_wilcoxon,
+            "p_holm": p_adj,
+            "verdict": stats.verdict(a, b, q, c, p_adj=p_adj, family=family, digits=3 if q == LOSS else 2),
+        })
+    return pd.DataFrame(rows, columns=cols)
 
 
-def _comparison_row(a: str, b: str, quantity: str, d: stats.Diff, unit: str, digits: int) -> dict[str, Any]:
-    return {
-        "a": a, "b": b, "quantity": quantity, "method": d.method, "n_a": d.n_a, "n_b": d.n_b, "diff": d.diff,
-        "lo": d.lo, "hi": d.hi, "p": d.p, "p_holm": None,
-        "verdict": stats.verdict(a, b, quantity, d, unit=unit, digits=digits),
-    }
+def _per_seed(ctx: Context, model: str) -> dict[int, float | None]:
+    """seed -> final validation loss of the model's done run at that seed (the mean if a seed ran twice)."""
+    g = ctx.done[ctx.done["model"] == model]
+    v = pd.to_numeric(g["final_val_loss"], errors="coerce")
+    return {int(k): (None if pd.isna(x) else float(x)) for k, x in v.groupby(g["seed"].astype(int)).mean().items()}
 
 
 def bench_frame(ctx: Context, bench: pd.DataFrame) -> tuple[pd.DataFrame, int]:

@@ -1,9 +1,11 @@
 """Stage `judge`: a Gemini model grades the stored samples; skipped, with a note on how to run it later, when no
-API key is set. Its report section shows the grades per criterion beside the study's."""
+API key is set. Its report sections show the grades per criterion beside the study's, and how far the judge
+can be trusted (agreement between repeats and judges, length bias, failure rates)."""
 
 from __future__ import annotations
 
 from benchctl.report.sections.judge import judge_section
+from benchctl.report.sections.reliability import reliability_section
 from benchctl.stages import Stage, StudyRun
 
 
@@ -23,5 +25,5 @@ def run(study: StudyRun) -> None:
         study.log(f"   {js.n_ok} graded, {js.n_failed} failed, {js.n_cached} already graded")
 
 
-STAGE = Stage(name="judge", order=40, run=run, sections=(judge_section,), figures=("judge_grades.png",),
-              skippable=True)
+STAGE = Stage(name="judge", order=40, run=run, sections=(judge_section, reliability_section),
+              figures=("judge_grades.png",), skippable=True)

@@ -29,13 +29,14 @@ CRITERIA = (("params", "tokens", "unique parameters"), ("fpt", "tokens", "FLOPs 
 NEAR_TIE = 0.05  # within 5% (on a log scale) of the closest match counts as equally close
 
 
-def fair_test(a: list[float], b: list[float]) -> stats.Diff:
-    """The test behind every fair comparison: final validation loss of model a's seeds against model b's."""
-    return stats.welch(a, b)
+def fair_test(a: pd.DataFrame, b: pd.DataFrame) -> stats.Comparison:
+    """The test behind every fair comparison: final validation loss of model a's runs against model b's, paired by
+    seed when both have the same seeds (at a seed both saw the same data stream), Welch otherwise."""
+    return stats.compare_seeds(dict(zip(a["seed"], a["final"])), dict(zip(b["seed"], b["final"])))
 
 
 def fair_test_name() -> str:
-    return "Welch t over seeds"
+    return "paired t over the shared seeds (Welch t when the seeds differ)"
 
 
 def _log_distance(per: pd.DataFrame, a: str, b: str, col: str) -> float:
@@ -79,7 +80,7 @@ def fair_frame(frames: Frames) -> pd.DataFrame:
             if c is not None:
                 matches.setdefault(c, []).append(words)
         for c, words in matches.items():
-            d = fair_test(vals(runs[runs["model"] == m], "final"), vals(runs[runs["model"] == c], "final"))
+            d = fair_test(runs[runs["model"] == m], runs[runs["model"] == c])
             ra, rb = per[per["model"] == m].iloc[0], per[per["model"] == c].iloc[0]
             rows.append({
                 "a": m, "b": c, "matched": ", ".join(words),

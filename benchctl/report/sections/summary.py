@@ -1,11 +1,15 @@
-"""Report sections that close the report: significance tests between models (loss over seeds, judge grades over
-prompts), the latest `benchctl bench` rows, and the provenance of every run (versions, commits, data, devices)."""
+"""Report sections that close the report: significance tests between models (loss and judge grades, seeds as the
+unit), the latest `benchctl bench` rows, and the provenance of every run (versions, commits, data, devices)."""
 
 from __future__ import annotations
 
 from benchctl.report.context import CONTROL
 from benchctl.report.fmt import counts, date, fnum, fp, md_table, max_str, min_str, missing, need, py, scaled
-from benchctl.report.frames import N_BOOT, Frames, bench_frame, comparison_frame
+from benchctl.report.frames import LOSS, Frames, bench_frame, comparison_frame
+
+
+_TESTS = {"paired-t": "paired t over shared seeds", "welch": "Welch t over seeds",
+          "seed-t": "t over per-seed means", "prompt-t": "paired t over prompts (one seed)"}
 
 
 def comparisons_section(frames: Frames) -> list[str]:
@@ -14,27 +18,39 @@ def comparisons_section(frames: Frames) -> list[str]:
     if len(ctx.done_models) < 2:
         return out + need("Needs finished runs of at least two models: `benchctl train-all` produces them.")
     cmp = comparison_frame(ctx, primary)
-    headers = ["a", "b", "quantity", "test", "n (a, b)", "a − b", "95% CI", "p", "p (Holm)"]
+    headers = ["a", "b", "quantity", "test", "n (a, b)", "a − b", "95% CI", "p", "p (Holm)", "p (Wilcoxon)"]
     rows = []
     for r in cmp.to_dict("records"):
-        digits = 3 if r["quantity"] == "final validation loss" else 2
-        test = "Welch t over seeds" if r["method"] == "welch" else f"paired bootstrap over prompts (B={N_BOOT:,})"
-        n = f"{r['n_a']}, {r['n_b']}" if r["method"] == "welch" else f"{r['n_a']} shared"
+        digits = 3 if r["quantity"] == LOSS else 2
+        paired = r["method"] != "welch"
+        n = f"{r['n_a']} shared" if paired else f"{r['n_a']}, {r['n_b']}"
+        if r["method"] == "seed-t":
+            n += f" ({int(r['n_prompts'])} prompts)"
         ci = "-" if missing(r["lo"]) else f"{fnum(r['lo'], digits)} to {fnum(r['hi'], digits)}"
-        rows.append([r["a"], r["b"], r["quantity"], test, n, fnum(r["diff"], digits), ci, fp(r["p"]),
-                     fp(r["p_holm"])])
+        rows.append([r["a"], r["b"], r["quantity"], _TESTS.get(r["method"], r["method"]), n,
+                     fnum(r["diff"], digits), ci, fp(r["p"]), fp(r["p_holm"]), fp(r["p_wilcoxon"])])
     out += md_table(headers, rows, right=range(4, len(headers))) + [""]
     out += [f"- {v}" for v in cmp["verdict"]] + [""]
     out.append("a − b: negative means a has the lower value (lower loss is better; a higher judge grade is better). "
-               "Loss: Welch's t-test over seeds (final validation loss of each done run). Judge: paired bootstrap "
-               "over the prompts both models were graded on, each prompt's score averaged over seeds and repeats; "
-               "percentile CI; p from the bootstrap distribution shifted to no difference. The judge bootstrap "
-               "resamples prompts, not seeds: it says whether these trained models differ, and with few seeds it "
-               "cannot separate the architecture from the initialization. p (Holm) adjusts each quantity's family of "
-               "comparisons for multiple testing.")
+               "Loss: at a given seed every model trains on the same data stream, so models with the same seeds are "
+               "compared by a paired t-test over those seeds (from 6 pairs on a Wilcoxon signed-rank p is shown "
+               "beside it); models with different seeds by Welch's t-test. Judge: each sample's repeats are "
+               "averaged, each seed's paired difference is averaged over the prompts both models were graded on, "
+               "and a t-test over those per-seed means decides, so the verdict is about the architectures; with "
+               "one seed a paired t over prompts decides, and the verdict is about the two trained models only. "
+               "p (Holm) adjusts each quantity's family of pairwise comparisons for multiple testing; a verdict "
+               "calls a difference real only when its Holm-adjusted p is below 0.05. The CI is unadjusted.")
     out.append("")
     if primary is None:
         out += need("Judge comparisons need grades: `benchctl sample` then `benchctl judge`.")
+    else:
+        others = [g for g in frames.judge_groups if g is not primary]
+        line = (f"Judge comparisons use one set of grades: judge `{primary.judge_model}`, protocol "
+                f"`{primary.protocol}`, prompt `{primary.prompt_hash}` ({primary.n_ok} ok grades, the most complete)")
+        if others:
+            line += "; not mixed with: " + "; ".join(
+                f"`{g.judge_model}` / `{g.protocol}` / `{g.prompt_hash}` ({g.n_ok})" for g in others)
+        out += [line + ".", ""]
     return out
 
 
@@ -106,7 +122,7 @@ def provenance_section(frames: Frames) -> list[str]:
         ("last run finished", date(max_str(r["finished_at"]))),
     ]
     if groups:
-        items.append(("judge", "; ".join(f"{g.judge_model} / prompt {g.prompt_hash} ({g.n_ok} ok grades)"
+        items.append(("judge", "; ".join(f"{g.judge_model} / {g.protocol} / prompt {g.prompt_hash} ({g.n_ok} ok grades)"
                                          for g in groups)))
     ev = data.evals[data.evals["run_id"].isin(ctx.done["id"])]
     if not ev.empty:
