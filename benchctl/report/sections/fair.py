@@ -16,7 +16,7 @@ import pandas as pd
 
 from benchctl import stats
 from benchctl.report.fmt import fnum, fp, md_table, missing
-from benchctl.report.frames import Frames, vals
+from benchctl.report.frames import Frames
 from benchctl.report.sections.compute import is_control_family, model_frame, run_frame, spans_sizes
 
 ALPHA = 0.05
