@@ -55,9 +55,11 @@ def test_retrofit_makes_a_done_run_that_starts_near_the_parent(parent, capsys):
         assert r["parent_flops"] == pytest.approx(p["flops_per_token"] * p["tokens_seen"])
         assert f'"init_from": "{pid}:average+svd"' in r["config_json"]
     fresh = p["initial_val_loss"]  # the parent's own loss before training: a fresh model's
-    # right after conversion, before any step: far below a fresh model, and at full rank the parent's exactly
-    # up to the norm gains the shared blocks average
-    assert ranks[4]["initial_val_loss"] < fresh - 0.5
+    # right after conversion, before any step: far below a fresh model (it keeps most of what the parent learned,
+    # whatever the data), and at full rank the parent's exactly up to the norm gains the shared blocks average
+    gain = fresh - p["final_val_loss"]
+    assert gain > 0.2
+    assert ranks[4]["initial_val_loss"] < fresh - 0.8 * gain
     assert abs(ranks[32]["initial_val_loss"] - p["final_val_loss"]) <= abs(ranks[4]["initial_val_loss"]
                                                                              - p["final_val_loss"]) + 1e-6
     # a rerun is skipped (same id: the conversion is part of the run's identity, not a fresh relaxed run's)
