@@ -3,8 +3,8 @@
 A checkpoint holds everything needed to continue the same stream of batches bit for bit on CPU: model weights,
 optimizer state, step, every RNG state (python, numpy, torch CPU and the training GPU's), the data sampler's state,
 cumulative telemetry, the hardware and precision its steps ran on, and the resolved config. Files live in
-`<db dir>/runs/<run id>/`, next to a copy of the tokenizer, so a run directory is self-contained. Writes are atomic (`benchctl.files.atomic_write`): a process killed mid-write never
-leaves a truncated checkpoint under the real name.
+`<db dir>/runs/<run id>/`, next to a copy of the tokenizer, so a run directory is self-contained. Writes are atomic
+(`benchctl.files.atomic_write`): a process killed mid-write never leaves a truncated checkpoint under the real name.
 """
 
 from __future__ import annotations
