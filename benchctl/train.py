@@ -2,8 +2,9 @@
 
 Follows karpathy/llama2.c `train.py`: AdamW with weight decay on every >=2-D tensor and none on norms, linear
 warm-up then cosine decay to `min_lr` at the last step (llama2.c's `get_lr`, lr_decay_iters = max_steps), gradient
-accumulation, clipping, bf16 autocast and fused AdamW on CUDA, fp32 on CPU, optional torch.compile, DDP under
-torchrun (the global batch is split across ranks so the recipe is unchanged; only rank 0 writes).
+accumulation, clipping, fused AdamW, bf16 autocast wherever the hardware computes bf16 natively (else fp32; see
+`runtime.resolve_precision`), optional torch.compile, DDP under torchrun (the global batch is split across ranks so
+the recipe is unchanged; rank 0 alone decides skip/resume and writes).
 
 Validation loss is measured at step 0 (the study's "initial loss"), every `eval_interval` steps and at the last step,
 on a fixed, seeded set of validation windows (the same for every model). Evaluation runs under a forked RNG, so it
