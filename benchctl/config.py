@@ -77,7 +77,7 @@ class TrainConfig:
     ckpt_interval: int = 1_000
     compile: bool = False
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bf16 autocast where native (runtime.resolve_precision)
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bf16 where native (runtime.resolve_precision)
 
 
 @dataclass(frozen=True, kw_only=True)
