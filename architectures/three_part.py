@@ -106,7 +106,7 @@ class ThreePart(BaseLM):
         return s
 
     def _core_step(self, s, e, cos, sin, cache):
-        s = self.adapter(torch.cat([s, e], dim=-1))  # (B, T, 2d) -> (B, T, d)
+        s = self.adapter(torch.cat([s, e], dim=-1)).to(e.dtype)  # (B, T, 2d) -> (B, T, d), back in the residual dtype
         for i in self._core:
             s = self.layers[i](s, cos, sin, cache=cache)
         return s

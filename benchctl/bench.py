@@ -7,7 +7,9 @@ Warm-up steps (allocator, caches, compilation) are excluded; then every subject 
 subjects taking turns step by step, so load on a shared machine falls on all of them alike. Each step's process CPU
 time is recorded beside its wall time (a second view of the same ratios that descheduling does not distort).
 
-Beside the control, the same run times `Reference`: a straightforward copy of karpathy/llama2.c `model.py` (separate
+Beside the control, the same run times `Reference` twice when benchctl trains under autocast: at benchctl's precision
+(the same-precision ratio) and in fp32 (as llama2.c's train.py runs on a CPU: the ratio its users would see). It is
+a straightforward copy of karpathy/llama2.c `model.py` (separate
 wq/wk/wv, RoPE through the cos/sin reshape of `apply_rotary_emb`, `F.scaled_dot_product_attention`, tied head) with
 llama2.c's `configure_optimizers` (torch.optim.AdamW with default implementation flags on CPU, fused on CUDA) and its
 training loop (accumulation, clipping). It starts from benchctl's control weights, so the speed-up is a ratio of two
@@ -17,8 +19,9 @@ Reported per subject: tokens/s (median, min, max over repeats), step time, peak 
 plus the peak growth of torch's allocations during a step: CUDA's allocator peak, on the CPU the profiler's memory
 events; the process's peak RSS is recorded beside it), FLOPs/token
 (`model.flops_per_token()`, recurrence included), achieved FLOP/s, and MFU against a known peak: a table of dense
-bf16/fp16 tensor-core peaks from vendor datasheets on CUDA (unknown GPU -> empty, with a note), and on CPU the
-machine's own fp32 matmul peak measured in the same run ("of measured matmul peak", not a datasheet number).
+bf16/fp16 tensor-core peaks from vendor datasheets on CUDA (unknown GPU or no peak at that precision -> empty, with a
+note), and on CPU the machine's own matmul peak at benchctl's precision (bf16 under autocast, else fp32) measured in
+the same run ("of measured matmul peak", not a datasheet number).
 On the CPU the same profiled step also gives the time spent in matmul and attention kernels (`kernel_seconds`): the
 part of the step no fp32 implementation can remove. The reference's step time over the control's kernel time is the
 largest speed-up any implementation built on these kernels could show on this machine (`speedup_ceiling`).
@@ -52,44 +55,51 @@ from benchctl.bench_reference import (  # noqa: F401  (Reference is part of this
     reference_optimizer,
     reference_step,
 )
-from benchctl.runtime import autocast_dtype, check_compile_available, resolve_device
+from benchctl.runtime import autocast_dtype, check_compile_available, matmul_precision, precision, resolve_device
 from benchctl.train import get_lr, make_optimizer, train_step
 
 # ---- device peaks ---------------------------------------------------------------------------------------------------
 
-# Dense (no structured sparsity) tensor-core peaks from the vendors' datasheets, in FLOP/s, for the precision benchctl
-# trains in on CUDA (bf16 autocast); GPUs without bf16 tensor cores list their fp16 number and say so. GeForce cards
-# are given at fp32 accumulation (what autocast uses), half their fp16-accumulate marketing number.
-# First match wins (more specific patterns first). A GPU not listed gets no MFU, never a guessed peak.
+# Dense (no structured sparsity) tensor-core peaks from the vendors' datasheets, in FLOP/s, at 16-bit precision (bf16
+# autocast, what benchctl trains in on GPUs that have it). GPUs without bf16 tensor cores list their fp16 number and
+# say so: it is no peak for bf16 (emulated there) nor for fp32, so those get no MFU. GeForce cards are given at fp32
+# accumulation (what autocast uses), half their fp16-accumulate marketing number. Patterns are word-bounded ("A100"
+# must not match "RTX A1000"); first match wins (more specific patterns first). Laptop GPUs run far below the desktop
+# part of the same name and get no MFU. A GPU not listed gets no MFU, never a guessed peak.
 GPU_PEAKS: list[tuple[str, float, str]] = [
     (r"H100.*PCIe", 756e12, "H100 PCIe datasheet, bf16 dense"),
     (r"H100.*(SXM|HBM3)|H200|GH200", 989e12, "H100/H200 SXM datasheet, bf16 dense"),
-    (r"A100", 312e12, "A100 datasheet, bf16 dense"),
+    (r"\bA100\b", 312e12, "A100 datasheet, bf16 dense"),
     (r"L40S", 362e12, "L40S datasheet, bf16 dense"),
     (r"\bL4\b", 121e12, "L4 datasheet, bf16 dense"),
-    (r"RTX A6000", 154.8e12, "RTX A6000 datasheet, bf16 dense"),
+    (r"RTX A6000\b", 154.8e12, "RTX A6000 datasheet, bf16 dense"),
     (r"\bA10\b", 125e12, "A10 datasheet, bf16 dense"),
-    (r"RTX 4090", 165.2e12, "RTX 4090 (Ada whitepaper), bf16 dense, fp32 accumulate"),
-    (r"RTX 3090", 71e12, "RTX 3090 (Ampere whitepaper), bf16 dense, fp32 accumulate"),
+    (r"RTX 4090\b", 165.2e12, "RTX 4090 (Ada whitepaper), bf16 dense, fp32 accumulate"),
+    (r"RTX 3090\b", 71e12, "RTX 3090 (Ampere whitepaper), bf16 dense, fp32 accumulate"),
     (r"V100.*PCIe", 112e12, "V100 PCIe datasheet, fp16 dense (no bf16 tensor cores)"),
     (r"V100", 125e12, "V100 SXM2 datasheet, fp16 dense (no bf16 tensor cores)"),
     (r"\bT4\b", 65e12, "T4 datasheet, fp16 dense (no bf16 tensor cores)"),
 ]
 
 
-def gpu_peak(name: str) -> tuple[float | None, str]:
-    """(peak FLOP/s, which number) for a CUDA device name; (None, note) when the GPU is not in the table."""
+def gpu_peak(name: str, dtype: str = "bfloat16") -> tuple[float | None, str]:
+    """(peak FLOP/s, which number) for a CUDA device name at `dtype`; (None, note) when the table has no such peak."""
+    if re.search(r"\bLaptop\b|\bMobile\b|Max-Q", name, flags=re.IGNORECASE):
+        return None, f"'{name}' is a laptop GPU (power-limited below the desktop part's peak): MFU left empty"
     for pattern, peak, source in GPU_PEAKS:
         if re.search(pattern, name, flags=re.IGNORECASE):
+            if dtype != "float16" and "no bf16" in source:
+                return None, f"{source}: no peak at {dtype} on '{name}', MFU left empty"
             return peak, source
     return None, f"no datasheet peak for '{name}' in benchctl.bench.GPU_PEAKS: MFU left empty"
 
 
-def measure_matmul_peak(device: torch.device, n: int = 2048, repeats: int = 5) -> float:
-    """Best fp32 FLOP/s of an n x n matmul over `repeats` timed runs on this device, with the current threads."""
+def measure_matmul_peak(device: torch.device, n: int = 2048, repeats: int = 5,
+                        dtype: torch.dtype = torch.float32) -> float:
+    """Best FLOP/s of an n x n matmul in `dtype` over `repeats` timed runs on this device, with the current threads."""
     g = torch.Generator(device="cpu").manual_seed(0)
-    a = torch.randn(n, n, generator=g).to(device)  # (n, n)
-    b = torch.randn(n, n, generator=g).to(device)
+    a = torch.randn(n, n, generator=g).to(device, dtype)  # (n, n)
+    b = torch.randn(n, n, generator=g).to(device, dtype)
     a @ b  # warm-up (threads, MKL buffers)
     telemetry.sync(device)
     best = math.inf
@@ -210,13 +220,14 @@ class Subject:
     """One thing being timed: an architecture's benchctl step, or the reference step."""
 
     arch: str
-    impl: str  # benchctl | reference
+    impl: str  # benchctl | reference (at benchctl's precision) | reference-fp32
     cfg: RunConfig
     model: nn.Module
     optimizer: torch.optim.Optimizer
     step: Callable[[], Any]
     flops_per_token: float
     compiled: bool = False
+    dtype: str = "float32"  # what the step runs in: bfloat16 (autocast) | float32
     warmup_seconds: float = 0.0
     repeat_seconds: list[float] = field(default_factory=list)  # wall time of `steps` steps, per repeat
     step_seconds: list[float] = field(default_factory=list)  # every timed step
@@ -230,11 +241,13 @@ class Subject:
 
 def build_subject(cfg: RunConfig, device: torch.device, impl: str, compile_model: bool,
                   control: nn.Module | None = None) -> Subject:
-    """Model, optimizer and batches built exactly as `train` builds them (reference: as llama2.c does)."""
-    amp = autocast_dtype(cfg, device)
+    """Model, optimizer and batches built exactly as `train` builds them (reference: as llama2.c does; the
+    'reference-fp32' subject without autocast, as llama2.c's train.py runs on a CPU)."""
+    amp = None if impl == "reference-fp32" else autocast_dtype(cfg, device)
+    dtype = "bfloat16" if amp is torch.bfloat16 else "float32"
     batches = RandomBatches(cfg, device, seed=cfg.seed + 1)
     lr = get_lr(cfg.train.warmup_steps, cfg)  # the peak rate: timing does not depend on it, the update does
-    if impl == "reference":
+    if impl.startswith("reference"):
         model = build_reference(cfg, device, weights_from=control)
         optimizer = reference_optimizer(model, cfg, device)
         for g in optimizer.param_groups:
@@ -242,7 +255,7 @@ def build_subject(cfg: RunConfig, device: torch.device, impl: str, compile_model
         with torch.device("meta"):  # shapes only
             flops = architectures.build("control", cfg.model).flops_per_token(cfg.model.max_seq_len)
         return Subject(cfg.arch, impl, cfg, model, optimizer,
-                       lambda: reference_step(model, optimizer, batches, cfg, device, amp), flops)
+                       lambda: reference_step(model, optimizer, batches, cfg, device, amp), flops, dtype=dtype)
     torch.manual_seed(cfg.seed)
     model = architectures.build(cfg.arch, cfg.model).to(device)
     model.train()
@@ -253,7 +266,7 @@ def build_subject(cfg: RunConfig, device: torch.device, impl: str, compile_model
     flops = model.flops_per_token(cfg.model.max_seq_len)
     return Subject(cfg.arch, impl, cfg, model, optimizer,
                    lambda: train_step(train_model, model, optimizer, batches, cfg, device, amp), flops,
-                   compiled=compile_model)
+                   compiled=compile_model, dtype=dtype)
 
 
 def _load() -> float | None:
@@ -334,21 +347,35 @@ def run(opts: BenchOptions, db_path: Path | None = None, log: Callable[[str], No
         check_compile_available(device, "--compile")
     if device.type == "cpu":  # what train sets on the CPU
         telemetry.tune_cpu_allocator()
-    if device.type == "cuda":  # what train enables on CUDA
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+    with matmul_precision(device):  # TF32 on CUDA, as train has it, for this run only
+        rows, check = _measure(opts, cfgs, device, compile_model, log)
+    if db_path is not None:
+        dbm.record_bench_rows(dbm.connect(db_path), rows)
+    return summarize(rows, check)
 
+
+def _subjects(cfgs: list[RunConfig], device: torch.device, compile_model: bool, reference: bool) -> list[Subject]:
+    """benchctl's step per architecture; beside the control, the eager reference at the same precision and, when
+    that is not fp32, the reference in fp32 too (how llama2.c's users run it on a CPU)."""
+    subjects: list[Subject] = []
+    for cfg in cfgs:
+        s = build_subject(cfg, device, "benchctl", compile_model)
+        subjects.append(s)
+        if cfg.arch == "control" and reference:
+            subjects.append(build_subject(cfg, device, "reference", False, control=s.model))
+            if s.dtype != "float32":
+                subjects.append(build_subject(cfg, device, "reference-fp32", False, control=s.model))
+    return subjects
+
+
+def _measure(opts: BenchOptions, cfgs: list[RunConfig], device: torch.device, compile_model: bool,
+             log: Callable[[str], None]) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     bench_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     peak, peak_source = _device_peak(device, cfgs[0])
     log(f"bench {bench_id}: {telemetry.device_name(device)}, {torch.get_num_threads()} threads; peak "
         f"{_fmt_flops(peak)} ({peak_source}); load average {_load_str()}")
 
-    subjects: list[Subject] = []
-    for cfg in cfgs:
-        s = build_subject(cfg, device, "benchctl", compile_model)
-        subjects.append(s)
-        if cfg.arch == "control" and opts.reference:
-            subjects.append(build_subject(cfg, device, "reference", False, control=s.model))
+    subjects = _subjects(cfgs, device, compile_model, opts.reference)
     for s in subjects:
         log(f"  warm-up {s.arch} ({s.impl}{', compiling' if s.compiled else ''})")
         warm_up(s, device, max(opts.warmup, 1) if s.compiled else opts.warmup)
@@ -356,9 +383,9 @@ def run(opts: BenchOptions, db_path: Path | None = None, log: Callable[[str], No
         time_repeat(subjects, device, opts.steps)
         for s in subjects:
             tps = opts.steps * s.cfg.tokens_per_step / s.repeat_seconds[-1]
-            log(f"  repeat {r + 1}/{opts.repeats} {s.arch:<10} {s.impl:<9} {tps:10,.0f} tok/s")
+            log(f"  repeat {r + 1}/{opts.repeats} {s.arch:<10} {s.impl:<14} {tps:10,.0f} tok/s")
         if device.type == "cpu":  # the machine's own peak, read again between repeats: the best reading counts
-            peak = max(peak or 0.0, measure_matmul_peak(device))
+            peak = max(peak or 0.0, measure_matmul_peak(device, dtype=_matmul_dtype(cfgs[0], device)))
         log(f"  load average {_load_str()}")
 
     for s in subjects:
@@ -383,19 +410,25 @@ def run(opts: BenchOptions, db_path: Path | None = None, log: Callable[[str], No
         for row in rows:
             if row["arch"] == "control" and row["impl"] == "benchctl":
                 row["equivalence_json"] = json.dumps(check)
-    if db_path is not None:
-        dbm.record_bench_rows(dbm.connect(db_path), rows)
-    return summarize(rows, check)
+    return rows, check
+
+
+def _matmul_dtype(cfg: RunConfig, device: torch.device) -> torch.dtype:
+    """The dtype benchctl's matmuls run in: the peak that MFU is measured against must be at that precision."""
+    return autocast_dtype(cfg, device) or torch.float32
 
 
 def _device_peak(device: torch.device, cfg: RunConfig) -> tuple[float | None, str]:
+    prec = precision(cfg, device)
     if device.type == "cuda":
-        if autocast_dtype(cfg, device) is None:
+        if prec.amp is None:
             return None, "fp32 on CUDA: the peak table lists bf16/fp16 tensor-core peaks only, MFU left empty"
-        return gpu_peak(torch.cuda.get_device_name(device))
+        return gpu_peak(torch.cuda.get_device_name(device), prec.dtype)
     if device.type == "cpu":
-        return measure_matmul_peak(device), ("of measured matmul peak (fp32 2048x2048 matmul, best reading before and "
-                                             "between the repeats of this run)")
+        short = {"bfloat16": "bf16", "float32": "fp32"}[prec.dtype]
+        return (measure_matmul_peak(device, dtype=_matmul_dtype(cfg, device)),
+                f"of measured matmul peak ({short} 2048x2048 matmul, best reading before and between the repeats of "
+                "this run)")
     return None, f"no peak known for device type '{device.type}': MFU left empty"
 
 
@@ -408,14 +441,16 @@ def _row(s: Subject, bench_id: str, opts: BenchOptions, device: torch.device, pe
     notes = [f"threads={torch.get_num_threads()}", f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}",
              telemetry.tune_cpu_allocator() or "malloc: defaults",
              f"memory: parameters + optimizer state + peak growth during a step ({s.mem_method})"]
-    if s.impl == "reference":
-        notes.append("llama2.c model.py/train.py step (eager), from the control's weights")
+    if s.impl.startswith("reference"):
+        notes.append("llama2.c model.py/train.py step (eager), from the control's weights"
+                     + (", in fp32" if s.impl == "reference-fp32" else ", at benchctl's precision"))
     return {
         "bench_id": bench_id,
         "arch": s.arch,
         "preset": opts.preset,
         "impl": s.impl,
         "compiled": int(s.compiled),
+        "dtype": s.dtype,
         "device": device.type,
         "device_name": env["device_name"],
         "steps": opts.steps,
@@ -455,11 +490,14 @@ def summarize(rows: list[dict[str, Any]], check: dict[str, Any] | None = None) -
     """
     ours = [r for r in rows if r["impl"] == "benchctl"]
     ref = next((r for r in rows if r["impl"] == "reference"), None)
+    # the reference as llama2.c runs it on a CPU (fp32): the same row as `ref` when benchctl itself runs in fp32
+    ref32 = next((r for r in rows if r["impl"] == "reference-fp32"), ref)
     ctrl = next((r for r in ours if r["arch"] == "control"), None)
     out = []
     for r in ours:
-        o = {k: r[k] for k in ("bench_id", "arch", "preset", "compiled", "device", "device_name", "tokens_per_s",
-                               "tokens_per_s_min", "tokens_per_s_max", "step_seconds", "flops_per_token",
+        o = {k: r[k] for k in ("bench_id", "arch", "preset", "compiled", "dtype", "device", "device_name",
+                               "tokens_per_s", "tokens_per_s_min", "tokens_per_s_max", "step_seconds",
+                               "flops_per_token",
                                "achieved_flops", "peak_flops", "peak_flops_source", "mfu", "peak_mem_bytes",
                                "load_avg", "threads", "warmup_seconds", "step_cpu_seconds")}
         if ctrl is not None:
@@ -477,6 +515,14 @@ def summarize(rows: list[dict[str, Any]], check: dict[str, Any] | None = None) -
             # the same ratio in CPU time: what each step costs the machine, insensitive to descheduling
             o["reference_step_cpu_seconds"] = ref["step_cpu_seconds"]
             o["speedup_cpu"] = ref["step_cpu_seconds"] / r["step_cpu_seconds"]
+            o["reference_dtype"] = ref["dtype"]
+            # against the reference in fp32: the speed a user of llama2.c's train.py on this CPU would compare with
+            o["reference_fp32_tokens_per_s"] = ref32["tokens_per_s"]
+            o["reference_fp32_tokens_per_s_min"] = ref32["tokens_per_s_min"]
+            o["reference_fp32_tokens_per_s_max"] = ref32["tokens_per_s_max"]
+            o["reference_fp32_step_seconds"] = ref32["step_seconds"]
+            o["reference_fp32_peak_mem_bytes"] = ref32["peak_mem_bytes"]
+            o["speedup_fp32"] = r["tokens_per_s"] / ref32["tokens_per_s"]
             if r.get("kernel_seconds"):
                 # the reference's step over the time the control's step spends in matmul/attention kernels alone:
                 # what this implementation would reach if everything else in its step took no time at all

@@ -1,10 +1,10 @@
 """Checkpoints: atomic save/load of a run's full training state, and loading a finished model for inference.
 
 A checkpoint holds everything needed to continue the same stream of batches bit for bit on CPU: model weights,
-optimizer state, step, every RNG state (python, numpy, torch CPU and CUDA), the data sampler's state, cumulative
-telemetry, and the resolved config. Files live in `<db dir>/runs/<run id>/`, next to a copy of the tokenizer, so a
-run directory is self-contained. Writes are atomic (`benchctl.files.atomic_write`): a process killed mid-write never
-leaves a truncated checkpoint under the real name.
+optimizer state, step, every RNG state (python, numpy, torch CPU and the training GPU's), the data sampler's state,
+cumulative telemetry, the hardware and precision its steps ran on, and the resolved config. Files live in
+`<db dir>/runs/<run id>/`, next to a copy of the tokenizer, so a run directory is self-contained. Writes are atomic
+(`benchctl.files.atomic_write`): a process killed mid-write never leaves a truncated checkpoint under the real name.
 """
 
 from __future__ import annotations
@@ -29,23 +29,55 @@ def run_dir(db_path: Path, run_id: str) -> Path:
     return Path(db_path).resolve().parent / "runs" / run_id
 
 
-def rng_state() -> dict[str, Any]:
+def rng_state(device: torch.device | None = None) -> dict[str, Any]:
+    """Every RNG a run draws from: python, numpy, torch's CPU generator and, on CUDA, the training device's own
+    generator only. (All visible GPUs' states would tie the checkpoint to the GPU count: a run saved with four GPUs
+    visible could not be resumed with one.)"""
     state = {
         "python": random.getstate(),
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if device is None and torch.cuda.is_available():  # callers that name no device: the current GPU's
+        device = torch.device("cuda", torch.cuda.current_device())
+    if device is not None and device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any], device: torch.device | None = None) -> None:
+    """Restore `rng_state`'s generators. A CUDA state restores the training device's generator; an older checkpoint's
+    list of per-GPU states gives the one of the device it was trained on when it is in the list (else the first)."""
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state.get("cuda")
+    if device is None and torch.cuda.is_available():
+        device = torch.device("cuda", torch.cuda.current_device())
+    if cuda is None or device is None or device.type != "cuda":
+        return
+    if isinstance(cuda, (list, tuple)):
+        if not cuda:
+            return
+        index = device.index or 0
+        cuda = cuda[index] if index < len(cuda) else cuda[0]
+    torch.cuda.set_rng_state(cuda, device)
+
+
+def hardware(device: torch.device, dtype: str) -> dict[str, str]:
+    """What a checkpoint's steps were timed on: device type and name, and the precision it trained in."""
+    from benchctl.telemetry import hardware_name
+
+    return {"device": device.type, "device_name": hardware_name(device), "dtype": dtype}
+
+
+def hardware_change(saved: dict[str, str] | None, now: dict[str, str]) -> str | None:
+    """A description of how `now` differs from the checkpoint's `saved` hardware, or None when it does not (or the
+    checkpoint predates the record)."""
+    if not saved:
+        return None
+    diffs = [f"{k} {saved.get(k)} -> {now[k]}" for k in ("device", "device_name", "dtype") if saved.get(k) != now[k]]
+    return "; ".join(diffs) or None
 
 
 def save(path: Path, state: dict[str, Any]) -> int:

@@ -77,7 +77,7 @@ class TrainConfig:
     ckpt_interval: int = 1_000
     compile: bool = False
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bf16 where native (runtime.resolve_precision)
     # adamw: AdamW on every parameter; muon: torch.optim.Muon on the hidden 2-D matrices, AdamW on the rest
     optimizer: Literal["adamw", "muon"] = "adamw"
     # Ramp the recurrence up from 1 to model.n_recur over the first recur_curriculum_frac of the steps (passes for

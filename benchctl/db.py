@@ -66,7 +66,10 @@ _SCHEMA: dict[str, dict[str, Any]] = {
             "peak_gpu_reserved_bytes": int,  # torch.cuda.max_memory_reserved
             "peak_nvml_mem_bytes": int,  # NVML device memory used, sampled in a thread
             "peak_rss_bytes": int,  # process peak resident set size
+            "gpu_telemetry_note": str,  # why a GPU reading (NVML memory, utilisation) is absent, when one is
             "device": str,  # cpu | cuda | ...
+            "dtype": str,  # the precision train.dtype resolved to on this machine: bfloat16 (autocast) | float32
+            "precision_reason": str,  # why: auto or set, and the detected capability (cpu:avx512_bf16, cuda:sm_86)
             "device_name": str,
             "device_count": int,
             "world_size": int,
@@ -230,8 +233,9 @@ _SCHEMA: dict[str, dict[str, Any]] = {
             "bench_id": str,  # one `benchctl bench` invocation
             "arch": str,
             "preset": str,
-            "impl": str,  # benchctl | reference
+            "impl": str,  # benchctl | reference (benchctl's precision) | reference-fp32 (as llama2.c runs on a CPU)
             "compiled": int,
+            "dtype": str,  # the precision the row's step ran in: bfloat16 (autocast) | float32
             "device": str,
             "device_name": str,
             "steps": int,
@@ -856,3 +860,13 @@ def plan_runs(db: sqlite_utils.Database, plan: str | None = None) -> list[dict[s
     """Every plan_runs row (of one plan), by plan, preset, seed and variant."""
     where, params = ("where plan = ?", [plan]) if plan else ("", [])
     return list(db.query(f"select * from plan_runs {where} order by plan, preset, seed, variant", params))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# ---- precision and GPU telemetry (train)
+
+
+def record_gpu_telemetry_note(db: sqlite_utils.Database, run_id: str, note: str | None) -> None:
+    """Why some GPU readings of the run are absent (None: all present, or not a GPU run)."""
+    with db.conn:
+        db["runs"].update(run_id, {"gpu_telemetry_note": note, "updated_at": now()})

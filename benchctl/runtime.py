@@ -1,18 +1,24 @@
 """Where and how a computation runs: device, precision (autocast) and the distributed process group.
 
-Shared by every stage that runs a model (train, sample, eval, bench), so they all follow one rule: CUDA when present
-(or asked for), bf16 autocast on CUDA, fp32 on CPU unless asked, and torchrun's environment read in one place.
+Shared by every stage that runs a model (train, sample, eval, depth, bench), so they all follow one rule: CUDA when
+present (or asked for); precision from `resolve_precision` (bf16 autocast wherever the hardware has native bf16, fp32
+elsewhere); torchrun's environment read in one place.
 """
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, TypeVar
 
 import torch
 
 from benchctl.config import RunConfig
-from benchctl.errors import ConfigError
+from benchctl.errors import BenchctlError, ConfigError
 
 
 def resolve_device(spec: str, local_rank: int | None = None, *, option: str = "train.device") -> torch.device:
@@ -50,14 +56,100 @@ def check_compile_available(device: torch.device, what: str) -> None:
                           "train without compile (it does not change the results)")
 
 
-def autocast_dtype(cfg: RunConfig, device: torch.device) -> torch.dtype | None:
-    """bf16 autocast on CUDA by default, never on CPU unless asked."""
-    d = cfg.train.dtype
-    if d == "bfloat16":
-        return torch.bfloat16
-    if d == "auto" and device.type == "cuda":
-        return torch.bfloat16
+# ---- precision --------------------------------------------------------------------------------------------------
+
+# CPU flags (Linux /proc/cpuinfo names) that mean the cores compute bf16 matmuls natively: oneDNN then runs a bf16
+# matmul several times faster than fp32 (measured on an AVX512-BF16 core: ~355 GFLOP/s against 45-90 GFLOP/s).
+CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+
+# Without native bf16 (CUDA compute capability below 8.0: T4, V100) `auto` trains in fp32, not fp16: fp16 would need a
+# loss scaler whose state is part of the optimisation (and of every checkpoint), and its narrow range changes the
+# numbers of some architectures more than others. fp32 keeps every architecture on the same footing.
+MIN_BF16_CAPABILITY = (8, 0)
+
+DTYPES = {"float32": None, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Precision:
+    """What a computation runs in: `amp` is the autocast dtype (None: plain fp32); `dtype` its name as stored with a
+    run; `capability` what was detected ('cpu:avx512_bf16', 'cuda:sm_86', 'cpu:no native bf16'); `reason` why."""
+
+    amp: torch.dtype | None
+    dtype: str
+    capability: str
+    reason: str
+
+    def autocast(self, device: torch.device) -> Any:
+        """The autocast context of this precision on `device` (a no-op context for fp32)."""
+        return torch.autocast(device.type, dtype=self.amp) if self.amp is not None else nullcontext()
+
+
+def _cpuinfo_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+@functools.cache
+def cpu_bf16_capability() -> str | None:
+    """The CPU feature that gives native bf16 matmuls ('amx_bf16' or 'avx512_bf16'), or None. Read from the CPU's
+    own flags (Linux) and from PyTorch's runtime check where it has one; never inferred from the vendor or model."""
+    flags = _cpuinfo_flags()
+    for flag in CPU_BF16_FLAGS:
+        if flag in flags:
+            return flag
+    check = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
+    try:
+        if check is not None and check():
+            return "avx512_bf16"
+    except RuntimeError:
+        pass
     return None
+
+
+def capability(device: torch.device) -> tuple[str, bool]:
+    """(what this device is, e.g. 'cuda:sm_86' or 'cpu:avx512_bf16', whether it computes bf16 natively)."""
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        return f"cuda:sm_{major}{minor}", (major, minor) >= MIN_BF16_CAPABILITY
+    if device.type == "cpu":
+        flag = cpu_bf16_capability()
+        return (f"cpu:{flag}", True) if flag else ("cpu:no native bf16", False)
+    return f"{device.type}:no autocast", False
+
+
+def resolve_precision(setting: str, device: torch.device) -> Precision:
+    """`auto`: bf16 autocast where the device computes bf16 natively (CUDA sm_80+, CPUs with AVX512-BF16 or
+    AMX-BF16), fp32 elsewhere (older GPUs included, see MIN_BF16_CAPABILITY). An explicit dtype always wins.
+    The loss is computed in fp32 either way (architectures.blocks.linear_cross_entropy)."""
+    cap, native = capability(device)
+    if setting == "auto":
+        if native:
+            return Precision(torch.bfloat16, "bfloat16", cap, f"auto: native bf16 ({cap})")
+        return Precision(None, "float32", cap, f"auto: no native bf16 ({cap})")
+    if setting not in DTYPES:
+        raise ConfigError(f"train.dtype must be auto, {' or '.join(DTYPES)}; got {setting!r}")
+    return Precision(DTYPES[setting], setting, cap, f"set: train.dtype={setting} ({cap})")
+
+
+def precision(cfg: RunConfig, device: torch.device) -> Precision:
+    return resolve_precision(cfg.train.dtype, device)
+
+
+def autocast_dtype(cfg: RunConfig, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype of `cfg` on `device` (None: fp32), by `resolve_precision`'s rule."""
+    return precision(cfg, device).amp
+
+
+def autocast(device: torch.device, amp: torch.dtype | None) -> Any:
+    """torch.autocast for `amp` on `device`, or a no-op context when `amp` is None (fp32)."""
+    return torch.autocast(device.type, dtype=amp) if amp is not None else nullcontext()
 
 
 @dataclass
@@ -86,11 +178,26 @@ class Dist:
 
 
 def init_distributed(dist_info: Dist, device: torch.device) -> None:
+    """Join torchrun's process group once per process (NCCL on CUDA, gloo on CPU); later calls are no-ops, so the
+    runs of one `train-all` or `study` share one group. On CUDA the process's GPU is made current and bound to the
+    group first: otherwise NCCL's collectives (and broadcast_object_list) would all start on GPU 0."""
     import torch.distributed as dist
 
-    if dist_info.enabled and not dist.is_initialized():
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend)
+    if not dist_info.enabled or dist.is_initialized():
+        return
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        dist.init_process_group(backend="nccl", device_id=device)
+    else:
+        dist.init_process_group(backend="gloo")
+    atexit.register(shutdown_distributed)
+
+
+def shutdown_distributed() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def barrier(dist_info: Dist) -> None:
@@ -98,3 +205,44 @@ def barrier(dist_info: Dist) -> None:
         import torch.distributed as dist
 
         dist.barrier()
+
+
+T = TypeVar("T")
+
+
+def decide_on_main(dist_info: Dist, decide: Callable[[], T]) -> T:
+    """Run `decide` on rank 0 only and hand every rank its outcome: the value, or the BenchctlError it raised.
+
+    Skip, resume and abort must be one decision for all ranks: if rank 0 alone skips a finished run (or stops at a
+    confirmation) while the others go on to build the model, those block in DDP's constructor until the group breaks
+    (gloo) or times out (NCCL). Needs the process group (`init_distributed`) when there is more than one process."""
+    if not dist_info.enabled:
+        return decide()
+    import torch.distributed as dist
+
+    box: list[Any] = [None]
+    if dist_info.is_main:
+        try:
+            box[0] = ("value", decide())
+        except BenchctlError as e:
+            box[0] = ("error", e)
+    dist.broadcast_object_list(box, src=0)
+    kind, value = box[0]
+    if kind == "error":
+        raise value
+    return value
+
+
+@contextmanager
+def matmul_precision(device: torch.device) -> Iterator[None]:
+    """TF32 matmuls on CUDA for the duration of a computation, restored afterwards, so a stage run inside a study
+    computes exactly as the same stage run alone (TF32 is process-wide state in PyTorch)."""
+    if device.type != "cuda":
+        yield
+        return
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved

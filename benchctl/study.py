@@ -95,13 +95,17 @@ def train_all(
     from benchctl.config import run_id
     from benchctl.train import train_run
 
-    db = dbm.connect(db_path)
-    todo = []
-    for c in cfgs:
-        row = dbm.get_run(db, run_id(c, prepared.fingerprint))
-        if row is None or row["status"] != "done":
-            todo.append(c)
-    confirm_long_run(todo, prepared, yes=yes, log=log, confirm=confirm)
+    from benchctl.runtime import Dist, decide_on_main, init_distributed, resolve_device
+
+    dist_info = Dist.from_env()  # under torchrun: one process group for every run; rank 0 asks and writes
+    init_distributed(dist_info, resolve_device(cfgs[0].train.device, dist_info.local_rank))
+    db = dbm.connect(db_path) if dist_info.is_main else None
+
+    def confirm_on_main() -> None:
+        todo = [c for c in cfgs if (dbm.get_run(db, run_id(c, prepared.fingerprint)) or {}).get("status") != "done"]
+        confirm_long_run(todo, prepared, yes=yes, log=log, confirm=confirm)
+
+    decide_on_main(dist_info, confirm_on_main)
     result = TrainAllResult()
     names = variants or [c.arch for c in cfgs]
     for i, (c, name) in enumerate(zip(cfgs, names), 1):

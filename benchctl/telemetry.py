@@ -2,8 +2,10 @@
 
 Timers synchronise CUDA before reading the clock so GPU work is counted where it happens. Peak GPU memory
 is read three ways on CUDA: torch's peak allocated and reserved (reset per phase), and NVML's device memory used,
-sampled in a thread (what nvidia-smi shows, including the CUDA context). Without an NVIDIA driver the same fields
-exist with GPU values None and the process peak RSS is recorded instead; nothing crashes and nothing warns.
+sampled in a thread (what nvidia-smi shows, including the CUDA context). NVML is optional in every respect: any of its
+calls may fail (no library in a container, NOT_SUPPORTED on a MIG slice), so each reading is taken on its own, a
+missing one stays None and `NvmlSampler.note` says why; a training run never stops because of it. Without an NVIDIA
+driver the same fields exist with GPU values None and the process peak RSS is recorded instead.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import functools
 import os
 import platform
-import resource
 import socket
 import subprocess
 import sys
@@ -52,46 +53,99 @@ class Stopwatch:
         self.count += 1
 
 
-def peak_rss_bytes() -> int:
-    """Peak resident set size of this process (ru_maxrss is KiB on Linux, bytes on macOS)."""
+def peak_rss_bytes() -> int | None:
+    """Peak resident set size of this process (ru_maxrss is KiB on Linux, bytes on macOS); None where the `resource`
+    module does not exist (native Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return None
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(rss if sys.platform == "darwin" else rss * 1024)
+
+
+def nvml_target(device: torch.device) -> tuple[str, str | int] | None:
+    """How to find `device` in NVML: ('uuid', 'GPU-...') or ('pci', bus id), else ('index', n) when no devices are
+    hidden. NVML numbers GPUs in PCI order and ignores CUDA_VISIBLE_DEVICES, so torch's index alone may name another
+    GPU. None off CUDA."""
+    if device.type != "cuda":
+        return None
+    props = torch.cuda.get_device_properties(device)
+    uuid = getattr(props, "uuid", None)
+    if uuid is not None:
+        text = str(uuid)
+        return "uuid", text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
+    if getattr(props, "pci_bus_id", None) is not None:
+        return "pci", f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+    if os.environ.get("CUDA_VISIBLE_DEVICES") is None:
+        return "index", device.index or 0
+    return None
+
+
+def _nvml_error(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}".strip().rstrip(":")
 
 
 class NvmlSampler:
     """Samples NVML device memory used (and utilisation) every `interval` seconds in a daemon thread.
 
-    `available` is False without an NVIDIA driver (NVMLError_LibraryNotFound etc.); then every reading is None.
+    Every NVML call is guarded: `available` is False when NVML cannot be started or the device not found, and each
+    metric that cannot be read stays None, with the reason in `note` (stored with the run). Nothing here raises.
     """
 
-    def __init__(self, device_index: int = 0, interval: float = 0.1):
+    def __init__(self, device: torch.device | None = None, interval: float = 0.1):
         self.interval = interval
         self.available = False
         self.peak_used: int | None = None
         self.max_util: int | None = None
         self.driver_version: str | None = None
+        self.absent: dict[str, str] = {}  # metric -> why it has no value
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._handle = None
+        self._nvml: Any = None
+        target = nvml_target(device) if device is not None else None
+        if target is None:
+            return
         try:
             import pynvml
         except ImportError:
+            self.absent["nvml"] = "pynvml is not installed"
             return
         try:
             pynvml.nvmlInit()
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
-            drv = pynvml.nvmlSystemGetDriverVersion()
-        except pynvml.NVMLError:  # no driver / no device: record nothing on the GPU side
+        except Exception as e:  # any failure (no library, no driver) only means no NVML readings
+            self.absent["nvml"] = f"nvmlInit failed ({_nvml_error(e)})"
             return
         self._nvml = pynvml
-        self.driver_version = drv.decode() if isinstance(drv, bytes) else str(drv)
+        self._handle = self._call(f"device {target[1]}", _HANDLE_BY[target[0]], target[1])
+        if self._handle is None:
+            self.shutdown()
+            return
+        drv = self._call("driver_version", "nvmlSystemGetDriverVersion")
+        self.driver_version = drv.decode() if isinstance(drv, bytes) else (str(drv) if drv is not None else None)
         self.available = True
 
+    def _call(self, metric: str, fn: str, *args: Any) -> Any:
+        """One NVML call; on failure None, with `metric` marked absent (first reason kept)."""
+        try:
+            return getattr(self._nvml, fn)(*args)
+        except Exception as e:  # NVMLError_NotSupported on MIG slices, lost GPUs, anything else: the value is absent
+            self.absent.setdefault(metric, f"{fn} failed ({_nvml_error(e)})")
+            return None
+
+    @property
+    def note(self) -> str | None:
+        """Why GPU readings are missing ('metric: reason; ...'), None when nothing is."""
+        return "; ".join(f"{k}: {v}" for k, v in self.absent.items()) or None
+
     def _read(self) -> None:
-        mem = self._nvml.nvmlDeviceGetMemoryInfo(self._handle)
-        self.peak_used = max(self.peak_used or 0, int(mem.used))
-        util = self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu
-        self.max_util = max(self.max_util or 0, int(util))
+        mem = self._call("nvml_mem", "nvmlDeviceGetMemoryInfo", self._handle)
+        if mem is not None:
+            self.peak_used = max(self.peak_used or 0, int(mem.used))
+        util = self._call("gpu_util", "nvmlDeviceGetUtilizationRates", self._handle)
+        if util is not None:
+            self.max_util = max(self.max_util or 0, int(util.gpu))
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
@@ -110,10 +164,27 @@ class NvmlSampler:
             self._thread.join(timeout=2.0)
             self._read()
             self._thread = None
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        """Release NVML (nvmlInit is reference counted: every init needs its shutdown)."""
+        if self._nvml is not None:
+            nvml, self._nvml, self.available = self._nvml, None, False
+            try:
+                nvml.nvmlShutdown()
+            except Exception:  # nothing left to release
+                pass
+
+
+_HANDLE_BY = {"uuid": "nvmlDeviceGetHandleByUUID", "pci": "nvmlDeviceGetHandleByPciBusId",
+              "index": "nvmlDeviceGetHandleByIndex"}
 
 
 def reset_peak_memory(device: torch.device) -> None:
+    """Start a new peak-memory phase. The cache is emptied first: memory the previous run of the same process left
+    reserved would otherwise count in this run's reserved peak."""
     if device.type == "cuda":
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
 
 
@@ -137,6 +208,12 @@ def git_commit() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return sha + ("-dirty" if dirty else "")
+
+
+def hardware_name(device: torch.device) -> str:
+    """The device's model name without the thread count (what a checkpoint compares on resume)."""
+    name = device_name(device)
+    return name.split(" (", 1)[0] if device.type == "cpu" else name
 
 
 def device_name(device: torch.device) -> str:

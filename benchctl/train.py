@@ -2,8 +2,9 @@
 
 Follows karpathy/llama2.c `train.py`: AdamW with weight decay on every >=2-D tensor and none on norms, linear
 warm-up then cosine decay to `min_lr` at the last step (llama2.c's `get_lr`, lr_decay_iters = max_steps), gradient
-accumulation, clipping, bf16 autocast and fused AdamW on CUDA, fp32 on CPU, optional torch.compile, DDP under
-torchrun (the global batch is split across ranks so the recipe is unchanged; only rank 0 writes).
+accumulation, clipping, fused AdamW, bf16 autocast wherever the hardware computes bf16 natively (else fp32; see
+`runtime.resolve_precision`), optional torch.compile, DDP under torchrun (the global batch is split across ranks so
+the recipe is unchanged; rank 0 alone decides skip/resume and writes).
 
 Validation loss is measured at step 0 (the study's "initial loss"), every `eval_interval` steps and at the last step,
 on a fixed, seeded set of validation windows (the same for every model). Evaluation runs under a forked RNG, so it
@@ -43,10 +44,14 @@ from benchctl.optim import make_optimizer  # noqa: F401  (re-exported: bench and
 from benchctl.progress import Progress
 from benchctl.runtime import (  # noqa: F401  (re-exported: older imports of these names from train keep working)
     Dist,
+    autocast,
     autocast_dtype,
     barrier,
     check_compile_available,
+    decide_on_main,
     init_distributed,
+    matmul_precision,
+    precision,
     resolve_device,
 )
 
@@ -157,6 +162,19 @@ def _is_alive(pid: int | None) -> bool:
     return True
 
 
+def _verdict(db: dbm.Database | None, rid: str, ckpt_path: Path, dist_info: Dist
+             ) -> tuple[str, dict[str, Any] | None]:
+    """('skip' | 'resume' | 'train', the run's row): skip a finished run, resume one with a checkpoint."""
+    existing = dbm.get_run(db, rid) if db is not None else None
+    if existing is not None and existing["status"] == "done" and ckpt_path.exists():
+        return "skip", existing
+    if existing is not None and existing["status"] == "running" and existing.get("hostname") == _hostname():
+        pid = existing.get("pid")
+        if _is_alive(pid) and not dist_info.enabled:
+            raise BenchctlError(f"run {rid} is being trained by another process (pid {pid}); wait for it or kill it")
+    return ("resume" if ckpt_path.exists() else "train"), existing
+
+
 def train_run(
     cfg: RunConfig,
     prepared: Any,
@@ -183,28 +201,27 @@ def train_run(
     columns of the run row written with it at the start (e.g. the retrofit's parent).
     """
     dist_info = Dist.from_env()
+    init_distributed(dist_info, resolve_device(cfg.train.device, dist_info.local_rank if dist_info.enabled else None))
     rid = run_id(cfg, prepared.fingerprint)
     ckpt_path = ckpt.run_dir(db_path, rid) / ckpt.CKPT_NAME
-    existing = dbm.get_run(db, rid) if db is not None else None
-    if existing is not None and existing["status"] == "done" and ckpt_path.exists():
-        return RunResult(rid, "done", skipped=True, row=existing)
-    if existing is not None and existing["status"] == "running" and existing.get("hostname") == _hostname():
-        pid = existing.get("pid")
-        if _is_alive(pid) and not dist_info.enabled:
-            raise BenchctlError(f"run {rid} is being trained by another process (pid {pid}); wait for it or kill it")
+    # rank 0 alone reads the state (it alone has the database); every rank acts on its verdict
+    verdict, existing = decide_on_main(dist_info, lambda: _verdict(db, rid, ckpt_path, dist_info))
+    if verdict == "skip":
+        return RunResult(rid, "done", skipped=True, row=existing if dist_info.is_main else {})
     if not isinstance(progress, Progress):
         progress = Progress(enabled=bool(progress) and dist_info.is_main)
     elif not dist_info.is_main:
         progress = Progress(enabled=False, console=progress.console)
 
     trainer = _Trainer(cfg, prepared, db, ckpt_path, rid, dist_info)
-    trainer.resume(existing, log, init_state)
+    trainer.resume(verdict == "resume", existing, log, init_state)
     trainer.record_start(existing, run_values, variant)
     trainer.mirror = tblog.open_mirror(db_path, rid, start_step=trainer.start_step,
                                        on=trainer.writes and tblog.enabled(cfg.log.tensorboard))
     if trainer.resumed_from is not None:
         log(f"resuming {rid} from step {trainer.resumed_from}/{cfg.train.max_steps} ({ckpt_path})")
-    return trainer.run(progress, stop_after)
+    with matmul_precision(trainer.device):
+        return trainer.run(progress, stop_after)
 
 
 _FRESH_TELEMETRY: dict[str, Any] = {
@@ -224,13 +241,19 @@ class _Trainer:
         self.dist = dist_info
         self.writes = dist_info.is_main and db is not None
         self.device = self._setup_device()
-        self.amp = autocast_dtype(cfg, self.device)
+        self.precision = precision(cfg, self.device)
+        self.amp = self.precision.amp
 
         # every random stream starts from the run's seed, in this order, before the model is built
         torch.manual_seed(cfg.seed)
         np.random.seed(cfg.seed)
         random.seed(cfg.seed)
         self.model = architectures.build(cfg.arch, cfg.model).to(self.device)
+        if cfg.train.compile and getattr(self.model.arch_args, "recur_sampling", "fixed") != "fixed":
+            # every sampled depth is a new graph for torch.compile: it would recompile until its cache limit, then
+            # silently fall back to eager, and the run's step times would measure compilation
+            raise ConfigError(f"train.compile=true with {cfg.arch}'s sampled training depth recompiles at every new "
+                              "depth; train without compile (it does not change the results)")
         self.optimizer = make_optimizer(self.model, cfg, self.device)
 
         from benchctl.data import WindowSampler, val_windows
@@ -247,7 +270,7 @@ class _Trainer:
         self.warmup_compile = 0.0
         self.sw = telemetry.Stopwatch(self.device)
         self.eval_sw = telemetry.Stopwatch(self.device)
-        self.nvml = telemetry.NvmlSampler(self.device.index or 0)
+        self.nvml = telemetry.NvmlSampler(self.device)
         self.metrics: list[dict[str, Any]] = []
         self.flops: curriculum.FlopCounter | None = None  # FLOPs spent so far, kept under a depth curriculum
         self.mirror: Any = tblog.NoMirror()  # TensorBoard copy of the metric rows, set once the start step is known
@@ -266,26 +289,32 @@ class _Trainer:
                 f"train.batch_size={cfg.train.batch_size} must be divisible by the number of processes "
                 f"({dist_info.world_size}) so the global batch is unchanged"
             )
-        if device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
         return device
 
     # ---- start ------------------------------------------------------------------------------------------------------
 
-    def resume(self, existing: dict[str, Any] | None, log: Callable[[str], None],
+    def resume(self, from_checkpoint: bool, existing: dict[str, Any] | None, log: Callable[[str], None],
                init_state: dict[str, torch.Tensor] | None = None) -> None:
-        """Continue from the run's checkpoint when there is one: weights, optimizer, sampler, RNG, telemetry.
+        """Continue from the run's checkpoint when rank 0 found one: weights, optimizer, sampler, RNG, telemetry.
         Without one, a run with `train.init_from` starts from `init_state` (the weights it was converted from)."""
-        if self.ckpt_path.exists():
+        if from_checkpoint:
+            if not self.ckpt_path.exists():
+                raise ckpt.CheckpointError(f"rank {self.dist.rank} cannot see the checkpoint {self.ckpt_path} that "
+                                           "rank 0 resumes from; every process needs the same run directory")
             state = ckpt.load(self.ckpt_path, map_location="cpu")
             ckpt.check_config(state, self.cfg, self.ckpt_path)
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.sampler.load_state_dict(state["sampler"])
-            ckpt.set_rng_state(state["rng"])
+            ckpt.set_rng_state(state["rng"], self.device)
             self.start_step = self.step = self.resumed_from = int(state["step"])
             self.carried = {**self.carried, **state["telemetry"]}
+            change = ckpt.hardware_change(state.get("hardware"), self._hardware())
+            if change:
+                # step times from two kinds of hardware (or precisions) would average into a number true of neither
+                log(f"warning: {self.rid} resumes on different hardware ({change}); its speed is measured from "
+                    "here on only, and its training time adds up both")
+                self.carried["step_times"] = []
             del state
         elif existing is not None and existing["status"] == "done":
             log(f"run {self.rid} is marked done but its checkpoint is missing; training it again")
@@ -306,7 +335,7 @@ class _Trainer:
         cfg, prepared = self.cfg, self.prepared
         report = self.model.param_report()
         env = telemetry.environment(self.device, self.nvml.driver_version)
-        row = {**env,
+        row = {**env, "dtype": self.precision.dtype, "precision_reason": self.precision.reason,
             "id": self.rid, "arch": cfg.arch, "preset": cfg.preset, "seed": cfg.seed, "status": "running",
             "variant": variant or cfg.arch,
             "config_json": cfg.to_json(), "data_fingerprint": prepared.fingerprint, "data_source": prepared.source,
@@ -322,25 +351,29 @@ class _Trainer:
             shutil.copyfile(prepared.tokenizer_path, tok_dst)
 
     def _wrap_model(self) -> None:
-        if self.cfg.train.compile:
-            self.train_model = torch.compile(self.model)
+        """DDP around the model, then torch.compile around that (compiling inside DDP would hide the gradient
+        buckets from DDP's communication hooks, which compile then splits the graph around)."""
         if self.dist.enabled:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             device_ids = [self.device.index] if self.device.type == "cuda" else None
-            self.train_model = DDP(self.train_model, device_ids=device_ids)
+            self.train_model = DDP(self.model, device_ids=device_ids)
+        if self.cfg.train.compile:
+            self.train_model = torch.compile(self.train_model)
+
+    def _hardware(self) -> dict[str, str]:
+        return ckpt.hardware(self.device, self.precision.dtype)
 
     # ---- the loop ---------------------------------------------------------------------------------------------------
 
     def run(self, progress: Progress, stop_after: int | None) -> RunResult:
         cfg, t = self.cfg, self.cfg.train
         self._wrap_model()
-        if self.device.type == "cuda":
-            self.nvml.start()
         telemetry.reset_peak_memory(self.device)
         task = progress.task(f"{cfg.arch} s{cfg.seed}", total=t.max_steps, completed=self.start_step,
                              loss="-", **{"tok/s": "-"})
         try:
+            self.nvml.start()
             if self.start_step == 0:
                 self._initial_eval(task)
             last_val = None
@@ -361,11 +394,6 @@ class _Trainer:
             task.close()
             self.mirror.close()
             self.nvml.stop()
-            if self.dist.enabled:
-                import torch.distributed as dist
-
-                if dist.is_initialized():
-                    dist.destroy_process_group()
 
     def _initial_eval(self, task: Any) -> None:
         v0 = self._eval_at(0)
@@ -425,7 +453,9 @@ class _Trainer:
         if self.flops is not None:  # under a depth curriculum: the compute actually spent, and the depth
             self._add_metric("train_flops", self.flops.advance_to(self.step), self.step)
             self._add_metric("recur_depth", curriculum.depth_at(self.step - 1, self.cfg), self.step)
-        self._add_metric("peak_rss_bytes", telemetry.peak_rss_bytes(), self.step)
+        rss = telemetry.peak_rss_bytes()
+        if rss is not None:
+            self._add_metric("peak_rss_bytes", rss, self.step)
         fields = {"loss": f"{train_loss:.3f}"}
         if self.step_times:
             tps = self.cfg.tokens_per_step / statistics.median(self.step_times[-20:])
@@ -441,6 +471,7 @@ class _Trainer:
         row: dict[str, Any] = {}
         if self.writes:
             dbm.finish_run(self.db, self.rid, final_val_loss=final, initial_val_loss=self.carried["initial_val_loss"])
+            dbm.record_gpu_telemetry_note(self.db, self.rid, self.nvml.note)
             row = dbm.get_run(self.db, self.rid) or {}
         return RunResult(self.rid, "done", resumed_from=self.resumed_from, row=row)
 
@@ -482,7 +513,7 @@ class _Trainer:
             "warmup_seconds": c["warmup_seconds"] + self.warmup_compile,
             "eval_seconds": c["eval_seconds"] + self.eval_sw.total,
             "step_times": self.step_times[-2000:],
-            "peak_rss": max(c["peak_rss"], telemetry.peak_rss_bytes()),
+            "peak_rss": _max(c["peak_rss"], telemetry.peak_rss_bytes()),
             "peak_alloc": _max(c["peak_alloc"], peaks[0]),
             "peak_reserved": _max(c["peak_reserved"], peaks[1]),
             "peak_nvml": _max(c["peak_nvml"], self.nvml.peak_used),
@@ -494,7 +525,8 @@ class _Trainer:
         if self.dist.is_main:
             size = ckpt.save(self.ckpt_path, {
                 "config": self.cfg.to_json(), "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(), "step": step, "rng": ckpt.rng_state(),
+                "optimizer": self.optimizer.state_dict(), "step": step, "rng": ckpt.rng_state(self.device),
+                "hardware": self._hardware(),
                 "sampler": self.sampler.state_dict(), "telemetry": tel,
                 "data_fingerprint": self.prepared.fingerprint, "run_id": self.rid,
             })

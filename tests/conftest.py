@@ -5,7 +5,9 @@
 - `tiny_args(arch, **overrides)`: the resolved `ModelArgs` of the `tiny` preset for an architecture, with dotted-free
   model overrides (`tiny_args("three-part", state_init_std=0.0)`), validated by the real config layer;
 - `tiny_model(arch, seed=0, **overrides)`: that model built under a fixed seed, in eval mode, float32, CPU;
-- tests marked `cuda` are skipped on a machine without a CUDA GPU.
+- tests marked `cuda` are skipped on a machine without a CUDA GPU; every other test runs with CUDA hidden
+  (`torch.cuda.is_available()` False, no devices, `CUDA_VISIBLE_DEVICES=""` for its subprocesses), so on a GPU
+  machine unmarked tests still compute on the CPU they assert facts about.
 """
 
 from __future__ import annotations
@@ -26,6 +28,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _hide_cuda(request, monkeypatch):
+    """Unmarked tests see no GPU: `train.device=auto` resolves to the CPU in this process and in the subprocesses it
+    starts (the empty CUDA_VISIBLE_DEVICES is inherited), so a GPU machine runs the same suite as a CPU one."""
+    if "cuda" in request.keywords:
+        yield
+        return
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    yield
 
 
 @pytest.fixture(scope="session", autouse=True)

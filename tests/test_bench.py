@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 
 import architectures
 from benchctl import bench as B
+from benchctl import runtime
 from benchctl.cli import app, main
 from benchctl.config import make_config
 from benchctl.train import make_optimizer, train_step
@@ -161,10 +162,12 @@ def test_gpu_peak_table():
     assert B.gpu_peak("NVIDIA H100 PCIe")[0] == 756e12
     assert B.gpu_peak("NVIDIA L4")[0] == 121e12
     assert B.gpu_peak("NVIDIA GeForce RTX 4090")[0] == 165.2e12
-    peak, source = B.gpu_peak("Tesla T4")
+    peak, source = B.gpu_peak("Tesla T4", "float16")
     assert peak == 65e12 and "fp16" in source
+    assert B.gpu_peak("Tesla T4")[0] is None  # its fp16 number is no bf16 peak
     assert B.gpu_peak("NVIDIA L40S")[0] == 362e12  # not mistaken for an L4
-    assert B.gpu_peak("Tesla V100-PCIE-32GB")[0] == 112e12 and B.gpu_peak("Tesla V100-SXM2-16GB")[0] == 125e12
+    assert (B.gpu_peak("Tesla V100-PCIE-32GB", "float16")[0] == 112e12
+            and B.gpu_peak("Tesla V100-SXM2-16GB", "float16")[0] == 125e12)
     assert B.gpu_peak("NVIDIA H100 NVL")[0] is None and B.gpu_peak("NVIDIA A10G")[0] is None  # not guessed
     peak, note = B.gpu_peak("NVIDIA GeForce RTX 3070 Laptop GPU")
     assert peak is None and "MFU left empty" in note
@@ -218,10 +221,19 @@ def test_bench_cli_smoke(tmp_path, monkeypatch):
     con = sqlite3.connect(db_path)
     con.row_factory = sqlite3.Row
     rows = [dict(r) for r in con.execute("select * from bench order by id")]
-    assert len(rows) == len(objs) + 1 and len({r["bench_id"] for r in rows}) == 1
-    assert [(r["arch"], r["impl"]) for r in rows] == [("control", "benchctl"), ("control", "reference")] + [
+    # this machine's CPU may or may not compute bf16 natively: the reference runs at benchctl's precision and, when
+    # that is bf16, in fp32 too (the ratio to llama2.c as its users run it on a CPU)
+    bf16 = control["dtype"] == "bfloat16"
+    auto = runtime.resolve_precision("auto", torch.device("cpu")).dtype
+    assert control["reference_dtype"] == control["dtype"] == auto
+    assert control["speedup_fp32"] == pytest.approx(control["tokens_per_s"] / control["reference_fp32_tokens_per_s"])
+    refs = [("control", "reference")] + ([("control", "reference-fp32")] if bf16 else [])
+    assert len(rows) == len(objs) + len(refs) and len({r["bench_id"] for r in rows}) == 1
+    assert [(r["arch"], r["impl"]) for r in rows] == [("control", "benchctl"), *refs] + [
         (a, "benchctl") for a in architectures.names()[1:]
     ]
+    assert [r["dtype"] for r in rows] == [control["dtype"]] * 2 + (["float32"] if bf16 else []) + [
+        control["dtype"]] * (len(objs) - 1)
     for r in rows:
         assert (r["preset"], r["steps"], r["repeats"], r["device"], r["compiled"]) == ("tiny", 2, 1, "cpu", 0)
         assert r["tokens_per_step"] == 8 * 2 * 32 and r["load_avg"] is not None and r["threads"] >= 1

@@ -40,6 +40,8 @@ def test_tiny_losses_are_pinned(arch, synthetic_dir, tmp_path, monkeypatch):
     from benchctl.train import train_run
 
     monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
+    # the pins are fp32 numbers: `auto` would pick bf16 autocast on a CPU with native bf16
+    monkeypatch.setattr("benchctl.runtime.cpu_bf16_capability", lambda: None)
     overrides = {"data.source": str(synthetic_dir), "train.max_steps": 8, "train.eval_interval": 4,
                  "train.ckpt_interval": 4, "train.log_interval": 2, "train.warmup_steps": 2}
     cfg = make_config("tiny", arch, overrides=overrides)

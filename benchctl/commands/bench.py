@@ -81,29 +81,40 @@ def _table(objs: list[dict], preset: str) -> Table:
     """One row per architecture, plus the reference's row under the control."""
     t = Table(title=f"training step — preset '{preset}'", title_justify="left", box=box.SIMPLE_HEAD,
               pad_edge=False)
-    for head in ("arch", "tok/s", "spread", "step", "MF/tok", "GF/s", "MFU", "MiB", "cost"):
-        t.add_column(head, justify="left" if head == "arch" else "right", no_wrap=True)
+    for head in ("arch", "dtype", "tok/s", "spread", "step", "MF/tok", "GF/s", "MFU", "MiB", "cost"):
+        t.add_column(head, justify="left" if head in ("arch", "dtype") else "right", no_wrap=True)
     for o in objs:
-        rows = [(o["arch"], o["tokens_per_s"], o["tokens_per_s_min"], o["tokens_per_s_max"], o["step_seconds"],
-                 o["peak_mem_bytes"], o.get("cost_ratio"))]
+        rows = [(o["arch"], o.get("dtype"), o["tokens_per_s"], o["tokens_per_s_min"], o["tokens_per_s_max"],
+                 o["step_seconds"], o["peak_mem_bytes"], o.get("cost_ratio"))]
         if "reference_tokens_per_s" in o:
-            rows.append(("reference", o["reference_tokens_per_s"], o["reference_tokens_per_s_min"],
-                         o["reference_tokens_per_s_max"], o["reference_step_seconds"], o["reference_peak_mem_bytes"],
-                         None))
-        for name, tps, lo, hi, step_s, mem, ratio in rows:
+            rows.append(("reference", o.get("reference_dtype"), o["reference_tokens_per_s"],
+                         o["reference_tokens_per_s_min"], o["reference_tokens_per_s_max"], o["reference_step_seconds"],
+                         o["reference_peak_mem_bytes"], None))
+            if o.get("reference_dtype") != "float32":
+                rows.append(("reference", "float32", o["reference_fp32_tokens_per_s"],
+                             o["reference_fp32_tokens_per_s_min"], o["reference_fp32_tokens_per_s_max"],
+                             o["reference_fp32_step_seconds"], o["reference_fp32_peak_mem_bytes"], None))
+        for name, dtype, tps, lo, hi, step_s, mem, ratio in rows:
             achieved = tps * o["flops_per_token"]
             mfu = f"{achieved / o['peak_flops']:.0%}" if o["peak_flops"] else "-"
-            t.add_row(name, f"{tps:,.0f}", f"±{(hi - lo) / 2 / tps:.0%}", f"{step_s:.2f}s",
+            t.add_row(name, _short(dtype), f"{tps:,.0f}", f"±{(hi - lo) / 2 / tps:.0%}", f"{step_s:.2f}s",
                       f"{o['flops_per_token'] / 1e6:.1f}", f"{achieved / 1e9:.1f}", mfu, f"{mem / 2**20:,.0f}",
                       f"{ratio:.2f}" if ratio is not None else "")
     return t
 
 
+def _short(dtype: str | None) -> str:
+    return {"bfloat16": "bf16", "float32": "fp32"}.get(dtype or "", dtype or "-")
+
+
 def _reference_notes(ctrl: dict, profiled_steps: int) -> list[str]:
-    """What the control's comparison with the eager reference showed: speed-up, then the loss check, then the
-    kernel-time ceiling (each only when measured)."""
-    notes = [f"speed-up over the eager llama2.c reference (control, same run, steps interleaved): "
-             f"{ctrl['speedup']:.2f}x in tokens/s, {ctrl['speedup_cpu']:.2f}x in CPU time per step"]
+    """What the control's comparison with the eager reference showed: both speed-ups (against the reference in fp32,
+    as llama2.c runs on a CPU, and at the same precision), then the loss check, then the kernel-time ceiling (each
+    only when measured)."""
+    notes = [f"speed-up over the eager llama2.c reference in fp32 (as llama2.c runs on a CPU; control, same run, "
+             f"steps interleaved): {ctrl['speedup_fp32']:.2f}x in tokens/s"]
+    notes.append(f"speed-up over the same reference at benchctl's precision ({_short(ctrl.get('reference_dtype'))}): "
+                 f"{ctrl['speedup']:.2f}x in tokens/s, {ctrl['speedup_cpu']:.2f}x in CPU time per step")
     if "equivalence" in ctrl:
         e = ctrl["equivalence"]
         notes.append(f"loss after {e['steps']} seeded steps: benchctl {e['loss']:.6f}, reference "

@@ -60,7 +60,7 @@ def train(
     from benchctl import db as dbm
     from benchctl.commands.confirm import terminal_confirm
     from benchctl.config import make_config
-    from benchctl.runtime import Dist
+    from benchctl.runtime import Dist, decide_on_main
     from benchctl.study import confirm_long_run
     from benchctl.train import train_run
 
@@ -70,13 +70,16 @@ def train(
     path = db_path_of(db)
     handle = dbm.connect(path) if dist_info.is_main else None
     log = console.print if dist_info.is_main else (lambda *_: None)
-    if handle is not None:
+
+    def confirm_on_main() -> None:
+        """Rank 0 asks; under torchrun its answer (go on, or the abort) is every rank's."""
         from benchctl.config import run_id
 
         row = dbm.get_run(handle, run_id(cfg, prepared.fingerprint))
         if row is None or row["status"] != "done":
-            confirm_long_run([cfg], prepared, yes=yes, log=log, is_main=dist_info.is_main,
-                             confirm=terminal_confirm())
+            confirm_long_run([cfg], prepared, yes=yes, log=log, confirm=terminal_confirm())
+
+    decide_on_main(dist_info, confirm_on_main)
     result = train_run(cfg, prepared, handle, path, progress=make_progress(progress and dist_info.is_main), log=log)
     if not dist_info.is_main:
         return
@@ -108,6 +111,8 @@ def train_all(
     from benchctl.commands.confirm import terminal_confirm
     from benchctl.errors import BenchctlError
 
+    from benchctl.runtime import Dist
+
     overrides = overrides_with_data(set_, data)
     plan_, variants = None, None
     if plan is None:
@@ -117,14 +122,21 @@ def train_all(
         cfgs, variants = [r.cfg for r in planned], [r.variant for r in planned]
     prepared = prepare_for(cfgs[0], progress)
     path = db_path_of(db)
-    res = study.train_all(cfgs, prepared, path, progress=progress, log=console.print, yes=yes,
-                          confirm=terminal_confirm(), variants=variants, plan=plan_)
+    is_main = Dist.from_env().is_main  # under torchrun every rank trains each run; rank 0 alone reports
+    res = study.train_all(cfgs, prepared, path, progress=progress, log=console.print if is_main else _quiet,
+                          yes=yes, confirm=terminal_confirm(), variants=variants, plan=plan_)
+    if not is_main:
+        return
     handle = dbm.connect(path)
     summarize([dbm.get_run(handle, rid) for rid in res.done + res.skipped])
     if res.failed:
         raise BenchctlError(
             f"{len(res.failed)} run(s) failed: " + "; ".join(f"{rid}: {err}" for rid, err in res.failed)
         )
+
+
+def _quiet(*_: Any) -> None:
+    """The log of ranks other than 0: only rank 0 speaks."""
 
 
 def _fmt_bytes(n: int | None) -> str:
@@ -157,8 +169,20 @@ def summarize(rows: list[dict[str, Any] | None]) -> None:
     devs = sorted({r.get("device_name") or "?" for r in rows})
     console.print(
         f"initial/final: validation loss (nats/token); time: training only (no warm-up, evaluation or checkpoints); "
-        f"peak mem: {'; '.join(sorted(kinds)) or '-'}. device: {', '.join(devs)}."
+        f"peak mem: {'; '.join(sorted(kinds)) or '-'}. device: {', '.join(devs)}. "
+        f"precision: {', '.join(sorted({_dtype(r) for r in rows}))}."
     )
+
+
+def _dtype(r: dict[str, Any]) -> str:
+    """'bf16 (cpu:avx512_bf16)': the precision a run trained in and what it was chosen from ('-' before it was
+    recorded)."""
+    if not r.get("dtype"):
+        return "-"
+    short = {"bfloat16": "bf16", "float32": "fp32"}.get(r["dtype"], r["dtype"])
+    reason = r.get("precision_reason") or ""
+    cap = reason[reason.rfind("(") + 1 : -1] if reason.endswith(")") else ""
+    return f"{short} ({cap})" if cap else short
 
 
 def _f(x: float | None) -> str:
@@ -180,17 +204,18 @@ def runs(
     handle = dbm.connect(db_path_of(db), create=False)
     rows = dbm.runs(handle, status=status, preset=preset)
     if as_json:
-        keep = ("id", "arch", "variant", "preset", "seed", "status", "step", "max_steps", "initial_val_loss", "final_val_loss",
-                "train_seconds", "tokens_per_s", "device", "error")
+        keep = ("id", "arch", "variant", "preset", "seed", "status", "step", "max_steps", "initial_val_loss",
+                "final_val_loss", "train_seconds", "tokens_per_s", "device", "dtype", "precision_reason", "error")
         print(json.dumps([{k: r.get(k) for k in keep} for r in rows], indent=2))
         return
     if not rows:
         console.print("no runs yet; start with 'benchctl train-all --preset small'")
         return
     t = Table(box=box.SIMPLE_HEAD)
-    for head in ("id", "variant", "status", "step", "final loss", "error"):
+    for head in ("id", "variant", "status", "step", "final loss", "dtype", "error"):
         t.add_column(head, no_wrap=head != "error", justify="right" if head in ("step", "final loss") else "left")
     for r in rows:
-        t.add_row(r["id"], r.get("variant") or r["arch"], r["status"], f"{r.get('step') or 0}/{r.get('max_steps') or '?'}",
-                  _f(r.get("final_val_loss")), (r.get("error") or "")[:60])
+        t.add_row(r["id"], r.get("variant") or r["arch"], r["status"],
+                  f"{r.get('step') or 0}/{r.get('max_steps') or '?'}", _f(r.get("final_val_loss")), _dtype(r),
+                  (r.get("error") or "")[:60])
     console.print(t)

@@ -75,7 +75,8 @@ def bench_section(frames: Frames) -> list[str]:
             # time per token over the control's, divided by FLOPs per token over the control's (1 = pure arithmetic)
             cost = fnum((float(ctrl["tokens_per_s"]) / float(r["tokens_per_s"]))
                         / (float(r["flops_per_token"]) / float(ctrl["flops_per_token"])), 2)
-        rows.append([r["arch"], r["impl"], "yes" if py(r["compiled"]) else "no", r["device_name"] or r["device"],
+        impl = r["impl"] if missing(r.get("dtype")) else f"{r['impl']} ({r['dtype']})"
+        rows.append([r["arch"], impl, "yes" if py(r["compiled"]) else "no", r["device_name"] or r["device"],
                      fnum(r["tokens_per_s"], 0), f"{fnum(r['tokens_per_s_min'], 0)}–{fnum(r['tokens_per_s_max'], 0)}",
                      fnum(scaled(r["step_seconds"], 1e-3), 1), fnum(scaled(r["flops_per_token"], 1e6), 2),
                      "-" if missing(r["mfu"]) else f"{100 * float(r['mfu']):.1f}%",
@@ -85,8 +86,12 @@ def bench_section(frames: Frames) -> list[str]:
     if not ref.empty and ctrl is not None:
         ref_row = ref.to_dict("records")[0]
         ratio = float(ctrl["tokens_per_s"]) / float(ref_row["tokens_per_s"])
-        out.append(f"benchctl's control step runs at {ratio:.2f}× the eager reference's tokens/s, measured side by "
-                   "side in the same invocation.")
+        out.append(f"benchctl's control step runs at {ratio:.2f}× the eager reference's tokens/s at the same "
+                   "precision, measured side by side in the same invocation.")
+        ref32 = b[(b["arch"] == CONTROL) & (b["impl"] == "reference-fp32")]
+        if not ref32.empty:
+            ratio32 = float(ctrl["tokens_per_s"]) / float(ref32.iloc[0]["tokens_per_s"])
+            out.append(f"Against the reference in fp32 (as llama2.c runs on a CPU) it runs at {ratio32:.2f}×.")
         kernel = ctrl.get("kernel_seconds")
         if not missing(kernel) and float(kernel) > 0:
             out.append(f"Its step spends {fnum(kernel, 2)} s in matmul and attention kernels (best profiled step), so "
@@ -114,6 +119,8 @@ def provenance_section(frames: Frames) -> list[str]:
         ("data source", counts(r["data_source"])),
         ("data fingerprint", counts(r["data_fingerprint"])),
         ("device", counts(f"{a} / {b}" if not missing(b) else a for a, b in zip(r["device"], r["device_name"]))),
+        # train.dtype=auto resolves per machine: the precision each run actually trained in, and why
+        ("precision", counts(r["precision_reason"])),
         ("torch", counts(r["torch_version"])),
         ("CUDA", counts(r["cuda_version"], absent="none")),
         ("driver", counts(r["driver_version"], absent="none")),

@@ -114,6 +114,9 @@ def cost_section(frames: Frames) -> list[str]:
     devices = sorted({str(x) for x in ctx.done["device_name"].dropna()})
     out.append(f"Hardware: {hardware_line(ctx)}; torch "
                f"{', '.join(sorted({str(x) for x in ctx.done['torch_version'].dropna()})) or 'unknown'}.")
+    precisions = sorted({str(x) for x in ctx.done["dtype"].dropna()})
+    if precisions:
+        out.append(f"Precision: {', '.join(precisions)} (train.dtype=auto resolves per machine; see Provenance).")
     if len(devices) > 1:
         out.append("Warning: these runs were made on different devices, so time and memory ratios mix hardware.")
     out.append("")
