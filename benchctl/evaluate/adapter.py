@@ -295,32 +295,3 @@ class BenchctlLM(TemplateLM):
                             stop_ids=(self.eot_token_id,), n_recur=self.n_recur, generators=gens,
                             should_stop=should_stop)
         return [g.tokens for g in outs]
-        done = [False] * B
-        seq = idx.to(self._device)  # (B, T)
-        generator = torch.Generator(device=self._device).manual_seed(self._batch_seed(idx))
-        with self._seeded(idx):
-            cache: KVCache | None = KVCache(L)
-            logits, _ = self.model(seq[:, -L:], n_recur=self.n_recur, cache=cache)  # (B, T, V)
-            if seq.shape[1] >= L:
-                cache = None  # no room left: slide the window from here on
-            for step in range(max_new):
-                nxt = sample_next(logits[:, -1, :], temperature, None, None, generator)  # (B,)
-                for r in range(B):
-                    if done[r]:
-                        continue
-                    t = int(nxt[r])
-                    if t == self.eot_token_id:
-                        done[r] = True
-                        continue
-                    out[r].append(t)
-                    if until and any(s in self.tok.decode(out[r]) for s in until):
-                        done[r] = True
-                if all(done) or step == max_new - 1:
-                    break
-                seq = torch.cat([seq, nxt[:, None]], dim=1)  # (B, T+1)
-                if cache is not None and cache.pos < L:
-                    logits, _ = self.model(nxt[:, None], n_recur=self.n_recur, cache=cache)  # (B, 1, V)
-                else:
-                    cache = None
-                    logits, _ = self.model(seq[:, -L:], n_recur=self.n_recur)  # (B, L, V)
-        return out
