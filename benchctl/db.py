@@ -73,7 +73,7 @@ def connect(path: str | os.PathLike | None = None, *, create: bool = True) -> sq
 
 def migrate(db: sqlite_utils.Database) -> None:
     """Create missing tables and add missing columns; refuse a database from a newer benchctl."""
-    with db.conn:
+    with db.atomic():
         if "meta" in db.table_names():
             row = db.execute("select value from meta where key = 'schema_version'").fetchone()
             if row is not None and int(row[0]) > SCHEMA_VERSION:
@@ -155,7 +155,7 @@ def get_run(db: sqlite_utils.Database, run_id: str) -> dict[str, Any] | None:
 
 def update_run(db: sqlite_utils.Database, run_id: str, **values: Any) -> None:
     values["updated_at"] = now()
-    with db.conn:
+    with db.atomic():
         db["runs"].update(run_id, values)
 
 
@@ -230,7 +230,7 @@ def start_run(db: sqlite_utils.Database, run: dict[str, Any], *, new: bool, resu
     rid, stamp = run["id"], now()
     values = {**run, "started_at": stamp, "updated_at": stamp}
     variant = values.pop("variant", None) or run.get("arch")
-    with db.conn:
+    with db.atomic():
         if new:
             db["runs"].insert({**values, "variant": variant, "created_at": stamp, "step": 0, "tokens_seen": 0},
                               alter=True)
@@ -250,13 +250,13 @@ def _truncate_metrics_after(db: sqlite_utils.Database, run_id: str, step: int) -
 def record_metrics(db: sqlite_utils.Database, rows: list[dict[str, Any]]) -> None:
     """Metric rows keyed by (run, step, name): rewriting a step after a resume replaces, never duplicates."""
     if rows:
-        with db.conn:
+        with db.atomic():
             db["metrics"].upsert_all(rows, pk=("run_id", "step", "name"))
 
 
 def record_initial_loss(db: sqlite_utils.Database, run_id: str, value: float, metrics: list[dict[str, Any]]) -> None:
     """The step-0 evaluation: its metric rows and the run's initial loss together."""
-    with db.conn:
+    with db.atomic():
         if metrics:
             db["metrics"].upsert_all(metrics, pk=("run_id", "step", "name"))
         db["runs"].update(run_id, {"initial_val_loss": value, "updated_at": now()})
@@ -267,7 +267,7 @@ def record_checkpoint(db: sqlite_utils.Database, run_id: str, *, step: int, path
     """A checkpoint was written: the metrics up to it, its row (one per path: the file is overwritten in place) and
     the run's progress and telemetry, in one transaction, so a kill never leaves a checkpoint without its rows."""
     stamp = now()
-    with db.conn:
+    with db.atomic():
         if metrics:
             db["metrics"].upsert_all(metrics, pk=("run_id", "step", "name"))
         db["checkpoints"].delete_where("run_id = ? and path = ?", [run_id, path])
@@ -279,7 +279,7 @@ def record_checkpoint(db: sqlite_utils.Database, run_id: str, *, step: int, path
 def finish_run(db: sqlite_utils.Database, run_id: str, *, final_val_loss: float,
                initial_val_loss: float | None) -> None:
     stamp = now()
-    with db.conn:
+    with db.atomic():
         db["runs"].update(run_id, {
             "status": "done", "final_val_loss": final_val_loss, "finished_at": stamp, "updated_at": stamp,
             "initial_val_loss": initial_val_loss, "pid": None,
@@ -313,7 +313,7 @@ def insert_samples(db: sqlite_utils.Database, rows: list[dict[str, Any]]) -> int
 
 
 def _insert_counted(db: sqlite_utils.Database, table: str, rows: list[dict[str, Any]]) -> int:
-    with db.conn:
+    with db.atomic():
         before = db.execute("select total_changes()").fetchone()[0]
         db[table].insert_all(rows, pk="id", ignore=True)
         return db.execute("select total_changes()").fetchone()[0] - before
@@ -419,7 +419,7 @@ def record_judge_answer(db: sqlite_utils.Database, request: dict[str, Any], grad
 
     def write() -> None:
         stamp = now()
-        with db.conn:
+        with db.atomic():
             prev = next(iter(db.query("select * from judge_requests where key = ?", [request["key"]])), None) or {}
             row = {**request, "created_at": prev.get("created_at") or stamp, "updated_at": stamp}
             for col in _JUDGE_ACCUMULATED:
@@ -440,7 +440,7 @@ def replace_eval_results(db: sqlite_utils.Database, rows: list[dict[str, Any]], 
     task that now reports fewer metrics leaves none of its old ones behind."""
 
     def write() -> None:
-        with db.conn:
+        with db.atomic():
             for run_id, task in keys:
                 db.conn.execute(
                     "delete from eval_results where run_id = ? and task = ? and n_recur = ? and limit_n = ?",
@@ -474,7 +474,7 @@ def eval_results(db: sqlite_utils.Database, run_id: str, n_recur: int, limit_n: 
 
 def record_bench_rows(db: sqlite_utils.Database, rows: list[dict[str, Any]]) -> None:
     """One `benchctl bench` invocation's rows, all or none."""
-    with db.conn:
+    with db.atomic():
         db["bench"].insert_all(rows, alter=False)
 
 
@@ -493,7 +493,7 @@ def record_depth_result(db: sqlite_utils.Database, row: dict[str, Any]) -> None:
     """One measured (run, setting) row, written as soon as it is measured; an existing key is kept."""
 
     def write() -> None:
-        with db.conn:
+        with db.atomic():
             db["depth_results"].insert({"created_at": now(), **row}, pk=_DEPTH_PK, ignore=True)
 
     retry_locked(write)
@@ -577,7 +577,7 @@ def record_plan_runs(db: sqlite_utils.Database, rows: list[dict[str, Any]]) -> N
     stamp = now()
 
     def write() -> None:
-        with db.conn:
+        with db.atomic():
             for row in rows:
                 prev = next(iter(db.query(
                     "select created_at from plan_runs where plan = ? and variant = ? and preset = ? and seed = ?",
@@ -602,5 +602,5 @@ def plan_runs(db: sqlite_utils.Database, plan: str | None = None) -> list[dict[s
 
 def record_gpu_telemetry_note(db: sqlite_utils.Database, run_id: str, note: str | None) -> None:
     """Why some GPU readings of the run are absent (None: all present, or not a GPU run)."""
-    with db.conn:
+    with db.atomic():
         db["runs"].update(run_id, {"gpu_telemetry_note": note, "updated_at": now()})
