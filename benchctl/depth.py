@@ -36,7 +36,7 @@ from typing import Any
 
 from benchctl import db as dbm
 from benchctl.errors import ConfigError, DataError, EvalError
-from benchctl.progress import Progress, silent
+from benchctl.progress import Progress, as_progress, silent
 
 DEFAULT_DEPTHS = (1, 2, 4, 8, 16, 32)
 DEFAULT_THRESHOLDS = (1e-2, 1e-3, 1e-4)
@@ -263,7 +263,7 @@ def depth_all(
     Without `depths` the default sweep also takes each run's trained depth and twice it."""
     from benchctl.runtime import resolve_device
 
-    reporter = progress if isinstance(progress, Progress) else Progress(enabled=progress)
+    reporter = as_progress(progress)
     with_trained = depths is None
     depths = parse_depths(depths)
     thresholds = parse_thresholds(thresholds)

@@ -233,3 +233,15 @@ def _datasets_bars(enable: bool | None) -> bool | None:
 def silent() -> Progress:
     """A reporter that draws no bars and prints messages to stdout (library use, tests)."""
     return Progress(enabled=False)
+
+
+def as_progress(progress: bool | Progress, *, stderr: bool = False) -> Progress:
+    """The reporter an engine function was given, or one built from the old `progress: bool` flag (True: bars on
+    stdout, or on stderr when `stderr` so results keep stdout; False: silent)."""
+    if isinstance(progress, Progress):
+        return progress
+    if stderr:
+        from rich.console import Console
+
+        return Progress(enabled=bool(progress), console=Console(stderr=True))
+    return Progress(enabled=bool(progress))

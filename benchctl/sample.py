@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Any
 
 from benchctl import db as dbm
 from benchctl.errors import ConfigError, DataError, EvalError
-from benchctl.progress import Progress, silent
+from benchctl.progress import Progress, as_progress, silent
 
 if TYPE_CHECKING:  # torch is imported where used: the CLI starts without paying its import time
     import torch
@@ -534,7 +534,7 @@ def sample_all(
     reporter / none."""
     from benchctl.runtime import resolve_device
 
-    reporter = progress if isinstance(progress, Progress) else Progress(enabled=progress)
+    reporter = as_progress(progress)
     settings = SampleSettings(temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens,
                               seed=seed, n_recur=n_recur, batch_size=batch_size, extrapolate=extrapolate,
                               exit_rule=exit_rule, exit_threshold=exit_threshold)

@@ -19,7 +19,7 @@ from typing import Any
 
 from benchctl.errors import ConfigError, DataError
 from benchctl.files import atomic_write
-from benchctl.progress import Progress
+from benchctl.progress import Progress, as_progress
 
 HUB_REPO = "roneneldan/TinyStories"
 HUB_SPLITS = {"train": "train", "valid": "validation"}
@@ -364,11 +364,7 @@ def _file_sha256(path: Path) -> str:
 
 def _reporter(progress: Progress | bool) -> Progress:
     """The caller's reporter, or for a plain flag one that writes to stderr (stdout may carry a command's output)."""
-    if isinstance(progress, Progress):
-        return progress
-    from rich.console import Console
-
-    return Progress(enabled=bool(progress), console=Console(stderr=True))
+    return as_progress(progress, stderr=True)
 
 
 def _log(progress: Progress | bool, msg: str) -> None:

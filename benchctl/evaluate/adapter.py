@@ -38,7 +38,7 @@ from lm_eval.models.utils import Collator, handle_stop_sequences, normalize_gen_
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from benchctl import data as datamod
-from benchctl.progress import Progress
+from benchctl.progress import Progress, as_progress
 
 DEFAULT_BATCH_SIZE = 32
 DEFAULT_SEED = 1234  # seed mixed into every forward (three-part's random initial state)
@@ -99,7 +99,7 @@ class BenchctlLM(TemplateLM):
         self._batch_size = _as_int("batch_size", DEFAULT_BATCH_SIZE if batch_size is None else batch_size)
         self._max_gen_toks = _as_int("max_gen_toks", max_gen_toks)
         self.seed = _as_int("seed", seed, minimum=0)
-        self.progress = progress if isinstance(progress, Progress) else Progress(enabled=progress)
+        self.progress = as_progress(progress)
 
     # ---- what lm-eval asks of a TemplateLM ---------------------------------------------------------------------
 

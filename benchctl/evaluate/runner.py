@@ -31,7 +31,7 @@ from benchctl import db as dbm
 from benchctl.errors import EvalError
 from benchctl.evaluate.adapter import DEFAULT_BATCH_SIZE, BenchctlLM
 from benchctl.evaluate.tasks import BUNDLED_TASKS, DEFAULT_DOCS, TaskIndex, check_task_names
-from benchctl.progress import Progress
+from benchctl.progress import Progress, as_progress
 
 BOOTSTRAP_ITERS = 1000  # lm-eval stderr for bootstrapped metrics (acc uses the closed form)
 HUB_PROBE_TIMEOUT = 3.0
@@ -420,7 +420,7 @@ def evaluate_runs(
     True / False for a default reporter / none; `log` receives the messages (default: the reporter's `log`).
     """
     t0 = time.perf_counter()
-    reporter = progress if isinstance(progress, Progress) else Progress(enabled=progress)
+    reporter = as_progress(progress)
     opts = _options(tasks, n_recur, limit, batch_size, threads, n_docs, include_paths, device, force)
     plan = _plan(db, Path(db_path), opts, run_ids, archs, preset)
     summary = EvalSummary(tasks=opts.tasks, limit=limit, n_recur=n_recur,

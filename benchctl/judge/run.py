@@ -37,7 +37,7 @@ from benchctl.judge.client import (
 from benchctl.judge.prompt import Template, load_template
 from benchctl.judge.storage import Database, existing_status, record, select_samples
 from benchctl.judge.summary import JudgeSummary, summarize
-from benchctl.progress import Progress
+from benchctl.progress import Progress, as_progress
 
 
 def _validate(judge_model: str, concurrency: int, repeats: int, limit: int | None, max_attempts: int,
@@ -58,11 +58,7 @@ def _validate(judge_model: str, concurrency: int, repeats: int, limit: int | Non
 
 def reporter(progress: bool | Progress) -> Progress:
     """The given Progress, or one built from a flag: True draws on stderr (stdout stays for results), False is silent."""
-    if isinstance(progress, Progress):
-        return progress
-    from rich.console import Console
-
-    return Progress(enabled=bool(progress), console=Console(stderr=True))
+    return as_progress(progress, stderr=True)
 
 
 async def judge_all_async(
