@@ -210,6 +210,21 @@ def barrier(dist_info: Dist) -> None:
 T = TypeVar("T")
 
 
+def main_first(dist_info: Dist, work: Callable[[], T]) -> T:
+    """Run `work` on rank 0, then on the other ranks (one process: just run it).
+
+    For work that fills a shared cache (tokenizer, pretokenized data): rank 0 builds it while the others wait, and
+    they then read it instead of all writing the same files at once."""
+    if not dist_info.enabled:
+        return work()
+    if not dist_info.is_main:
+        barrier(dist_info)
+    out = work()
+    if dist_info.is_main:
+        barrier(dist_info)
+    return out
+
+
 def decide_on_main(dist_info: Dist, decide: Callable[[], T]) -> T:
     """Run `decide` on rank 0 only and hand every rank its outcome: the value, or the BenchctlError it raised.
 

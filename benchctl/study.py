@@ -125,9 +125,10 @@ def train_all(
     return result
 
 
-def _record_plan_run(db: dbm.Database, plan: Any, variant: str, cfg: RunConfig, rid: str) -> None:
-    """The plan reached this run under `variant` (once its row exists: a run that failed before starting has none)."""
-    if plan is None or dbm.get_run(db, rid) is None:
+def _record_plan_run(db: dbm.Database | None, plan: Any, variant: str, cfg: RunConfig, rid: str) -> None:
+    """The plan reached this run under `variant` (once its row exists: a run that failed before starting has none).
+    Under torchrun only rank 0 has the database (`db` is None elsewhere)."""
+    if plan is None or db is None or dbm.get_run(db, rid) is None:
         return
     dbm.record_plan_runs(db, [{"plan": plan.name, "variant": variant, "preset": cfg.preset, "seed": cfg.seed,
                                "run_id": rid, "plan_path": str(plan.path), "plan_sha256": plan.sha256}])
@@ -167,13 +168,24 @@ class StudyOptions:
     progress: bool = True
 
 
+def _join_group(cfgs: list[RunConfig]) -> Any:
+    """Under torchrun, join the one process group every run of the study trains in (before the data is prepared,
+    which waits on it); returns the process's Dist."""
+    from benchctl.runtime import Dist, init_distributed, resolve_device
+
+    dist_info = Dist.from_env()
+    if dist_info.enabled and cfgs:
+        init_distributed(dist_info, resolve_device(cfgs[0].train.device, dist_info.local_rank))
+    return dist_info
+
+
 def run_study(
     opts: StudyOptions, log: Callable[[str], None] = print, confirm: Callable[[str], bool] | None = None
-) -> Path:
+) -> Path | None:
     """Run every registered stage in order (prepare -> train -> sample -> judge -> eval -> report by default);
     each stage is resumable, so rerunning the study picks up where it stopped.
 
-    Returns the report path. A failed training run does not stop the study: later stages use the runs that
+    Returns the report path (None on the ranks other than 0 under torchrun: they train, then stop). A failed training run does not stop the study: later stages use the runs that
     finished, the report lists the failure, and the caller is told (BenchctlError at the end). `confirm` asks the
     user before long training (None: long training needs opts.yes).
     """
@@ -184,7 +196,10 @@ def run_study(
     study = stages.StudyRun(opts=opts, cfgs=cfgs, archs=archs, variants=[r.variant for r in runs], plan=plan,
                             log=log, confirm=confirm)
     todo = [s for s in stages.registered() if s.run is not None]
+    dist_info = _join_group(cfgs)
     for i, stage in enumerate(todo, 1):
+        if not dist_info.is_main and not stage.every_rank:
+            return None  # rank 0 alone samples, evaluates and reports; this rank's part (training) is done
         study.heading = f"{i}/{len(todo)} {stage.name}"
         stage.run(study)
     failed = study.trained.failed if study.trained is not None else []

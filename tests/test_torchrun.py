@@ -95,3 +95,19 @@ def test_killed_torchrun_run_resumes_to_the_same_final_loss(tmp_path, tinystorie
     assert s1 == s2 == "done"
     assert f2 == pytest.approx(f1, abs=1e-5)
     assert v2 == pytest.approx(v1, abs=1e-5)
+
+
+@pytest.mark.slow
+def test_study_under_torchrun_trains_on_every_rank_and_reports_once(tmp_path, tinystories_dir):
+    """The study keeps one process group for its training and then rank 0 alone runs the later stages: the other
+    rank stops cleanly instead of sampling, evaluating and writing the same report a second time."""
+    args = ["study", "--archs", "control", "--seeds", "0", *TINY, "--set", "train.max_steps=4", "--skip",
+            "sample,judge,eval", "--data", str(tinystories_dir), "--db", str(tmp_path / "results.db"),
+            "--out", str(tmp_path / "reports"), "--yes"]
+    p = torchrun(args, tmp_path / "cache")
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err
+    assert out.count(" prepare: data source") == 1 and out.count(" train: plan") == 1, out  # one voice: rank 0's
+    assert (tmp_path / "reports" / "report.md").exists()
+    assert "Traceback" not in err and "Connection closed" not in err
+    assert sqlite3.connect(tmp_path / "results.db").execute("select status from runs").fetchall() == [("done",)]

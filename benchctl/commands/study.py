@@ -41,6 +41,7 @@ def study(
     from benchctl import stages
     from benchctl.commands.confirm import terminal_confirm
     from benchctl.errors import ConfigError
+    from benchctl.runtime import Dist
     from benchctl.study import StudyOptions, run_study
 
     skipped = tuple(split_list(skip) or ())
@@ -52,5 +53,11 @@ def study(
         overrides=overrides_with_data(set_, data), db_path=db_path_of(db), out_dir=out, judge_model=judge_model,
         n_prompts=n_prompts, eval_tasks=split_list(tasks), skip=skipped, yes=yes, progress=progress,
     )
-    path = run_study(opts, log=console.print, confirm=terminal_confirm())
-    console.print(f"[bold]report:[/] {path}")
+    is_main = Dist.from_env().is_main  # under torchrun every rank trains; rank 0 alone speaks and runs the rest
+    path = run_study(opts, log=console.print if is_main else _quiet, confirm=terminal_confirm())
+    if path is not None:
+        console.print(f"[bold]report:[/] {path}")
+
+
+def _quiet(*_: object) -> None:
+    """The log of ranks other than 0."""

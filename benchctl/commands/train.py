@@ -30,19 +30,13 @@ def prepare_for(cfg, progress: bool):
     """Run `prepare` on demand (instant when cached). Under torchrun, rank 0 prepares first, then the others read.
     Preparation messages go to stderr, as they always have, so stdout carries only the command's results."""
     from benchctl import data
-    from benchctl.runtime import Dist, barrier, init_distributed, resolve_device
+    from benchctl.runtime import Dist, init_distributed, main_first, resolve_device
 
     dist_info = Dist.from_env()
     if dist_info.enabled:
         init_distributed(dist_info, resolve_device(cfg.train.device, dist_info.local_rank))
-        if not dist_info.is_main:
-            barrier(dist_info)
-        prepared = data.prepare(cfg.data, cfg.model.vocab_size,
-                                progress=make_progress(progress and dist_info.is_main, stderr=True))
-        if dist_info.is_main:
-            barrier(dist_info)
-        return prepared
-    return data.prepare(cfg.data, cfg.model.vocab_size, progress=make_progress(progress, stderr=True))
+    return main_first(dist_info, lambda: data.prepare(
+        cfg.data, cfg.model.vocab_size, progress=make_progress(progress and dist_info.is_main, stderr=True)))
 
 
 @app.command()

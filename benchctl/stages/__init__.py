@@ -32,7 +32,9 @@ class Stage:
     `run` may be None for a stage that only contributes report sections. `figures` names every PNG its sections
     can write, so the report can remove a stale one when the data behind it is gone. `skippable` stages can be
     left out with `benchctl study --skip NAME`; their `run` checks `study.skips(name)` itself, because what it
-    says when skipped (and whether there is anything to do) is the stage's own business."""
+    says when skipped (and whether there is anything to do) is the stage's own business. Under torchrun the
+    `every_rank` stages (preparing the data, training) run on every process; the study's other ranks stop after
+    the last of them and rank 0 alone runs the rest, which needs no process group."""
 
     name: str
     order: int
@@ -40,6 +42,7 @@ class Stage:
     sections: tuple[Section, ...] = ()
     figures: tuple[str, ...] = ()
     skippable: bool = False
+    every_rank: bool = False  # under torchrun: run on every rank (training's DDP); otherwise rank 0 alone
 
 
 @dataclass

@@ -7,10 +7,13 @@ from benchctl.stages import Stage, StudyRun
 
 def run(study: StudyRun) -> None:
     from benchctl import data
+    from benchctl.runtime import Dist, main_first
 
     first = study.cfgs[0]
     study.say(f"data source {first.data.source!r}, vocab {first.model.vocab_size}")
-    study.prepared = data.prepare(first.data, first.model.vocab_size, progress=study.opts.progress)
+    dist_info = Dist.from_env()  # under torchrun rank 0 fills the cache, then the other ranks read it
+    study.prepared = main_first(dist_info, lambda: data.prepare(
+        first.data, first.model.vocab_size, progress=study.opts.progress and dist_info.is_main))
 
 
-STAGE = Stage(name="prepare", order=10, run=run)
+STAGE = Stage(name="prepare", order=10, run=run, every_rank=True)

@@ -26,6 +26,7 @@ STAGE = Stage(
     name="train", order=20, run=run,
     sections=(runs_section, models_section, cost_section, loss_section, compute_section, params_section,
               depth_section),
+    every_rank=True,
     figures=("training_time.png", "peak_memory.png", "final_val_loss.png", "val_loss_curves.png",
              "loss_vs_compute.png", "loss_vs_params.png", "loss_vs_depth.png"),
 )
