@@ -19,6 +19,8 @@ def report(
         Optional[str],
         typer.Option("--preset", "-p", help="Preset to report [default: the one with most finished runs]."),
     ] = None,
+    plan: Annotated[Optional[str], typer.Option(
+        "--plan", help="Report only the runs this plan trained, named by its variants (see 'benchctl plans').")] = None,
     fmt: Annotated[str, typer.Option("--format", help="Output format (md: markdown with PNG figures).")] = "md",
     db: DbOpt = None,
 ) -> None:
@@ -29,7 +31,7 @@ def report(
 
     if fmt != "md":
         raise ConfigError(f"--format {fmt!r} is not supported; the only format is 'md' (markdown with PNG figures)")
-    rendered = reporting.build(db if db is not None else dbmod.default_path(), preset)
+    rendered = reporting.build(db if db is not None else dbmod.default_path(), preset, plan, only_plan=True)
     path = reporting.save(rendered, out)
     n = len(rendered.figures)
     console.print(f"wrote {path} and {n} figure{'s' if n != 1 else ''} in {path.parent / 'figures'}",

@@ -74,9 +74,31 @@ def render(data: Data, preset: str | None = None, plan: str | None = None) -> Re
     return Rendered("\n".join(lines) + "\n", frames.figures, ctx.preset, ctx.other_presets)
 
 
-def build(db: str | os.PathLike | Any, preset: str | None = None, plan: str | None = None) -> Rendered:
-    """Read results.db (a path, opened read-only, or an open connection) and render the report in memory."""
-    return render(read(db), preset, plan)
+def build(db: str | os.PathLike | Any, preset: str | None = None, plan: str | None = None,
+          only_plan: bool = False) -> Rendered:
+    """Read results.db (a path, opened read-only, or an open connection) and render the report in memory.
+    `only_plan` keeps just the runs `plan` reached (a database often holds several plans' runs of one preset)."""
+    data = read(db)
+    if only_plan and plan is not None:
+        data = plan_only(data, plan)
+    return render(data, preset, plan)
+
+
+def plan_only(data: Data, plan: str) -> Data:
+    """The data with only the runs `plan` reached; a plan with no runs in the database is a ConfigError naming the
+    plans that have some."""
+    from dataclasses import replace
+
+    from benchctl.errors import ConfigError
+
+    pr = data.plan_runs
+    known = sorted(set(pr["plan"])) if not pr.empty else []
+    if plan not in known:
+        have = f"plans with runs here: {', '.join(known)}" if known else "no plan has runs here yet"
+        raise ConfigError(f"the database has no runs of plan '{plan}' ({have})")
+    ids = set(pr.loc[pr["plan"] == plan, "run_id"].astype(str))
+    return replace(data, runs=data.runs[data.runs["id"].astype(str).isin(ids)].reset_index(drop=True),
+                   plan_runs=pr[pr["plan"] == plan].reset_index(drop=True))
 
 
 def save(rendered: Rendered, out_dir: str | os.PathLike) -> Path:
@@ -97,9 +119,9 @@ def save(rendered: Rendered, out_dir: str | os.PathLike) -> Path:
 
 
 def write_report(db: str | os.PathLike | Any, out_dir: str | os.PathLike,
-                 preset: str | None = None, plan: str | None = None) -> Path:
+                 preset: str | None = None, plan: str | None = None, only_plan: bool = False) -> Path:
     """results.db -> out_dir/report.md (+ out_dir/figures/*.png); returns the path of report.md.
 
     preset=None reports the preset with most finished runs (the report names it and lists the others); `plan`
-    names the models by that plan's variant names first."""
-    return save(build(db, preset, plan), out_dir)
+    names the models by that plan's variant names first, and with `only_plan` the report shows its runs alone."""
+    return save(build(db, preset, plan, only_plan), out_dir)
