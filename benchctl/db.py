@@ -364,7 +364,8 @@ def judge_samples(db: sqlite_utils.Database, run_ids: Iterable[str] | None = Non
     where = f"where s.run_id in ({','.join('?' * len(ids))})" if ids else ""
     params: list[Any] = list(ids)
     sql = (
-        "select s.id as sample_id, s.run_id, r.arch, r.preset, p.idx as prompt_idx, p.text as beginning, s.completion "
+        "select s.id as sample_id, s.run_id, r.arch, coalesce(r.variant, r.arch) as variant, r.preset, "
+        "p.idx as prompt_idx, p.text as beginning, s.completion "
         "from samples s join runs r on r.id = s.run_id join prompts p on p.id = s.prompt_id "
         f"{where} order by p.idx, r.arch, s.run_id, s.id"
     )

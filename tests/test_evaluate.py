@@ -447,9 +447,9 @@ def test_eval_end_to_end_stores_rows(trained):
         "select * from eval_results where limit_n = 8")}
     assert again == pytest.approx({k: r["value"] for k, r in by.items()})
     headers = {task: tuple(h) for task, h, _ in ev.summary_tables(forced)}
-    assert headers["tinystories_ending"] == headers["tinystories_names"] == ("arch", "seed", "n_recur", "acc",
+    assert headers["tinystories_ending"] == headers["tinystories_names"] == ("model", "seed", "n_recur", "acc",
                                                                               "acc_norm")
-    assert headers["tinystories_order"] == ("arch", "seed", "n_recur", "acc")
+    assert headers["tinystories_order"] == ("model", "seed", "n_recur", "acc")
 
 
 def test_lm_eval_environment_info_is_quick_and_quiet(trained, tmp_path, monkeypatch, capfd):

@@ -458,7 +458,7 @@ def test_cli_judges_through_the_base_url_env(tmp_path, server, monkeypatch):
     res = runner.invoke(app, ["judge", "--model", "gemini-2.5-flash", "--db", str(path), "--concurrency", "2"])
     assert res.exit_code == 0, res.output
     assert server.count == 6
-    assert "judge grades per architecture" in res.output and "control" in res.output and "frailt" in res.output
+    assert "judge grades per model" in res.output and "control" in res.output and "frailt" in res.output
     assert "6 graded, 0 failed" in res.output
     db = dbm.connect(path)
     assert len(grades(db, "ok")) == 6
@@ -607,3 +607,17 @@ def test_cli_protocol_option(tmp_path, server, monkeypatch):
     assert {r["protocol"] for r in grades(dbm.connect(path))} == {"json"}
     res = CliRunner().invoke(app, ["judge", "--db", str(path), "--protocol", "essay"])
     assert isinstance(res.exception, ConfigError)
+
+
+def test_per_model_rows_keep_a_plans_variants_of_one_architecture_apart():
+    """control and control-16 are both `control` runs, but different models: their grades are never pooled."""
+    from benchctl.judge.summary import per_arch
+
+    samples = [{"sample_id": f"{v}-{i}", "preset": "tiny", "arch": "control", "variant": v}
+               for v in ("control-16", "control") for i in range(2)]
+    grade = {"grammar": 6, "creativity": 4, "consistency": 5, "plot": 5, "average": 5.0}
+    grades = [{"sample_id": s["sample_id"], "repeat": 0, "status": "ok",
+               **{k: (v + 2 if s["variant"] == "control-16" else v) for k, v in grade.items()}} for s in samples]
+    rows = per_arch(samples, grades, repeats=1)
+    assert [(r.arch, r.label, r.n_samples) for r in rows] == [("control", "control", 2), ("control", "control-16", 2)]
+    assert [r.stats["average"].mean for r in rows] == [5.0, 7.0]

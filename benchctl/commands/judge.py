@@ -133,15 +133,17 @@ def print_summary(summary) -> None:
     # Two narrow tables (means; CI half-widths) with the study's short headers stay inside 80 columns for any
     # number of architectures.
     keys = (*CRITERIA, "average")
-    means = Table(title="judge grades per architecture (mean over samples)", title_justify="left", box=box.SIMPLE_HEAD)
+    means = Table(title="judge grades per model (mean over samples)", title_justify="left", box=box.SIMPLE_HEAD)
     cis = Table(title="± half-width of the 95% CI (t, over samples)", title_justify="left",
                 box=box.SIMPLE_HEAD)
-    for col in ("arch", "n", "G", "Cr", "Co", "P", "avg", "failed", "study avg"):
-        means.add_column(col, justify="left" if col == "arch" else "right", no_wrap=True)
-    for col in ("arch", "G", "Cr", "Co", "P", "avg"):
-        cis.add_column(col, justify="left" if col == "arch" else "right", no_wrap=True)
+    for col in ("model", "n", "G", "Cr", "Co", "P", "avg", "failed", "study avg"):
+        means.add_column(col, justify="left" if col == "model" else "right", no_wrap=True)
+    for col in ("model", "G", "Cr", "Co", "P", "avg"):
+        cis.add_column(col, justify="left" if col == "model" else "right", no_wrap=True)
     for a in s.per_arch:
-        study = paper.JUDGE.get(a.arch, {}).get("average")
+        # the study's average belongs to its own four models, not to a plan's other variants of an architecture
+        named_as_study = a.label.split(" (")[0] == a.arch
+        study = paper.JUDGE.get(a.arch, {}).get("average") if named_as_study else None
         means.add_row(a.label, str(a.n_samples), *(_mean(a.stats[c]) for c in keys), str(a.n_failed),
                       "-" if study is None else f"{study:.2f}")
         cis.add_row(a.label, *(_half_width(a.stats[c]) for c in keys))

@@ -68,13 +68,13 @@ def sample(
     t = Table(title=f"samples — prompt set {', '.join(s.prompt_sets)}, settings {s.settings_hash}",
               title_justify="left", box=box.SIMPLE_HEAD)
     exiting = s.settings.exit_rule is not None
-    heads = ("arch", "seed", "R", "samples", "new", "mean tokens", "ended", "tok/s") + (("mean depth",) if exiting
+    heads = ("model", "seed", "R", "samples", "new", "mean tokens", "ended", "tok/s") + (("mean depth",) if exiting
                                                                                       else ())
     for head in heads:
-        t.add_column(head, justify="left" if head == "arch" else "right", no_wrap=True)
+        t.add_column(head, justify="left" if head == "model" else "right", no_wrap=True)
     for r in s.runs:
         t.add_row(
-            r.arch, str(r.seed), str(r.n_recur), str(r.n_samples), str(r.generated),
+            r.variant or r.arch, str(r.seed), str(r.n_recur), str(r.n_samples), str(r.generated),
             "-" if r.mean_tokens is None else f"{r.mean_tokens:.1f}",
             "-" if r.eos_share is None else f"{100 * r.eos_share:.0f}%",
             "-" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}",

@@ -424,7 +424,8 @@ def evaluate_runs(
     opts = _options(tasks, n_recur, limit, batch_size, threads, n_docs, include_paths, device, force)
     plan = _plan(db, Path(db_path), opts, run_ids, archs, preset)
     summary = EvalSummary(tasks=opts.tasks, limit=limit, n_recur=n_recur,
-                          runs=[{"id": r["id"], "arch": r["arch"], "preset": r["preset"], "seed": r["seed"],
+                          runs=[{"id": r["id"], "arch": r["arch"], "variant": r.get("variant") or r["arch"],
+                                 "preset": r["preset"], "seed": r["seed"],
                                  "n_recur": n} for r, _, n in plan])
     session = _Session(db, Path(db_path), opts, summary, reporter, log or reporter.log)
     with _preserved(threads), reporter.library_bars():

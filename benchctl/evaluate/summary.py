@@ -42,10 +42,10 @@ def summary_tables(summary: EvalSummary) -> list[tuple[str, list[str], list[list
     for task in sorted(metrics, key=lambda t: (order.get(t, len(order)), t)):
         shown = _SHOW.get(task, ())
         cols = sorted(metrics[task], key=lambda m: (shown.index(m) if m in shown else len(shown), m))
-        headers = ["arch", "seed", "n_recur"] + [short.get(m, m) for m in cols]
+        headers = ["model", "seed", "n_recur"] + [short.get(m, m) for m in cols]
         rows = []
         for run in summary.runs:
-            line = [run["arch"], str(run["seed"]), str(run["n_recur"])]
+            line = [run.get("variant") or run["arch"], str(run["seed"]), str(run["n_recur"])]
             for m in cols:
                 c = cells.get((run["id"], task, m))
                 line.append(_fmt(c["value"], c["stderr"], m) if c else "-")

@@ -34,7 +34,7 @@ def criterion_stat(values: list[float]) -> CriterionStat:
 class ArchSummary:
     arch: str
     preset: str
-    label: str  # the architecture, with the preset when the scope mixes presets
+    label: str  # the model's name (its runs' variant, e.g. control-16), with the preset when the scope mixes presets
     n_samples: int  # samples with at least one ok grade
     n_grades: int  # ok grades (samples x repeats)
     n_failed: int  # keys whose current grade is 'failed'
@@ -107,23 +107,24 @@ def _add_totals(db: Database, s: Settings, ids: list[str], repeats: int, summary
 
 
 def per_arch(samples: list[dict[str, Any]], grades: list[dict[str, Any]], repeats: int) -> list[ArchSummary]:
-    """One row per (preset, architecture): criterion means with CIs over samples, failures, keys never answered."""
-    group_of = {r["sample_id"]: (r["preset"], r["arch"]) for r in samples}
+    """One row per (preset, model): criterion means with CIs over samples, failures, keys never answered. A model is
+    its runs' variant name (a plan's control-16 and control are different models of one architecture)."""
+    group_of = {r["sample_id"]: (r["preset"], r["arch"], r.get("variant") or r["arch"]) for r in samples}
     status = {(g["sample_id"], g["repeat"]): g["status"] for g in grades}
     ok: dict[str, list[dict[str, Any]]] = {}
     for g in grades:
         if g["status"] == "ok":
             ok.setdefault(g["sample_id"], []).append(g)
-    presets = {p for p, _ in group_of.values()}
+    presets = {p for p, _, _ in group_of.values()}
     rows = []
-    for preset, arch in sorted(set(group_of.values()), key=_arch_order):
-        arch_ids = [i for i in group_of if group_of[i] == (preset, arch)]
+    for preset, arch, variant in sorted(set(group_of.values()), key=_arch_order):
+        arch_ids = [i for i in group_of if group_of[i] == (preset, arch, variant)]
         keys = [(i, r) for i in arch_ids for r in range(repeats)]
         per_sample = {i: ok[i] for i in arch_ids if i in ok}
         rows.append(ArchSummary(
             arch=arch,
             preset=preset,
-            label=arch if len(presets) == 1 else f"{arch} ({preset})",
+            label=variant if len(presets) == 1 else f"{variant} ({preset})",
             n_samples=len(per_sample),
             n_grades=sum(len(gs) for gs in per_sample.values()),
             n_failed=sum(1 for k in keys if status.get(k) == "failed"),
@@ -135,8 +136,9 @@ def per_arch(samples: list[dict[str, Any]], grades: list[dict[str, Any]], repeat
     return rows
 
 
-def _arch_order(group: tuple[str, str]) -> tuple[str, int, str]:
-    """Presets alphabetically; within one, the study's architectures in its order, then any others by name."""
-    preset, arch = group
+def _arch_order(group: tuple[str, str, str]) -> tuple[str, int, str, bool, str]:
+    """Presets alphabetically; within one, the study's architectures in its order, then any others by name; within
+    an architecture, the model named after it first, then its variants by name."""
+    preset, arch, variant = group
     study = list(paper.TOTAL_PARAMS)
-    return preset, study.index(arch) if arch in study else len(study), arch
+    return preset, study.index(arch) if arch in study else len(study), arch, variant != arch, variant
