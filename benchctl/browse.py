@@ -151,6 +151,7 @@ COLUMNS: dict[str, dict[str, tuple[str, str | None]]] = {
         "n_recur": ("test-time recurrence that ran", None),
         "batch_size": ("generation batch size (fixes three-part's random initial states)", None),
         "device": ("device type it ran on (samples reproduce on the same type)", None),
+        "dtype": ("precision the forward ran in: the run's rule on that device (bfloat16 autocast or float32)", None),
         "n_tokens": ("new tokens, end-of-story token excluded", "tokens"),
         "finish_reason": ("eos or length", None),
         "created_at": ("when it was generated (UTC)", None),
@@ -219,6 +220,7 @@ COLUMNS: dict[str, dict[str, tuple[str, str | None]]] = {
         "batch_size": ("requests per forward pass (padding can move scores)", None),
         "lm_eval_version": ("lm-eval version", None),
         "created_at": ("when it was computed (UTC)", None),
+        "dtype": ("precision the forward ran in: the run's rule on that device (empty: not recorded)", None),
     },
     "depth_results": {
         "run_id": ("the measured run (runs.id)", None),

@@ -24,7 +24,9 @@ shortest prompt and feeds each longer prompt's remaining tokens in place of samp
 is exactly its own prompt followed by its own samples, with no padding and no mask. One forward per token step with
 the model's KV cache (recurrent models cache every pass); rows that finish are dropped from the batch and from the
 cache; past the context the window slides as in llama2.c (the last `max_seq_len` tokens are re-encoded each step).
-Weights run in float32 on CPU or CUDA (`--device auto`).
+Weights are kept in float32 on CPU or CUDA (`--device auto`) and the forward runs under the run's precision rule on
+that device, as in training: bf16 autocast where the device computes bf16 natively, fp32 elsewhere (each sample
+records the dtype it ran in; tokens are drawn from fp32 probabilities either way).
 
 Seeds. Each row draws its tokens from its own generator seeded by f(seed, prompt index), so a control, FraiLT or
 relaxed sample does not depend on which other prompts share its batch (up to floating-point differences between
@@ -465,11 +467,14 @@ def sample_run(
     from benchctl.data import Tokenizer
 
     run_id = p.row["id"]
+    from benchctl.runtime import precision
+
     model, cfg, tok_path = checkpoint.load_model(checkpoint.run_dir(db_path, run_id) / checkpoint.CKPT_NAME, device)
     model.float()
+    prec = precision(cfg, device)
     tok = Tokenizer(tok_path)
     stop_ids = (tok.bos_id, tok.eos_id)
-    with torch.no_grad():  # warm-up (kernel selection, allocator) so the measured speed is the steady state
+    with torch.no_grad(), prec.autocast(device):  # warm-up (kernel selection, allocator) so the measured speed is the steady state
         model(torch.ones(1, 1, dtype=torch.long, device=device), n_recur=p.n_recur, extrapolate=p.extrapolate)
     for batch in p.batches:
         ids = [sample_id(run_id, q.id, settings.hash) for q in batch]
@@ -480,11 +485,12 @@ def sample_run(
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         t0 = time.perf_counter()
-        outs = generate_batch(
-            model, encoded, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
-            top_k=settings.top_k, top_p=settings.top_p, stop_ids=stop_ids, n_recur=p.n_recur, generators=gens,
-            extrapolate=p.extrapolate, exit=settings.exit,
-        )
+        with prec.autocast(device):
+            outs = generate_batch(
+                model, encoded, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
+                top_k=settings.top_k, top_p=settings.top_p, stop_ids=stop_ids, n_recur=p.n_recur, generators=gens,
+                extrapolate=p.extrapolate, exit=settings.exit,
+            )
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         result.gen_seconds += time.perf_counter() - t0
@@ -497,7 +503,7 @@ def sample_run(
                 "settings_json": settings.to_json(), "settings_hash": settings.hash,
                 "temperature": settings.temperature, "top_k": settings.top_k, "top_p": settings.top_p,
                 "max_new_tokens": settings.max_new_tokens, "seed": settings.seed, "n_recur": p.n_recur,
-                "batch_size": settings.batch_size, "device": device.type,
+                "batch_size": settings.batch_size, "device": device.type, "dtype": prec.dtype,
                 "n_tokens": len(o.tokens), "finish_reason": o.finish_reason, "created_at": now,
                 "extrapolate": p.extrapolate, "exit_rule": settings.exit_rule,
                 "exit_threshold": settings.exit_threshold, "mean_depth": o.mean_depth,

@@ -112,6 +112,7 @@ TABLES: dict[str, dict[str, Any]] = {
             "n_recur": int,  # the recurrence that ran (the run's trained one unless overridden)
             "batch_size": int,  # fixes the batch composition, hence three-part's random initial states
             "device": str,  # cpu | cuda: samples are reproducible on the same device type
+            "dtype": str,  # the precision the forward ran in (the run's rule on that device): bfloat16 | float32
             "n_tokens": int,  # new tokens, the end-of-story token excluded
             "finish_reason": str,  # eos | length
             "created_at": str,
@@ -195,6 +196,7 @@ TABLES: dict[str, dict[str, Any]] = {
             "batch_size": int,
             "lm_eval_version": str,
             "created_at": str,
+            "dtype": str,  # the precision the forward ran in (the run's rule on that device): bfloat16 | float32
         },
         "pk": ("run_id", "task", "metric", "n_recur", "limit_n"),
         "foreign_keys": [("run_id", "runs", "id")],

@@ -81,6 +81,9 @@ def trained(tmp_path_factory, tinystories_dir):
 
 
 def lm_for(trained: Trained, arch: str, **kw) -> ev.BenchctlLM:
+    """The adapter in fp32 unless `dtype` is given: these tests check request handling to 1e-4, which bf16's
+    rounding (it depends on the batch's shape) would blur; the run's own precision rule is tested on its own."""
+    kw.setdefault("dtype", "float32")
     return ev.BenchctlLM(checkpoint=trained.ckpt(arch), device="cpu", progress=False, **kw)
 
 
@@ -134,6 +137,21 @@ def test_loglikelihood_equals_direct_computation(trained):
     # batch size and request order do not change anything for a deterministic model
     other = lm_for(trained, "frailt", batch_size=1).loglikelihood(ll_requests(pairs[::-1]))[::-1]
     assert [x[0] for x in other] == pytest.approx([x[0] for x in got], abs=1e-4)
+
+
+def test_the_adapter_runs_under_the_runs_precision_rule(trained):
+    """Without a dtype the adapter applies the run's rule (train.dtype=auto: bf16 autocast where the CPU computes
+    bf16 natively), as training did; scores stay within bf16's rounding of the fp32 ones."""
+    from benchctl.runtime import resolve_precision
+
+    lm = ev.BenchctlLM(checkpoint=trained.ckpt("frailt"), device="cpu", progress=False)
+    assert lm.precision.dtype == resolve_precision("auto", torch.device("cpu")).dtype
+    pairs = [("Once upon a time", " there was a dog."), ("Lily", " smiled.")]
+    got = [ll for ll, _ in lm.loglikelihood(ll_requests(pairs))]
+    fp32 = [ll for ll, _ in lm_for(trained, "frailt").loglikelihood(ll_requests(pairs))]
+    assert got == pytest.approx(fp32, rel=0.05)
+    if lm.precision.amp is not None:
+        assert got != fp32  # really ran in bf16
 
 
 def test_empty_context_uses_bos(trained):

@@ -73,6 +73,7 @@ class BenchctlLM(TemplateLM):
         model: torch.nn.Module | None = None,
         tokenizer: datamod.Tokenizer | None = None,
         progress: bool | Progress = True,
+        dtype: str | None = None,
     ) -> None:
         super().__init__()
         from benchctl.runtime import resolve_device
@@ -86,11 +87,17 @@ class BenchctlLM(TemplateLM):
             model, cfg, tok_path = load_model(Path(checkpoint), self._device)
             tokenizer = datamod.Tokenizer(tok_path)
             self.arch = cfg.arch
+            dtype = dtype or cfg.train.dtype
         else:
             if tokenizer is None:
                 raise ValueError("BenchctlLM(model=...) also needs tokenizer=")
             model = model.to(self._device).eval()
             self.arch = getattr(model, "name", type(model).__name__)
+        from benchctl.runtime import resolve_precision
+
+        # The run's precision rule on this device (bf16 autocast where it is native, as in training); the
+        # log-probabilities are computed in fp32 either way. A bare model without a rule runs in fp32.
+        self.precision = resolve_precision(dtype or "float32", self._device)
         self.model = model
         self.tok = tokenizer
         self.checkpoint = str(checkpoint) if checkpoint is not None else None
@@ -159,7 +166,7 @@ class BenchctlLM(TemplateLM):
     @torch.no_grad()
     def _logprobs(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (B, T) -> log-probabilities (B, T, V), float32."""
-        with self._seeded(tokens):
+        with self._seeded(tokens), self.precision.autocast(self._device):
             logits, _ = self.model(tokens.to(self._device), n_recur=self.n_recur)  # (B, T, V)
         return F.log_softmax(logits.float(), dim=-1)
 
@@ -290,7 +297,7 @@ class BenchctlLM(TemplateLM):
         def should_stop(_row: int, new: list[int]) -> bool:
             return bool(until) and any(s in self.tok.decode(new) for s in until)
 
-        with self._seeded(idx):
+        with self._seeded(idx), self.precision.autocast(self._device):
             outs = generate(self.model, idx.tolist(), max_new_tokens=max_new, temperature=temperature,
                             stop_ids=(self.eot_token_id,), n_recur=self.n_recur, generators=gens,
                             should_stop=should_stop)

@@ -93,7 +93,7 @@ def _split_metric(key: str) -> tuple[str, bool] | None:
 
 
 def result_rows(results: dict[str, Any], run_id: str, n_recur: int, limit: int | None, batch_size: int,
-                versions: dict[str, str]) -> list[dict[str, Any]]:
+                versions: dict[str, str], dtype: str | None = None) -> list[dict[str, Any]]:
     """simple_evaluate's output -> eval_results rows (stderr "N/A" -> None)."""
     rows = []
     created = dbm.now()
@@ -119,7 +119,7 @@ def result_rows(results: dict[str, Any], run_id: str, n_recur: int, limit: int |
                 "run_id": run_id, "task": task, "metric": name, "n_recur": n_recur, "limit_n": limit or 0,
                 "value": float(value), "stderr": float(err) if isinstance(err, (int, float)) else None,
                 "n_samples": n_samples, "task_version": version, "batch_size": batch_size,
-                "lm_eval_version": lm_eval.__version__, "created_at": created,
+                "lm_eval_version": lm_eval.__version__, "created_at": created, "dtype": dtype,
             })
     return rows
 
@@ -365,7 +365,8 @@ class _Session:
                 model=lm, tasks=todo, task_manager=index.tm, limit=opts.limit, bootstrap_iters=BOOTSTRAP_ITERS,
                 log_samples=False, batch_size=opts.batch_size, device=str(lm.device),
             )
-        rows = result_rows(results, run["id"], r, opts.limit, opts.batch_size, index.versions())
+        rows = result_rows(results, run["id"], r, opts.limit, opts.batch_size, index.versions(),
+                           dtype=lm.precision.dtype)
         done_tasks = {row["task"] for row in rows}
         dbm.replace_eval_results(self.db, rows, {(run["id"], t) for t in set(todo) | done_tasks}, r, opts.limit_n)
         self.summary.evaluated += [(run["id"], t) for t in todo]
