@@ -22,6 +22,7 @@ Tables (see README "Querying results.db"):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import time
@@ -62,7 +63,7 @@ def connect(path: str | os.PathLike | None = None, *, create: bool = True) -> sq
         conn = sqlite3.connect(str(p), timeout=30.0)
         conn.execute("PRAGMA busy_timeout = 30000")
         conn.execute("PRAGMA foreign_keys = ON")
-        db = sqlite_utils.Database(conn)
+        db = _ImmediateDatabase(conn)
         if db.journal_mode != "wal":
             db.enable_wal()
         migrate(db)
@@ -607,7 +608,33 @@ def record_gpu_telemetry_note(db: sqlite_utils.Database, run_id: str, note: str 
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# ---- executors: a run trained into its own file (a Ray worker's rows.db), copied in one transaction
+# ---- executors: processes writing at once, and a run trained into its own file
+
+
+class _ImmediateDatabase(sqlite_utils.Database):
+    """Transactions that take the write lock when they begin (BEGIN IMMEDIATE), waiting for it up to the busy
+    timeout. sqlite-utils begins them deferred: a transaction that reads first (sqlite-utils looks up a table's
+    columns before it writes) and only then writes fails at once with "database is locked" if another process wrote
+    in between, whatever the timeout, which parallel training processes sharing results.db hit."""
+
+    @contextlib.contextmanager
+    def atomic(self):
+        if self.conn.in_transaction:  # nested: a savepoint, as sqlite-utils does
+            with super().atomic():
+                yield self
+            return
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self
+        except BaseException:
+            self.rollback()
+            raise
+        try:
+            self.conn.execute("COMMIT")
+        except BaseException:
+            self.rollback()
+            raise
+
 
 # Every table training (benchctl.train.train_run) writes, parents first; a new one must be listed here so runs
 # trained on other machines bring it along (a test trains a run and checks).
