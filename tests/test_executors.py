@@ -120,7 +120,8 @@ def test_each_job_reports_its_own_progress_line():
 
     out = io.StringIO()
     parent = Progress(enabled=True, console=Console(file=out, force_terminal=False, width=200), interval=0.0)
-    pool = ProcessPool(Execution(jobs=2), prepared=None, db_path=Path("r.db"), progress=parent, log=parent.log)
+    pool = ProcessPool(Execution(jobs=2), prepared=None, db_path=Path("r.db"), db=None, progress=parent,
+                       log=parent.log)
     for e in events:
         pool._handle(e, [], None, 0, lambda *_: None)
     lines = out.getvalue().splitlines()
@@ -159,9 +160,10 @@ def test_two_jobs_give_the_same_runs_as_one(tmp_path, tinystories_dir, monkeypat
     assert {k: losses[k] for k in res2.done} == _losses(one)
     assert lines[0] == "3 run(s), 2 at a time, 1 thread(s) each"
     assert sum("-> job" in ln for ln in lines) == 3
-    again = study.train_all(cfgs, prepared, two, progress=False, log=lambda *_: None, execution=Execution(jobs=2))
-    # (all done: two processes start, find their run finished, and report it skipped)
+    lines.clear()
+    again = study.train_all(cfgs, prepared, two, progress=False, log=lines.append, execution=Execution(jobs=2))
     assert sorted(again.skipped) == sorted(res2.done) and not again.done
+    assert not any("at a time" in ln for ln in lines)  # finished runs start no process
 
 
 def test_a_run_dir_of_its_own_is_linked_where_later_stages_look(tmp_path, tinystories_dir, monkeypatch):

@@ -146,6 +146,17 @@ def _visible_gpus(count: int) -> tuple[str, ...]:
     return tuple(given[:count]) if len(given) >= count else tuple(str(i) for i in range(count))
 
 
+def already_done(db: Any, db_path: Path, runs_dir: Path | None, run_id: str) -> bool:
+    """results.db has the run as done and its checkpoint is there: no process needs to start for it (train_run
+    would skip it the same way)."""
+    from benchctl import checkpoint as ckpt
+    from benchctl import db as dbm
+
+    row = dbm.get_run(db, run_id) if db is not None else None
+    return row is not None and row["status"] == "done" and (ckpt.run_dir(db_path, run_id, runs_dir)
+                                                             / ckpt.CKPT_NAME).exists()
+
+
 def link_run_dir(db_path: Path, runs_dir: Path | None, run_id: str) -> None:
     """A run trained under another runs dir is linked at `<db dir>/runs/<run id>`, where sample, eval and depth
     look for checkpoints, so the later stages find it without knowing where it was trained."""
@@ -179,4 +190,4 @@ def make(execution: Execution, *, prepared: Any, db_path: Path, db: Any, progres
     if execution.in_process:
         return InProcess(prepared=prepared, db_path=db_path, db=db, progress=progress, log=log,
                          runs_dir=execution.runs_dir)
-    return ProcessPool(execution, prepared=prepared, db_path=db_path, progress=progress, log=log)
+    return ProcessPool(execution, prepared=prepared, db_path=db_path, db=db, progress=progress, log=log)

@@ -27,7 +27,16 @@ from pathlib import Path
 from typing import Any, Callable
 
 from benchctl.errors import BenchctlError
-from benchctl.executors import Execution, OnOutcome, Outcome, RunSpec, Slots, link_run_dir, plan_slots
+from benchctl.executors import (
+    Execution,
+    OnOutcome,
+    Outcome,
+    RunSpec,
+    Slots,
+    already_done,
+    link_run_dir,
+    plan_slots,
+)
 from benchctl.progress import Progress, Task, as_progress
 
 GRACE_SECONDS = 10.0  # how long interrupted slots get to record their runs before they are terminated
@@ -71,15 +80,23 @@ class _Slot:
 class ProcessPool:
     """Up to N runs at once, each in a spawned process with its share of the threads."""
 
-    def __init__(self, execution: Execution, *, prepared: Any, db_path: Path, progress: Any,
+    def __init__(self, execution: Execution, *, prepared: Any, db_path: Path, db: Any, progress: Any,
                  log: Callable[[str], None]):
-        self.execution, self.prepared, self.db_path, self.log = execution, prepared, Path(db_path), log
+        self.execution, self.prepared, self.db_path, self.db, self.log = execution, prepared, Path(db_path), db, log
         self.progress: Progress = as_progress(progress)
         self._tasks: dict[tuple[int, int], Task] = {}
 
     def run(self, specs: list[RunSpec], on_outcome: OnOutcome) -> None:
-        if not specs:
-            return
+        todo = []
+        for spec in specs:  # finished runs need no process (and must not count towards the jobs started)
+            if already_done(self.db, self.db_path, self.execution.runs_dir, spec.run_id):
+                on_outcome(spec, Outcome("skipped"))
+            else:
+                todo.append(spec)
+        if todo:
+            self._run(todo, on_outcome)
+
+    def _run(self, specs: list[RunSpec], on_outcome: OnOutcome) -> None:
         slots = plan_slots(self.execution.jobs, len(specs), specs[0].cfg.train.device)
         where = f", GPUs {','.join(slots.gpus)}" if slots.gpus else ""
         self.log(f"{len(specs)} run(s), {slots.jobs} at a time, {slots.threads} thread(s) each{where}")

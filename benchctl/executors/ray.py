@@ -25,7 +25,16 @@ from typing import Any, Callable
 from benchctl import checkpoint as ckpt
 from benchctl import db as dbm
 from benchctl.errors import BenchctlError, ConfigError
-from benchctl.executors import ENV_JOBS, ENV_THREADS, Execution, OnOutcome, Outcome, RunSpec, link_run_dir
+from benchctl.executors import (
+    ENV_JOBS,
+    ENV_THREADS,
+    Execution,
+    OnOutcome,
+    Outcome,
+    RunSpec,
+    already_done,
+    link_run_dir,
+)
 
 ROWS_DB = "rows.db"
 MARKER = ".benchctl-runs-dir"
@@ -67,7 +76,7 @@ class RayExecutor:
         ray = import_ray()
         todo = []
         for spec in specs:
-            if self._is_done(spec):
+            if already_done(self.db, self.db_path, self.runs_dir, spec.run_id):
                 on_outcome(spec, Outcome("skipped"))
             else:
                 todo.append(spec)
@@ -80,11 +89,6 @@ class RayExecutor:
         finally:
             if started:
                 ray.shutdown()
-
-    def _is_done(self, spec: RunSpec) -> bool:
-        row = dbm.get_run(self.db, spec.run_id)
-        ckpt_file = ckpt.run_dir(self.db_path, spec.run_id, self.runs_dir) / ckpt.CKPT_NAME
-        return row is not None and row["status"] == "done" and ckpt_file.exists()
 
     def _write_marker(self) -> str:
         token = uuid.uuid4().hex
