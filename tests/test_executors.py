@@ -143,6 +143,7 @@ def test_a_disabled_job_progress_sends_only_messages():
 # ---- training -------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # three spawned processes importing torch: about 30 s on a shared 2-core machine
 def test_two_jobs_give_the_same_runs_as_one(tmp_path, tinystories_dir, monkeypatch):
     """--jobs 2 on two cores: one thread per run, as the in-process reference (the suite runs one torch thread).
     A run that fails in one job is recorded and the others go on."""
@@ -213,7 +214,7 @@ def test_killing_the_parent_leaves_every_run_resumable(tmp_path, tinystories_dir
     db_path = tmp_path / "results.db"
     args = [sys.executable, "-m", "benchctl", "train-all", "--preset", "tiny", "--archs", "control,frailt",
             "--data", str(tinystories_dir), "--db", str(db_path), "--no-progress", "--jobs", "2",
-            "--set", "train.max_steps=100", "--set", "train.ckpt_interval=5", "--set", "train.eval_interval=100"]
+            "--set", "train.max_steps=60", "--set", "train.ckpt_interval=5", "--set", "train.eval_interval=100"]
     p = subprocess.Popen(args, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline, steps = time.time() + 240, []
     while time.time() < deadline and p.poll() is None:

@@ -39,7 +39,7 @@ from benchctl.executors import (
 )
 from benchctl.progress import Progress, Task, as_progress
 
-GRACE_SECONDS = 10.0  # how long interrupted slots get to record their runs before they are terminated
+GRACE_SECONDS = 10.0  # how long terminated slots get to record their runs before they are killed
 POLL_SECONDS = 1.0
 UPDATE_SECONDS = 0.5  # a slot sends its progress at most this often (the parent redraws or prints from it)
 
@@ -115,15 +115,15 @@ class ProcessPool:
                     self._replace_dead(ctx, slots, running, events, pending, total, on_outcome)
                     continue
                 self._handle(event, running, pending, total, on_outcome)
-        except BaseException:
-            self._stop(running, interrupted=True)
+        except BaseException as e:
+            # a kill reached this process alone: pass it on at once; Ctrl-C reached every process of the terminal's
+            # group, so the slots are already recording their runs and get a moment before being terminated
+            self._stop(running, events, terminate_after=0.0 if isinstance(e, _Terminated) else 2.0)
             raise
         finally:
             stop.restore()
             self.progress.close()
-        self._stop(running, interrupted=False)
-
-    # ---- slots ------------------------------------------------------------------------------------------------------
+        self._stop(running, events, terminate_after=60.0)
 
     def _start(self, ctx: Any, slots: Slots, number: int, events: Any) -> _Slot:
         inbox = ctx.Queue()
@@ -168,20 +168,29 @@ class ProcessPool:
                 running[i] = fresh = self._start(ctx, slots, s.number, events)
                 self._hand_out(fresh, pending, total)
 
-    def _stop(self, running: list[_Slot], *, interrupted: bool) -> None:
-        """Wait for the slots to end; after an interruption, give them GRACE_SECONDS to record their runs, then
-        terminate (SIGTERM: they record the interruption too), then kill what is left."""
-        deadline = time.monotonic() + (GRACE_SECONDS if interrupted else 60.0)
-        for s in running:
-            s.process.join(max(0.0, deadline - time.monotonic()))
+    def _stop(self, running: list[_Slot], events: Any, *, terminate_after: float) -> None:
+        """Wait up to `terminate_after` seconds for the slots to end, then terminate them (SIGTERM: they record
+        their runs as interrupted) and give them GRACE_SECONDS before killing what is left. Their messages are read
+        meanwhile: a process cannot exit while what it sent is still waiting in the pipe."""
+        self._drain_until_ended(running, events, terminate_after)
         for s in running:
             if s.process.is_alive():
                 s.process.terminate()
+        self._drain_until_ended(running, events, GRACE_SECONDS)
         for s in running:
-            s.process.join(5.0)
             if s.process.is_alive():
                 s.process.kill()
-                s.process.join()
+            s.process.join()
+
+    def _drain_until_ended(self, running: list[_Slot], events: Any, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while any(s.process.is_alive() for s in running) and time.monotonic() < deadline:
+            try:
+                event = events.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if event[0] == "log":
+                self.log(event[2])
 
     # ---- events from the slots -------------------------------------------------------------------------------------
 
@@ -226,15 +235,19 @@ class _TermAsInterrupt:
     def __init__(self) -> None:
         self._old = None
         if threading.current_thread() is threading.main_thread():
-            self._old = signal.signal(signal.SIGTERM, _raise_interrupt)
+            self._old = signal.signal(signal.SIGTERM, _raise_terminated)
 
     def restore(self) -> None:
         if self._old is not None:
             signal.signal(signal.SIGTERM, self._old)
 
 
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
+class _Terminated(KeyboardInterrupt):
+    """A SIGTERM, handled like Ctrl-C (a training process records its run as interrupted)."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise _Terminated(f"signal {signum}")
 
 
 # ---- inside a slot's process ----------------------------------------------------------------------------------------
@@ -285,7 +298,7 @@ def _watch_parent(parent: int) -> None:
 def _slot_main(number: int, inbox: Any, events: Any, prepared: Any, db_path: str, runs_dir: Path | None,
                threads: int, progress: bool, parent: int) -> None:
     """A slot: train each run handed over until told to stop, reporting every outcome."""
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGTERM, _raise_terminated)
     _watch_parent(parent)
     import torch
 
