@@ -3,7 +3,8 @@
 A checkpoint holds everything needed to continue the same stream of batches bit for bit on CPU: model weights,
 optimizer state, step, every RNG state (python, numpy, torch CPU and the training GPU's), the data sampler's state,
 cumulative telemetry, the hardware and precision its steps ran on, and the resolved config. Files live in
-`<db dir>/runs/<run id>/`, next to a copy of the tokenizer, so a run directory is self-contained. Writes are atomic
+`<runs dir>/<run id>/` (the runs dir is `<db dir>/runs` unless a study names another, e.g. one every machine of a
+cluster shares), next to a copy of the tokenizer, so a run directory is self-contained. Writes are atomic
 (`benchctl.files.atomic_write`): a process killed mid-write never leaves a truncated checkpoint under the real name.
 """
 
@@ -25,8 +26,15 @@ TOKENIZER_NAME = "tokenizer.model"
 FORMAT_VERSION = 1
 
 
-def run_dir(db_path: Path, run_id: str) -> Path:
-    return Path(db_path).resolve().parent / "runs" / run_id
+def default_runs_dir(db_path: Path) -> Path:
+    """`<db dir>/runs`: where run directories live unless a study names another runs dir."""
+    return Path(db_path).resolve().parent / "runs"
+
+
+def run_dir(db_path: Path, run_id: str, runs_dir: Path | None = None) -> Path:
+    """A run's directory: under `runs_dir` when given, else under the default beside results.db (where the later
+    stages look; a run trained elsewhere is linked there, see benchctl.executors.link_run_dir)."""
+    return (Path(runs_dir).resolve() if runs_dir is not None else default_runs_dir(db_path)) / run_id
 
 
 def rng_state(device: torch.device | None = None) -> dict[str, Any]:

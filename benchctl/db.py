@@ -22,6 +22,7 @@ Tables (see README "Querying results.db"):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import time
@@ -62,7 +63,7 @@ def connect(path: str | os.PathLike | None = None, *, create: bool = True) -> sq
         conn = sqlite3.connect(str(p), timeout=30.0)
         conn.execute("PRAGMA busy_timeout = 30000")
         conn.execute("PRAGMA foreign_keys = ON")
-        db = sqlite_utils.Database(conn)
+        db = _ImmediateDatabase(conn)
         if db.journal_mode != "wal":
             db.enable_wal()
         migrate(db)
@@ -605,3 +606,60 @@ def record_gpu_telemetry_note(db: sqlite_utils.Database, run_id: str, note: str 
     """Why some GPU readings of the run are absent (None: all present, or not a GPU run)."""
     with db.atomic():
         db["runs"].update(run_id, {"gpu_telemetry_note": note, "updated_at": now()})
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# ---- executors: processes writing at once, and a run trained into its own file
+
+
+class _ImmediateDatabase(sqlite_utils.Database):
+    """Transactions that take the write lock when they begin (BEGIN IMMEDIATE), waiting for it up to the busy
+    timeout. sqlite-utils begins them deferred: a transaction that reads first (sqlite-utils looks up a table's
+    columns before it writes) and only then writes fails at once with "database is locked" if another process wrote
+    in between, whatever the timeout, which parallel training processes sharing results.db hit."""
+
+    @contextlib.contextmanager
+    def atomic(self):
+        if self.conn.in_transaction:  # nested: a savepoint, as sqlite-utils does
+            with super().atomic():
+                yield self
+            return
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self
+        except BaseException:
+            self.rollback()
+            raise
+        try:
+            self.conn.execute("COMMIT")
+        except BaseException:
+            self.rollback()
+            raise
+
+
+# Every table training (benchctl.train.train_run) writes, parents first; a new one must be listed here so runs
+# trained on other machines bring it along (a test trains a run and checks).
+RUN_TABLES = ("runs", "metrics", "checkpoints")
+
+
+def copy_run_rows(src: sqlite_utils.Database, dst: sqlite_utils.Database, run_id: str) -> int:
+    """Make `dst` hold exactly `src`'s training rows of `run_id` (RUN_TABLES), in one transaction: how the driver
+    of a Ray study takes in a run a worker trained into its own file, and hands a run's history to the worker that
+    resumes it. The run row is updated in place (rows of other stages that point at it stay), keeping the first
+    variant name `dst` knew it by. Returns the rows copied (0 when `src` does not have the run)."""
+    run = get_run(src, run_id)
+    if run is None:
+        return 0
+    copied = 1
+    with dst.atomic():
+        known = get_run(dst, run_id)
+        if known is not None and known.get("variant"):
+            run["variant"] = known["variant"]
+        dst["runs"].upsert(run, pk="id", alter=True)
+        for table in RUN_TABLES[1:]:
+            rows = list(src[table].rows_where("run_id = ?", [run_id]))
+            dst[table].delete_where("run_id = ?", [run_id])
+            if rows:
+                dst[table].insert_all(rows, alter=True)
+            copied += len(rows)
+    return copied

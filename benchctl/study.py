@@ -17,7 +17,7 @@ import architectures
 from benchctl import db as dbm
 from benchctl import stages
 from benchctl.config import RunConfig, make_config, overrides_for
-from benchctl.errors import Aborted, BenchctlError
+from benchctl.errors import Aborted, BenchctlError, ConfigError
 
 # Ask before starting work estimated to take longer than this on the current device.
 CONFIRM_ABOVE_SECONDS = 3600.0
@@ -72,6 +72,7 @@ class TrainAllResult:
     done: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     failed: list[tuple[str, str]] = field(default_factory=list)
+    resumed: dict[str, int] = field(default_factory=dict)  # run id -> the checkpoint step it resumed from
 
 
 def train_all(
@@ -85,44 +86,64 @@ def train_all(
     confirm: Callable[[str], bool] | None = None,
     variants: list[str] | None = None,
     plan: Any = None,
+    execution: Any = None,
 ) -> TrainAllResult:
     """Train every config not yet done (resuming interrupted ones); a failing run is recorded and the rest go on.
 
     `variants` names each config (a plan's variant names; architecture names when None) and `plan` (a
     benchctl.plans.Plan) is recorded with every run it reaches, trained now or before, so its report finds them under
     its own names. Before starting, work estimated above an hour needs `yes` or a yes from `confirm` (see
-    confirm_long_run)."""
+    confirm_long_run). `execution` (a benchctl.executors.Execution; None: in this process, one run after another)
+    says where the runs train: N local processes at once, or tasks on a Ray cluster."""
+    from benchctl import executors
     from benchctl.config import run_id
-    from benchctl.train import train_run
-
     from benchctl.runtime import Dist, decide_on_main, init_distributed, resolve_device
 
+    execution = execution or executors.Execution()
     dist_info = Dist.from_env()  # under torchrun: one process group for every run; rank 0 asks and writes
+    if dist_info.enabled and not execution.in_process:
+        raise ConfigError("under torchrun every process trains each run together; --jobs and --executor ray "
+                          "cannot be combined with it (run without torchrun, or with --jobs 1)")
     init_distributed(dist_info, resolve_device(cfgs[0].train.device, dist_info.local_rank))
     db = dbm.connect(db_path) if dist_info.is_main else None
 
     def confirm_on_main() -> None:
         todo = [c for c in cfgs if (dbm.get_run(db, run_id(c, prepared.fingerprint)) or {}).get("status") != "done"]
+        if not execution.in_process:  # they run side by side: the wall time is that of the longest share
+            todo = todo[: max(1, -(-len(todo) // _parallel_jobs(execution, len(todo), cfgs[0])))]
         confirm_long_run(todo, prepared, yes=yes, log=log, confirm=confirm)
 
     decide_on_main(dist_info, confirm_on_main)
     result = TrainAllResult()
     names = variants or [c.arch for c in cfgs]
-    for i, (c, name) in enumerate(zip(cfgs, names), 1):
-        log(f"[{i}/{len(cfgs)}] {name} seed {c.seed} (preset {c.preset})")
-        rid = run_id(c, prepared.fingerprint)
-        try:
-            r = train_run(c, prepared, db, db_path, progress=progress, log=log, variant=name)
-        except BenchctlError as e:
-            _record_plan_run(db, plan, name, c, rid)
-            result.failed.append((rid, str(e)))
-            log(f"  failed: {e}")
-            continue
-        _record_plan_run(db, plan, name, c, rid)
-        (result.skipped if r.skipped else result.done).append(r.run_id)
-        if r.skipped:
-            log(f"  already done: {r.run_id}")
+    specs = [executors.RunSpec(i, c, name, run_id(c, prepared.fingerprint))
+             for i, (c, name) in enumerate(zip(cfgs, names), 1)]
+
+    def on_outcome(spec: executors.RunSpec, out: executors.Outcome) -> None:
+        _record_plan_run(db, plan, spec.variant, spec.cfg, spec.run_id)
+        if out.status == "failed":
+            result.failed.append((spec.run_id, out.error or "failed"))
+            log(f"  failed: {out.error}" if execution.in_process
+                else f"  failed: {spec.variant} seed {spec.cfg.seed}: {out.error}")
+            return
+        (result.skipped if out.status == "skipped" else result.done).append(spec.run_id)
+        if out.resumed_from is not None:
+            result.resumed[spec.run_id] = out.resumed_from
+        if out.status == "skipped":
+            log(f"  already done: {spec.run_id}")
+        elif not execution.in_process:
+            log(f"  done: {spec.variant} seed {spec.cfg.seed} ({spec.run_id})")
+
+    ex = executors.make(execution, prepared=prepared, db_path=db_path, db=db, progress=progress, log=log)
+    ex.run(specs, on_outcome)
     return result
+
+
+def _parallel_jobs(execution: Any, n_runs: int, cfg: RunConfig) -> int:
+    """How many runs train at once locally (Ray's count depends on the cluster: estimated as one at a time)."""
+    from benchctl.executors import plan_slots
+
+    return plan_slots(execution.jobs, n_runs, cfg.train.device).jobs if execution.executor == "local" else 1
 
 
 def _record_plan_run(db: dbm.Database | None, plan: Any, variant: str, cfg: RunConfig, rid: str) -> None:
@@ -166,6 +187,17 @@ class StudyOptions:
     skip: tuple[str, ...] = ()  # names of skippable stages to leave out (sample, judge, eval)
     yes: bool = False
     progress: bool = True
+    jobs: int | str = 1  # runs trained at once on this machine (a number or "auto")
+    executor: str = "local"  # local, or ray: every run a task on a Ray cluster
+    ray_address: str | None = None  # the cluster to join (None: $RAY_ADDRESS, else a new local instance)
+    runs_dir: Path | None = None  # where run directories live (None: beside results.db); shared by every machine
+
+    def execution(self) -> Any:
+        """The executors.Execution these options describe (validated: a bad --jobs is one clear error)."""
+        from benchctl.executors import Execution
+
+        return Execution(executor=self.executor, jobs=self.jobs, ray_address=self.ray_address,
+                         runs_dir=self.runs_dir)
 
 
 def _join_group(cfgs: list[RunConfig]) -> Any:
@@ -189,6 +221,7 @@ def run_study(
     finished, the report lists the failure, and the caller is told (BenchctlError at the end). `confirm` asks the
     user before long training (None: long training needs opts.yes).
     """
+    opts.execution()  # a bad --jobs or --executor fails before any stage runs
     plan, preset, runs = planned_runs(opts.plan, opts.preset, opts.archs, opts.seeds, opts.overrides)
     opts = replace(opts, preset=preset, seeds=sorted({r.cfg.seed for r in runs}))
     cfgs = [r.cfg for r in runs]

@@ -187,6 +187,7 @@ def train_run(
     init_state: dict[str, torch.Tensor] | None = None,
     run_values: dict[str, Any] | None = None,
     variant: str | None = None,
+    runs_dir: Path | None = None,
 ) -> RunResult:
     """Train one run to completion (or resume it), writing rows to `db` (rank 0 only; `db` is None elsewhere).
 
@@ -199,11 +200,12 @@ def train_run(
     `init_state` is the model's starting state dict instead of its own initialisation (a retrofitted run, whose
     `train.init_from` names where it came from; ignored once the run has a checkpoint), and `run_values` are extra
     columns of the run row written with it at the start (e.g. the retrofit's parent).
+    `runs_dir` holds the run's directory (checkpoint, tokenizer) instead of `<db dir>/runs`.
     """
     dist_info = Dist.from_env()
     init_distributed(dist_info, resolve_device(cfg.train.device, dist_info.local_rank if dist_info.enabled else None))
     rid = run_id(cfg, prepared.fingerprint)
-    ckpt_path = ckpt.run_dir(db_path, rid) / ckpt.CKPT_NAME
+    ckpt_path = ckpt.run_dir(db_path, rid, runs_dir) / ckpt.CKPT_NAME
     # rank 0 alone reads the state (it alone has the database); every rank acts on its verdict
     verdict, existing = decide_on_main(dist_info, lambda: _verdict(db, rid, ckpt_path, dist_info))
     if verdict == "skip":

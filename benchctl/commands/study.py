@@ -9,6 +9,7 @@ import typer
 
 from benchctl.cli import DataOpt, DbOpt, ProgressOpt, SetOpt, YesOpt, app, console, parse_seeds, split_list
 from benchctl.cli import db_path_of, overrides_with_data
+from benchctl.commands.train import ExecutorOpt, JobsOpt, RayAddressOpt, RunsDirOpt
 
 PlanOpt = Annotated[str, typer.Option("--plan", help="A built-in plan (see 'benchctl plans') or a plan file's path.")]
 PlanPresetOpt = Annotated[Optional[str], typer.Option(
@@ -35,6 +36,10 @@ def study(
     db: DbOpt = None,
     yes: YesOpt = False,
     progress: ProgressOpt = True,
+    jobs: JobsOpt = "1",
+    executor: ExecutorOpt = "local",
+    ray_address: RayAddressOpt = None,
+    runs_dir: RunsDirOpt = None,
 ) -> None:
     """prepare -> train-all -> sample -> judge (with an API key) -> eval -> report, for every variant × seed of a
     plan (default: the study's four models). Rerun to resume any stage."""
@@ -52,6 +57,7 @@ def study(
         preset=preset, plan=plan, archs=split_list(archs), seeds=parse_seeds(seeds),
         overrides=overrides_with_data(set_, data), db_path=db_path_of(db), out_dir=out, judge_model=judge_model,
         n_prompts=n_prompts, eval_tasks=split_list(tasks), skip=skipped, yes=yes, progress=progress,
+        jobs=jobs, executor=executor, ray_address=ray_address, runs_dir=runs_dir,
     )
     is_main = Dist.from_env().is_main  # under torchrun every rank trains; rank 0 alone speaks and runs the rest
     path = run_study(opts, log=console.print if is_main else _quiet, confirm=terminal_confirm())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
@@ -24,6 +25,25 @@ from benchctl.cli import (
     parse_seeds,
     split_list,
 )
+
+
+JobsOpt = Annotated[str, typer.Option(
+    "--jobs", "-j", help="Runs trained at once, each in its own process with its share of the cores: a number, or "
+    "auto (one per core on a CPU, one per GPU on a GPU machine).")]
+ExecutorOpt = Annotated[str, typer.Option(
+    "--executor", help="local (this machine) or ray (every run a task on a Ray cluster; pip install benchctl[ray]).")]
+RayAddressOpt = Annotated[Optional[str], typer.Option(
+    "--ray-address", help="The Ray cluster to join, e.g. 10.0.0.1:6379 (default: $RAY_ADDRESS, else a new local one).")]
+RunsDirOpt = Annotated[Optional[Path], typer.Option(
+    "--runs-dir", help="Where run directories (checkpoints) live; with Ray, a directory every machine sees at this "
+    "path (default: runs/ beside results.db).")]
+
+
+def execution_of(jobs: str, executor: str, ray_address: str | None, runs_dir: Path | None):
+    """The executors.Execution the options name (validated: a bad value is one clear error)."""
+    from benchctl.executors import Execution
+
+    return Execution(executor=executor, jobs=jobs, ray_address=ray_address, runs_dir=runs_dir)
 
 
 def prepare_for(cfg, progress: bool):
@@ -97,6 +117,10 @@ def train_all(
     db: DbOpt = None,
     yes: YesOpt = False,
     progress: ProgressOpt = True,
+    jobs: JobsOpt = "1",
+    executor: ExecutorOpt = "local",
+    ray_address: RayAddressOpt = None,
+    runs_dir: RunsDirOpt = None,
 ) -> None:
     """Train every (architecture, seed) pair, or every (variant, seed) of a --plan, skipping finished runs and
     resuming interrupted ones."""
@@ -107,6 +131,7 @@ def train_all(
 
     from benchctl.runtime import Dist
 
+    execution = execution_of(jobs, executor, ray_address, runs_dir)
     overrides = overrides_with_data(set_, data)
     plan_, variants = None, None
     if plan is None:
@@ -118,7 +143,7 @@ def train_all(
     path = db_path_of(db)
     is_main = Dist.from_env().is_main  # under torchrun every rank trains each run; rank 0 alone reports
     res = study.train_all(cfgs, prepared, path, progress=progress, log=console.print if is_main else _quiet,
-                          yes=yes, confirm=terminal_confirm(), variants=variants, plan=plan_)
+                          yes=yes, confirm=terminal_confirm(), variants=variants, plan=plan_, execution=execution)
     if not is_main:
         return
     handle = dbm.connect(path)

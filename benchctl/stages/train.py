@@ -19,7 +19,8 @@ def run(study: StudyRun) -> None:
     plan = f"plan {study.plan.name}: " if study.plan is not None else ""
     study.say(f"{plan}{len(cfgs)} run(s) — {', '.join(names)} × seeds {sorted({c.seed for c in cfgs})}")
     study.trained = train_all(cfgs, study.prepared, opts.db_path, progress=opts.progress, log=study.log,
-                              yes=opts.yes, confirm=study.confirm, variants=study.variants, plan=study.plan)
+                              yes=opts.yes, confirm=study.confirm, variants=study.variants, plan=study.plan,
+                              execution=opts.execution())
 
 
 STAGE = Stage(

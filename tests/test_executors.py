@@ -1,0 +1,250 @@
+"""Executors on one machine: how --jobs shares the machine, N spawned training processes giving the same runs as one
+process, their progress lines, a runs dir of its own, copying a run's rows, and a kill of the parent leaving every
+run resumable."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from benchctl import db as dbm
+from benchctl import executors, study
+from benchctl.cli import main
+from benchctl.config import make_config
+from benchctl.errors import ConfigError
+from benchctl.executors import Execution, Outcome, RunSpec, plan_slots
+from benchctl.executors.local import ProcessPool, _RemoteProgress
+from benchctl.progress import Progress
+
+REPO = Path(__file__).resolve().parents[1]
+SHORT = {"train.max_steps": 6, "train.eval_interval": 3, "train.ckpt_interval": 3, "train.warmup_steps": 1}
+
+
+def run_cli(args: list[str]) -> int:
+    try:
+        main(args)
+    except SystemExit as e:
+        return int(e.code or 0)
+    return 0
+
+
+def _losses(db_path: Path) -> dict[str, tuple[str, float]]:
+    con = sqlite3.connect(db_path)
+    rows = con.execute("select id, status, final_val_loss from runs").fetchall()
+    con.close()
+    return {r[0]: (r[1], r[2]) for r in rows}
+
+
+def _prepared(tmp_path, monkeypatch, tinystories_dir, overrides=SHORT):
+    from benchctl import data
+
+    monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
+    cfgs = study.sweep("tiny", ["control", "frailt"], [0], {**overrides, "data.source": str(tinystories_dir)})
+    return cfgs, data.prepare(cfgs[0].data, cfgs[0].model.vocab_size, progress=False)
+
+
+# ---- planning -------------------------------------------------------------------------------------------------------
+
+
+def test_jobs_share_the_cores_and_never_exceed_the_runs():
+    assert plan_slots(2, 4, cores=2, gpus=0) == executors.Slots(jobs=2, threads=1)
+    assert plan_slots(3, 2, cores=8, gpus=0) == executors.Slots(jobs=2, threads=4)  # 2 runs: 2 jobs, 4 threads
+    assert plan_slots(1, 4, cores=8, gpus=0).threads == 8
+    # auto on a CPU: one job per core (a small model gains little from a second thread), capped by the runs
+    assert plan_slots("auto", 12, cores=4, gpus=0) == executors.Slots(jobs=4, threads=1)
+    assert plan_slots("AUTO", 3, cores=16, gpus=0) == executors.Slots(jobs=3, threads=5)
+
+
+def test_auto_on_a_gpu_machine_runs_one_job_per_gpu_each_pinned(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    slots = plan_slots("auto", 12, cores=16, gpus=4)
+    assert (slots.jobs, slots.threads, slots.gpus) == (4, 4, ("0", "1", "2", "3"))
+    env = slots.env(2)
+    assert env["CUDA_VISIBLE_DEVICES"] == "2"
+    assert env[executors.ENV_JOBS] == "4" and env[executors.ENV_THREADS] == env["OMP_NUM_THREADS"] == "4"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-a,GPU-b")  # a subset given by the scheduler is kept
+    assert plan_slots(4, 12, cores=8, gpus=2).env(3)["CUDA_VISIBLE_DEVICES"] == "GPU-b"
+    assert "CUDA_VISIBLE_DEVICES" not in plan_slots(2, 2, cores=2, gpus=0).env(0)
+
+
+@pytest.mark.parametrize("jobs", ["0", "-1", "many", "1.5"])
+def test_bad_jobs_is_a_config_error(jobs):
+    with pytest.raises(ConfigError, match="--jobs must be a positive number or 'auto'"):
+        Execution(jobs=jobs)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--jobs", "zero"], "--jobs must be a positive number"),
+    (["--executor", "spark"], "--executor must be one of local, ray"),
+    (["--ray-address", "10.0.0.1:6379"], "--ray-address needs --executor ray"),
+])
+def test_bad_execution_options_are_one_clear_line(tmp_path, capsys, args, needle):
+    for command in (["train-all", "--preset", "tiny"], ["study", "--preset", "tiny"]):
+        assert run_cli([*command, "--db", str(tmp_path / "r.db"), *args]) == 2
+        err = capsys.readouterr().err
+        assert needle in err and "Traceback" not in err
+    assert not (tmp_path / "r.db").exists()  # refused before anything was prepared or written
+
+
+def test_jobs_under_torchrun_are_refused(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    cfgs = study.sweep("tiny", ["control"], [0])
+    for execution in (Execution(jobs=2), Execution(executor="ray")):
+        with pytest.raises(ConfigError, match="under torchrun"):
+            study.train_all(cfgs, None, Path("unused.db"), execution=execution)
+
+
+# ---- progress lines from the jobs ------------------------------------------------------------------------------------
+
+
+class _Events(list):
+    def put(self, item):
+        self.append(item)
+
+
+def test_each_job_reports_its_own_progress_line():
+    events = _Events()
+    remote = _RemoteProgress(events, 1, enabled=True)
+    with remote.task("control s0", total=30, loss="-") as t:
+        t.move_to(10, loss="4.1")
+    remote.log("  control s0 step 10: val loss 4.2")
+
+    out = io.StringIO()
+    parent = Progress(enabled=True, console=Console(file=out, force_terminal=False, width=200), interval=0.0)
+    pool = ProcessPool(Execution(jobs=2), prepared=None, db_path=Path("r.db"), db=None, progress=parent,
+                       log=parent.log)
+    for e in events:
+        pool._handle(e, [], None, 0, lambda *_: None)
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("job 1: control s0: 0/30 (0%)")
+    assert any(ln.startswith("job 1: control s0: 10/30 (33%) loss 4.1") for ln in lines)
+    assert "  control s0 step 10: val loss 4.2" in lines
+    assert pool._tasks == {}  # closed with the run
+
+
+def test_a_disabled_job_progress_sends_only_messages():
+    events = _Events()
+    remote = _RemoteProgress(events, 0, enabled=False)
+    with remote.task("control s0", total=30) as t:
+        t.move_to(5)
+    remote.log("resuming")
+    assert events == [("log", 0, "resuming")]
+
+
+# ---- training -------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow  # three spawned processes importing torch: about 30 s on a shared 2-core machine
+def test_two_jobs_give_the_same_runs_as_one(tmp_path, tinystories_dir, monkeypatch):
+    """--jobs 2 on two cores: one thread per run, as the in-process reference (the suite runs one torch thread).
+    A run that fails in one job is recorded and the others go on."""
+    cfgs, prepared = _prepared(tmp_path, monkeypatch, tinystories_dir)
+    monkeypatch.setattr(executors, "cpu_cores", lambda: 2)
+    one, two = tmp_path / "one" / "results.db", tmp_path / "two" / "results.db"
+    res1 = study.train_all(cfgs, prepared, one, progress=False, log=lambda *_: None)
+    lines: list[str] = []
+    bad = make_config("tiny", "control", 1, {**SHORT, "data.source": str(tinystories_dir), "train.lr": 1e6})
+    res2 = study.train_all([bad, *cfgs], prepared, two, progress=False, log=lines.append,
+                           execution=Execution(jobs=2))
+    assert sorted(res1.done) == sorted(res2.done) and len(res2.done) == 2
+    assert len(res2.failed) == 1 and "training loss became" in res2.failed[0][1]
+    losses = _losses(two)
+    assert {k: losses[k] for k in res2.done} == _losses(one)
+    assert lines[0] == "3 run(s), 2 at a time, 1 thread(s) each"
+    assert sum("-> job" in ln for ln in lines) == 3
+    lines.clear()
+    again = study.train_all(cfgs, prepared, two, progress=False, log=lines.append, execution=Execution(jobs=2))
+    assert sorted(again.skipped) == sorted(res2.done) and not again.done
+    assert not any("at a time" in ln for ln in lines)  # finished runs start no process
+
+
+def test_a_run_dir_of_its_own_is_linked_where_later_stages_look(tmp_path, tinystories_dir, monkeypatch):
+    from benchctl import checkpoint as ckpt
+
+    cfgs, prepared = _prepared(tmp_path, monkeypatch, tinystories_dir, {**SHORT, "train.max_steps": 2})
+    db_path, runs = tmp_path / "results.db", tmp_path / "shared" / "runs"
+    res = study.train_all(cfgs[:1], prepared, db_path, progress=False, log=lambda *_: None,
+                          execution=Execution(runs_dir=runs))
+    (rid,) = res.done
+    assert (runs / rid / ckpt.CKPT_NAME).is_file()
+    usual = ckpt.run_dir(db_path, rid)
+    assert usual.is_symlink() and usual.resolve() == (runs / rid).resolve()
+    model, cfg, _ = ckpt.load_model(usual / ckpt.CKPT_NAME)  # what sample, eval and depth do
+    assert cfg.arch == "control"
+
+
+def test_copy_run_rows_takes_every_table_training_writes(tmp_path, tinystories_dir, monkeypatch):
+    from benchctl.train import train_run
+
+    cfgs, prepared = _prepared(tmp_path, monkeypatch, tinystories_dir, {**SHORT, "train.max_steps": 3})
+    src_path = tmp_path / "worker" / "rows.db"
+    src = dbm.connect(src_path)
+    rid = train_run(cfgs[0], prepared, src, src_path, progress=False, log=lambda *_: None).run_id
+    written = {t for t in src.table_names()
+               if t == "runs" or ("run_id" in src[t].columns_dict
+                                  and src.execute(f"select count(*) from [{t}] where run_id = ?", [rid]).fetchone()[0])}
+    assert written == set(dbm.RUN_TABLES)  # a table training starts writing must be added to RUN_TABLES
+
+    dst = dbm.connect(tmp_path / "results.db")
+    n = dbm.copy_run_rows(src, dst, rid)
+    assert n == 1 + sum(src[t].count_where("run_id = ?", [rid]) for t in dbm.RUN_TABLES[1:])
+    for t in dbm.RUN_TABLES[1:]:
+        assert list(dst[t].rows_where("run_id = ?", [rid], order_by="step")) == \
+            list(src[t].rows_where("run_id = ?", [rid], order_by="step"))
+    assert dbm.get_run(dst, rid) == dbm.get_run(src, rid)
+    dbm.update_run(dst, rid, variant="first-name")  # copying again keeps the name results.db knew it by
+    dbm.copy_run_rows(src, dst, rid)
+    assert dbm.get_run(dst, rid)["variant"] == "first-name"
+    assert dbm.copy_run_rows(src, dst, "no-such-run") == 0
+
+
+@pytest.mark.slow
+def test_killing_the_parent_leaves_every_run_resumable(tmp_path, tinystories_dir):
+    env = {**os.environ, "BENCHCTL_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    env.pop("BENCHCTL_DB", None)
+    db_path = tmp_path / "results.db"
+    args = [sys.executable, "-m", "benchctl", "train-all", "--preset", "tiny", "--archs", "control,frailt",
+            "--data", str(tinystories_dir), "--db", str(db_path), "--no-progress", "--jobs", "2",
+            "--set", "train.max_steps=60", "--set", "train.ckpt_interval=5", "--set", "train.eval_interval=100"]
+    p = subprocess.Popen(args, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline, steps = time.time() + 240, []
+    while time.time() < deadline and p.poll() is None:
+        try:
+            con = sqlite3.connect(db_path, timeout=1)
+            steps = [r[0] or 0 for r in con.execute("select step from runs")]
+            con.close()
+        except sqlite3.OperationalError:
+            steps = []
+        if len(steps) == 2 and min(steps) >= 5:
+            break
+        time.sleep(0.2)
+    assert p.poll() is None, "the runs finished before the parent could be killed; make them longer"
+    con = sqlite3.connect(db_path)
+    pids = [r[0] for r in con.execute("select pid from runs")]
+    con.close()
+    p.send_signal(signal.SIGTERM)
+    p.communicate(timeout=60)
+    assert p.returncode != 0
+    time.sleep(1.0)
+    for pid in pids:  # no training process outlives its parent
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    con = sqlite3.connect(db_path)
+    rows = con.execute("select status, step from runs").fetchall()
+    con.close()
+    assert all(status != "done" and step >= 5 for status, step in rows)
+
+    again = subprocess.run(args, env=env, cwd=REPO, capture_output=True,
+                           text=True, timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("resuming") == 2
+    assert all(status == "done" for status, _ in _losses(db_path).values())
