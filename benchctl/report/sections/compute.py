@@ -305,7 +305,7 @@ def fig_loss_vs_depth(ctx: Context, per: pd.DataFrame, fams: dict[str, list[str]
 
         ax.set_xscale("log", base=2)
         depths = sorted({float(d) for models in fams.values() for d in per.set_index("model").loc[models, "depth"]})
-        ax.set_xticks(depths, [f"{d:g}" for d in depths])
+        ax.set_xticks(depths, _spaced_labels(depths))
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("block applications per token (log scale)")
         ax.set_ylabel("final validation loss (nats/token)")
@@ -315,3 +315,17 @@ def fig_loss_vs_depth(ctx: Context, per: pd.DataFrame, fams: dict[str, list[str]
                [f"preset {ctx.preset} · point = mean over {n} seed{'s' if n != 1 else ''}"
                 + (", bar = 95% CI" if n > 1 else "")])
     return fig
+
+
+def _spaced_labels(ticks: list[float], min_log2_gap: float = 0.2) -> list[str]:
+    """Tick labels on a log2 axis, blank where a tick sits too close to the previous labelled one (30 and 32 block
+    applications would print as one unreadable '3032'); the point's own annotation still names it."""
+    import math
+
+    out, last = [], -math.inf
+    for t in ticks:
+        x = math.log2(t) if t > 0 else -math.inf
+        out.append(f"{t:g}" if x - last >= min_log2_gap else "")
+        if out[-1]:
+            last = x
+    return out
