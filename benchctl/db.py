@@ -604,3 +604,13 @@ def record_gpu_telemetry_note(db: sqlite_utils.Database, run_id: str, note: str 
     """Why some GPU readings of the run are absent (None: all present, or not a GPU run)."""
     with db.atomic():
         db["runs"].update(run_id, {"gpu_telemetry_note": note, "updated_at": now()})
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# ---- cost telemetry: what `study --bench` checks before benchmarking again
+
+
+def bench_configs(db: sqlite_utils.Database, preset: str, device: str) -> list[dict[str, Any]]:
+    """(arch, impl, device_name, config_json) of every bench row of a preset on a device type, newest first."""
+    return list(db.query("select arch, impl, device_name, config_json from bench where preset = ? and device = ? "
+                         "order by created_at desc, id desc", [preset, device]))

@@ -165,6 +165,7 @@ class StudyOptions:
     skip: tuple[str, ...] = ()  # names of skippable stages to leave out (sample, judge, eval)
     yes: bool = False
     progress: bool = True
+    bench: bool | None = None  # time every model's step (stage bench); None: on for a CPU at tiny/small
 
 
 def run_study(

@@ -35,6 +35,9 @@ def study(
     db: DbOpt = None,
     yes: YesOpt = False,
     progress: ProgressOpt = True,
+    bench: Annotated[Optional[bool], typer.Option(
+        "--bench/--no-bench", help="Time every model's training step with 'benchctl bench' for a clean cost ratio "
+                                   "[default: on for a CPU at tiny/small].")] = None,
 ) -> None:
     """prepare -> train-all -> sample -> judge (with an API key) -> eval -> report, for every variant × seed of a
     plan (default: the study's four models). Rerun to resume any stage."""
@@ -50,7 +53,7 @@ def study(
     opts = StudyOptions(
         preset=preset, plan=plan, archs=split_list(archs), seeds=parse_seeds(seeds),
         overrides=overrides_with_data(set_, data), db_path=db_path_of(db), out_dir=out, judge_model=judge_model,
-        n_prompts=n_prompts, eval_tasks=split_list(tasks), skip=skipped, yes=yes, progress=progress,
+        n_prompts=n_prompts, eval_tasks=split_list(tasks), skip=skipped, yes=yes, progress=progress, bench=bench,
     )
     path = run_study(opts, log=console.print, confirm=terminal_confirm())
     console.print(f"[bold]report:[/] {path}")
