@@ -46,8 +46,8 @@ def test_a_new_stage_runs_in_order_and_adds_its_section(tmp_path, monkeypatch):
     lines: list[str] = []
     path = run_study(StudyOptions(preset="tiny", archs=["control"], db_path=tmp_path / "r.db"), log=lines.append)
     assert path == tmp_path / "report.md"
-    assert seen == ["prepare", "train", "sample", "judge", "eval", "depth", "probe", "report"]
-    assert lines == [f"== {i}/8 {n}: {n} ran" for i, n in enumerate(seen, 1)]
+    assert seen == ["prepare", "train", "bench", "sample", "judge", "eval", "depth", "probe", "report"]
+    assert lines == [f"== {i}/9 {n}: {n} ran" for i, n in enumerate(seen, 1)]
 
     db = build_fixture_db(tmp_path / "fixture.db", judge=False, evals=False)
     md = report.build(db).markdown
