@@ -177,7 +177,8 @@ def test_contended_runs_point_to_the_cpu_time_and_bench_ratios(tmp_path):
     assert _timing_table(sec)["frailt"]["× control (2)"] == f"{ratio:.2f}"  # the CPU-time ratio
 
     _, sec, _ = _report(tmp_path / "nobench", archs=("control", "frailt"), seeds=(0, 1), run_extra=hog)
-    assert "Headline: the CPU-time ratio" in sec and "trust the CPU-time ratio instead." in sec
+    assert "Headline: the CPU-time ratio" in sec
+    assert "trust the CPU-time ratio (better: run `benchctl bench`) instead." in sec
 
 
 def test_seeds_that_disagree_and_parallel_jobs_get_a_sentence(tmp_path):
@@ -192,7 +193,8 @@ def test_seeds_that_disagree_and_parallel_jobs_get_a_sentence(tmp_path):
     _, sec, _ = _report(tmp_path, archs=("control", "frailt"), seeds=(0, 1), run_extra=extra)
     spread = [ln for ln in sec.splitlines() if "seeds took" in ln]
     assert len(spread) == 1 and spread[0].startswith("- control's seeds took ")
-    assert "its wall time is not a cost measure here; trust the CPU-time ratio instead." in spread[0]
+    assert "its wall time is not a cost measure here; trust the CPU-time ratio (better: run `benchctl bench`) " \
+           "instead." in spread[0]
     assert "- frailt seed 0 was contended (trained beside 1 other job(s) (2 at once))" in sec
     assert "control seed 0 was contended" not in sec
 
@@ -281,3 +283,13 @@ def test_study_bench_defaults(tmp_path):
     assert enabled(study, "cuda") == (True, "--no-bench")
     study.opts.bench = False
     assert enabled(study, "cpu") == (False, "--no-bench")
+
+
+def test_cuda_runs_show_gpu_time_and_utilisation(tmp_path):
+    extra = lambda a, s: {"cuda_seconds": 6.0, "gpu_util": 81.0}  # noqa: E731
+    db, sec, _ = _report(tmp_path, archs=("control", "frailt"), seeds=(0,), device="cuda", run_extra=extra,
+                         failed_run=False, running_run=False)
+    t = _timing_table(sec)
+    (steps, seen, step), = q(db, "select timed_steps, tokens_seen, step from runs where arch = 'control'")
+    assert t["control"]["GPU (µs/token)"] == f"{6.0 / (steps * seen / step) * 1e6:,.1f}"
+    assert t["frailt"]["GPU util (%)"] == "81"

@@ -6,8 +6,9 @@ Three measures of a model's time per token relative to the control, from the cle
   so whatever else the machine does falls on all of them alike. Its ratio is the headline whenever the latest bench
   invocation for the report's preset and device measured the control and the model at the model's config.
 - CPU time: the process CPU time of a run's timed steps (`runs.cpu_seconds`). Time the process spends descheduled
-  while other work runs is not counted, so other load barely moves it (it does count threads that spin while
-  waiting for a descheduled sibling, so it is not perfectly immune). The headline when there is no bench ratio.
+  while other work runs is not counted, but threads that spin while waiting for a descheduled sibling (OpenMP's
+  default) are, so heavy load inflates it too, unevenly between models. The headline when there is no bench ratio,
+  and a fallback even then.
 - wall time: a cost measure only on a quiet machine with one job at a time.
 
 `contention` decides, per run, whether its wall time could be read as a cost at all; `seed_spread` flags a model
@@ -119,6 +120,7 @@ def timing_frame(ctx: Context, bench: pd.DataFrame) -> pd.DataFrame:
         row: dict[str, Any] = {
             "model": m, "seeds": len(g), "wall": np.mean(wall) if wall else None,
             "cpu": np.mean(cpu) if len(cpu) == len(g) and cpu else None,
+            "cuda": _mean(pd.Series(_per_token(g, "cuda_seconds"))), "gpu_util": _mean(g["gpu_util"]),
             "threads": _distinct(g["threads"]), "jobs": _distinct(g["concurrent_jobs"]),
             "load": _mean(g["load_avg"]), "spread": max(secs) / min(secs) if len(secs) > 1 else None,
         }
@@ -163,7 +165,7 @@ def headline(t: pd.DataFrame) -> str:
 def warnings(ctx: Context, t: pd.DataFrame) -> list[str]:
     """One plain sentence per contended run and per model whose seeds' wall times disagree, saying which number to
     trust instead."""
-    trust = {"bench": "the bench ratio", "cpu": "the CPU-time ratio",
+    trust = {"bench": "the bench ratio", "cpu": "the CPU-time ratio (better: run `benchctl bench`)",
              "wall": "none measured here: run `benchctl bench` for a clean ratio"}[headline(t)]
     out = []
     for r in ctx.done.sort_values(["model", "seed", "id"]).to_dict("records"):

@@ -181,6 +181,10 @@ def timing_lines(frames: Frames) -> list[str]:
     rows = [[r["model"], fnum(scaled(r["wall"], 1e-6), 1), fnum(r["wall_ratio"], 2), fnum(scaled(r["cpu"], 1e-6), 1),
              fnum(r["cpu_ratio"], 2), r["threads"], r["jobs"], fnum(r["load"], 1), fnum(r["bench_time"], 2),
              fnum(r["flops"], 2), fnum(r["bench_cost"], 2)] for r in t.to_dict("records")]
+    if t["cuda"].notna().any():  # CUDA runs: the GPU's own time of the same steps, and how busy NVML saw it
+        headers += ["GPU (µs/token)", "GPU util (%)"]
+        rows = [row + [fnum(scaled(r["cuda"], 1e-6), 1), fnum(r["gpu_util"], 0)]
+                for row, r in zip(rows, t.to_dict("records"))]
     out = ["Time per trained token over the timed steps (mean over seeds):", ""]
     out += md_table(headers, rows, right=range(1, len(headers))) + [""]
     head = headline(t)
@@ -191,11 +195,13 @@ def timing_lines(frames: Frames) -> list[str]:
                "arithmetic).")
     out.append({
         "bench": "Headline: the bench ratio, because bench times every model's step in one process, taking turns "
-                 "step by step, so other load falls on all of them alike; the CPU-time ratio comes next (other load "
-                 "barely moves it), and the wall-time ratio holds only on a quiet machine.",
-        "cpu": "Headline: the CPU-time ratio, because time a run spends waiting for a core is not counted, so other "
-               "load barely moves it; the wall-time ratio holds only on a quiet machine, and `benchctl bench` (or "
-               "`benchctl study --bench`) gives the cleanest ratio, measured interleaved in one process.",
+                 "step by step, so other load falls on all of them alike; the CPU-time ratio comes next (time spent "
+                 "waiting for a core is not counted, threads spinning while they wait are), and the wall-time ratio "
+                 "holds only on a quiet machine.",
+        "cpu": "Headline: the CPU-time ratio, because time a run spends waiting for a core is not counted; it is a "
+               "fallback, since threads that spin while they wait are counted, so heavy load distorts it too. The "
+               "wall-time ratio holds only on a quiet machine; `benchctl bench` (or `benchctl study --bench`) gives "
+               "the cleanest ratio, measured interleaved in one process.",
         "wall": "Headline: the wall-time ratio, the only one recorded for every model here, which is a cost measure "
                 "only on a quiet machine; `benchctl bench` gives a clean ratio.",
     }[head])
