@@ -5,9 +5,9 @@ seeds that disagree), `benchctl runs`, and the study's bench stage."""
 from __future__ import annotations
 
 import json
+import sqlite3
 import re
 import sys
-import types
 
 import pytest
 import torch
@@ -25,7 +25,7 @@ from tests.test_train import run_cli
 TWO_CORES = "Intel(R) Xeon(R) CPU @ 2.20GHz (2 cores, 2 threads)"  # the fixture bench's CPU
 
 
-# ---- recording --------------------------------------------------------------------------------------------------------
+# ---- recording -------------------------------------------------------------------------------------------------------
 
 
 def _train(tmp_path, tinystories_dir, arch, **kw):
@@ -135,7 +135,7 @@ def test_contention_rule():
     assert contention({"device_name": TWO_CORES, "load_avg": None, "concurrent_jobs": None}) is None  # older rows
 
 
-# ---- the report -------------------------------------------------------------------------------------------------------
+# ---- the report ------------------------------------------------------------------------------------------------------
 
 
 def _report(tmp_path, **kw):
@@ -293,3 +293,19 @@ def test_cuda_runs_show_gpu_time_and_utilisation(tmp_path):
     (steps, seen, step), = q(db, "select timed_steps, tokens_seen, step from runs where arch = 'control'")
     assert t["control"]["GPU (µs/token)"] == f"{6.0 / (steps * seen / step) * 1e6:,.1f}"
     assert t["frailt"]["GPU util (%)"] == "81"
+
+
+def test_a_database_from_before_the_cost_columns_still_reports_and_migrates(tmp_path):
+    db = build_fixture_db(tmp_path / "results.db", judge=False, evals=False, archs=("control", "frailt"), seeds=(0,))
+    new = ("cpu_seconds", "cuda_seconds", "timed_steps", "threads", "concurrent_jobs", "load_avg", "gpu_util",
+           "baseline_rss_bytes")
+    conn = sqlite3.connect(db)
+    for col in new:
+        conn.execute(f"alter table runs drop column {col}")
+    conn.commit()
+    conn.close()
+    sec = section(report.build(db).markdown, "Training cost")
+    t = _timing_table(sec)
+    assert t["frailt"]["CPU (µs/token)"] == "-" and t["frailt"]["wall (µs/token)"] != "-"
+    assert "Headline: the wall-time ratio" in sec and "model's own" not in sec
+    assert set(new) <= set(dbm.connect(db)["runs"].columns_dict)  # added back by migration, empty
