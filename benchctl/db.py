@@ -663,3 +663,12 @@ def copy_run_rows(src: sqlite_utils.Database, dst: sqlite_utils.Database, run_id
                 dst[table].insert_all(rows, alter=True)
             copied += len(rows)
     return copied
+
+
+# ---- cost telemetry: what `study --bench` checks before benchmarking again
+
+
+def bench_configs(db: sqlite_utils.Database, preset: str, device: str) -> list[dict[str, Any]]:
+    """(arch, impl, device_name, config_json) of every bench row of a preset on a device type, newest first."""
+    return list(db.query("select arch, impl, device_name, config_json from bench where preset = ? and device = ? "
+                         "order by created_at desc, id desc", [preset, device]))

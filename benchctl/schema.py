@@ -65,6 +65,15 @@ TABLES: dict[str, dict[str, Any]] = {
             "init_method": str,  # stepwise | average | select, "+svd" / "+zero" for the relaxed LoRA init
             "parent_tokens": int,
             "parent_flops": float,
+            # what a timing needs to be read (the machine may be shared; jobs may run side by side on purpose)
+            "cpu_seconds": float,  # process CPU time of the same timed steps as train_seconds (every thread)
+            "cuda_seconds": float,  # CUDA-event time of those steps (CUDA runs only)
+            "timed_steps": int,  # how many optimizer steps train_seconds and cpu_seconds cover
+            "threads": int,  # threads the run computed with (BENCHCTL_THREADS from an executor, else torch's)
+            "concurrent_jobs": int,  # benchctl jobs sharing the machine on purpose (BENCHCTL_CONCURRENT_JOBS, else 1)
+            "load_avg": float,  # mean of the machine's 1-minute load average, sampled during training
+            "gpu_util": float,  # mean NVML GPU utilisation during training, percent (CUDA runs only)
+            "baseline_rss_bytes": int,  # process RSS before the model was built (interpreter, libraries, data)
         },
         "pk": "id",
         "not_null": {"arch", "preset", "seed", "status", "config_json"},

@@ -191,6 +191,7 @@ class StudyOptions:
     executor: str = "local"  # local, or ray: every run a task on a Ray cluster
     ray_address: str | None = None  # the cluster to join (None: $RAY_ADDRESS, else a new local instance)
     runs_dir: Path | None = None  # where run directories live (None: beside results.db); shared by every machine
+    bench: bool | None = None  # time every model's step (stage bench); None: on for a CPU at tiny/small
 
     def execution(self) -> Any:
         """The executors.Execution these options describe (validated: a bad --jobs is one clear error)."""

@@ -14,6 +14,7 @@ import functools
 import os
 import platform
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from benchctl.errors import ConfigError
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 
@@ -32,24 +35,43 @@ def sync(device: torch.device) -> None:
 
 
 class Stopwatch:
-    """Accumulates wall time of the timed sections; `with sw: ...` (CUDA synchronised on both ends)."""
+    """Accumulates the time of the timed sections; `with sw: ...` (CUDA synchronised on both ends).
 
-    def __init__(self, device: torch.device):
+    Three clocks over the same sections: wall time (`total`), the process's CPU time (`cpu_total`: every thread of
+    the process, so T busy threads count T seconds per second; a process descheduled by other load does not accrue
+    it, which is why it survives a shared machine), and on CUDA with `cuda_events` the GPU's own time between two
+    CUDA events (`cuda_total`), which excludes the host's launch gaps before the first kernel.
+    """
+
+    def __init__(self, device: torch.device, cuda_events: bool = False):
         self.device = device
         self.total = 0.0
+        self.cpu_total = 0.0
+        self.cuda_total: float | None = 0.0 if (cuda_events and device.type == "cuda") else None
         self.count = 0
-        self._t0 = 0.0
+        self._t0 = self._c0 = 0.0
+        self._events: tuple[Any, Any] | None = None
         self.last = 0.0
 
     def __enter__(self) -> Stopwatch:
         sync(self.device)
+        if self.cuda_total is not None:
+            self._events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            self._events[0].record()
+        self._c0 = time.process_time()
         self._t0 = time.perf_counter()
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        if self._events is not None:
+            self._events[1].record()
         sync(self.device)
         self.last = time.perf_counter() - self._t0
+        self.cpu_total += time.process_time() - self._c0
         self.total += self.last
+        if self._events is not None and self.cuda_total is not None:
+            self.cuda_total += self._events[0].elapsed_time(self._events[1]) / 1000.0  # ms; synchronised above
+            self._events = None
         self.count += 1
 
 
@@ -62,6 +84,113 @@ def peak_rss_bytes() -> int | None:
         return None
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(rss if sys.platform == "darwin" else rss * 1024)
+
+
+def current_rss_bytes() -> int | None:
+    """This process's resident set size now (Linux /proc/self/statm); None where that file does not exist."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+_peak_rss_reset = False
+
+
+def reset_peak_rss() -> bool:
+    """Start a new peak-RSS phase for this process (Linux: writing 5 to /proc/self/clear_refs sets the high-water
+    mark to the current RSS). Without it a process that trains several runs in turn (train-all) would report every
+    run's peak as the largest of all earlier runs. False where the kernel does not offer it (the lifetime peak is
+    then all there is)."""
+    global _peak_rss_reset
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    _peak_rss_reset = True
+    return True
+
+
+def run_peak_rss_bytes() -> int | None:
+    """The peak RSS since `reset_peak_rss` (VmHWM of /proc/self/status), else the process's lifetime peak."""
+    if _peak_rss_reset:
+        try:
+            for line in Path("/proc/self/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+        except (OSError, IndexError, ValueError):
+            pass
+    return peak_rss_bytes()
+
+
+def load_average() -> float | None:
+    """The machine's 1-minute load average (runnable plus uninterruptible threads, exponentially averaged over about
+    a minute); None where the OS has none."""
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
+
+
+def _env_count(name: str) -> int | None:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ConfigError(f"{name}={raw!r} must be a whole number >= 1")
+    return n
+
+
+def threads_used() -> int:
+    """The threads a run computes with: BENCHCTL_THREADS when a parallel executor set it for the process, else
+    torch's intra-op threads."""
+    return _env_count("BENCHCTL_THREADS") or torch.get_num_threads()
+
+
+def concurrent_jobs() -> int:
+    """How many benchctl jobs share the machine on purpose (BENCHCTL_CONCURRENT_JOBS, set by a parallel executor
+    for each job it starts); 1 when unset."""
+    return _env_count("BENCHCTL_CONCURRENT_JOBS") or 1
+
+
+class LoadSampler:
+    """Samples the 1-minute load average every `interval` seconds in a daemon thread, once more at start and stop
+    (so even a run of a few seconds has readings); `total` and `n` add up the readings. Never raises."""
+
+    def __init__(self, interval: float = 2.0):
+        self.interval = interval
+        self.total = 0.0
+        self.n = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _read(self) -> None:
+        v = load_average()
+        if v is not None:
+            self.total += v
+            self.n += 1
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._read()
+
+    def start(self) -> LoadSampler:
+        self._read()
+        self._thread = threading.Thread(target=self._loop, name="benchctl-load", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=2.0)
+            self._thread = None
+            self._read()
 
 
 def nvml_target(device: torch.device) -> tuple[str, str | int] | None:
@@ -87,7 +216,7 @@ def _nvml_error(e: BaseException) -> str:
 
 
 class NvmlSampler:
-    """Samples NVML device memory used (and utilisation) every `interval` seconds in a daemon thread.
+    """Samples NVML device memory used and utilisation (peak and mean) every `interval` seconds in a daemon thread.
 
     Every NVML call is guarded: `available` is False when NVML cannot be started or the device not found, and each
     metric that cannot be read stays None, with the reason in `note` (stored with the run). Nothing here raises.
@@ -98,6 +227,8 @@ class NvmlSampler:
         self.available = False
         self.peak_used: int | None = None
         self.max_util: int | None = None
+        self.util_total = 0  # utilisation readings (percent) added up, and how many: their mean is the run's
+        self.util_n = 0
         self.driver_version: str | None = None
         self.absent: dict[str, str] = {}  # metric -> why it has no value
         self._stop = threading.Event()
@@ -146,6 +277,8 @@ class NvmlSampler:
         util = self._call("gpu_util", "nvmlDeviceGetUtilizationRates", self._handle)
         if util is not None:
             self.max_util = max(self.max_util or 0, int(util.gpu))
+            self.util_total += int(util.gpu)
+            self.util_n += 1
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
@@ -273,4 +406,58 @@ def environment(device: torch.device, driver_version: str | None = None) -> dict
         "benchctl_version": __version__,
         "git_commit": git_commit(),
         "hostname": socket.gethostname(),
+    }
+
+
+# ---- a run's telemetry across processes ------------------------------------------------------------------------------
+
+# What a checkpoint carries from one process of a run to the next: sums and peaks over every process so far. A sum a
+# checkpoint written before it existed lacks is unknown (None), not zero: adding only the later processes' share to it
+# would understate it.
+FRESH_RUN_TELEMETRY: dict[str, Any] = {
+    "train_seconds": 0.0, "warmup_seconds": 0.0, "eval_seconds": 0.0, "step_times": [], "peak_rss": 0,
+    "peak_alloc": None, "peak_reserved": None, "peak_nvml": None, "initial_val_loss": None,
+    "cpu_seconds": 0.0, "cuda_seconds": 0.0, "timed_steps": 0, "load_total": 0.0, "load_n": 0, "util_total": 0,
+    "util_n": 0, "baseline_rss": None,
+}
+ADDED_LATER = ("cpu_seconds", "cuda_seconds", "timed_steps")
+
+
+def carried_from(saved: dict[str, Any]) -> dict[str, Any]:
+    """The telemetry a checkpoint carries, with the sums it predates marked unknown."""
+    return {**FRESH_RUN_TELEMETRY, **{k: None for k in ADDED_LATER}, **saved}
+
+
+def add(a: float | None, b: float | None) -> float | None:
+    """a + b where both are known; None (unknown) otherwise."""
+    return None if a is None or b is None else a + b
+
+
+def max_of(a: int | None, b: int | None) -> int | None:
+    vals = [v for v in (a, b) if v is not None]
+    return max(vals) if vals else None
+
+
+def run_columns(tel: dict[str, Any], tokens_per_step: int) -> dict[str, Any]:
+    """The runs-table columns of a run's cumulative telemetry."""
+    times = tel["step_times"]
+    train_s = tel["train_seconds"]
+    load_n, util_n = tel.get("load_n") or 0, tel.get("util_n") or 0
+    return {
+        "train_seconds": train_s,
+        "warmup_seconds": tel["warmup_seconds"],
+        "eval_seconds": tel["eval_seconds"],
+        "step_seconds": statistics.median(times) if times else None,
+        # tokens/s over the timed steps (warm-up steps excluded from both numerator and denominator)
+        "tokens_per_s": (len(times) * tokens_per_step / sum(times)) if times else None,
+        "cpu_seconds": tel.get("cpu_seconds"),
+        "cuda_seconds": tel.get("cuda_seconds"),
+        "timed_steps": tel.get("timed_steps"),
+        "load_avg": tel["load_total"] / load_n if load_n else None,
+        "gpu_util": tel["util_total"] / util_n if util_n else None,
+        "peak_rss_bytes": tel["peak_rss"],
+        "baseline_rss_bytes": tel.get("baseline_rss"),
+        "peak_gpu_mem_bytes": tel["peak_alloc"],
+        "peak_gpu_reserved_bytes": tel["peak_reserved"],
+        "peak_nvml_mem_bytes": tel["peak_nvml"],
     }

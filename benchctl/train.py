@@ -226,12 +226,6 @@ def train_run(
         return trainer.run(progress, stop_after)
 
 
-_FRESH_TELEMETRY: dict[str, Any] = {
-    "train_seconds": 0.0, "warmup_seconds": 0.0, "eval_seconds": 0.0, "step_times": [], "peak_rss": 0,
-    "peak_alloc": None, "peak_reserved": None, "peak_nvml": None, "initial_val_loss": None,
-}
-
-
 class _Trainer:
     """One run's training state: built (device, seeds, model, optimizer, data), then resumed from its checkpoint,
     then stepped to the end. Telemetry carried over from earlier processes of the same run is in `carried`; this
@@ -246,6 +240,10 @@ class _Trainer:
         self.precision = precision(cfg, self.device)
         self.amp = self.precision.amp
 
+        # the idle baseline: what the process holds before this run builds anything (interpreter, libraries, data),
+        # so the report can tell the model's own memory from the peak; the peak is measured from here on
+        telemetry.reset_peak_rss()
+        self.baseline_rss = telemetry.current_rss_bytes()
         # every random stream starts from the run's seed, in this order, before the model is built
         torch.manual_seed(cfg.seed)
         np.random.seed(cfg.seed)
@@ -267,12 +265,13 @@ class _Trainer:
         self.train_model: nn.Module = self.model
         self.start_step = self.step = 0
         self.resumed_from: int | None = None
-        self.carried: dict[str, Any] = {**_FRESH_TELEMETRY, "step_times": []}
+        self.carried: dict[str, Any] = {**telemetry.FRESH_RUN_TELEMETRY, "step_times": []}
         self.step_times: list[float] = []
         self.warmup_compile = 0.0
-        self.sw = telemetry.Stopwatch(self.device)
+        self.sw = telemetry.Stopwatch(self.device, cuda_events=True)  # the timed steps: wall, CPU and CUDA time
         self.eval_sw = telemetry.Stopwatch(self.device)
         self.nvml = telemetry.NvmlSampler(self.device)
+        self.load = telemetry.LoadSampler()
         self.metrics: list[dict[str, Any]] = []
         self.flops: curriculum.FlopCounter | None = None  # FLOPs spent so far, kept under a depth curriculum
         self.mirror: Any = tblog.NoMirror()  # TensorBoard copy of the metric rows, set once the start step is known
@@ -310,7 +309,7 @@ class _Trainer:
             self.sampler.load_state_dict(state["sampler"])
             ckpt.set_rng_state(state["rng"], self.device)
             self.start_step = self.step = self.resumed_from = int(state["step"])
-            self.carried = {**self.carried, **state["telemetry"]}
+            self.carried = telemetry.carried_from(state["telemetry"])
             change = ckpt.hardware_change(state.get("hardware"), self._hardware())
             if change:
                 # step times from two kinds of hardware (or precisions) would average into a number true of neither
@@ -344,6 +343,7 @@ class _Trainer:
             "n_params": report["total"], "effective_params": report["effective"],
             "flops_per_token": self.model.flops_per_token(cfg.model.max_seq_len), "max_steps": cfg.train.max_steps,
             "world_size": self.dist.world_size, "error": None, "pid": os.getpid(), "hostname": _hostname(),
+            "threads": telemetry.threads_used(), "concurrent_jobs": telemetry.concurrent_jobs(),
             **(run_values or {}),
         }
         dbm.start_run(self.db, row, new=existing is None, resume_step=self.start_step)
@@ -376,6 +376,7 @@ class _Trainer:
                              loss="-", **{"tok/s": "-"})
         try:
             self.nvml.start()
+            self.load.start()
             if self.start_step == 0:
                 self._initial_eval(task)
             last_val = None
@@ -396,6 +397,7 @@ class _Trainer:
             task.close()
             self.mirror.close()
             self.nvml.stop()
+            self.load.stop()
 
     def _initial_eval(self, task: Any) -> None:
         v0 = self._eval_at(0)
@@ -455,7 +457,7 @@ class _Trainer:
         if self.flops is not None:  # under a depth curriculum: the compute actually spent, and the depth
             self._add_metric("train_flops", self.flops.advance_to(self.step), self.step)
             self._add_metric("recur_depth", curriculum.depth_at(self.step - 1, self.cfg), self.step)
-        rss = telemetry.peak_rss_bytes()
+        rss = telemetry.run_peak_rss_bytes()
         if rss is not None:
             self._add_metric("peak_rss_bytes", rss, self.step)
         fields = {"loss": f"{train_loss:.3f}"}
@@ -508,17 +510,26 @@ class _Trainer:
 
     def _telemetry(self) -> dict[str, Any]:
         """Cumulative telemetry over every process of this run so far (what a checkpoint carries forward)."""
-        c, device = self.carried, self.device
+        c, device, sw, add, peak = self.carried, self.device, self.sw, telemetry.add, telemetry.max_of
         peaks = telemetry.torch_peaks(device)
+        rss = telemetry.run_peak_rss_bytes()
         return {
-            "train_seconds": c["train_seconds"] + self.sw.total,
+            "train_seconds": c["train_seconds"] + sw.total,
             "warmup_seconds": c["warmup_seconds"] + self.warmup_compile,
             "eval_seconds": c["eval_seconds"] + self.eval_sw.total,
             "step_times": self.step_times[-2000:],
-            "peak_rss": _max(c["peak_rss"], telemetry.peak_rss_bytes()),
-            "peak_alloc": _max(c["peak_alloc"], peaks[0]),
-            "peak_reserved": _max(c["peak_reserved"], peaks[1]),
-            "peak_nvml": _max(c["peak_nvml"], self.nvml.peak_used),
+            # the same timed steps in process CPU time and (CUDA) GPU event time, and how many there were
+            "cpu_seconds": add(c["cpu_seconds"], sw.cpu_total),
+            "cuda_seconds": add(c["cuda_seconds"], sw.cuda_total) if device.type == "cuda" else None,
+            "timed_steps": add(c["timed_steps"], sw.count),
+            "load_total": c["load_total"] + self.load.total, "load_n": c["load_n"] + self.load.n,
+            "util_total": c["util_total"] + self.nvml.util_total, "util_n": c["util_n"] + self.nvml.util_n,
+            "peak_rss": peak(c["peak_rss"], rss),
+            # the baseline of the process whose peak is the run's peak: their difference is the model's share
+            "baseline_rss": self.baseline_rss if (rss or 0) >= (c["peak_rss"] or 0) else c["baseline_rss"],
+            "peak_alloc": peak(c["peak_alloc"], peaks[0]),
+            "peak_reserved": peak(c["peak_reserved"], peaks[1]),
+            "peak_nvml": peak(c["peak_nvml"], self.nvml.peak_used),
             "initial_val_loss": c["initial_val_loss"],
         }
 
@@ -536,7 +547,7 @@ class _Trainer:
                 tps = self.cfg.tokens_per_step
                 dbm.record_checkpoint(self.db, self.rid, step=step, path=str(self.ckpt_path), size=size,
                                       metrics=self._take_metrics(),
-                                      run_values={"tokens_seen": step * tps, **_telemetry_columns(tel, tps)})
+                                      run_values={"tokens_seen": step * tps, **telemetry.run_columns(tel, tps)})
         barrier(self.dist)
 
 
@@ -544,29 +555,6 @@ def _hostname() -> str:
     import socket
 
     return socket.gethostname()
-
-
-def _max(a: int | None, b: int | None) -> int | None:
-    vals = [v for v in (a, b) if v is not None]
-    return max(vals) if vals else None
-
-
-def _telemetry_columns(tel: dict[str, Any], tokens_per_step: int) -> dict[str, Any]:
-    times = tel["step_times"]
-    step_s = statistics.median(times) if times else None
-    train_s = tel["train_seconds"]
-    return {
-        "train_seconds": train_s,
-        "warmup_seconds": tel["warmup_seconds"],
-        "eval_seconds": tel["eval_seconds"],
-        "step_seconds": step_s,
-        # tokens/s over the timed steps (warm-up steps excluded from both numerator and denominator)
-        "tokens_per_s": (len(times) * tokens_per_step / sum(times)) if times else None,
-        "peak_rss_bytes": tel["peak_rss"],
-        "peak_gpu_mem_bytes": tel["peak_alloc"],
-        "peak_gpu_reserved_bytes": tel["peak_reserved"],
-        "peak_nvml_mem_bytes": tel["peak_nvml"],
-    }
 
 
 def estimate_seconds(cfgs: list[RunConfig], prepared: Any) -> float:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import math
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -67,12 +67,17 @@ def build_fixture_db(
     device: str = "cpu",
     depth: bool = False,
     variant: str | None = None,
+    run_extra: Callable[[str, int], dict] | None = None,
 ) -> Path:
     """Write a fixture results.db at `path` (created or added to) and return the path.
 
     `ladder` adds the accuracies of the two other multiple-choice tasks (with `evals`): tinystories_order well
     above its chance level of 1/2 for every model, tinystories_names at its chance level of 1/4 for every model —
-    whole numbers of correct answers out of 200 documents per run, as lm-eval writes them."""
+    whole numbers of correct answers out of 200 documents per run, as lm-eval writes them.
+
+    Done runs carry a quiet machine's timing telemetry (CPU time a little under two threads' worth of the wall time,
+    one job, load average 1.9); `run_extra(arch, seed)` returns columns that replace a done run's values (a shared
+    machine's load, seeds with other times)."""
     path = Path(path)
     db = dbmod.connect(path)
     archs, seeds = list(archs), list(seeds)
@@ -119,7 +124,11 @@ def build_fixture_db(
                 "tokens_per_s": max_steps * tps / train_s, "step_seconds": train_s / max_steps,
                 "peak_rss_bytes": int(450e6 * mem_mul * (1 + 0.01 * r.standard_normal())),
                 "finished_at": _ts(2, t + int(train_s) + 5),
+                "cpu_seconds": 1.9 * train_s, "timed_steps": max_steps, "threads": 2, "concurrent_jobs": 1,
+                "load_avg": 1.9, "baseline_rss_bytes": 300_000_000,
             })
+            if run_extra is not None:
+                row.update(run_extra(arch, seed))
             if device == "cuda":
                 row.update({
                     "peak_gpu_mem_bytes": int(1.5e9 * mem_mul), "peak_gpu_reserved_bytes": int(1.7e9 * mem_mul),
@@ -275,6 +284,7 @@ def _bench_rows(preset: str, archs: list[str]) -> list[dict]:
                 "peak_flops": 1e11, "peak_flops_source": "measured fp32 matmul", "mfu": tps * 1e6 * (i + 1) / 1e11,
                 "peak_mem_bytes": 300_000_000, "torch_version": "2.13.0+cpu", "git_commit": "abc1234",
                 "kernel_seconds": 0.8 * 512 / tps if impl == "benchctl" else 0.5 * 512 / tps,
+                "step_cpu_seconds": 1.9 * 512 / tps, "config_json": make_config(preset, arch, 0).to_json(),
                 "created_at": _ts(6, 0),
             })
     return rows

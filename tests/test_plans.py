@@ -242,7 +242,7 @@ def test_study_with_a_plan_names_its_runs_and_records_the_plan(tmp_path, tinysto
         preset="tiny", plan=str(path), seeds=[0], db_path=tmp_path / "r.db", out_dir=tmp_path / "reports",
         overrides={"data.source": str(tinystories_dir), "train.max_steps": 2, "train.eval_interval": 1,
                    "train.warmup_steps": 1},
-        skip=("sample", "judge", "eval"), progress=False,
+        skip=("sample", "judge", "eval"), progress=False, bench=False,
     )
     report_path = run_study(opts, log=lambda _: None)
     db = dbm.connect(tmp_path / "r.db")

@@ -14,7 +14,7 @@ from fixtures_db import build_fixture_db
 
 
 def test_registry_is_the_study_in_order():
-    assert stages.names() == ["prepare", "train", "retrofit", "sample", "judge", "eval", "depth", "report"]
+    assert stages.names() == ["prepare", "train", "bench", "retrofit", "sample", "judge", "eval", "depth", "report"]
     assert stages.skippable() == ["sample", "judge", "eval", "depth"]
     assert report.figure_names() == ("training_time.png", "peak_memory.png", "final_val_loss.png",
                                      "val_loss_curves.png", "loss_vs_compute.png", "loss_vs_params.png",
@@ -46,8 +46,8 @@ def test_a_new_stage_runs_in_order_and_adds_its_section(tmp_path, monkeypatch):
     lines: list[str] = []
     path = run_study(StudyOptions(preset="tiny", archs=["control"], db_path=tmp_path / "r.db"), log=lines.append)
     assert path == tmp_path / "report.md"
-    assert seen == ["prepare", "train", "sample", "judge", "eval", "depth", "probe", "report"]
-    assert lines == [f"== {i}/8 {n}: {n} ran" for i, n in enumerate(seen, 1)]
+    assert seen == ["prepare", "train", "bench", "sample", "judge", "eval", "depth", "probe", "report"]
+    assert lines == [f"== {i}/9 {n}: {n} ran" for i, n in enumerate(seen, 1)]
 
     db = build_fixture_db(tmp_path / "fixture.db", judge=False, evals=False)
     md = report.build(db).markdown
@@ -125,14 +125,14 @@ def test_study_end_to_end_on_tiny_data(tmp_path, tinystories_dir, monkeypatch):
         preset="tiny", archs=["control"], seeds=[0], db_path=tmp_path / "r.db", out_dir=tmp_path / "reports",
         overrides={"data.source": str(tinystories_dir), "train.max_steps": 2, "train.eval_interval": 1,
                    "train.warmup_steps": 1},
-        skip=("sample", "judge", "eval", "depth"), progress=False,
+        skip=("sample", "judge", "eval", "depth"), progress=False, bench=False,
     )
     lines: list[str] = []
     path = run_study(opts, log=lines.append)
     heads = [ln for ln in lines if ln.startswith("== ")]
-    assert [h.split(":")[0] for h in heads] == [f"== {i}/7 {n}" for i, n in enumerate(
+    assert [h.split(":")[0] for h in heads] == [f"== {i}/8 {n}" for i, n in enumerate(
         [s.name for s in stages.registered() if s.run is not None], 1)]
-    assert heads[2:6] == ["== 3/7 sample: skipped", "== 4/7 judge: skipped", "== 5/7 eval: skipped",
-                          "== 6/7 depth: skipped"]
+    assert heads[2:7] == ["== 3/8 bench: skipped (--no-bench)", "== 4/8 sample: skipped", "== 5/8 judge: skipped",
+                          "== 6/8 eval: skipped", "== 7/8 depth: skipped"]
     assert path == tmp_path / "reports" / "report.md"
     assert "| control | 1 | 0 | 0 | 0 | 0 |" in path.read_text()

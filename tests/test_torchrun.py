@@ -101,7 +101,7 @@ def test_killed_torchrun_run_resumes_to_the_same_final_loss(tmp_path, tinystorie
 def test_study_under_torchrun_trains_on_every_rank_and_reports_once(tmp_path, tinystories_dir):
     """The study keeps one process group for its training and then rank 0 alone runs the later stages: the other
     rank stops cleanly instead of sampling, evaluating and writing the same report a second time."""
-    args = ["study", "--archs", "control", "--seeds", "0", *TINY, "--set", "train.max_steps=4", "--skip",
+    args = ["study", "--archs", "control", "--seeds", "0", *TINY, "--no-bench", "--set", "train.max_steps=4", "--skip",
             "sample,judge,eval", "--data", str(tinystories_dir), "--db", str(tmp_path / "results.db"),
             "--out", str(tmp_path / "reports"), "--yes"]
     p = torchrun(args, tmp_path / "cache")

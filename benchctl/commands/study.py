@@ -40,6 +40,9 @@ def study(
     executor: ExecutorOpt = "local",
     ray_address: RayAddressOpt = None,
     runs_dir: RunsDirOpt = None,
+    bench: Annotated[Optional[bool], typer.Option(
+        "--bench/--no-bench", help="Time every model's training step with 'benchctl bench' for a clean cost ratio "
+                                   "[default: on for a CPU at tiny/small].")] = None,
 ) -> None:
     """prepare -> train-all -> sample -> judge (with an API key) -> eval -> report, for every variant × seed of a
     plan (default: the study's four models). Rerun to resume any stage."""
@@ -57,7 +60,7 @@ def study(
         preset=preset, plan=plan, archs=split_list(archs), seeds=parse_seeds(seeds),
         overrides=overrides_with_data(set_, data), db_path=db_path_of(db), out_dir=out, judge_model=judge_model,
         n_prompts=n_prompts, eval_tasks=split_list(tasks), skip=skipped, yes=yes, progress=progress,
-        jobs=jobs, executor=executor, ray_address=ray_address, runs_dir=runs_dir,
+        jobs=jobs, executor=executor, ray_address=ray_address, runs_dir=runs_dir, bench=bench,
     )
     is_main = Dist.from_env().is_main  # under torchrun every rank trains; rank 0 alone speaks and runs the rest
     path = run_study(opts, log=console.print if is_main else _quiet, confirm=terminal_confirm())

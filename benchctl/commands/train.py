@@ -224,17 +224,40 @@ def runs(
     rows = dbm.runs(handle, status=status, preset=preset)
     if as_json:
         keep = ("id", "arch", "variant", "preset", "seed", "status", "step", "max_steps", "initial_val_loss",
-                "final_val_loss", "train_seconds", "tokens_per_s", "device", "dtype", "precision_reason", "error")
+                "final_val_loss", "train_seconds", "cpu_seconds", "cuda_seconds", "threads", "concurrent_jobs",
+                "load_avg", "gpu_util", "tokens_per_s", "peak_rss_bytes", "baseline_rss_bytes", "device", "dtype",
+                "precision_reason", "error")
         print(json.dumps([{k: r.get(k) for k in keep} for r in rows], indent=2))
         return
     if not rows:
         console.print("no runs yet; start with 'benchctl train-all --preset small'")
         return
-    t = Table(box=box.SIMPLE_HEAD)
-    for head in ("id", "variant", "status", "step", "final loss", "dtype", "error"):
-        t.add_column(head, no_wrap=head != "error", justify="right" if head in ("step", "final loss") else "left")
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    timing = ("wall", "CPU", "thr", "jobs", "load")
+    errors = any(r.get("error") for r in rows)
+    precisions = sorted({_dtype(r) for r in rows})  # one precision for all: said once below the table
+    extra = (("dtype",) if len(precisions) > 1 else ()) + (("error",) if errors else ())
+    for head in ("id", "variant", "status", "step", "final loss", *timing, *extra):
+        # the id (and an error) fold onto more lines before any number is cut short on a narrow terminal
+        t.add_column(head, no_wrap=head not in ("id", "error"), overflow="fold", min_width=12 if head == "id" else None,
+                     justify="right" if head in ("step", "final loss", *timing) else "left")
     for r in rows:
+        dtype = {"bfloat16": "bf16", "float32": "fp32"}.get(r.get("dtype") or "", r.get("dtype") or "-")
         t.add_row(r["id"], r.get("variant") or r["arch"], r["status"],
-                  f"{r.get('step') or 0}/{r.get('max_steps') or '?'}", _f(r.get("final_val_loss")), _dtype(r),
-                  (r.get("error") or "")[:60])
+                  f"{r.get('step') or 0}/{r.get('max_steps') or '?'}", _f(r.get("final_val_loss")), *_timing(r),
+                  *([dtype] if len(precisions) > 1 else []), *([(r.get("error") or "")[:60]] if errors else []))
     console.print(t)
+    console.print("wall, CPU: seconds of the timed training steps in wall time and in process CPU time (all threads); "
+                  "thr: threads; jobs: benchctl jobs run side by side; load: the machine's mean 1-minute load "
+                  "average during training. Above the core count, wall time is no cost measure: see the report."
+                  + (f" precision: {precisions[0]}." if len(precisions) == 1 else ""), highlight=False)
+
+
+def _timing(r: dict[str, Any]) -> tuple[str, ...]:
+    """What a run's timing needs to be read: wall and CPU seconds, threads, concurrent jobs, load ('-' when not
+    recorded, as in runs trained before these were)."""
+    def num(key: str, fmt: str) -> str:
+        return "-" if r.get(key) is None else format(r[key], fmt)
+
+    return (num("train_seconds", ".1f"), num("cpu_seconds", ".1f"), num("threads", "d"),
+            num("concurrent_jobs", "d"), num("load_avg", ".2f"))

@@ -165,6 +165,11 @@ def cost_frame(ctx: Context) -> pd.DataFrame:
                         ("peak_rss_bytes", "rss"), ("tokens_seen", "tokens")):
             v = vals(g, c)
             row[name] = float(np.mean(v)) if v else None
+        # the model's own share of the peak RSS: peak minus the process's RSS before the model was built
+        own = [float(p) - float(b) for p, b in zip(pd.to_numeric(g["peak_rss_bytes"], errors="coerce"),
+                                                   pd.to_numeric(g["baseline_rss_bytes"], errors="coerce"))
+               if pd.notna(p) and pd.notna(b)]
+        row["own"] = float(np.mean(own)) if own else None
         rows.append(row)
     df = pd.DataFrame(rows)
     if df.empty:

@@ -19,8 +19,8 @@ from benchctl.db import SCHEMA_VERSION, schema_columns
 from benchctl.errors import DatabaseError
 
 # Columns the report reads; large text columns (completions, raw judge answers, configs of bench rows) are skipped.
-_SKIP_COLUMNS = {"samples": {"completion", "settings_json"}, "judge_grades": {"raw_text"}, "bench": {"config_json"},
-                 "prompts": {"text"}}
+# (bench's config_json is read: the cost section matches bench rows to models by config.)
+_SKIP_COLUMNS = {"samples": {"completion", "settings_json"}, "judge_grades": {"raw_text"}, "prompts": {"text"}}
 _TABLES = ("runs", "metrics", "prompts", "samples", "judge_grades", "eval_results", "bench", "depth_results",
            "plan_runs")
 _PKS = {

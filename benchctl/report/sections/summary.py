@@ -64,25 +64,28 @@ def bench_section(frames: Frames) -> list[str]:
                + (f"; {earlier} earlier invocation{'s' if earlier != 1 else ''} not shown" if earlier else "") + ").")
     out.append("")
     headers = ["arch", "impl", "compiled", "device", "tokens/s", "range", "step (ms)", "MFLOP/token", "MFU",
-               "peak FLOP/s source", "peak memory (MiB)", "cost ratio"]
+               "peak FLOP/s source", "peak memory (MiB)", "cost ratio", "cost ratio (CPU)"]
     ref = b[(b["arch"] == CONTROL) & (b["impl"] == "reference")]
     ours = b[(b["arch"] == CONTROL) & (b["impl"] == "benchctl")]
     ctrl = ours.to_dict("records")[0] if not ours.empty else None
     rows = []
     for r in b.to_dict("records"):
-        cost = "-"
+        cost = cost_cpu = "-"
         if ctrl is not None and r["impl"] == "benchctl" and r["compiled"] == ctrl["compiled"]:
             # time per token over the control's, divided by FLOPs per token over the control's (1 = pure arithmetic)
-            cost = fnum((float(ctrl["tokens_per_s"]) / float(r["tokens_per_s"]))
-                        / (float(r["flops_per_token"]) / float(ctrl["flops_per_token"])), 2)
+            flops = float(r["flops_per_token"]) / float(ctrl["flops_per_token"])
+            cost = fnum((float(ctrl["tokens_per_s"]) / float(r["tokens_per_s"])) / flops, 2)
+            if not missing(r.get("step_cpu_seconds")) and not missing(ctrl.get("step_cpu_seconds")):
+                # the same in process CPU time per step (every row has the preset's tokens per step)
+                cost_cpu = fnum(float(r["step_cpu_seconds"]) / float(ctrl["step_cpu_seconds"]) / flops, 2)
         impl = r["impl"] if missing(r.get("dtype")) else f"{r['impl']} ({r['dtype']})"
         rows.append([r["arch"], impl, "yes" if py(r["compiled"]) else "no", r["device_name"] or r["device"],
                      fnum(r["tokens_per_s"], 0), f"{fnum(r['tokens_per_s_min'], 0)}–{fnum(r['tokens_per_s_max'], 0)}",
                      fnum(scaled(r["step_seconds"], 1e-3), 1), fnum(scaled(r["flops_per_token"], 1e6), 2),
                      "-" if missing(r["mfu"]) else f"{100 * float(r['mfu']):.1f}%",
                      r["peak_flops_source"] if not missing(r["peak_flops_source"]) else "-",
-                     fnum(scaled(r["peak_mem_bytes"], 2**20), 1), cost])
-    out += md_table(headers, rows, right=[4, 5, 6, 7, 8, 10, 11]) + [""]
+                     fnum(scaled(r["peak_mem_bytes"], 2**20), 1), cost, cost_cpu])
+    out += md_table(headers, rows, right=[4, 5, 6, 7, 8, 10, 11, 12]) + [""]
     if not ref.empty and ctrl is not None:
         ref_row = ref.to_dict("records")[0]
         ratio = float(ctrl["tokens_per_s"]) / float(ref_row["tokens_per_s"])
@@ -99,7 +102,9 @@ def bench_section(frames: Frames) -> list[str]:
                        f"{float(ref_row['step_seconds']) / float(kernel):.2f}× the reference on this machine.")
         out.append("")
     out.append("Cost ratio: an architecture's time per token over the control's, divided by its FLOPs per token over "
-               "the control's (1.00 = its recurrence costs exactly its arithmetic). "
+               "the control's (1.00 = its recurrence costs exactly its arithmetic); cost ratio (CPU): the same from "
+               "the process CPU time of a step, which time spent waiting for a core on a shared machine does not "
+               "distort. "
                "MFU is empty when the device's peak FLOP/s is unknown (never a guessed peak).")
     out.append("")
     return out

@@ -7,6 +7,7 @@ import math
 
 from benchctl import paper
 from benchctl.report.context import CONTROL, model_keys, study_order
+from benchctl.report.cost import headline, timing_frame, warnings
 from benchctl.report.figures import fig_cost_bars, fig_final_loss, fig_loss_curves, hardware_line
 from benchctl.report.fmt import (
     bytes_unit, fci, fint, fnum, ftokens, md_table, missing, need, scaled, time_unit, value_range,
@@ -125,11 +126,14 @@ def cost_section(frames: Frames) -> list[str]:
     mmax = cost["mem_mean"].dropna()
     mscale, munit = bytes_unit(float(mmax.max()) if not mmax.empty else 0.0)
     gpu = cost["memory_kind"].iloc[0] == "gpu"
+    own = not gpu and cost["own"].notna().any()
     mem_name = "peak GPU memory (torch allocated)" if gpu else "peak RSS"
     headers = ["model", "seeds", f"training time ({tunit})", "range over seeds", "× control", "tokens/s",
                "step (ms)", f"{mem_name} ({munit})", "× control"]
     if gpu:
         headers += [f"torch reserved ({munit})", f"NVML device ({munit})"]
+    if own:
+        headers += [f"model's own ({munit})"]
     rows = []
     for r in cost.to_dict("records"):
         row = [r["model"], r["seeds"], fnum(scaled(r["time_mean"], tscale), 2),
@@ -138,6 +142,8 @@ def cost_section(frames: Frames) -> list[str]:
                fnum(scaled(r["mem_mean"], mscale), 2), fnum(r["mem_ratio"], 2)]
         if gpu:
             row += [fnum(scaled(r["reserved"], mscale), 2), fnum(scaled(r["nvml"], mscale), 2)]
+        if own:
+            row += [fnum(scaled(r["own"], mscale), 2)]
         rows.append(row)
     out += md_table(headers, rows, right=range(1, len(headers))) + [""]
     out.append("Training time counts optimizer steps only (no warm-up/compile, evaluation or checkpoints); "
@@ -146,8 +152,12 @@ def cost_section(frames: Frames) -> list[str]:
                + ("" if (cost["model"] == CONTROL).any() else " (no control runs, so no ratios)") + ". "
                + ("Memory is torch's peak allocated GPU memory." if gpu else
                   "No GPU memory was recorded (CPU runs), so memory is the process's peak resident set size, "
-                  "which includes the Python interpreter and libraries."))
+                  "which includes the Python interpreter and libraries.")
+               + (" Model's own = peak RSS minus the process's RSS just before the model was built (mean over "
+                  "seeds): the model, its optimizer state, activations and the data pages read; the first run of a "
+                  "process also counts libraries loaded on first use." if own else ""))
     out.append("")
+    out += timing_lines(frames)
     out.append(f"The study ({paper.HARDWARE}, paper preset): {paper.COST_NOTES}")
     out.append("")
     for name, what, alt in (("training_time.png", "time", "Training time per model"),
@@ -157,6 +167,47 @@ def cost_section(frames: Frames) -> list[str]:
             frames.figures[name] = f
             out += [f"![{alt}](figures/{name})", ""]
     return out
+
+
+def timing_lines(frames: Frames) -> list[str]:
+    """Time per token from wall time and from CPU time, the bench ratios, which one is the headline, and a sentence
+    for every run or model whose wall time is not a cost measure (see benchctl.report.cost)."""
+    ctx = frames.ctx
+    t = timing_frame(ctx, frames.data.bench)
+    if t.empty:
+        return []
+    headers = ["model", "wall (µs/token)", "× control", "CPU (µs/token)", "× control", "threads", "jobs",
+               "load avg", "bench × control", "FLOPs × control", "bench cost ratio"]
+    rows = [[r["model"], fnum(scaled(r["wall"], 1e-6), 1), fnum(r["wall_ratio"], 2), fnum(scaled(r["cpu"], 1e-6), 1),
+             fnum(r["cpu_ratio"], 2), r["threads"], r["jobs"], fnum(r["load"], 1), fnum(r["bench_time"], 2),
+             fnum(r["flops"], 2), fnum(r["bench_cost"], 2)] for r in t.to_dict("records")]
+    if t["cuda"].notna().any():  # CUDA runs: the GPU's own time of the same steps, and how busy NVML saw it
+        headers += ["GPU (µs/token)", "GPU util (%)"]
+        rows = [row + [fnum(scaled(r["cuda"], 1e-6), 1), fnum(r["gpu_util"], 0)]
+                for row, r in zip(rows, t.to_dict("records"))]
+    out = ["Time per trained token over the timed steps (mean over seeds):", ""]
+    out += md_table(headers, rows, right=range(1, len(headers))) + [""]
+    head = headline(t)
+    out.append("CPU = process CPU time of the same steps, all threads; load avg = the machine's 1-minute load "
+               "average during training (mean over seeds); jobs = benchctl jobs run side by side; bench × control = "
+               "time per token over the control's in the latest `benchctl bench` of this preset and device at the "
+               "same config, whose quotient by FLOPs × control is the bench cost ratio (1.00 = costs exactly its "
+               "arithmetic).")
+    out.append({
+        "bench": "Headline: the bench ratio, because bench times every model's step in one process, taking turns "
+                 "step by step, so other load falls on all of them alike; the CPU-time ratio comes next (time spent "
+                 "waiting for a core is not counted, threads spinning while they wait are), and the wall-time ratio "
+                 "holds only on a quiet machine.",
+        "cpu": "Headline: the CPU-time ratio, because time a run spends waiting for a core is not counted; it is a "
+               "fallback, since threads that spin while they wait are counted, so heavy load distorts it too. The "
+               "wall-time ratio holds only on a quiet machine; `benchctl bench` (or `benchctl study --bench`) gives "
+               "the cleanest ratio, measured interleaved in one process.",
+        "wall": "Headline: the wall-time ratio, the only one recorded for every model here, which is a cost measure "
+                "only on a quiet machine; `benchctl bench` gives a clean ratio.",
+    }[head])
+    out.append("")
+    notes = warnings(ctx, t)
+    return out + ([f"- {n}" for n in notes] + [""] if notes else [])
 
 
 def loss_section(frames: Frames) -> list[str]:

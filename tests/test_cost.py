@@ -1,0 +1,311 @@
+"""Cost numbers that survive a shared machine: what every run records beside its wall time (CPU time, threads, jobs,
+load, CUDA time and utilisation, the memory baseline), how the report reads them (headline ratio, contended runs,
+seeds that disagree), `benchctl runs`, and the study's bench stage."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import re
+import sys
+
+import pytest
+import torch
+
+from benchctl import db as dbm
+from benchctl import report, stages, telemetry
+from benchctl.config import make_config
+from benchctl.errors import ConfigError
+from benchctl.report.cost import LOAD_SLACK, contention
+from tests.fixtures_db import STUDY_ARCHS, build_fixture_db
+from tests.test_gpu_paths import fake_pynvml
+from tests.test_report import by_model, q, section, tables
+from tests.test_train import run_cli
+
+TWO_CORES = "Intel(R) Xeon(R) CPU @ 2.20GHz (2 cores, 2 threads)"  # the fixture bench's CPU
+
+
+# ---- recording -------------------------------------------------------------------------------------------------------
+
+
+def _train(tmp_path, tinystories_dir, arch, **kw):
+    from benchctl import data
+    from benchctl.train import train_run
+
+    overrides = {"data.source": str(tinystories_dir), "train.max_steps": 8, "train.eval_interval": 4,
+                 "train.ckpt_interval": 2, "train.warmup_steps": 1}
+    cfg = make_config("tiny", arch, overrides=overrides)
+    prepared = data.prepare(cfg.data, cfg.model.vocab_size, progress=False)
+    path = tmp_path / "results.db"
+    return train_run(cfg, prepared, dbm.connect(path), path, progress=False, log=lambda *_: None, **kw), path
+
+
+def test_every_run_records_cpu_time_load_threads_jobs_and_its_memory_baseline(tmp_path, tinystories_dir,
+                                                                              monkeypatch):
+    """A run stopped after 3 steps and resumed: CPU time and timed steps add up over both processes; a run an
+    executor started (env vars) records its threads and jobs."""
+    monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
+    first, path = _train(tmp_path, tinystories_dir, "control", stop_after=3)
+    part = dbm.get_run(dbm.connect(path), first.run_id)
+    assert part["timed_steps"] == 1 and part["cpu_seconds"] > 0  # 3 steps, the first 2 untimed
+    done, _ = _train(tmp_path, tinystories_dir, "control")
+    row = dbm.get_run(dbm.connect(path), done.run_id)
+    assert row["status"] == "done"
+    assert row["timed_steps"] == 1 + (8 - 3 - 2)  # each process leaves its first 2 steps out of the timing
+    assert row["cpu_seconds"] > part["cpu_seconds"] and row["train_seconds"] > 0
+    assert row["load_avg"] is not None and row["load_avg"] >= 0
+    assert row["threads"] == torch.get_num_threads() and row["concurrent_jobs"] == 1
+    assert 0 < row["baseline_rss_bytes"] < row["peak_rss_bytes"]
+    assert row["cuda_seconds"] is None and row["gpu_util"] is None  # no GPU: NULL, not zero
+
+    monkeypatch.setenv("BENCHCTL_THREADS", "1")
+    monkeypatch.setenv("BENCHCTL_CONCURRENT_JOBS", "2")
+    other, _ = _train(tmp_path, tinystories_dir, "frailt")
+    row = dbm.get_run(dbm.connect(path), other.run_id)
+    assert (row["threads"], row["concurrent_jobs"]) == (1, 2)
+    assert row["cpu_seconds"] > 0 and row["load_avg"] is not None
+
+
+def test_bad_executor_settings_are_one_clear_error(monkeypatch):
+    monkeypatch.setenv("BENCHCTL_CONCURRENT_JOBS", "two")
+    with pytest.raises(ConfigError, match="BENCHCTL_CONCURRENT_JOBS='two' must be a whole number >= 1"):
+        telemetry.concurrent_jobs()
+    monkeypatch.setenv("BENCHCTL_THREADS", "0")
+    with pytest.raises(ConfigError, match="BENCHCTL_THREADS"):
+        telemetry.threads_used()
+    monkeypatch.delenv("BENCHCTL_CONCURRENT_JOBS")
+    assert telemetry.concurrent_jobs() == 1
+
+
+def test_a_checkpoint_from_before_cpu_time_leaves_it_unknown():
+    old = {"train_seconds": 5.0, "warmup_seconds": 1.0, "eval_seconds": 1.0, "step_times": [0.5] * 10,
+           "peak_rss": 100, "peak_alloc": None, "peak_reserved": None, "peak_nvml": None, "initial_val_loss": 6.0}
+    carried = telemetry.carried_from(old)
+    assert carried["cpu_seconds"] is None and telemetry.add(carried["cpu_seconds"], 2.0) is None
+    cols = telemetry.run_columns(carried, 512)
+    assert cols["cpu_seconds"] is None and cols["load_avg"] is None and cols["train_seconds"] == 5.0
+
+
+def test_stopwatch_counts_cpu_time_and_cuda_event_time(monkeypatch):
+    class Event:
+        clock = [0.0]
+
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+
+        def record(self):
+            Event.clock[0] += 250.0  # ms between the two records
+            self.t = Event.clock[0]
+
+        def elapsed_time(self, end):
+            return end.t - self.t
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(telemetry, "sync", lambda d: None)
+    sw = telemetry.Stopwatch(torch.device("cuda", 0), cuda_events=True)
+    for _ in range(2):
+        with sw:
+            sum(i * i for i in range(200_000))  # CPU work: process time advances
+    assert sw.count == 2 and sw.cuda_total == pytest.approx(0.5) and sw.cpu_total > 0
+    assert telemetry.Stopwatch(torch.device("cpu"), cuda_events=True).cuda_total is None
+
+
+def test_nvml_utilisation_mean_and_load_samples(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(fail=set()))
+    monkeypatch.setattr(telemetry, "nvml_target", lambda d: ("uuid", "GPU-x"))
+    s = telemetry.NvmlSampler(torch.device("cuda", 0), interval=0.01).start()
+    s.stop()
+    assert s.util_n >= 2 and s.util_total == 7 * s.util_n
+    monkeypatch.setattr(telemetry, "load_average", lambda: 3.0)
+    load = telemetry.LoadSampler(interval=0.01).start()
+    load.stop()
+    assert load.n >= 2 and load.total == 3.0 * load.n
+    tel = {**telemetry.FRESH_RUN_TELEMETRY, "load_total": load.total, "load_n": load.n,
+           "util_total": s.util_total, "util_n": s.util_n}
+    cols = telemetry.run_columns(tel, 512)
+    assert cols["load_avg"] == 3.0 and cols["gpu_util"] == 7.0
+
+
+def test_contention_rule():
+    quiet = {"device_name": TWO_CORES, "load_avg": 2.0 + LOAD_SLACK, "concurrent_jobs": 1}
+    assert contention(quiet) is None  # every core busy with the run itself: not contended
+    assert contention({**quiet, "load_avg": 2.6}) == "mean load 2.6 on 2 cores"
+    assert contention({**quiet, "concurrent_jobs": 2}) == "trained beside 1 other job(s) (2 at once)"
+    assert contention({**quiet, "load_avg": 9.0, "device_name": "NVIDIA A100"}) is None  # cores unknown
+    assert contention({"device_name": TWO_CORES, "load_avg": None, "concurrent_jobs": None}) is None  # older rows
+
+
+# ---- the report ------------------------------------------------------------------------------------------------------
+
+
+def _report(tmp_path, **kw):
+    db = build_fixture_db(tmp_path / "results.db", judge=False, evals=False, **kw)
+    md = report.build(db).markdown
+    return db, section(md, "Training cost"), md
+
+
+def _timing_table(sec: str) -> dict[str, dict[str, str]]:
+    return by_model(tables(sec)[1])
+
+
+def test_quiet_machine_report_has_the_bench_headline_and_no_warning(tmp_path):
+    db, sec, _ = _report(tmp_path, bench=True, run_extra=lambda a, s: {"device_name": TWO_CORES})
+    t = _timing_table(sec)
+    bench = {a: (tps, f) for a, tps, f in q(db, "select arch, tokens_per_s, flops_per_token from bench "
+                                                "where impl = 'benchctl'")}
+    for arch in STUDY_ARCHS:
+        time_ratio = bench["control"][0] / bench[arch][0]
+        assert t[arch]["bench × control"] == f"{time_ratio:.2f}"
+        assert t[arch]["bench cost ratio"] == f"{time_ratio / (bench[arch][1] / bench['control'][1]):.2f}"
+    assert "Headline: the bench ratio" in sec
+    assert "not a cost measure" not in sec
+
+
+def test_contended_runs_point_to_the_cpu_time_and_bench_ratios(tmp_path):
+    """A CPU hog beside training: the load average stays far above the cores, the wall times say nothing about
+    cost, and the report says so for every run and names the number to trust."""
+    hog = lambda a, s: {"device_name": TWO_CORES, "load_avg": 6.2}  # noqa: E731
+    db, sec, _ = _report(tmp_path, archs=("control", "frailt"), seeds=(0, 1), bench=True, run_extra=hog)
+    lines = [ln for ln in sec.splitlines() if "was contended" in ln]
+    assert len(lines) == 4 and all("(mean load 6.2 on 2 cores): its wall time is not a cost measure here; trust "
+                                   "the bench ratio instead." in ln for ln in lines)
+    rows = q(db, "select arch, cpu_seconds, timed_steps, tokens_seen, step from runs where status = 'done'")
+    per = {a: [] for a in ("control", "frailt")}
+    for arch, cpu, steps, seen, step in rows:
+        per[arch].append(cpu / (steps * seen / step))
+    ratio = (sum(per["frailt"]) / 2) / (sum(per["control"]) / 2)
+    assert _timing_table(sec)["frailt"]["× control (2)"] == f"{ratio:.2f}"  # the CPU-time ratio
+
+    _, sec, _ = _report(tmp_path / "nobench", archs=("control", "frailt"), seeds=(0, 1), run_extra=hog)
+    assert "Headline: the CPU-time ratio" in sec
+    assert "trust the CPU-time ratio (better: run `benchctl bench`) instead." in sec
+
+
+def test_seeds_that_disagree_and_parallel_jobs_get_a_sentence(tmp_path):
+    def extra(arch, seed):
+        out = {"device_name": TWO_CORES}
+        if arch == "control" and seed == 1:  # this seed ran while something else had the machine
+            out.update(train_seconds=80.0, tokens_per_s=100.0)
+        if arch == "frailt":
+            out["concurrent_jobs"] = 2
+        return out
+
+    _, sec, _ = _report(tmp_path, archs=("control", "frailt"), seeds=(0, 1), run_extra=extra)
+    spread = [ln for ln in sec.splitlines() if "seeds took" in ln]
+    assert len(spread) == 1 and spread[0].startswith("- control's seeds took ")
+    assert "its wall time is not a cost measure here; trust the CPU-time ratio (better: run `benchctl bench`) " \
+           "instead." in spread[0]
+    assert "- frailt seed 0 was contended (trained beside 1 other job(s) (2 at once))" in sec
+    assert "control seed 0 was contended" not in sec
+
+
+def test_memory_shows_the_models_own_share(tmp_path):
+    db, sec, _ = _report(tmp_path, archs=("control", "frailt"), seeds=(0, 1))
+    cost = by_model(tables(sec)[0])
+    for arch in ("control", "frailt"):
+        own = [p - b for p, b in q(db, "select peak_rss_bytes, baseline_rss_bytes from runs where status = 'done' "
+                                       "and arch = ?", (arch,))]
+        assert cost[arch]["model's own (MiB)"] == f"{sum(own) / len(own) / 2**20:,.2f}"
+
+
+def test_bench_rows_of_another_config_or_device_give_no_bench_ratio(tmp_path):
+    db = build_fixture_db(tmp_path / "results.db", judge=False, evals=False, bench=True)
+    conn = dbm.connect(db)
+    conn.execute("update bench set config_json = ?", [make_config("tiny", "control", 0,
+                                                                  {"model.n_layers": 2}).to_json()])
+    conn.conn.commit()
+    sec = section(report.build(db).markdown, "Training cost")
+    assert _timing_table(sec)["frailt"]["bench × control"] == "-" and "Headline: the CPU-time ratio" in sec
+
+
+def test_runs_command_shows_the_timing_columns(tmp_path, capsys):
+    db = build_fixture_db(tmp_path / "results.db", judge=False, evals=False, archs=("control",), seeds=(0,),
+                          run_extra=lambda a, s: {"load_avg": 3.25})
+    assert run_cli(["runs", "--db", str(db)]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"\bCPU\b", out) and "load" in out and "3.25" in out
+    assert run_cli(["runs", "--db", str(db), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    done = [r for r in rows if r["status"] == "done"]
+    assert done[0]["load_avg"] == 3.25 and done[0]["cpu_seconds"] > 0 and done[0]["concurrent_jobs"] == 1
+
+
+# ---- study --bench ---------------------------------------------------------------------------------------------------
+
+
+def _study(tmp_path, **opts):
+    from benchctl.study import StudyOptions
+
+    o = StudyOptions(preset="tiny", db_path=tmp_path / "r.db", **opts)
+    lines: list[str] = []
+    cfgs = [make_config("tiny", a) for a in ("control", "frailt")]
+    return stages.StudyRun(opts=o, cfgs=cfgs, archs=["control", "frailt"], log=lines.append), lines
+
+
+def test_study_bench_runs_once_per_preset_device_and_config(tmp_path, monkeypatch):
+    from benchctl import bench
+    from benchctl.stages import bench as stage
+
+    calls = []
+
+    def fake_run(opts, db_path, log=None):
+        calls.append(opts)
+        dev = telemetry.device_name(torch.device("cpu"))
+        rows = [{"bench_id": "b", "arch": a, "preset": opts.preset, "impl": "benchctl", "device": "cpu",
+                 "device_name": dev, "tokens_per_s": 100.0 / (i + 1), "flops_per_token": 1.0 + i,
+                 "config_json": make_config(opts.preset, a, 0, opts.overrides).to_json(), "created_at": "x"}
+                for i, a in enumerate(opts.archs)]
+        dbm.record_bench_rows(dbm.connect(db_path), rows)
+        return [{"arch": r["arch"], "cost_ratio": 1.0} for r in rows]
+
+    monkeypatch.setattr(bench, "run", fake_run)
+    study, lines = _study(tmp_path)
+    stage.run(study)
+    assert len(calls) == 1 and calls[0].archs == ["control", "frailt"] and calls[0].reference is False
+    assert re.match(r"   benchmarked in \d+ s; cost ratios control 1.00, frailt 1.00", lines[-1])
+    study, lines = _study(tmp_path)
+    stage.run(study)
+    assert len(calls) == 1 and "already benchmarked" in lines[-1]
+    study, lines = _study(tmp_path, overrides={"model.n_layers": 2})  # another config: measured again
+    stage.run(study)
+    assert len(calls) == 2
+
+
+def test_study_bench_defaults(tmp_path):
+    from benchctl.stages.bench import enabled
+
+    study, _ = _study(tmp_path)
+    assert enabled(study, "cpu") == (True, "")
+    assert enabled(study, "cuda")[0] is False
+    study.opts.preset = "paper"
+    assert enabled(study, "cpu")[0] is False
+    study.opts.bench = True
+    assert enabled(study, "cuda") == (True, "--no-bench")
+    study.opts.bench = False
+    assert enabled(study, "cpu") == (False, "--no-bench")
+
+
+def test_cuda_runs_show_gpu_time_and_utilisation(tmp_path):
+    extra = lambda a, s: {"cuda_seconds": 6.0, "gpu_util": 81.0}  # noqa: E731
+    db, sec, _ = _report(tmp_path, archs=("control", "frailt"), seeds=(0,), device="cuda", run_extra=extra,
+                         failed_run=False, running_run=False)
+    t = _timing_table(sec)
+    (steps, seen, step), = q(db, "select timed_steps, tokens_seen, step from runs where arch = 'control'")
+    assert t["control"]["GPU (µs/token)"] == f"{6.0 / (steps * seen / step) * 1e6:,.1f}"
+    assert t["frailt"]["GPU util (%)"] == "81"
+
+
+def test_a_database_from_before_the_cost_columns_still_reports_and_migrates(tmp_path):
+    db = build_fixture_db(tmp_path / "results.db", judge=False, evals=False, archs=("control", "frailt"), seeds=(0,))
+    new = ("cpu_seconds", "cuda_seconds", "timed_steps", "threads", "concurrent_jobs", "load_avg", "gpu_util",
+           "baseline_rss_bytes")
+    conn = sqlite3.connect(db)
+    for col in new:
+        conn.execute(f"alter table runs drop column {col}")
+    conn.commit()
+    conn.close()
+    sec = section(report.build(db).markdown, "Training cost")
+    t = _timing_table(sec)
+    assert t["frailt"]["CPU (µs/token)"] == "-" and t["frailt"]["wall (µs/token)"] != "-"
+    assert "Headline: the wall-time ratio" in sec and "model's own" not in sec
+    assert set(new) <= set(dbm.connect(db)["runs"].columns_dict)  # added back by migration, empty
