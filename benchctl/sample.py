@@ -474,7 +474,8 @@ def sample_run(
     prec = precision(cfg, device)
     tok = Tokenizer(tok_path)
     stop_ids = (tok.bos_id, tok.eos_id)
-    with torch.no_grad(), prec.autocast(device):  # warm-up (kernel selection, allocator) so the measured speed is the steady state
+    # warm-up (kernel selection, allocator) so the measured speed is the steady state
+    with torch.no_grad(), prec.autocast(device):
         model(torch.ones(1, 1, dtype=torch.long, device=device), n_recur=p.n_recur, extrapolate=p.extrapolate)
     for batch in p.batches:
         ids = [sample_id(run_id, q.id, settings.hash) for q in batch]

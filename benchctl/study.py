@@ -218,9 +218,10 @@ def run_study(
     """Run every registered stage in order (prepare -> train -> sample -> judge -> eval -> report by default);
     each stage is resumable, so rerunning the study picks up where it stopped.
 
-    Returns the report path (None on the ranks other than 0 under torchrun: they train, then stop). A failed training run does not stop the study: later stages use the runs that
-    finished, the report lists the failure, and the caller is told (BenchctlError at the end). `confirm` asks the
-    user before long training (None: long training needs opts.yes).
+    Returns the report path (None on the ranks other than 0 under torchrun: they train, then stop). A failed
+    training run does not stop the study: later stages use the runs that finished, the report lists the failure,
+    and the caller is told (BenchctlError at the end). `confirm` asks the user before long training (None: long
+    training needs opts.yes).
     """
     opts.execution()  # a bad --jobs or --executor fails before any stage runs
     plan, preset, runs = planned_runs(opts.plan, opts.preset, opts.archs, opts.seeds, opts.overrides)
