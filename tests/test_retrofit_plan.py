@@ -58,7 +58,8 @@ def test_builtin_retrofit_plan_converts_control_16_with_and_without_the_curricul
     scratch = {r.variant: r.cfg for r in runs if r.cfg.seed == 0}
     for c in convs.values():
         assert c.parent_cfg == scratch["control-16"] and c.cfg.train.init_from is None  # set once the parent exists
-        assert c.cfg.model.dim == c.parent_cfg.model.dim and c.cfg.train.max_steps == scratch[c.cfg.arch].train.max_steps
+        assert c.cfg.model.dim == c.parent_cfg.model.dim
+        assert c.cfg.train.max_steps == scratch[c.cfg.arch].train.max_steps
     # --archs keeps a conversion's parent, which it cannot run without
     kept = plans.resolve(plan, "tiny", [0], archs=["three-part"])
     assert [r.variant for r in kept] == ["control-16", "three-part"]
@@ -66,7 +67,8 @@ def test_builtin_retrofit_plan_converts_control_16_with_and_without_the_curricul
 
 
 @pytest.mark.parametrize("edit, says", [
-    (('from = "deep"', 'from = "dep"'), "variant 'rx': from names no variant of this plan: 'dep'; did you mean 'deep'?"),
+    (('from = "deep"', 'from = "dep"'),
+     "variant 'rx': from names no variant of this plan: 'dep'; did you mean 'deep'?"),
     (('from = "deep"', 'from = "rx"'), "variant 'rx': from names the variant itself"),
     (('init = "average"\n', ''), "variant 'rx': a conversion needs 'init'"),
     (('init = "average"', 'init = "middle"'), "variant 'rx': 'init' must be one of stepwise, average, select"),
@@ -77,8 +79,9 @@ def test_builtin_retrofit_plan_converts_control_16_with_and_without_the_curricul
       'arch = "three-part"\nfrom = "deep"\ninit = "average"'),
      "from 'deep', init 'average': cannot convert control (n_layers=16) into three-part: ThreePart is a prelude / "
      "core / coda model: use select, not average"),
-    (('model.n_layers=16', 'model.n_layers=8'), "from 'deep', init 'average': cannot convert control (n_layers=8) "
-                                                 "into relaxed: average maps parent layer p*L + l to pass p of block l"),
+    (('model.n_layers=16', 'model.n_layers=8'),
+     "from 'deep', init 'average': cannot convert control (n_layers=8) into relaxed: average maps parent layer "
+     "p*L + l to pass p of block l"),
     (('arch = "control"', 'arch = "frailt"'), "variant 'rx': from 'deep', init 'average': a retrofit converts a "
                                               "plain transformer (control), not frailt"),
     (('steps = 3', 'steps = 3\nset = ["model.dim=64"]'), "the parent's tok_embeddings.weight has shape (512, 32) but "
@@ -192,3 +195,16 @@ def test_study_plan_retrofit_at_tiny_from_the_command_line(tmp_path, tinystories
     md = (tmp_path / "reports" / "report.md").read_text()
     section = md.split("## Retrofit", 1)[1].split("\n## ", 1)[0]
     assert "| relaxed-step-zero-curr | stepwise+zero |" in section and "| three-part-select | select |" in section
+
+
+def test_plans_show_lists_the_conversions_with_their_parent_and_init(capsys, monkeypatch):
+    from benchctl import cli
+
+    monkeypatch.setattr(cli.console, "_width", 240)  # a wide terminal: rich would shorten names to fit 80 columns
+    with pytest.raises(SystemExit) as e:
+        main(["plans", "show", "retrofit", "--preset", "tiny", "--seeds", "0"])
+    out = " ".join(capsys.readouterr().out.split())  # the table may wrap a cell over lines
+    assert e.value.code == 0
+    for name in ("control-16", "relaxed-avg-svd", "three-part-select-curr"):
+        assert name in out
+    assert "from control-16 (average+svd)" in out and "from control-16 (select), train.recur_curriculum=linear" in out
