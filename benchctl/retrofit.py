@@ -100,25 +100,34 @@ def check_conversion(pcfg: RunConfig, cfg: RunConfig, init: str, lora_init: str 
 
     if pcfg.arch not in PARENT_ARCHS:
         raise ConfigError(f"a retrofit converts a plain transformer ({', '.join(PARENT_ARCHS)}), not {pcfg.arch}")
+    key = (_model_key(pcfg), _model_key(cfg), init, lora_init)
+    if key in _CONVERTIBLE:  # a plan is resolved more than once per command (checked first, then run)
+        return
     with torch.device("meta"):
         try:
             retrofit_state(_meta_model(pcfg).state_dict(), _meta_model(cfg), init, lora_init or "zero")
         except ValueError as e:
             raise ConfigError(f"cannot convert {pcfg.arch} (n_layers={pcfg.model.n_layers}) into {cfg.arch}: {e}") \
                 from None
+    _CONVERTIBLE.add(key)
 
 
+_CONVERTIBLE: set[tuple[str, str, str, str | None]] = set()
 _META_MODELS: dict[str, Any] = {}
+
+
+def _model_key(cfg: RunConfig) -> str:
+    import json
+
+    return json.dumps([cfg.arch, cfg.to_dict()["model"]], sort_keys=True)
 
 
 def _meta_model(cfg: RunConfig) -> Any:
     """A shape-only model of `cfg`'s architecture, kept per model config: building one still runs every weight
     init (slowly, through PyTorch's reference kernels), and a plan's conversions share a few parents and targets."""
-    import json
-
     import architectures
 
-    key = json.dumps([cfg.arch, cfg.to_dict()["model"]], sort_keys=True)
+    key = _model_key(cfg)
     if key not in _META_MODELS:
         import torch
 

@@ -121,25 +121,40 @@ def _rows(db_path, sql):
     return rows
 
 
-def test_study_trains_the_parent_then_converts_it_and_a_rerun_trains_nothing(tmp_path, tinystories_dir, monkeypatch):
+def test_study_converts_the_parent_resumes_a_stopped_conversion_and_a_rerun_trains_nothing(
+        tmp_path, tinystories_dir, monkeypatch):
+    from benchctl import train
+
     monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
-    path = write(tmp_path, PLAN)
-    opts = StudyOptions(preset="tiny", plan=str(path), seeds=[0], db_path=tmp_path / "r.db",
+    opts = StudyOptions(preset="tiny", plan=str(write(tmp_path, PLAN)), seeds=[0], db_path=tmp_path / "r.db",
                         out_dir=tmp_path / "reports", overrides={"data.source": str(tinystories_dir), **FAST},
                         skip=("sample", "judge", "eval", "depth"), progress=False)
+    real = train.train_run
+
+    def stopping(cfg, *args, **kw):  # the conversion stops after its first step, as if the study were killed there
+        return real(cfg, *args, **kw, stop_after=1 if cfg.train.init_from else None)
+
+    monkeypatch.setattr(train, "train_run", stopping)
     lines: list[str] = []
+    run_study(opts, log=lines.append)
+    assert "== 3/8 retrofit: plan mini-retrofit: 1 conversion(s) — rx × seeds [0]" in lines
+    stopped = {r["variant"]: r for r in _rows(opts.db_path, "select * from runs")}["rx"]
+    assert stopped["status"] == "running" and stopped["step"] == 1
+    monkeypatch.setattr(train, "train_run", real)
+    lines = []
     report_path = run_study(opts, log=lines.append)
     runs = {r["variant"]: r for r in _rows(opts.db_path, "select * from runs")}
     assert set(runs) == {"deep", "rx"}
     deep, rx = runs["deep"], runs["rx"]
+    assert f"resuming {rx['id']} from step 1/3" in " ".join(lines)  # from its checkpoint, not converted again
     assert deep["status"] == rx["status"] == "done" and deep["parent_run_id"] is None
     assert rx["parent_run_id"] == deep["id"] and rx["init_method"] == "average+svd"
+    assert rx["initial_val_loss"] == stopped["initial_val_loss"]
     assert rx["step"] == 3  # the variant's own healing steps beat the command line's max_steps, as for any variant
     assert rx["parent_tokens"] == deep["tokens_seen"]
     assert f'"init_from": "{deep["id"]}:average+svd"' in rx["config_json"]
     assert {(r["variant"], r["run_id"]) for r in _rows(opts.db_path, "select * from plan_runs")} == {
         ("deep", deep["id"]), ("rx", rx["id"])}
-    assert "== 3/8 retrofit: plan mini-retrofit: 1 conversion(s) — rx × seeds [0]" in lines
     assert "| rx | average+svd |" in report_path.read_text()  # the Retrofit section, under the variant's name
     # a rerun converts and trains nothing: both runs are found done
     again: list[str] = []

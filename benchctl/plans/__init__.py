@@ -25,9 +25,9 @@ A variant can instead be a conversion of another variant of the same plan (a ret
 The conversion's config is its parent's preset, seed, widths and data with the target architecture and the overrides;
 it runs after the plan's other variants are trained (the study's `retrofit` stage), from the same seed's parent.
 
-The built-in plans live beside this module (`study`, the default, `controls`, `depth`); any other path to a TOML
-file is a plan too. A variant is a label, not part of a run's identity: the run id is still the hash of the
-resolved config and data, so the same model reached from two plans is trained once.
+The built-in plans live beside this module (`study`, the default, `controls`, `depth`, `retrofit`); any other path
+to a TOML file is a plan too. A variant is a label, not part of a run's identity: the run id is still the hash of
+the resolved config and data, so the same model reached from two plans is trained once.
 
 Everything is checked before anything is trained or written: an unknown key, an unknown architecture, a bad
 config key or value, a duplicate variant name, a `match_train_flops` naming a missing variant, for every variant
