@@ -24,7 +24,7 @@ from benchctl.errors import CheckpointError, ConfigError
 # takes its preset's, or --set). Everything else comes from the preset and --set as for any run.
 _CARRIED_MODEL = ("dim", "n_heads", "n_kv_heads", "hidden_dim", "multiple_of", "vocab_size", "max_seq_len",
                   "norm_eps", "rope_theta", "init_std")
-_PARENT_ARCHS = ("control",)
+PARENT_ARCHS = ("control",)
 
 
 @dataclass(frozen=True)
@@ -53,20 +53,89 @@ def plan(db: dbm.Database, ref: str, to: str, init: str, lora_init: str = "svd",
     if lora_init not in LORA_INITS:
         raise ConfigError(f"--lora-init must be one of {', '.join(LORA_INITS)}, got {lora_init!r}")
     parent = dbm.retrofit_parent(db, ref, preset)
-    if parent["arch"] not in _PARENT_ARCHS:
-        raise ConfigError(f"--from {parent['id']}: a retrofit converts a plain transformer ({', '.join(_PARENT_ARCHS)}),"
+    if parent["arch"] not in PARENT_ARCHS:
+        raise ConfigError(f"--from {parent['id']}: a retrofit converts a plain transformer ({', '.join(PARENT_ARCHS)}),"
                           f" not a {parent['arch']} run")
-    pcfg = RunConfig.from_json(parent["config_json"])
+    base = {} if steps is None else {"train.max_steps": steps}
+    cfg = target_config(RunConfig.from_json(parent["config_json"]), to, {**base, **(overrides or {})})
+    return attach(cfg, parent, init, lora_init)
+
+
+def target_config(pcfg: RunConfig, to: str, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """The converted model's config before it knows its parent's run id: the parent's preset, seed, trunk widths and
+    data with the target architecture, then `overrides` on top (`train.init_from` is set by `attach`)."""
     base: dict[str, Any] = {f"model.{k}": getattr(pcfg.model, k) for k in _CARRIED_MODEL}
     base.update({f"data.{k}": v for k, v in pcfg.to_dict()["data"].items()})
-    if steps is not None:
-        base["train.max_steps"] = steps
     base.update(overrides or {})
-    cfg = make_config(pcfg.preset, to, pcfg.seed, base)
-    has_lora = hasattr(cfg.model.arch_args, "lora_rank")
-    method = f"{init}+{lora_init}" if has_lora else init
-    cfg = replace(cfg, train=replace(cfg.train, init_from=f"{parent['id']}:{method}"))
-    return Retrofit(cfg=cfg, parent=parent, init=init, lora_init=lora_init if has_lora else None)
+    return make_config(pcfg.preset, to, pcfg.seed, base)
+
+
+def has_lora(cfg: RunConfig) -> bool:
+    """Whether the architecture has per-pass LoRA, the only thing a LoRA init applies to."""
+    return hasattr(cfg.model.arch_args, "lora_rank")
+
+
+def with_parent(cfg: RunConfig, parent_id: str, init: str, lora_init: str | None) -> RunConfig:
+    """`cfg` recording the run it starts from: part of the run's identity, so a converted model is never the same
+    run as that architecture trained from scratch, nor as another conversion of the same parent."""
+    from architectures.retrofit import describe
+
+    method = describe(init, lora_init if has_lora(cfg) else None)
+    return replace(cfg, train=replace(cfg.train, init_from=f"{parent_id}:{method}"))
+
+
+def attach(cfg: RunConfig, parent: dict[str, Any], init: str, lora_init: str | None) -> Retrofit:
+    """The retrofit of a target config (from `target_config`) from the finished run `parent` (its runs row)."""
+    lora = (lora_init or "svd") if has_lora(cfg) else None
+    return Retrofit(cfg=with_parent(cfg, parent["id"], init, lora), parent=parent, init=init, lora_init=lora)
+
+
+def check_conversion(pcfg: RunConfig, cfg: RunConfig, init: str, lora_init: str | None) -> None:
+    """Refuse a conversion that cannot be made (an init the target architecture does not take, too few parent layers,
+    different widths) before anything is trained: the weight surgery is run on models built on the meta device, which
+    have shapes but no data, so it costs no memory and the error is the one the real conversion would raise."""
+    import torch
+
+    from architectures.retrofit import retrofit_state
+
+    if pcfg.arch not in PARENT_ARCHS:
+        raise ConfigError(f"a retrofit converts a plain transformer ({', '.join(PARENT_ARCHS)}), not {pcfg.arch}")
+    key = (_model_key(pcfg), _model_key(cfg), init, lora_init)
+    if key in _CONVERTIBLE:  # a plan is resolved more than once per command (checked first, then run)
+        return
+    with torch.device("meta"):
+        try:
+            retrofit_state(_meta_model(pcfg).state_dict(), _meta_model(cfg), init, lora_init or "zero")
+        except ValueError as e:
+            raise ConfigError(f"cannot convert {pcfg.arch} (n_layers={pcfg.model.n_layers}) into {cfg.arch}: {e}") \
+                from None
+    _CONVERTIBLE.add(key)
+
+
+_CONVERTIBLE: set[tuple[str, str, str, str | None]] = set()
+_META_MODELS: dict[str, Any] = {}
+
+
+def _model_key(cfg: RunConfig) -> str:
+    import json
+
+    return json.dumps([cfg.arch, cfg.to_dict()["model"]], sort_keys=True)
+
+
+def _meta_model(cfg: RunConfig) -> Any:
+    """A shape-only model of `cfg`'s architecture, kept per model config: building one still runs every weight
+    init (slowly, through PyTorch's reference kernels), and a plan's conversions share a few parents and targets."""
+    import architectures
+
+    key = _model_key(cfg)
+    if key not in _META_MODELS:
+        import torch
+
+        if len(_META_MODELS) >= 16:
+            _META_MODELS.clear()
+        with torch.device("meta"):
+            _META_MODELS[key] = architectures.build(cfg.arch, cfg.model)
+    return _META_MODELS[key]
 
 
 def parent_flops(db: dbm.Database, parent: dict[str, Any]) -> float | None:
@@ -103,7 +172,7 @@ def convert(job: Retrofit, db_path: Path) -> dict[str, Any]:
 
 
 def run(job: Retrofit, prepared: Any, db: dbm.Database, db_path: Path, *, progress: Any = True,
-        log: Callable[[str], None] = print) -> Any:
+        log: Callable[[str], None] = print, variant: str | None = None) -> Any:
     """Convert and train the retrofitted run (resume it when it has a checkpoint; skip it when done)."""
     from benchctl import checkpoint as ckpt
     from benchctl.train import train_run
@@ -116,4 +185,5 @@ def run(job: Retrofit, prepared: Any, db: dbm.Database, db_path: Path, *, progre
     state = None if started else convert(job, db_path)
     values = {"parent_run_id": job.parent["id"], "init_method": job.method,
               "parent_tokens": job.parent.get("tokens_seen"), "parent_flops": parent_flops(db, job.parent)}
-    return train_run(job.cfg, prepared, db, db_path, progress=progress, log=log, init_state=state, run_values=values)
+    return train_run(job.cfg, prepared, db, db_path, progress=progress, log=log, init_state=state, run_values=values,
+                     variant=variant)

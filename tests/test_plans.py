@@ -37,12 +37,14 @@ def write(tmp_path, text: str):
 
 
 def test_builtin_plans_and_their_variants():
-    assert plans.builtin_names() == ["study", "controls", "depth"]
+    assert plans.builtin_names() == ["study", "controls", "depth", "retrofit"]
     by = {p.name: p for p in plans.builtin()}
     assert [v.name for v in by["study"].variants] == ["control", "frailt", "three-part", "relaxed"]
     assert [v.name for v in by["controls"].variants] == [
         "control", "frailt", "three-part", "relaxed", "control-2x", "control-16", "control-iso-flops"]
     assert len(by["depth"].variants) == 12
+    conversions = [v.name for v in by["retrofit"].variants if v.parent == "control-16"]
+    assert len(conversions) == 6 and {"relaxed", "three-part"} <= {v.name for v in by["retrofit"].variants}
     assert all(p.description and len(p.sha256) == 64 for p in by.values())
 
 
@@ -220,7 +222,7 @@ def test_plans_command_lists_the_builtins(capsys):
     with pytest.raises(SystemExit) as e:
         main(["plans"])
     out = capsys.readouterr().out
-    assert e.value.code == 0 and "controls" in out and "depth" in out and "study" in out
+    assert e.value.code == 0 and all(name in out for name in ("controls", "depth", "study", "retrofit"))
 
 
 def test_a_fixture_run_reached_again_keeps_its_name(plan_db):

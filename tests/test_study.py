@@ -41,13 +41,13 @@ def test_a_new_stage_runs_in_order_and_adds_its_section(tmp_path, monkeypatch):
 
     depth = stages.Stage(name="probe", order=60, run=fake("probe"), sections=(probe_section,))
     fakes = tuple(stages.Stage(name=s.name, order=s.order, run=fake(s.name) if s.run else None, sections=s.sections)
-                  for s in stages.registered())  # a stage with sections only (retrofit) stays without a run
+                  for s in stages.registered())
     monkeypatch.setattr(stages, "registered", lambda: tuple(sorted(fakes + (depth,), key=lambda s: s.order)))
     lines: list[str] = []
     path = run_study(StudyOptions(preset="tiny", archs=["control"], db_path=tmp_path / "r.db"), log=lines.append)
     assert path == tmp_path / "report.md"
-    assert seen == ["prepare", "train", "bench", "sample", "judge", "eval", "depth", "probe", "report"]
-    assert lines == [f"== {i}/9 {n}: {n} ran" for i, n in enumerate(seen, 1)]
+    assert seen == ["prepare", "train", "bench", "retrofit", "sample", "judge", "eval", "depth", "probe", "report"]
+    assert lines == [f"== {i}/10 {n}: {n} ran" for i, n in enumerate(seen, 1)]
 
     db = build_fixture_db(tmp_path / "fixture.db", judge=False, evals=False)
     md = report.build(db).markdown
@@ -130,9 +130,10 @@ def test_study_end_to_end_on_tiny_data(tmp_path, tinystories_dir, monkeypatch):
     lines: list[str] = []
     path = run_study(opts, log=lines.append)
     heads = [ln for ln in lines if ln.startswith("== ")]
-    assert [h.split(":")[0] for h in heads] == [f"== {i}/8 {n}" for i, n in enumerate(
+    assert [h.split(":")[0] for h in heads] == [f"== {i}/9 {n}" for i, n in enumerate(
         [s.name for s in stages.registered() if s.run is not None], 1)]
-    assert heads[2:7] == ["== 3/8 bench: skipped (--no-bench)", "== 4/8 sample: skipped", "== 5/8 judge: skipped",
-                          "== 6/8 eval: skipped", "== 7/8 depth: skipped"]
+    assert heads[2:8] == ["== 3/9 bench: skipped (--no-bench)", "== 4/9 retrofit: no conversions in this plan",
+                          "== 5/9 sample: skipped", "== 6/9 judge: skipped", "== 7/9 eval: skipped",
+                          "== 8/9 depth: skipped"]
     assert path == tmp_path / "reports" / "report.md"
     assert "| control | 1 | 0 | 0 | 0 | 0 |" in path.read_text()

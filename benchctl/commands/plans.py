@@ -39,26 +39,34 @@ def show(
 ) -> None:
     """Resolve a plan at a preset: each variant's architecture, overrides, steps, parameters and training FLOPs."""
     from benchctl import accounting
+    from benchctl import plans as pl
+    from benchctl.retrofit import has_lora
     from benchctl.study import planned_runs
 
     plan, preset_, runs = planned_runs(name, preset, None, parse_seeds(seeds))
     seeds_ = sorted({r.cfg.seed for r in runs})
+    convs = pl.conversions(plan, preset_, seeds_[:1])
     console.print(f"plan {plan.name} ({plan.path}, sha256 {plan.sha256[:12]}): {plan.description}")
     console.print(f"preset {preset_}, seeds {', '.join(map(str, seeds_))}")
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for head in ("variant", "arch", "steps", "params", "MFLOP/token", "train TFLOP", "set"):
         t.add_column(head, justify="left" if head in ("variant", "arch", "set") else "right", no_wrap=head != "set")
-    variants = {v.name: v for v in plan.variants}
-    for r in runs:
-        if r.cfg.seed != seeds_[0]:
+    cfgs = {r.variant: r.cfg for r in runs if r.cfg.seed == seeds_[0]} | {c.variant: c.cfg for c in convs}
+    for v in plan.variants:
+        if v.name not in cfgs:
             continue
-        row = accounting.describe(r.cfg)
+        cfg = cfgs[v.name]
+        row = accounting.describe(cfg)
         fpt = float(row["flops_per_token"])
-        v = variants[r.variant]
         sets = [f"{k}={x}" for k, x in v.sets.items()]
         sets += [f"steps: {v.match_train_flops}'s training FLOPs"] if v.match_train_flops else []
-        t.add_row(r.variant, r.cfg.arch, f"{r.cfg.train.max_steps:,}", f"{row['total_params']:,}", f"{fpt / 1e6:.3f}",
-                  f"{fpt * r.cfg.train.max_steps * r.cfg.tokens_per_step / 1e12:.3f}", ", ".join(sets) or "-")
+        lora = f"+{v.lora_init or 'svd'}" if has_lora(cfg) else ""
+        sets = [f"from {v.parent} ({v.init}{lora})"] + sets if v.parent else sets
+        t.add_row(v.name, cfg.arch, f"{cfg.train.max_steps:,}", f"{row['total_params']:,}", f"{fpt / 1e6:.3f}",
+                  f"{fpt * cfg.train.max_steps * cfg.tokens_per_step / 1e12:.3f}", ", ".join(sets) or "-")
     console.print(t)
     console.print("FLOPs: the analytic count of matmuls (attention scores and the tied head included), forward + "
                   "backward = 3x forward where gradients flow; train FLOPs = FLOPs/token x steps x tokens/step.")
+    if convs:
+        console.print("A variant 'from' another is converted from that variant's trained weights at each seed, after "
+                      "it is trained; its train TFLOP are the healing steps' alone (the parent's are its own row's).")

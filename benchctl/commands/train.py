@@ -139,6 +139,8 @@ def train_all(
     else:
         plan_, _, planned = study.planned_runs(plan, preset, split_list(archs), parse_seeds(seeds), overrides)
         cfgs, variants = [r.cfg for r in planned], [r.variant for r in planned]
+        if converted := [v.name for v in plan_.variants if v.parent is not None]:  # they need their parents trained
+            console.print(f"plan {plan_.name}: conversions {', '.join(converted)} are made by 'benchctl study'")
     prepared = prepare_for(cfgs[0], progress)
     path = db_path_of(db)
     is_main = Dist.from_env().is_main  # under torchrun every rank trains each run; rank 0 alone reports

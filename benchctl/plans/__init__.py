@@ -11,13 +11,29 @@ A plan has a `name`, a one-line `description`, optionally a default `preset` and
     train_tokens = 5_000_000       # steps = ceil(tokens / tokens per step)
     match_train_flops = "frailt"   # steps so that training FLOPs equal that variant's
 
-The built-in plans live beside this module (`study`, the default, `controls`, `depth`); any other path to a TOML
-file is a plan too. A variant is a label, not part of a run's identity: the run id is still the hash of the
-resolved config and data, so the same model reached from two plans is trained once.
+A variant can instead be a conversion of another variant of the same plan (a retrofit, see benchctl.retrofit):
+
+    [[variant]]
+    name = "relaxed-avg-svd"
+    arch = "relaxed"
+    from = "control-16"            # a variant of this plan trained from scratch, converted at each seed
+    init = "average"               # stepwise | average (looped models) | select (three-part)
+    lora_init = "svd"              # svd (default) | zero; only for an architecture with per-pass LoRA (relaxed)
+    set = ["train.recur_curriculum=linear"]
+    steps = 400                    # healing steps (any length key; default: the preset's max_steps)
+
+The conversion's config is its parent's preset, seed, widths and data with the target architecture and the overrides;
+it runs after the plan's other variants are trained (the study's `retrofit` stage), from the same seed's parent.
+
+The built-in plans live beside this module (`study`, the default, `controls`, `depth`, `retrofit`); any other path
+to a TOML file is a plan too. A variant is a label, not part of a run's identity: the run id is still the hash of
+the resolved config and data, so the same model reached from two plans is trained once.
 
 Everything is checked before anything is trained or written: an unknown key, an unknown architecture, a bad
 config key or value, a duplicate variant name, a `match_train_flops` naming a missing variant, for every variant
-at every seed. Each problem is one ConfigError line naming the plan file and the offending key.
+at every seed; for a conversion also a `from` naming a missing variant or another conversion, an init or LoRA init
+the target architecture does not take and a parent whose layers or widths the conversion cannot map (the weight
+surgery is tried on shape-only models). Each problem is one ConfigError line naming the plan file and the offending key.
 """
 
 from __future__ import annotations
@@ -41,7 +57,7 @@ DEFAULT_PLAN = "study"
 DEFAULT_SEEDS = (0, 1, 2)  # three seeds: the fewest that give a t-interval with a usable width
 _DIR = Path(__file__).parent
 _TOP_KEYS = ("name", "description", "preset", "seeds", "variant")
-_VARIANT_KEYS = ("name", "arch", "set", "steps", "train_tokens", "match_train_flops")
+_VARIANT_KEYS = ("name", "arch", "set", "steps", "train_tokens", "match_train_flops", "from", "init", "lora_init")
 _LENGTH_KEYS = ("steps", "train_tokens", "match_train_flops")  # at most one: each decides the training length
 
 
@@ -53,6 +69,9 @@ class Variant:
     steps: int | None = None
     train_tokens: int | None = None
     match_train_flops: str | None = None
+    parent: str | None = None  # `from`: the variant this one is converted from (None: trained from scratch)
+    init: str | None = None  # how the parent's weights are mapped (a conversion's only)
+    lora_init: str | None = None  # how per-pass LoRAs start (a conversion's; None: the default, svd)
 
 
 @dataclass(frozen=True)
@@ -76,6 +95,19 @@ class PlannedRun:
 
     variant: str
     cfg: RunConfig
+
+
+@dataclass(frozen=True)
+class PlannedConversion:
+    """One conversion of a plan at one seed: the converted model's config (without `train.init_from`, which names
+    the parent's run id, known once the parent is trained: see benchctl.retrofit.attach) and its parent's config."""
+
+    variant: str
+    parent: str  # the parent's variant name
+    cfg: RunConfig
+    parent_cfg: RunConfig
+    init: str
+    lora_init: str | None  # svd | zero for an architecture with per-pass LoRA, else None
 
 
 def builtin_names() -> list[str]:
@@ -148,6 +180,7 @@ def _parse(raw: dict[str, Any], path: Path, sha: str) -> Plan:
 
             raise ConfigError(f"{path}: variant '{v.name}': match_train_flops names no variant of this plan: "
                               f"'{v.match_train_flops}'{did_you_mean(v.match_train_flops, names)}")
+        _check_parent(v, variants, path)
     return Plan(name=raw["name"], description=raw["description"], path=path, sha256=sha, variants=tuple(variants),
                 preset=preset, seeds=seeds)
 
@@ -186,8 +219,47 @@ def _variant(t: dict[str, Any], path: Path, i: int) -> Variant:
     match = t.get("match_train_flops")
     if match is not None:
         _typed(path, where, "match_train_flops", match, str, "a variant name")
+    parent, init, lora_init = _conversion_keys(t, path, where)
     return Variant(name=t["name"], arch=t["arch"], sets=sets, steps=t.get("steps"),
-                   train_tokens=t.get("train_tokens"), match_train_flops=match)
+                   train_tokens=t.get("train_tokens"), match_train_flops=match, parent=parent, init=init,
+                   lora_init=lora_init)
+
+
+def _conversion_keys(t: dict[str, Any], path: Path, where: str) -> tuple[str | None, str | None, str | None]:
+    """(from, init, lora_init) of a variant table: all None for a model trained from scratch; a conversion needs
+    `from` and `init`, each a known value."""
+    from architectures.retrofit import INITS, LORA_INITS
+
+    if "from" not in t:
+        for key in ("init", "lora_init"):
+            if key in t:
+                raise ConfigError(f"{path}: {where}'{key}' needs 'from' (the variant to convert)")
+        return None, None, None
+    parent = _typed(path, where, "from", t["from"], str, "a variant name")
+    if "init" not in t:
+        raise ConfigError(f"{path}: {where}a conversion needs 'init' ({', '.join(INITS)})")
+    for key, allowed in (("init", INITS), ("lora_init", LORA_INITS)):
+        if key in t and t[key] not in allowed:
+            raise ConfigError(f"{path}: {where}'{key}' must be one of {', '.join(allowed)}, got {t[key]!r}")
+    return parent, t["init"], t.get("lora_init")
+
+
+def _check_parent(v: Variant, variants: list[Variant], path: Path) -> None:
+    """A conversion's `from` names another variant of the plan that is trained from scratch (so every parent is
+    trained before any conversion, and conversions cannot form a chain or a circle)."""
+    if v.parent is None:
+        return
+    from architectures import did_you_mean
+
+    by = {o.name: o for o in variants}
+    where = f"{path}: variant '{v.name}': from"
+    if v.parent not in by:
+        raise ConfigError(f"{where} names no variant of this plan: '{v.parent}'{did_you_mean(v.parent, list(by))}")
+    if v.parent == v.name:
+        raise ConfigError(f"{where} names the variant itself")
+    if by[v.parent].parent is not None:
+        raise ConfigError(f"{where} '{v.parent}' is itself a conversion (from '{by[v.parent].parent}'); "
+                          "convert a variant trained from scratch")
 
 
 def train_flops(cfg: RunConfig) -> float:
@@ -213,12 +285,30 @@ def resolve(
     overrides: dict[str, Any] | None = None,
     archs: list[str] | None = None,
 ) -> list[PlannedRun]:
-    """Every (variant, seed) run of `plan`, seed-major like `study.sweep`, each config built and validated.
+    """Every (variant, seed) run of `plan` trained from scratch, seed-major like `study.sweep`, each config built and
+    validated; the plan's conversions (see `conversions`) are validated too, so nothing starts when one is wrong.
 
     `overrides` (the command line's --set and --data) apply to every variant, then the variant's own `set` on top
     (it is what makes the variant), then its training length. `archs` keeps only the variants of those
-    architectures; a variant they match against is still resolved for its FLOPs, just not trained.
+    architectures, and the parents of the conversions it keeps; a variant they match against is still resolved for
+    its FLOPs, just not trained.
     """
+    return _resolve(plan, preset, seeds, overrides, archs)[0]
+
+
+def conversions(
+    plan: Plan,
+    preset: str,
+    seeds: list[int],
+    overrides: dict[str, Any] | None = None,
+    archs: list[str] | None = None,
+) -> list[PlannedConversion]:
+    """Every (conversion variant, seed) of `plan`, seed-major, validated as in `resolve` (same arguments)."""
+    return _resolve(plan, preset, seeds, overrides, archs)[1]
+
+
+def _resolve(plan: Plan, preset: str, seeds: list[int], overrides: dict[str, Any] | None,
+             archs: list[str] | None) -> tuple[list[PlannedRun], list[PlannedConversion]]:
     import architectures
 
     for a in archs or []:
@@ -226,20 +316,58 @@ def resolve(
             architectures.get(a)
         except architectures.UnknownArchitectureError as e:
             raise ConfigError(f"--archs: {e}") from None
-    keep = [v for v in plan.variants if not archs or v.arch in archs]
-    if not keep:
+    kept = {v.name for v in plan.variants if not archs or v.arch in archs}
+    if not kept:
         raise ConfigError(f"plan '{plan.name}' has no variant of architecture(s) {', '.join(archs or [])}; "
                           f"its architectures: {', '.join(plan.archs)}")
+    kept |= {v.parent for v in plan.variants if v.name in kept and v.parent is not None}  # a conversion needs it
+    keep = [v for v in plan.variants if v.name in kept]
     scope = list(dict.fromkeys(v.arch for v in keep))  # an architecture's own --set key skips the others
-    base = {v.name: _base_config(plan, v, preset, overrides, scope) for v in plan.variants}
+    base: dict[str, RunConfig] = {}
+    for v in sorted(plan.variants, key=lambda v: v.parent is not None):  # parents first
+        base[v.name] = (_base_config(plan, v, preset, overrides, scope) if v.parent is None
+                        else _conversion_config(plan, v, base[v.parent], overrides, scope))
     lengths: dict[str, RunConfig] = {}
     for v in plan.variants:
         _with_length(plan, v, base, lengths, ())
-    out = []
+    runs: list[PlannedRun] = []
+    convs: list[PlannedConversion] = []
     for seed in seeds:
         for v in keep:
-            out.append(PlannedRun(v.name, _at_seed(plan, v, lengths[v.name], seed)))
-    return out
+            cfg = _at_seed(plan, v, lengths[v.name], seed)
+            if v.parent is None:
+                runs.append(PlannedRun(v.name, cfg))
+                continue
+            parent = _at_seed(plan, v, lengths[v.parent], seed)
+            convs.append(PlannedConversion(v.name, v.parent, cfg, parent, v.init or "", _lora_init(v, cfg)))
+    return runs, convs
+
+
+def _lora_init(v: Variant, cfg: RunConfig) -> str | None:
+    from benchctl.retrofit import has_lora
+
+    return (v.lora_init or "svd") if has_lora(cfg) else None
+
+
+def _conversion_config(plan: Plan, v: Variant, parent: RunConfig, overrides: dict[str, Any] | None,
+                       scope: list[str]) -> RunConfig:
+    """A conversion's config (as `benchctl retrofit` builds it from the parent's), checked by trying the weight
+    surgery on shape-only models of the parent and the target."""
+    from benchctl import retrofit as rf
+
+    sets = {**overrides_for(v.arch, overrides, scope), **v.sets}
+    try:
+        cfg = rf.target_config(parent, v.arch, sets)
+    except ConfigError as e:
+        raise ConfigError(f"{_where(plan, v)}: {e}") from None
+    if v.lora_init is not None and not rf.has_lora(cfg):
+        raise ConfigError(f"{_where(plan, v)}: lora_init: {v.arch} has no per-pass LoRA (model.lora_rank) "
+                          "to initialise; drop the key")
+    try:
+        rf.check_conversion(parent, cfg, v.init or "", _lora_init(v, cfg))
+    except ConfigError as e:
+        raise ConfigError(f"{_where(plan, v)}: from '{v.parent}', init '{v.init}': {e}") from None
+    return cfg
 
 
 def _where(plan: Plan, v: Variant) -> str:

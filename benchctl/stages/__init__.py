@@ -5,9 +5,9 @@ the database (resumable: it skips what is already stored), and the report sectio
 study` runs the registered stages in order and the report renders their sections in the same order, so adding a
 stage is adding one module to this package; neither the study loop nor the report's top level names any stage.
 
-Orders in use: prepare 10, train 20, bench 22, sample 30, judge 40, eval 50, report 100 (the report stage closes
-the report with the comparisons across stages, benchmark rows and provenance). Leave gaps so new stages can slot in
-between.
+Orders in use: prepare 10, train 20, bench 22, retrofit 25, sample 30, judge 40, eval 50, depth 55, report 100 (the report
+stage closes the report with the comparisons across stages, benchmark rows and provenance). Leave gaps so new stages
+can slot in between.
 """
 
 from __future__ import annotations
