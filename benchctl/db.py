@@ -51,8 +51,10 @@ def default_path() -> Path:
     return Path(os.environ.get("BENCHCTL_DB") or DEFAULT_DB)
 
 
-def connect(path: str | os.PathLike | None = None, *, create: bool = True) -> sqlite_utils.Database:
-    """Open (and create or migrate) results.db with WAL, foreign keys and a busy timeout."""
+def connect(path: str | os.PathLike | None = None, *, create: bool = True, wal: bool = True) -> sqlite_utils.Database:
+    """Open (and create or migrate) results.db with WAL, foreign keys and a busy timeout. `wal=False` keeps the
+    file's rollback journal instead (a file that processes on different machines share: WAL needs shared memory);
+    either way the journal mode is only changed when it differs, since changing it needs the file to itself."""
     p = Path(path) if path is not None else default_path()
     if not create and not p.exists():
         raise DatabaseError(
@@ -64,8 +66,10 @@ def connect(path: str | os.PathLike | None = None, *, create: bool = True) -> sq
         conn.execute("PRAGMA busy_timeout = 30000")
         conn.execute("PRAGMA foreign_keys = ON")
         db = _ImmediateDatabase(conn)
-        if db.journal_mode != "wal":
+        if wal and db.journal_mode != "wal":
             db.enable_wal()
+        elif not wal and db.journal_mode == "wal":
+            db.disable_wal()
         migrate(db)
     except sqlite3.DatabaseError as e:
         raise DatabaseError(f"cannot open results database {p}: {e}") from None

@@ -58,10 +58,7 @@ def rows_path(runs_dir: Path, run_id: str) -> Path:
 def open_rows(path: Path) -> dbm.Database:
     """A run's own rows file, in rollback-journal mode: WAL needs shared memory between its users, which processes
     on different machines (the worker that writes it, the driver that reads it) do not have."""
-    db = dbm.connect(path)
-    if db.journal_mode == "wal":
-        db.disable_wal()
-    return db
+    return dbm.connect(path, wal=False)
 
 
 class RayExecutor:
