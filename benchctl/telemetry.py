@@ -158,7 +158,35 @@ def concurrent_jobs() -> int:
     return _env_count("BENCHCTL_CONCURRENT_JOBS") or 1
 
 
-class LoadSampler:
+class _Periodic:
+    """A reading taken every `interval` seconds in a daemon thread, once when it starts and once when it stops (so
+    even a run of a few seconds has readings). Subclasses define `_read`, which must never raise."""
+
+    interval: float
+    _stop: threading.Event
+    _thread: threading.Thread | None
+
+    def _read(self) -> None:
+        raise NotImplementedError
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._read()
+
+    def _start_thread(self, name: str) -> None:
+        self._read()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def _stop_thread(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=2.0)
+            self._thread = None
+            self._read()
+
+
+class LoadSampler(_Periodic):
     """Samples the 1-minute load average every `interval` seconds in a daemon thread, once more at start and stop
     (so even a run of a few seconds has readings); `total` and `n` add up the readings. Never raises."""
 
@@ -175,22 +203,12 @@ class LoadSampler:
             self.total += v
             self.n += 1
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            self._read()
-
     def start(self) -> LoadSampler:
-        self._read()
-        self._thread = threading.Thread(target=self._loop, name="benchctl-load", daemon=True)
-        self._thread.start()
+        self._start_thread("benchctl-load")
         return self
 
     def stop(self) -> None:
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join(timeout=2.0)
-            self._thread = None
-            self._read()
+        self._stop_thread()
 
 
 def nvml_target(device: torch.device) -> tuple[str, str | int] | None:
@@ -215,7 +233,7 @@ def _nvml_error(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}".strip().rstrip(":")
 
 
-class NvmlSampler:
+class NvmlSampler(_Periodic):
     """Samples NVML device memory used and utilisation (peak and mean) every `interval` seconds in a daemon thread.
 
     Every NVML call is guarded: `available` is False when NVML cannot be started or the device not found, and each
@@ -280,23 +298,13 @@ class NvmlSampler:
             self.util_total += int(util.gpu)
             self.util_n += 1
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            self._read()
-
     def start(self) -> NvmlSampler:
         if self.available:
-            self._read()
-            self._thread = threading.Thread(target=self._loop, name="benchctl-nvml", daemon=True)
-            self._thread.start()
+            self._start_thread("benchctl-nvml")
         return self
 
     def stop(self) -> None:
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join(timeout=2.0)
-            self._read()
-            self._thread = None
+        self._stop_thread()
         self.shutdown()
 
     def shutdown(self) -> None:
