@@ -535,11 +535,14 @@ def sample_all(
     extrapolate: str | None = None,
     exit_rule: str | None = None,
     exit_threshold: float | None = None,
+    jobs: int | str = 1,
 ) -> SampleSummary:
     """Complete the prompt set with every selected finished run; stored samples are skipped. See the docstring.
 
     `progress`: a `Progress` to report on (one task over every sample to generate), or True / False for a default
-    reporter / none."""
+    reporter / none. `jobs` (a number or "auto", as for training): runs sampled at once, each share of the runs in its
+    own process with its share of the cores; a sample does not depend on which process drew it (every batch seeds
+    its own generators)."""
     from benchctl.runtime import resolve_device
 
     reporter = as_progress(progress)
@@ -548,11 +551,20 @@ def sample_all(
                               exit_rule=exit_rule, exit_threshold=exit_threshold)
     if n_prompts < 1:
         raise ConfigError(f"--n-prompts must be >= 1, got {n_prompts}")
+    from benchctl.executors import parse_jobs
+
+    parse_jobs(jobs)  # a bad --jobs fails before any work
     dev = resolve_device(device, option="--device")
     rows = select_runs(db, run_ids=run_ids, archs=archs, preset=preset)
     plans = plan(db, rows, settings, n_prompts, progress=reporter.enabled)
     summary = SampleSummary(settings, settings.hash, dev.type, sorted({p.pset.id for p in plans}))
-    total = sum(len(b) for p in plans for b in p.batches)
+    knobs = {"n_prompts": n_prompts, "temperature": temperature, "top_k": top_k, "top_p": top_p,
+             "max_new_tokens": max_new_tokens, "seed": seed, "n_recur": n_recur, "device": device,
+             "batch_size": batch_size, "extrapolate": extrapolate, "exit_rule": exit_rule,
+             "exit_threshold": exit_threshold}
+    elsewhere = _sample_in_jobs(db_path, plans, jobs, device, reporter, knobs)
+    plans_here = [p for p in plans if p.row["id"] not in elsewhere]
+    total = sum(len(b) for p in plans_here for b in p.batches)
     bar = reporter.task("sampling", total=total, **{"tok/s": "-"}) if total else silent().task("sampling")
     import torch
 
@@ -561,10 +573,10 @@ def sample_all(
     with torch.random.fork_rng(devices=cuda_ids), bar:
         for p in plans:
             r = p.row
-            res = RunSamples(r["id"], r["arch"], r["preset"], r["seed"], p.n_recur, skipped=p.existing,
-                             variant=r.get("variant") or r["arch"])
+            res = elsewhere.get(r["id"]) or RunSamples(r["id"], r["arch"], r["preset"], r["seed"], p.n_recur,
+                                                       skipped=p.existing, variant=r.get("variant") or r["arch"])
             summary.runs.append(res)
-            if p.batches:
+            if p.batches and r["id"] not in elsewhere:
                 label = f"{r['arch']} s{r['seed']}"
                 sample_run(db, Path(db_path), p, settings, dev, res,
                            on_batch=lambda n, label=label, res=res: bar.update(
@@ -573,6 +585,28 @@ def sample_all(
             res.mean_depth = dbm.sample_mean_depth(db, r["id"], p.pset.id, settings.hash)
     summary.example = _example(db, plans[0], settings)
     return summary
+
+
+def _sample_in_jobs(db_path: str | Path, plans: list[RunPlan], jobs: int | str, device: str, reporter: Progress,
+                    knobs: dict[str, Any]) -> dict[str, RunSamples]:
+    """With more than one job, the runs that have samples to generate, split into that many shares of about equal
+    work, each sampled by `sample_all` in its own process (benchctl.executors.local.in_processes): run id -> what
+    its process did. Empty when everything runs here."""
+    from benchctl.executors import plan_slots, split_evenly
+
+    busy = [p for p in plans if p.batches]
+    if not busy:
+        return {}
+    slots = plan_slots(jobs, len(busy), device)
+    if slots.jobs < 2:
+        return {}
+    from benchctl.executors.local import in_processes
+
+    work = [sum(len(b) for b in p.batches) * float(p.row.get("flops_per_token") or 1.0) * p.n_recur for p in busy]
+    groups = split_evenly([p.row["id"] for p in busy], work, slots.jobs)
+    summaries = in_processes(sample_all, [{**knobs, "run_ids": ids} for ids in groups], db_path=Path(db_path),
+                             device_spec=device, progress=reporter, log=reporter.log, what="sampling")
+    return {r.run_id: r for s in summaries for r in s.runs}
 
 
 def _rate(tokens_per_s: float | None) -> str:

@@ -187,7 +187,7 @@ class StudyOptions:
     skip: tuple[str, ...] = ()  # names of skippable stages to leave out (sample, judge, eval)
     yes: bool = False
     progress: bool = True
-    jobs: int | str = 1  # runs trained at once on this machine (a number or "auto")
+    jobs: int | str = 1  # runs trained, sampled and evaluated at once on this machine (a number or "auto")
     executor: str = "local"  # local, or ray: every run a task on a Ray cluster
     ray_address: str | None = None  # the cluster to join (None: $RAY_ADDRESS, else a new local instance)
     runs_dir: Path | None = None  # where run directories live (None: beside results.db); shared by every machine

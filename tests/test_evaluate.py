@@ -470,6 +470,22 @@ def test_eval_end_to_end_stores_rows(trained):
     assert headers["tinystories_order"] == ("model", "seed", "n_recur", "acc")
 
 
+@pytest.mark.slow  # two spawned processes importing torch and lm-eval
+def test_two_jobs_store_the_same_results_as_one(trained):
+    """`eval --jobs 2` evaluates each run in its own process and stores the same numbers as one process."""
+    db = dbm.connect(trained.db)
+    quiet = dict(limit=6, batch_size=16, threads=1, progress=False, log=lambda _: None)
+    one = ev.evaluate_runs(db, trained.db, **quiet)
+    serial = {(r["run_id"], r["task"], r["metric"]): r["value"] for r in one.rows}
+    said: list[str] = []
+    two = ev.evaluate_runs(db, trained.db, force=True, jobs=2, **{**quiet, "log": said.append})
+    assert "evaluation: 2 jobs at once, 1 thread(s) each" in said
+    assert sorted(two.evaluated) == sorted((rid, t) for rid in trained.runs.values() for t in ev.BUNDLED_TASKS)
+    assert {(r["run_id"], r["task"], r["metric"]): r["value"] for r in two.rows} == serial
+    assert two.tasks == one.tasks and len(two.rows) == len(one.rows) == 2 * 8
+    assert ev.evaluate_runs(db, trained.db, jobs=2, **quiet).evaluated == []  # a rerun skips in every process
+
+
 def test_lm_eval_environment_info_is_quick_and_quiet(trained, tmp_path, monkeypatch, capfd):
     """simple_evaluate's env info would run torch's collect_env (1-6 s per run here) and `git describe` in the cwd."""
     import lm_eval.evaluator

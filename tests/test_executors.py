@@ -128,7 +128,7 @@ def test_each_job_reports_its_own_progress_line():
     assert lines[0].startswith("job 1: control s0: 0/30 (0%)")
     assert any(ln.startswith("job 1: control s0: 10/30 (33%) loss 4.1") for ln in lines)
     assert "  control s0 step 10: val loss 4.2" in lines
-    assert pool._tasks == {}  # closed with the run
+    assert pool._relay._tasks == {}  # closed with the run
 
 
 def test_a_disabled_job_progress_sends_only_messages():

@@ -283,6 +283,29 @@ def test_a_killed_run_resumes_with_identical_samples(results):
     assert {r["id"]: r["completion"] for r in _samples(db)} == full
 
 
+@pytest.mark.slow  # two spawned processes importing torch
+def test_two_jobs_store_the_same_samples_as_one(results, capsys):
+    """`--jobs 2` samples each run in its own process: the same rows (three-part's random states included) and the
+    same summary, and a bad --jobs fails before any work."""
+    db = dbm.connect(results)
+    one = smp.sample_all(db, results, **SMALL)
+    serial = {r["id"]: (r["completion"], r["n_tokens"], r["dtype"]) for r in _samples(db)}
+    with db.conn:
+        db.execute("delete from samples")
+    capsys.readouterr()
+    two = smp.sample_all(db, results, **{**SMALL, "jobs": 2})
+    assert "sampling: 2 jobs at once, 1 thread(s) each" in capsys.readouterr().out
+    assert {r["id"]: (r["completion"], r["n_tokens"], r["dtype"]) for r in _samples(db)} == serial
+    assert (two.generated, two.skipped) == (one.generated, one.skipped) == (10, 0)
+    assert [(r.run_id, r.n_samples, r.mean_tokens, r.generated) for r in two.runs] == \
+        [(r.run_id, r.n_samples, r.mean_tokens, r.generated) for r in one.runs]
+    assert all(r.tokens_per_s for r in two.runs) and two.example == one.example
+    again = smp.sample_all(db, results, **{**SMALL, "jobs": 2})  # nothing to do: no process is started
+    assert (again.generated, again.skipped) == (0, 10)
+    with pytest.raises(ConfigError, match="--jobs"):
+        smp.sample_all(db, results, **{**SMALL, "jobs": "0"})
+
+
 def test_completion_continues_the_prompt_text(results, trained):
     from benchctl import checkpoint
     from benchctl.data import Tokenizer

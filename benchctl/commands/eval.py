@@ -38,6 +38,9 @@ def eval_(
     force: Annotated[bool, typer.Option("--force", help="Recompute results already in the database.")] = False,
     include_path: Annotated[Optional[list[Path]], typer.Option(
         "--include-path", help="A directory of your own lm-eval task YAMLs (repeatable).")] = None,
+    jobs: Annotated[str, typer.Option(
+        "--jobs", "-j", help="Runs evaluated at once, each share in its own process with its share of the cores: a "
+        "number, or auto (one per core on a CPU, one per GPU on a GPU machine).")] = "1",
     db: DbOpt = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress.")] = True,
 ) -> None:
@@ -54,6 +57,7 @@ def eval_(
         handle, path, tasks=split_list(tasks), run_ids=split_list(runs), archs=split_list(archs),
         preset=preset, n_recur=n_recur, limit=limit, batch_size=batch_size, device=device, force=force,
         include_paths=include_path or (), threads=threads, progress=reporter,
+        jobs=jobs,
     )
     what = f"n_recur {n_recur}" if n_recur is not None else "trained n_recur"
     what += f", first {limit} documents" if limit else ""

@@ -48,6 +48,9 @@ def sample(
         int, typer.Option("--batch-size", help="Prompts generated together (recorded: it fixes three-part's noise).")
     ] = smp.DEFAULT_BATCH_SIZE,
     device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda, cuda:N or mps.")] = "auto",
+    jobs: Annotated[str, typer.Option(
+        "--jobs", "-j", help="Runs sampled at once, each share in its own process with its share of the cores: a "
+        "number, or auto (one per core on a CPU, one per GPU on a GPU machine).")] = "1",
     db: DbOpt = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a live progress bar.")] = True,
 ) -> None:
@@ -64,6 +67,7 @@ def sample(
         max_new_tokens=max_new_tokens, seed=seed, n_recur=n_recur, run_ids=split_list(runs),
         archs=split_list(archs), preset=preset, device=device, batch_size=batch_size, progress=reporter,
         extrapolate=extrapolate, exit_rule=exit_rule, exit_threshold=threshold,
+        jobs=jobs,
     )
     t = Table(title=f"samples — prompt set {', '.join(s.prompt_sets)}, settings {s.settings_hash}",
               title_justify="left", box=box.SIMPLE_HEAD)

@@ -9,7 +9,7 @@ import typer
 
 from benchctl.cli import DataOpt, DbOpt, ProgressOpt, SetOpt, YesOpt, app, console, parse_seeds, split_list
 from benchctl.cli import db_path_of, overrides_with_data
-from benchctl.commands.train import ExecutorOpt, JobsOpt, RayAddressOpt, RunsDirOpt
+from benchctl.commands.train import ExecutorOpt, RayAddressOpt, RunsDirOpt
 
 PlanOpt = Annotated[str, typer.Option("--plan", help="A built-in plan (see 'benchctl plans') or a plan file's path.")]
 PlanPresetOpt = Annotated[Optional[str], typer.Option(
@@ -36,7 +36,9 @@ def study(
     db: DbOpt = None,
     yes: YesOpt = False,
     progress: ProgressOpt = True,
-    jobs: JobsOpt = "1",
+    jobs: Annotated[str, typer.Option(
+        "--jobs", "-j", help="Runs trained, sampled and evaluated at once, each in its own process with its share of "
+        "the cores: a number, or auto (one per core on a CPU, one per GPU on a GPU machine).")] = "1",
     executor: ExecutorOpt = "local",
     ray_address: RayAddressOpt = None,
     runs_dir: RunsDirOpt = None,

@@ -373,6 +373,31 @@ class _Session:
         self.note(f"{label}: done in {time.perf_counter() - t_run:.1f} s")
 
 
+def _evaluate_in_jobs(db_path: str | os.PathLike, plan: list[tuple[dict[str, Any], Any, int]], jobs: int | str,
+                      device: str, reporter: Progress, log: Callable[[str], None], knobs: dict[str, Any],
+                      summary: EvalSummary) -> bool:
+    """With more than one job, the runs split into that many shares of about equal work, each evaluated by
+    `evaluate_runs` in its own process (benchctl.executors.local.in_processes), their summaries merged into
+    `summary`. False (nothing done) when everything runs here."""
+    from benchctl.executors import plan_slots, split_evenly
+
+    slots = plan_slots(jobs, len(plan), device)
+    if slots.jobs < 2:
+        return False
+    from benchctl.executors.local import in_processes
+
+    work = [float(run.get("flops_per_token") or 1.0) * r for run, _, r in plan]
+    groups = split_evenly([run["id"] for run, _, _ in plan], work, slots.jobs)
+    parts = in_processes(evaluate_runs, [{**knobs, "run_ids": ids} for ids in groups], db_path=Path(db_path),
+                         device_spec=device, progress=reporter, log=log, what="evaluation")
+    for part in parts:
+        summary.evaluated += part.evaluated
+        summary.skipped += part.skipped
+        summary.unavailable.update(part.unavailable)
+    summary.tasks = parts[0].tasks  # standard task globs expanded the same way in every process
+    return True
+
+
 @contextlib.contextmanager
 def _preserved(threads: int | None) -> Iterator[None]:
     """Run the block with `threads` torch CPU threads (when given), then restore them and every RNG state that
@@ -408,6 +433,7 @@ def evaluate_runs(
     threads: int | None = None,
     progress: bool | Progress = True,
     log: Callable[[str], None] | None = None,
+    jobs: int | str = 1,
 ) -> EvalSummary:
     """Evaluate every finished run (or the selected ones) on `tasks` and store one row per metric in eval_results.
 
@@ -419,19 +445,27 @@ def evaluate_runs(
     restores them after (tiny models gain nothing from several threads and lose a lot on a shared machine). Every
     RNG state (python, numpy, torch, CUDA) is the same after as before. `progress`: a `Progress` to report on, or
     True / False for a default reporter / none; `log` receives the messages (default: the reporter's `log`).
+    `jobs` (a number or "auto", as for training): runs evaluated at once, each share of the runs in its own process
+    with its share of the cores (`threads`, when given, per process).
     """
     t0 = time.perf_counter()
     reporter = as_progress(progress)
     opts = _options(tasks, n_recur, limit, batch_size, threads, n_docs, include_paths, device, force)
+    from benchctl.executors import parse_jobs
+
+    parse_jobs(jobs)  # a bad --jobs fails before any work
     plan = _plan(db, Path(db_path), opts, run_ids, archs, preset)
     summary = EvalSummary(tasks=opts.tasks, limit=limit, n_recur=n_recur,
                           runs=[{"id": r["id"], "arch": r["arch"], "variant": r.get("variant") or r["arch"],
                                  "preset": r["preset"], "seed": r["seed"],
                                  "n_recur": n} for r, _, n in plan])
-    session = _Session(db, Path(db_path), opts, summary, reporter, log or reporter.log)
-    with _preserved(threads), reporter.library_bars():
-        for k, (run, cfg, r) in enumerate(plan, 1):
-            session.run(k, len(plan), run, cfg, r)
+    knobs = {"tasks": tasks, "n_recur": n_recur, "limit": limit, "batch_size": batch_size, "device": device,
+             "force": force, "n_docs": n_docs, "include_paths": [str(p) for p in include_paths], "threads": threads}
+    if not _evaluate_in_jobs(db_path, plan, jobs, device, reporter, log or reporter.log, knobs, summary):
+        session = _Session(db, Path(db_path), opts, summary, reporter, log or reporter.log)
+        with _preserved(threads), reporter.library_bars():
+            for k, (run, cfg, r) in enumerate(plan, 1):
+                session.run(k, len(plan), run, cfg, r)
     wanted = set(summary.tasks)
     for run in summary.runs:
         summary.rows += [row for row in dbm.eval_results(db, run["id"], run["n_recur"], opts.limit_n)

@@ -139,6 +139,18 @@ def plan_slots(jobs: int | str, n_runs: int, device_spec: str = "auto", *, cores
     return Slots(jobs=n, threads=max(1, cores // n), gpus=visible)
 
 
+def split_evenly(items: list[Any], weights: list[float], n: int) -> list[list[Any]]:
+    """`items` in `n` groups of nearly equal total weight (each item, heaviest first, joins the lightest group; the
+    groups keep the items' order), for parallel jobs that should end at about the same time. No empty groups."""
+    loads = [0.0] * min(n, len(items))
+    members: list[list[int]] = [[] for _ in loads]
+    for i in sorted(range(len(items)), key=lambda i: -weights[i]):
+        g = min(range(len(loads)), key=loads.__getitem__)
+        loads[g] += weights[i]
+        members[g].append(i)
+    return [[items[i] for i in sorted(m)] for m in members]
+
+
 def _visible_gpus(count: int) -> tuple[str, ...]:
     """The ids to pin processes to: the entries of an existing CUDA_VISIBLE_DEVICES (it may name GPUs by UUID or
     a subset), else 0..count-1."""

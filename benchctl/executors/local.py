@@ -84,7 +84,7 @@ class ProcessPool:
                  log: Callable[[str], None]):
         self.execution, self.prepared, self.db_path, self.db, self.log = execution, prepared, Path(db_path), db, log
         self.progress: Progress = as_progress(progress)
-        self._tasks: dict[tuple[int, int], Task] = {}
+        self._relay = _ProgressRelay(self.progress, log)
 
     def run(self, specs: list[RunSpec], on_outcome: OnOutcome) -> None:
         todo = []
@@ -118,29 +118,19 @@ class ProcessPool:
         except BaseException as e:
             # a kill reached this process alone: pass it on at once; Ctrl-C reached every process of the terminal's
             # group, so the slots are already recording their runs and get a moment before being terminated
-            self._stop(running, events, terminate_after=0.0 if isinstance(e, _Terminated) else 2.0)
+            _stop([s.process for s in running], events, self.log,
+                  terminate_after=0.0 if isinstance(e, _Terminated) else 2.0)
             raise
         finally:
             stop.restore()
             self.progress.close()
-        self._stop(running, events, terminate_after=60.0)
+        _stop([s.process for s in running], events, self.log, terminate_after=60.0)
 
     def _start(self, ctx: Any, slots: Slots, number: int, events: Any) -> _Slot:
         inbox = ctx.Queue()
         args = (number, inbox, events, self.prepared, str(self.db_path), self.execution.runs_dir, slots.threads,
                 self.progress.enabled, os.getpid())
-        p = ctx.Process(target=_slot_main, args=args, name=f"benchctl-job-{number}", daemon=False)
-        saved = {k: os.environ.get(k) for k in slots.env(number)}
-        os.environ.update(slots.env(number))  # a spawned child starts with the parent's environment as it is now
-        try:
-            p.start()
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-        return _Slot(number, p, inbox)
+        return _Slot(number, _spawn(ctx, _slot_main, args, f"benchctl-job-{number}", slots.env(number)), inbox)
 
     def _hand_out(self, slot: _Slot, pending: deque, total: int) -> None:
         """The slot's next run, or the end of its work."""
@@ -161,36 +151,12 @@ class ProcessPool:
             if s.spec is None or s.process.is_alive():
                 continue
             spec, s.spec = s.spec, None
-            self._close_tasks(s.number)
+            self._relay.close_tasks(s.number)
             on_outcome(spec, Outcome("failed", f"its training process died (exit code {s.process.exitcode}); "
                                                "rerun to resume it from its last checkpoint"))
             if pending:
                 running[i] = fresh = self._start(ctx, slots, s.number, events)
                 self._hand_out(fresh, pending, total)
-
-    def _stop(self, running: list[_Slot], events: Any, *, terminate_after: float) -> None:
-        """Wait up to `terminate_after` seconds for the slots to end, then terminate them (SIGTERM: they record
-        their runs as interrupted) and give them GRACE_SECONDS before killing what is left. Their messages are read
-        meanwhile: a process cannot exit while what it sent is still waiting in the pipe."""
-        self._drain_until_ended(running, events, terminate_after)
-        for s in running:
-            if s.process.is_alive():
-                s.process.terminate()
-        self._drain_until_ended(running, events, GRACE_SECONDS)
-        for s in running:
-            if s.process.is_alive():
-                s.process.kill()
-            s.process.join()
-
-    def _drain_until_ended(self, running: list[_Slot], events: Any, seconds: float) -> None:
-        deadline = time.monotonic() + seconds
-        while any(s.process.is_alive() for s in running) and time.monotonic() < deadline:
-            try:
-                event = events.get(timeout=0.1)
-            except queue.Empty:
-                continue
-            if event[0] == "log":
-                self.log(event[2])
 
     # ---- events from the slots -------------------------------------------------------------------------------------
 
@@ -203,11 +169,102 @@ class ProcessPool:
             spec = slot.spec
             if spec is None or index not in (None, spec.index):
                 return  # from a process already replaced (its run was recorded as failed then)
-            self._close_tasks(number)
+            self._relay.close_tasks(number)
             link_run_dir(self.db_path, self.execution.runs_dir, spec.run_id)
             on_outcome(spec, outcome)
             self._hand_out(slot, pending, total)
-        elif kind == "log":
+        else:
+            self._relay.handle(event)
+
+
+def in_processes(fn: Callable[..., Any], groups: list[dict[str, Any]], *, db_path: Path, device_spec: str,
+                 progress: Progress, log: Callable[[str], None], what: str) -> list[Any]:
+    """`fn(db, db_path, progress=<reporter>, **group)` for every group at once, each in its own spawned process with
+    its share of the cores (and its own GPU on a GPU machine); the results in the order of `groups`.
+
+    For the stages that work run by run after training (sample, eval): each group is a share of the runs and `fn` is
+    the stage's own function, which stores its rows in results.db itself (one transaction per batch or per run), so
+    an interrupted call leaves only finished work behind and a rerun does the rest. A group's error is raised once
+    every group has ended, so the others' work is kept."""
+    slots = plan_slots(len(groups), len(groups), device_spec)
+    where = f", GPUs {','.join(slots.gpus)}" if slots.gpus else ""
+    log(f"{what}: {slots.jobs} jobs at once, {slots.threads} thread(s) each{where}")
+    ctx = mp.get_context("spawn")
+    events = ctx.Queue()
+    relay = _ProgressRelay(progress, log)
+    procs = [_spawn(ctx, _group_main, (k, fn, group, str(db_path), slots.threads, events, progress.enabled,
+                                       os.getpid()), f"benchctl-job-{k}", slots.env(k))
+             for k, group in enumerate(groups)]
+    ended: dict[int, tuple[str, Any]] = {}
+    stop = _TermAsInterrupt()
+    try:
+        while len(ended) < len(procs):
+            try:
+                event = events.get(timeout=POLL_SECONDS)
+            except queue.Empty:  # a process that ended sent its last event before exiting: it has arrived by now
+                for k, proc in enumerate(procs):
+                    if k not in ended and not proc.is_alive():
+                        ended[k] = ("died", proc.exitcode)
+                continue
+            if not relay.handle(event):
+                ended[event[1]] = (event[0], event[2])
+                relay.close_tasks(event[1])
+    except BaseException as e:  # as in ProcessPool.run: a kill is passed on at once, Ctrl-C reached every process
+        _stop(procs, events, log, terminate_after=0.0 if isinstance(e, _Terminated) else 2.0)
+        raise
+    finally:
+        stop.restore()
+        progress.close()
+    _stop(procs, events, log, terminate_after=60.0)
+    for k in range(len(procs)):
+        kind, payload = ended[k]
+        if kind == "error":
+            raise payload
+        if kind == "interrupted":
+            raise KeyboardInterrupt(f"job {k} was interrupted")
+        if kind == "died":
+            raise BenchctlError(f"{what}: job {k}'s process died (exit code {payload}); what the other jobs stored "
+                                "is kept, and a rerun does the rest")
+        if kind == "crash":
+            raise RuntimeError(f"{what}: job {k} failed:\n{payload}")
+    return [ended[k][1] for k in range(len(procs))]
+
+
+def _group_main(number: int, fn: Callable[..., Any], group: dict[str, Any], db_path: str, threads: int, events: Any,
+                progress: bool, parent: int) -> None:
+    """One group of `in_processes`: its result (or its error) goes back to the parent as the last event."""
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    _watch_parent(parent)
+    import torch
+
+    torch.set_num_threads(threads)
+    from benchctl import db as dbm
+
+    reporter = _RemoteProgress(events, number, progress)
+    try:
+        db = dbm.connect(db_path, create=False)
+        events.put(("result", number, fn(db, db_path, progress=reporter, **group)))
+    except KeyboardInterrupt:
+        events.put(("interrupted", number, None))
+    except BenchctlError as e:
+        events.put(("error", number, e))
+    except Exception:  # a bug: the parent raises it with this traceback
+        events.put(("crash", number, traceback.format_exc()))
+
+
+class _ProgressRelay:
+    """The parent's side of the children's progress: messages are logged, and every task a child opens becomes a
+    line of the parent's reporter named after its job ("job 1: frailt s0"), so the console shows one line per active
+    job."""
+
+    def __init__(self, progress: Progress, log: Callable[[str], None]):
+        self.progress, self.log = progress, log
+        self._tasks: dict[tuple[int, int], Task] = {}
+
+    def handle(self, event: tuple) -> bool:
+        """Show a progress event (log, task, update, close); False for any other kind of event."""
+        kind, number = event[0], event[1]
+        if kind == "log":
             self.log(event[2])
         elif kind == "task":
             _, _, tid, description, total_steps, completed, fields = event
@@ -222,10 +279,55 @@ class ProcessPool:
             task = self._tasks.pop((number, event[2]), None)
             if task is not None:
                 task.close()
+        else:
+            return False
+        return True
 
-    def _close_tasks(self, number: int) -> None:
+    def close_tasks(self, number: int) -> None:
         for key in [k for k in self._tasks if k[0] == number]:
             self._tasks.pop(key).close()
+
+
+def _spawn(ctx: Any, target: Callable[..., None], args: tuple, name: str, env: dict[str, str]) -> Any:
+    """Start a process with `env` added to its environment (set before it starts, so torch and OpenMP read it)."""
+    p = ctx.Process(target=target, args=args, name=name, daemon=False)
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # a spawned child starts with the parent's environment as it is now
+    try:
+        p.start()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return p
+
+
+def _stop(processes: list[Any], events: Any, log: Callable[[str], None], *, terminate_after: float) -> None:
+    """Wait up to `terminate_after` seconds for the processes to end, then terminate them (SIGTERM: they record
+    their runs as interrupted) and give them GRACE_SECONDS before killing what is left. Their messages are read
+    meanwhile: a process cannot exit while what it sent is still waiting in the pipe."""
+    _drain_until_ended(processes, events, log, terminate_after)
+    for p in processes:
+        if p.is_alive():
+            p.terminate()
+    _drain_until_ended(processes, events, log, GRACE_SECONDS)
+    for p in processes:
+        if p.is_alive():
+            p.kill()
+        p.join()
+
+
+def _drain_until_ended(processes: list[Any], events: Any, log: Callable[[str], None], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while any(p.is_alive() for p in processes) and time.monotonic() < deadline:
+        try:
+            event = events.get(timeout=0.1)
+        except queue.Empty:
+            continue
+        if event[0] == "log":
+            log(event[2])
 
 
 class _TermAsInterrupt:

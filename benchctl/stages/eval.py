@@ -15,7 +15,7 @@ def run(study: StudyRun) -> None:
 
     study.say("lm-eval tasks on every finished run")
     evaluate.evaluate_runs(study.db, study.opts.db_path, tasks=study.opts.eval_tasks, run_ids=ids,
-                           progress=study.opts.progress, log=study.log)
+                           progress=study.opts.progress, log=study.log, jobs=study.opts.jobs)
 
 
 STAGE = Stage(name="eval", order=50, run=run, sections=(eval_section,), skippable=True)

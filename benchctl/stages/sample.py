@@ -14,7 +14,8 @@ def run(study: StudyRun) -> None:
 
     study.say("story completions from the fixed prompt set")
     kw = {"n_prompts": study.opts.n_prompts} if study.opts.n_prompts else {}
-    s = sample.sample_all(study.db, study.opts.db_path, run_ids=ids, progress=study.opts.progress, **kw)
+    s = sample.sample_all(study.db, study.opts.db_path, run_ids=ids, progress=study.opts.progress,
+                          jobs=study.opts.jobs, **kw)
     study.log(f"   {s.generated} new sample(s), {s.skipped} already stored")
 
 
