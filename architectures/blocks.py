@@ -12,7 +12,7 @@ Speed (the maths is llama2.c's, only the evaluation is arranged into fewer, larg
 with `benchctl bench`): projections that read the same input run as one matmul over their concatenated
 weights (wq|wk|wv, w1|w3; the parameters stay separate modules, so state dicts and FLOP counts are unchanged); RoPE
 rotates q and k together as one complex multiply (the same products as llama2.c's cos/sin formula); LoRA deltas share
-one matmul over the stacked A's. The hand-written autograd kernels (the fused LoRA projection, the chunked head loss)
+one matmul over the stacked A's; on a CPU, attention over short sequences runs as explicit matmuls (kernels.py). The hand-written autograd kernels (the fused LoRA projection, the chunked head loss)
 are in kernels.py; this file keeps the reference maths.
 """
 
@@ -26,7 +26,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 # The fast paths live in kernels.py; importable from here too, where the model code has always found them.
-from architectures.kernels import IGNORE_INDEX, LinearCrossEntropy, LoRAProjection, linear_cross_entropy  # noqa: F401
+from architectures.kernels import (  # noqa: F401
+    IGNORE_INDEX,
+    LinearCrossEntropy,
+    LoRAProjection,
+    causal_attention,
+    linear_cross_entropy,
+)
 
 PROJECTIONS = ("wq", "wk", "wv", "wo", "w1", "w2", "w3")
 
@@ -219,7 +225,7 @@ class Attention(nn.Module):
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         dropout_p = self.dropout if self.training else 0.0
         if pos == 0:
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=T > 1)
+            y = causal_attention(q, k, v, dropout_p)
         elif T == 1:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
         else:  # a chunk after a cached prefix: query i sees keys up to pos + i

@@ -22,7 +22,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import architectures
 from architectures import ArchArgs, BaseLM, RecurrenceError, UnknownArchitectureError
 from architectures.blocks import PROJECTIONS, KVCache
-from architectures.kernels import linear_cross_entropy
+from architectures.kernels import CPU_EXPLICIT_ATTENTION_MAX_T, causal_attention, linear_cross_entropy
 from architectures.generate import Generation, generate, sample_next
 from benchctl.config import make_config
 
@@ -652,6 +652,37 @@ def test_three_part_truncated_backprop(tiny_model):
     c_trunc.take()
     trunc(x)
     assert c_trunc.take() == [True] * 7
+
+
+# ---- attention on a CPU (architectures.kernels.causal_attention) ----------------------------------------------------
+
+
+@pytest.mark.parametrize("T", [2, 17, 64, 128])
+def test_causal_attention_is_the_fused_kernels_function(T):
+    """The explicit CPU attention (bf16 inputs, chunked rows) computes what F.scaled_dot_product_attention does:
+    outputs and gradients within bf16 rounding of the fused kernel's on the same bf16 inputs, and of float32 maths."""
+    g = torch.Generator().manual_seed(T)
+    q, k, v = (torch.randn(5, 4, T, 16, generator=g) for _ in range(3))
+    grad = torch.randn(5, 4, T, 16, generator=g)
+    exact = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1)
+    halves = [t.bfloat16().requires_grad_() for t in (q, k, v)]
+    fused = F.scaled_dot_product_attention(*halves, is_causal=True)
+    fused_grads = torch.autograd.grad(fused, halves, grad.bfloat16())
+    out = causal_attention(*halves)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), exact, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(out.float(), fused.float(), atol=2e-2, rtol=2e-2)
+    for a, b in zip(torch.autograd.grad(out, halves, grad.bfloat16()), fused_grads):
+        torch.testing.assert_close(a.float(), b.float(), atol=5e-2, rtol=5e-2)
+
+
+def test_causal_attention_keeps_the_fused_kernel_where_it_is_faster(monkeypatch):
+    """float32, and bf16 past CPU_EXPLICIT_ATTENTION_MAX_T: PyTorch's fused kernel."""
+    calls = []
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(kw) or a[0])
+    for t in (torch.zeros(1, 1, 16, 8), torch.zeros(1, 1, CPU_EXPLICIT_ATTENTION_MAX_T + 1, 8, dtype=torch.bfloat16)):
+        causal_attention(t, t, t)
+    assert calls == [{"dropout_p": 0.0, "is_causal": True}] * 2
 
 
 # ---- the head's loss without logits (architectures.kernels.linear_cross_entropy) -------------------------------------
