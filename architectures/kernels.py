@@ -95,12 +95,14 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_
                 and 1 < T <= CPU_EXPLICIT_ATTENTION_MAX_T and not torch.compiler.is_compiling())
     if not explicit:
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=T > 1)
-    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu_(1)
+    # the causal mask as an additive float32 bias: adding it to the bf16 scores converts, scales and masks them in one
+    # pass (a masked_fill after the conversion and the scaling took three)
+    future = torch.full((T, T), float("-inf"), device=q.device).triu_(1)
     rows = max(1, CPU_ATTENTION_CHUNK_BYTES // (4 * T * T))
     outs = []
     for qc, kc, vc in zip(*(t.reshape(B * H, T, hd).split(rows) for t in (q, k, v))):
-        scores = torch.matmul(qc, kc.transpose(-2, -1)).float() * (hd ** -0.5)  # (rows, T, T)
-        probs = torch.softmax(scores.masked_fill_(future, float("-inf")), dim=-1)
+        scores = torch.add(future, torch.matmul(qc, kc.transpose(-2, -1)), alpha=hd ** -0.5)  # (rows, T, T) fp32
+        probs = torch.softmax(scores, dim=-1)
         if dropout_p > 0.0:
             probs = torch.nn.functional.dropout(probs, dropout_p)
         outs.append(torch.matmul(probs.to(vc.dtype), vc))
