@@ -109,12 +109,17 @@ def project_group(
     if lora is None:
         return F.linear(x, w)
     loras = [lora[n] for n in names]
-    autocast = x.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(x.device.type)
     # under torch.compile the plain form is better: inductor fuses the additions itself, and out= writes into views
     # would break the graph
-    if len({m.scale for m in loras}) == 1 and not autocast and not torch.compiler.is_compiling():
+    if len({m.scale for m in loras}) == 1 and not torch.compiler.is_compiling():
         a = torch.cat([m.A for m in loras]) if len(loras) > 1 else loras[0].A
-        y = LoRAProjection.apply(x.reshape(-1, x.shape[-1]), w, a, loras[0].scale, *[m.B for m in loras])
+        bs = [m.B for m in loras]
+        if x.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(x.device.type):
+            # what autocast does for a linear layer, done before the fused function (whose out= products autocast
+            # leaves alone): every operand in the autocast dtype; the casts' backward returns float32 gradients
+            dt = torch.get_autocast_dtype(x.device.type)
+            x, w, a, bs = x.to(dt), w.to(dt), a.to(dt), [b.to(dt) for b in bs]
+        y = LoRAProjection.apply(x.reshape(-1, x.shape[-1]), w, a, loras[0].scale, *bs)
         return y.view(*x.shape[:-1], w.shape[0])
     return F.linear(x, w) + lora_delta(x, loras)  # plain autograd, the same maths
 

@@ -123,6 +123,35 @@ def test_lora_projection_matches_plain_autograd():
         torch.testing.assert_close(gg, ww)
 
 
+def test_lora_projection_under_bf16_autocast_matches_plain_autograd():
+    """Under CPU bf16 autocast the fused LoRA function gets bf16 operands (as autocast gives a linear layer) and the
+    float32 parameters get float32 gradients within bf16 rounding of the plain formula under the same autocast."""
+    import architectures.blocks as blocks
+
+    g = torch.Generator().manual_seed(1)
+    lin = [torch.nn.Linear(16, o, bias=False) for o in (8, 4)]
+    loras = {n: blocks.LoRA(16, o, rank=2, alpha=1.0) for n, o in (("wq", 8), ("wk", 4))}
+    for m in loras.values():
+        with torch.no_grad():
+            m.A.normal_(generator=g), m.B.normal_(generator=g)
+    x = torch.randn(3, 5, 16, generator=g, requires_grad=True)
+    params = [x, *(m.weight for m in lin), *(t for m in loras.values() for t in (m.A, m.B))]
+    gy = torch.randn(3, 5, 12, generator=g)
+
+    def run(fused: bool):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = (blocks.project_group(lin, x, loras, ["wq", "wk"]) if fused else
+                 torch.nn.functional.linear(x, torch.cat([m.weight for m in lin]))
+                 + blocks.lora_delta(x, [loras["wq"], loras["wk"]]))
+        return y, torch.autograd.grad(y, params, gy)
+
+    (y, grads), (y_plain, grads_plain) = run(True), run(False)
+    assert y.dtype == torch.bfloat16 and all(gr.dtype == torch.float32 for gr in grads)
+    torch.testing.assert_close(y.float(), y_plain.float(), rtol=2e-2, atol=2e-2)
+    for gr, gp in zip(grads, grads_plain):
+        torch.testing.assert_close(gr, gp, rtol=3e-2, atol=3e-2)
+
+
 def test_relaxed_step_matches_plain_autograd():
     """The whole relaxed model (perturbed LoRA, scale 0.5): the optimised forward/backward equals the plain one."""
     import architectures.blocks as blocks
