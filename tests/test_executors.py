@@ -5,6 +5,7 @@ run resumable."""
 from __future__ import annotations
 
 import io
+import multiprocessing
 import os
 import signal
 import sqlite3
@@ -248,3 +249,23 @@ def test_killing_the_parent_leaves_every_run_resumable(tmp_path, tinystories_dir
     assert again.returncode == 0, again.stderr
     assert again.stdout.count("resuming") == 2
     assert all(status == "done" for status, _ in _losses(db_path).values())
+
+
+# ---- sample and eval across runs (executors.local.in_processes) -------------------------------------------------------
+
+
+@pytest.mark.slow  # two spawned processes importing torch
+def test_a_groups_error_is_raised_after_every_group_has_ended(tmp_path):
+    """One share fails with a benchctl error (a run id that does not exist), the other ends normally: the caller
+    gets that error, with its own message and class, once both processes are gone."""
+    from benchctl import sample as smp
+    from benchctl.executors.local import in_processes
+
+    db_path = tmp_path / "results.db"
+    dbm.connect(db_path)  # an empty results.db
+    said: list[str] = []
+    with pytest.raises(ConfigError, match="nope"):
+        in_processes(smp.sample_all, [{"run_ids": ["nope"]}, {"run_ids": ["nope-either"]}], db_path=db_path,
+                     device_spec="cpu", progress=Progress(enabled=False), log=said.append, what="sampling")
+    assert said[0] == "sampling: 2 jobs at once, 1 thread(s) each"
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("benchctl-job")]

@@ -196,15 +196,18 @@ def in_processes(fn: Callable[..., Any], groups: list[dict[str, Any]], *, db_pat
                                        os.getpid()), f"benchctl-job-{k}", slots.env(k))
              for k, group in enumerate(groups)]
     ended: dict[int, tuple[str, Any]] = {}
+    gone: set[int] = set()  # processes seen dead without their last event: given one more poll for it to arrive
     stop = _TermAsInterrupt()
     try:
         while len(ended) < len(procs):
             try:
                 event = events.get(timeout=POLL_SECONDS)
-            except queue.Empty:  # a process that ended sent its last event before exiting: it has arrived by now
+            except queue.Empty:
                 for k, proc in enumerate(procs):
                     if k not in ended and not proc.is_alive():
-                        ended[k] = ("died", proc.exitcode)
+                        if k in gone:
+                            ended[k] = ("died", proc.exitcode)
+                        gone.add(k)
                 continue
             if not relay.handle(event):
                 ended[event[1]] = (event[0], event[2])
