@@ -181,6 +181,25 @@ def test_contended_runs_point_to_the_cpu_time_and_bench_ratios(tmp_path):
     assert "trust the CPU-time ratio (better: run `benchctl bench`) instead." in sec
 
 
+def test_a_bench_of_some_models_is_trusted_for_those_models(tmp_path):
+    """`benchctl bench --archs control,frailt` beside a four-model study: the CPU-time ratio stays the headline (the
+    one every model has), but the benched models' sentences and a line under the headline point to their bench
+    ratio."""
+    hog = lambda a, s: {"device_name": TWO_CORES, "load_avg": 6.2}  # noqa: E731
+    db = build_fixture_db(tmp_path / "results.db", archs=("control", "frailt", "relaxed"), seeds=(0,), judge=False,
+                          evals=False, bench=True, run_extra=hog)
+    with sqlite3.connect(db) as con:
+        con.execute("delete from bench where arch = 'relaxed'")
+    sec = section(report.build(db).markdown, "Training cost")
+    assert "Headline: the CPU-time ratio" in sec
+    assert "The latest `benchctl bench` measured only control, frailt: for them the bench ratio is the cleaner " \
+           "number." in sec
+    assert "frailt seed 0 was contended (mean load 6.2 on 2 cores): its wall time is not a cost measure here; trust " \
+           "the bench ratio instead." in sec
+    assert "relaxed seed 0 was contended (mean load 6.2 on 2 cores): its wall time is not a cost measure here; " \
+           "trust the CPU-time ratio (better: run `benchctl bench`) instead." in sec
+
+
 def test_seeds_that_disagree_and_parallel_jobs_get_a_sentence(tmp_path):
     def extra(arch, seed):
         out = {"device_name": TWO_CORES}

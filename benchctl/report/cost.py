@@ -165,17 +165,22 @@ def headline(t: pd.DataFrame) -> str:
 def warnings(ctx: Context, t: pd.DataFrame) -> list[str]:
     """One plain sentence per contended run and per model whose seeds' wall times disagree, saying which number to
     trust instead."""
-    trust = {"bench": "the bench ratio", "cpu": "the CPU-time ratio (better: run `benchctl bench`)",
-             "wall": "none measured here: run `benchctl bench` for a clean ratio"}[headline(t)]
+    fallback = {"bench": "the bench ratio", "cpu": "the CPU-time ratio (better: run `benchctl bench`)",
+                "wall": "none measured here: run `benchctl bench` for a clean ratio"}[headline(t)]
+    benched = {r["model"] for r in t.to_dict("records") if not missing(r["bench_time"])}
+
+    def trust(model: str) -> str:  # a model the latest bench measured has its clean ratio, whatever the others have
+        return "the bench ratio" if model in benched else fallback
+
     out = []
     for r in ctx.done.sort_values(["model", "seed", "id"]).to_dict("records"):
         why = contention(r)
         if why:
             out.append(f"{r['model']} seed {r['seed']} was contended ({why}): its wall time is not a cost measure "
-                       f"here; trust {trust} instead.")
+                       f"here; trust {trust(r['model'])} instead.")
     for r in t.to_dict("records"):
         if not missing(r["spread"]) and r["spread"] > SEED_SPREAD_LIMIT:
             out.append(f"{r['model']}'s seeds took {r['spread']:.1f}× as long as each other (slowest over fastest, "
-                       f"above {SEED_SPREAD_LIMIT}×): its wall time is not a cost measure here; trust {trust} "
-                       "instead.")
+                       f"above {SEED_SPREAD_LIMIT}×): its wall time is not a cost measure here; trust "
+                       f"{trust(r['model'])} instead.")
     return out

@@ -205,6 +205,10 @@ def timing_lines(frames: Frames) -> list[str]:
         "wall": "Headline: the wall-time ratio, the only one recorded for every model here, which is a cost measure "
                 "only on a quiet machine; `benchctl bench` gives a clean ratio.",
     }[head])
+    benched = [r["model"] for r in t.to_dict("records") if not missing(r["bench_time"])]
+    if head != "bench" and benched:
+        out.append(f"The latest `benchctl bench` measured only {', '.join(benched)}: for "
+                   f"{'it' if len(benched) == 1 else 'them'} the bench ratio is the cleaner number.")
     out.append("")
     notes = warnings(ctx, t)
     return out + ([f"- {n}" for n in notes] + [""] if notes else [])
