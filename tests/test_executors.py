@@ -269,3 +269,18 @@ def test_a_groups_error_is_raised_after_every_group_has_ended(tmp_path):
                      device_spec="cpu", progress=Progress(enabled=False), log=said.append, what="sampling")
     assert said[0] == "sampling: 2 jobs at once, 1 thread(s) each"
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("benchctl-job")]
+
+
+def test_the_longest_runs_are_handed_out_first(monkeypatch):
+    """Jobs end close together when the short runs start last: the pool orders its runs by training FLOPs (the
+    control's are about a third of a recurrent model's), keeping each run's number."""
+    specs = [RunSpec(i, make_config("tiny", arch, seed), arch, f"{arch}-{seed}")
+             for i, (arch, seed) in enumerate([("control", 0), ("frailt", 0), ("control", 1), ("relaxed", 0)], 1)]
+    handed: list[RunSpec] = []
+    monkeypatch.setattr(ProcessPool, "_run", lambda self, todo, on_outcome: handed.extend(todo))
+    pool = ProcessPool(Execution(jobs=2), prepared=None, db_path=Path("r.db"), db=None, progress=False,
+                       log=lambda _: None)
+    pool.run(specs, lambda *_: None)
+    flops = [executors.training_flops(s.cfg) for s in handed]
+    assert flops == sorted(flops, reverse=True) and flops[0] > 2 * flops[-1]
+    assert [s.variant for s in handed[-2:]] == ["control", "control"] and [s.index for s in handed[-2:]] == [1, 3]

@@ -139,6 +139,28 @@ def plan_slots(jobs: int | str, n_runs: int, device_spec: str = "auto", *, cores
     return Slots(jobs=n, threads=max(1, cores // n), gpus=visible)
 
 
+def training_flops(cfg: RunConfig) -> float:
+    """The FLOPs a run's training spends at its trained depth (forward and backward, every step): how much work it
+    is, for handing the longest runs out first. The model is built on the meta device (shapes only), once per
+    architecture and model config."""
+    import json
+    from dataclasses import asdict
+
+    key = json.dumps([cfg.arch, asdict(cfg.model)], sort_keys=True, default=str)
+    if key not in _FLOPS_PER_TOKEN:
+        import torch
+
+        import architectures
+
+        with torch.device("meta"):
+            model = architectures.build(cfg.arch, cfg.model)
+            _FLOPS_PER_TOKEN[key] = float(model.flops_per_token(cfg.model.max_seq_len))
+    return _FLOPS_PER_TOKEN[key] * cfg.tokens_per_step * cfg.train.max_steps
+
+
+_FLOPS_PER_TOKEN: dict[str, float] = {}  # training_flops' cache: (arch, model config) -> FLOPs per token
+
+
 def split_evenly(items: list[Any], weights: list[float], n: int) -> list[list[Any]]:
     """`items` in `n` groups of nearly equal total weight (each item, heaviest first, joins the lightest group; the
     groups keep the items' order), for parallel jobs that should end at about the same time. No empty groups."""

@@ -36,6 +36,7 @@ from benchctl.executors import (
     already_done,
     link_run_dir,
     plan_slots,
+    training_flops,
 )
 from benchctl.progress import Progress, Task, as_progress
 
@@ -94,7 +95,9 @@ class ProcessPool:
             else:
                 todo.append(spec)
         if todo:
-            self._run(todo, on_outcome)
+            # the longest runs first, so that the last ones to start are short and the jobs end close together
+            # (runs keep their numbers in the messages)
+            self._run(sorted(todo, key=lambda spec: -training_flops(spec.cfg)), on_outcome)
 
     def _run(self, specs: list[RunSpec], on_outcome: OnOutcome) -> None:
         slots = plan_slots(self.execution.jobs, len(specs), specs[0].cfg.train.device)
