@@ -590,22 +590,16 @@ def sample_all(
 def _sample_in_jobs(db_path: str | Path, plans: list[RunPlan], jobs: int | str, device: str, reporter: Progress,
                     knobs: dict[str, Any]) -> dict[str, RunSamples]:
     """With more than one job, the runs that have samples to generate, split into that many shares of about equal
-    work, each sampled by `sample_all` in its own process (benchctl.executors.local.in_processes): run id -> what
+    work, each sampled by `sample_all` in its own process (benchctl.executors.local.in_shares): run id -> what
     its process did. Empty when everything runs here."""
-    from benchctl.executors import plan_slots, split_evenly
+    from benchctl.executors.local import in_shares
 
     busy = [p for p in plans if p.batches]
-    if not busy:
-        return {}
-    slots = plan_slots(jobs, len(busy), device)
-    if slots.jobs < 2:
-        return {}
-    from benchctl.executors.local import in_processes
-
     work = [sum(len(b) for b in p.batches) * float(p.row.get("flops_per_token") or 1.0) * p.n_recur for p in busy]
-    groups = split_evenly([p.row["id"] for p in busy], work, slots.jobs)
-    summaries = in_processes(sample_all, [{**knobs, "run_ids": ids} for ids in groups], db_path=Path(db_path),
-                             device_spec=device, progress=reporter, log=reporter.log, what="sampling")
+    summaries = in_shares(sample_all, [p.row["id"] for p in busy], work, knobs, jobs=jobs, db_path=Path(db_path),
+                          device_spec=device, progress=reporter, log=reporter.log, what="sampling")
+    if summaries is None:
+        return {}
     return {r.run_id: r for s in summaries for r in s.runs}
 
 

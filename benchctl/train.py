@@ -578,9 +578,6 @@ def estimate_seconds(cfgs: list[RunConfig], prepared: Any) -> float:
             telemetry.sync(device)
             times.append(time.perf_counter() - t0)
         per_flop = min(times) / (model.flops_per_token() * x.numel())
-    total = 0.0
-    for c in cfgs:
-        with torch.device("meta"):
-            m = architectures.build(c.arch, c.model)
-        total += per_flop * m.flops_per_token() * c.tokens_per_step * c.train.max_steps
-    return total
+    from benchctl.executors import training_flops
+
+    return sum(per_flop * training_flops(c) for c in cfgs)

@@ -377,19 +377,15 @@ def _evaluate_in_jobs(db_path: str | os.PathLike, plan: list[tuple[dict[str, Any
                       device: str, reporter: Progress, log: Callable[[str], None], knobs: dict[str, Any],
                       summary: EvalSummary) -> bool:
     """With more than one job, the runs split into that many shares of about equal work, each evaluated by
-    `evaluate_runs` in its own process (benchctl.executors.local.in_processes), their summaries merged into
+    `evaluate_runs` in its own process (benchctl.executors.local.in_shares), their summaries merged into
     `summary`. False (nothing done) when everything runs here."""
-    from benchctl.executors import plan_slots, split_evenly
-
-    slots = plan_slots(jobs, len(plan), device)
-    if slots.jobs < 2:
-        return False
-    from benchctl.executors.local import in_processes
+    from benchctl.executors.local import in_shares
 
     work = [float(run.get("flops_per_token") or 1.0) * r for run, _, r in plan]
-    groups = split_evenly([run["id"] for run, _, _ in plan], work, slots.jobs)
-    parts = in_processes(evaluate_runs, [{**knobs, "run_ids": ids} for ids in groups], db_path=Path(db_path),
-                         device_spec=device, progress=reporter, log=log, what="evaluation")
+    parts = in_shares(evaluate_runs, [run["id"] for run, _, _ in plan], work, knobs, jobs=jobs, db_path=Path(db_path),
+                      device_spec=device, progress=reporter, log=log, what="evaluation")
+    if parts is None:
+        return False
     for part in parts:
         summary.evaluated += part.evaluated
         summary.skipped += part.skipped
