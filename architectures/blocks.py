@@ -12,7 +12,7 @@ Speed (the maths is llama2.c's, only the evaluation is arranged into fewer, larg
 with `benchctl bench`): projections that read the same input run as one matmul over their concatenated
 weights (wq|wk|wv, w1|w3; the parameters stay separate modules, so state dicts and FLOP counts are unchanged); RoPE
 rotates q and k together as one complex multiply (the same products as llama2.c's cos/sin formula); LoRA deltas share
-one matmul over the stacked A's; on a CPU, attention over short sequences runs as explicit matmuls (kernels.py). The hand-written autograd kernels (the fused LoRA projection, the chunked head loss)
+one matmul over the stacked A's; on a CPU, attention over short sequences runs as explicit matmuls (kernels.py). The hand-written autograd kernels (the fused LoRA projection, the feed-forward gate, the chunked head loss)
 are in kernels.py; this file keeps the reference maths.
 """
 
@@ -32,6 +32,7 @@ from architectures.kernels import (  # noqa: F401
     LoRAProjection,
     causal_attention,
     linear_cross_entropy,
+    swiglu,
 )
 
 PROJECTIONS = ("wq", "wk", "wv", "wo", "w1", "w2", "w3")
@@ -44,6 +45,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # x.float() is x: llama2.c's expression, one PyTorch function
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         xf = x.float()
         out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return out.type_as(x) * self.weight
@@ -251,8 +254,7 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor, lora: Mapping[str, LoRA] | None = None) -> torch.Tensor:
         h13 = project_group([self.w1, self.w3], x, lora, ["w1", "w3"])  # (B, T, 2h): w1 x | w3 x
-        a, b = h13.chunk(2, dim=-1)
-        gate = F.silu(a) * b  # (B, T, h)
+        gate = swiglu(h13)  # silu(w1 x) * w3 x: (B, T, h)
         return self.dropout(project(self.w2, gate, lora, "w2"))
 
 

@@ -5,11 +5,13 @@
   and full-size additions. `blocks.project_group` uses it; `blocks.lora_delta` is the plain-autograd reference.
 - `linear_cross_entropy`: the head's loss computed a chunk of rows at a time, without materialising the logits;
   the reference is `F.cross_entropy(F.linear(h, weight).float(), targets, ignore_index=-1)`.
+- `swiglu`: the feed-forward's gate silu(a) * b, with both halves' gradients written into one tensor (the input's
+  layout) instead of concatenated after the fact; the reference is `F.silu(a) * b`.
 - `causal_attention`: causal self-attention over a whole sequence; on a CPU at short sequence lengths written as two
   batched matmuls and a float32 softmax, whose backward is several times faster there than the fused kernel's; the
   reference is `F.scaled_dot_product_attention(q, k, v, is_causal=True)`.
 
-Both run exactly the matmuls autograd would (the same FLOPs, counted the same way); the tests compare each with
+Each runs exactly the matmuls autograd would (the same FLOPs, counted the same way); the tests compare each with
 its reference. Each change here was measured with `benchctl bench`.
 """
 
@@ -69,6 +71,44 @@ class LoRAProjection(torch.autograd.Function):
         dx = torch.mm(gy, w)  # (N, in)
         torch.addmm(dx, du, a, out=dx)  # dx += du A
         return (dx, dw, da, None, *dbs)
+
+
+# ---- the feed-forward's gate ----------------------------------------------------------------------------------------
+
+
+def swiglu(h13: torch.Tensor) -> torch.Tensor:
+    """silu(a) * b for h13 = [a | b] (..., 2h), the output of the feed-forward's fused w1|w3 projection: (..., h).
+
+    Under torch.compile the plain expression (inductor fuses it); otherwise `SwiGLU`, whose backward writes both
+    halves' gradients into one (..., 2h) tensor instead of two that autograd then concatenates for the fused
+    projection's backward.
+    """
+    if torch.compiler.is_compiling() or not torch.is_grad_enabled() or not h13.requires_grad:
+        a, b = h13.chunk(2, dim=-1)
+        return torch.nn.functional.silu(a) * b
+    return SwiGLU.apply(h13)
+
+
+class SwiGLU(torch.autograd.Function):
+    """silu(a) * b for h13 = [a | b]; saves what autograd would (h13 and silu(a)) and runs the same elementwise
+    kernels, with each half's gradient written into its slice of one gradient tensor."""
+
+    @staticmethod
+    def forward(ctx: Any, h13: torch.Tensor) -> torch.Tensor:
+        a, b = h13.chunk(2, dim=-1)
+        sa = torch.nn.functional.silu(a)
+        ctx.save_for_backward(h13, sa)
+        return sa * b
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor]:
+        h13, sa = ctx.saved_tensors
+        a, b = h13.chunk(2, dim=-1)
+        d = torch.empty_like(h13)
+        da, db = d.chunk(2, dim=-1)
+        torch.mul(g, sa, out=db)  # d/db = g silu(a)
+        torch.ops.aten.silu_backward.grad_input(g * b, a, grad_input=da)  # d/da = g b silu'(a)
+        return (d,)
 
 
 # ---- attention ------------------------------------------------------------------------------------------------------
@@ -151,16 +191,18 @@ def _chunked_cross_entropy(
         valid = targets != IGNORE_INDEX
         total = torch.zeros((), device=h.device, dtype=torch.float32)
         accumulate_w = grad_w is not None and grad_w.dtype == cd  # addmm_ needs one dtype
+        # on a CPU, knowing that no target is ignored saves a pass over every chunk (the check would cost a GPU a sync)
+        mask_rows = h.device.type != "cpu" or not bool(valid.all())
         for s in range(0, h.shape[0], chunk):
             hc, vc = hc_all[s : s + chunk], valid[s : s + chunk]
             idx = targets[s : s + chunk].clamp(min=0).unsqueeze(1)  # (n, 1); ignored rows point at 0, masked below
-            logp = torch.log_softmax(torch.mm(hc, w.t()).float(), dim=-1)  # (n, V)
-            total -= torch.where(vc, logp.gather(1, idx).squeeze(1), 0.0).sum()
+            p, logp_t = softmax_and_target_logp(torch.mm(hc, w.t()).float(), idx)  # (n, V), (n,)
+            total -= torch.where(vc, logp_t, 0.0).sum()
             if grad_h is None and grad_w is None:
                 continue
-            p = logp.exp_()  # softmax, in place
-            p.scatter_add_(1, idx, torch.where(vc, -1.0, 0.0).unsqueeze(1))
-            p.mul_(vc.unsqueeze(1))  # ignored rows contribute nothing
+            p.scatter_add_(1, idx, torch.where(vc, -1.0, 0.0).unsqueeze(1))  # softmax minus one-hot
+            if mask_rows:
+                p.mul_(vc.unsqueeze(1))  # ignored rows contribute nothing
             g = p.to(cd)
             if grad_h is not None:
                 torch.mm(g, w, out=grad_h[s : s + chunk])  # grad_h is allocated in cd
@@ -170,6 +212,39 @@ def _chunked_cross_entropy(
                 else:
                     grad_w += g.t() @ hc
     return total, valid.sum()
+
+
+# Below this probability a target's log-probability is taken from the logits instead: float32 softmax entries lose
+# precision as they approach the subnormal range, and reach 0 for targets ~104 nats below the best logit.
+_TINY_PROB = 1e-30
+
+
+def softmax_and_target_logp(logits: torch.Tensor, idx: torch.Tensor,
+                            check_tiny: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(logits) (n, V) and log_softmax(logits)[i, idx[i]] (n,), for float32 logits (n, V) and idx (n, 1).
+
+    With `check_tiny` (the default on a CPU): the softmax in one pass, and the targets' log-probabilities as the log
+    of its gathered entries, accurate to float32 rounding while they are normal numbers; rows whose target entry is
+    below _TINY_PROB (a model very sure of another token) get the exact log-softmax of their logits. On a CPU this
+    replaces a log-softmax and an exp over all the logits (the exp alone costing more than the softmax). Finding
+    those rows needs the host to look at the data, which would cost a GPU a synchronisation per chunk; there
+    (`check_tiny=False`) the log-softmax is computed and exponentiated in place, exact for every row.
+    """
+    if check_tiny is None:
+        check_tiny = logits.device.type == "cpu"
+    if not check_tiny:
+        logp = torch.log_softmax(logits, dim=-1)
+        logp_t = logp.gather(1, idx).squeeze(1)
+        return logp.exp_(), logp_t
+    p = torch.softmax(logits, dim=-1)
+    p_t = p.gather(1, idx).squeeze(1)
+    logp_t = p_t.log()
+    tiny = p_t < _TINY_PROB
+    if bool(tiny.any()):
+        rows = tiny.nonzero().squeeze(1)
+        exact = logits[rows].gather(1, idx[rows]).squeeze(1) - torch.logsumexp(logits[rows], dim=-1)
+        logp_t = logp_t.index_put((rows,), exact)
+    return p, logp_t
 
 
 class LinearCrossEntropy(torch.autograd.Function):

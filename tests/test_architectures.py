@@ -22,7 +22,13 @@ from torch.utils.flop_counter import FlopCounterMode
 import architectures
 from architectures import ArchArgs, BaseLM, RecurrenceError, UnknownArchitectureError
 from architectures.blocks import PROJECTIONS, KVCache
-from architectures.kernels import CPU_EXPLICIT_ATTENTION_MAX_T, causal_attention, linear_cross_entropy
+from architectures.kernels import (
+    CPU_EXPLICIT_ATTENTION_MAX_T,
+    causal_attention,
+    linear_cross_entropy,
+    softmax_and_target_logp,
+    swiglu,
+)
 from architectures.generate import Generation, generate, sample_next
 from benchctl.config import make_config
 
@@ -737,6 +743,48 @@ def test_linear_cross_entropy_under_autocast_matches_autocast_autograd():
     torch.testing.assert_close(loss, ref, rtol=1e-2, atol=1e-2)
     torch.testing.assert_close(gh, ref_gh, rtol=5e-2, atol=2e-3)
     torch.testing.assert_close(gw, ref_gw, rtol=5e-2, atol=2e-3)
+
+
+@pytest.mark.parametrize("check_tiny", [True, False])
+def test_softmax_and_target_logp_is_exact_for_sure_and_unsure_rows(check_tiny):
+    """Both ways (the CPU's log of the softmax entry, the GPU's log-softmax) give F.log_softmax's target entries,
+    also for rows whose target lies hundreds of nats below the best logit (its softmax entry is 0 in float32)."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, 50, generator=g) * 3
+    idx = torch.randint(0, 50, (6, 1), generator=g)
+    logits[1, idx[1, 0]] = -400.0  # a softmax entry of exp(-400): 0 in float32
+    logits[4, idx[4, 0]] = -75.0  # ~1e-33: subnormal-adjacent, below the threshold
+    p, logp_t = softmax_and_target_logp(logits, idx, check_tiny=check_tiny)
+    ref = F.log_softmax(logits, dim=-1)
+    torch.testing.assert_close(p, ref.exp())
+    torch.testing.assert_close(logp_t, ref.gather(1, idx).squeeze(1))
+    assert torch.isfinite(logp_t).all() and logp_t[1] < -390
+
+
+def test_linear_cross_entropy_without_ignored_targets():
+    """With no target ignored, the CPU skips masking the gradient rows: the same loss and gradients."""
+    h, w, t = _head_problem()
+    t = t.clamp(min=0)
+    ref = F.cross_entropy(F.linear(h, w), t)
+    loss = linear_cross_entropy(h, w, t, 64)
+    torch.testing.assert_close(loss, ref)
+    for a, b in zip(torch.autograd.grad(loss, (h, w)), torch.autograd.grad(ref, (h, w))):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_swiglu_is_the_gate_of_autograd(dtype):
+    """The feed-forward gate with its one-tensor backward: bitwise what autograd computes for F.silu(a) * b."""
+    g = torch.Generator().manual_seed(1)
+    h13 = (torch.randn(3, 7, 2 * 24, generator=g) * 2).to(dtype).requires_grad_()
+    grad = torch.randn(3, 7, 24, generator=g).to(dtype)
+    a, b = h13.chunk(2, dim=-1)
+    ref = F.silu(a) * b
+    out = swiglu(h13)
+    assert torch.equal(out, ref)
+    assert torch.equal(torch.autograd.grad(out, h13, grad)[0], torch.autograd.grad(ref, h13, grad)[0])
+    with torch.no_grad():
+        assert torch.equal(swiglu(h13), ref)
 
 
 @pytest.mark.parametrize("arch", NAMES)
