@@ -168,7 +168,7 @@ class BaseLM(nn.Module):
         self.arch_args = self.arch_args_of(args)
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
         self.layers = nn.ModuleList(Block(i, args) for i in range(args.n_layers))
-        self.norm = RMSNorm(args.dim, eps=args.norm_eps)
+        self.norm = RMSNorm(args.dim, eps=args.norm_eps, feeds_matmul=True)  # the head
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         self.tok_embeddings.weight = self.output.weight  # tied embeddings (one tensor, as in llama2.c)
         self.dropout = nn.Dropout(args.dropout)

@@ -12,7 +12,7 @@ Speed (the maths is llama2.c's, only the evaluation is arranged into fewer, larg
 with `benchctl bench`): projections that read the same input run as one matmul over their concatenated
 weights (wq|wk|wv, w1|w3; the parameters stay separate modules, so state dicts and FLOP counts are unchanged); RoPE
 rotates q and k together as one complex multiply (the same products as llama2.c's cos/sin formula); LoRA deltas share
-one matmul over the stacked A's; on a CPU, attention over short sequences runs as explicit matmuls (kernels.py). The hand-written autograd kernels (the fused LoRA projection, the feed-forward gate, the chunked head loss)
+one matmul over the stacked A's; on a CPU, attention over short sequences runs as explicit matmuls (kernels.py). The hand-written autograd kernels (the fused LoRA projection, RMSNorm, the feed-forward gate, the chunked head loss)
 are in kernels.py; this file keeps the reference maths.
 """
 
@@ -32,6 +32,7 @@ from architectures.kernels import (  # noqa: F401
     LoRAProjection,
     causal_attention,
     linear_cross_entropy,
+    rms_norm,
     swiglu,
 )
 
@@ -39,14 +40,22 @@ PROJECTIONS = ("wq", "wk", "wv", "wo", "w1", "w2", "w3")
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-5):
+    """llama2.c's RMSNorm, computed in float32. `feeds_matmul`: every use of the output is a matmul (a block's
+    pre-norms, the final norm before the head), so under autocast the output is written in the autocast dtype the
+    matmul would cast it to (the same values, one pass fewer each way); otherwise it keeps x's dtype."""
+
+    def __init__(self, dim: int, eps: float = 1e-5, feeds_matmul: bool = False):
         super().__init__()
         self.eps = eps
+        self.feeds_matmul = feeds_matmul
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:  # x.float() is x: llama2.c's expression, one PyTorch function
-            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        if x.dtype == torch.float32:  # x.float() is x: llama2.c's expression as one function (kernels.rms_norm)
+            dev = x.device.type
+            out_dtype = (torch.get_autocast_dtype(dev) if self.feeds_matmul and dev in ("cpu", "cuda")
+                         and torch.is_autocast_enabled(dev) else None)
+            return rms_norm(x, self.weight, self.eps, out_dtype)
         xf = x.float()
         out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return out.type_as(x) * self.weight
@@ -266,8 +275,8 @@ class Block(nn.Module):
         self.layer_id = layer_id
         self.attention = Attention(args)
         self.feed_forward = FeedForward(args.dim, args.hidden_dim, args.dropout)
-        self.attention_norm = RMSNorm(args.dim, eps=args.norm_eps)
-        self.ffn_norm = RMSNorm(args.dim, eps=args.norm_eps)
+        self.attention_norm = RMSNorm(args.dim, eps=args.norm_eps, feeds_matmul=True)
+        self.ffn_norm = RMSNorm(args.dim, eps=args.norm_eps, feeds_matmul=True)
 
     def forward(
         self,

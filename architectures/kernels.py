@@ -5,6 +5,8 @@
   and full-size additions. `blocks.project_group` uses it; `blocks.lora_delta` is the plain-autograd reference.
 - `linear_cross_entropy`: the head's loss computed a chunk of rows at a time, without materialising the logits;
   the reference is `F.cross_entropy(F.linear(h, weight).float(), targets, ignore_index=-1)`.
+- `rms_norm`: RMSNorm with a shorter backward, written straight in the dtype of the matmul it feeds under autocast;
+  the reference is llama2.c's `(x * rsqrt(mean(x^2) + eps)) * weight`.
 - `swiglu`: the feed-forward's gate silu(a) * b, with both halves' gradients written into one tensor (the input's
   layout) instead of concatenated after the fact; the reference is `F.silu(a) * b`.
 - `causal_attention`: causal self-attention over a whole sequence; on a CPU at short sequence lengths written as two
@@ -71,6 +73,50 @@ class LoRAProjection(torch.autograd.Function):
         dx = torch.mm(gy, w)  # (N, in)
         torch.addmm(dx, du, a, out=dx)  # dx += du A
         return (dx, dw, da, None, *dbs)
+
+
+# ---- RMSNorm ---------------------------------------------------------------------------------------------------------
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """llama2.c's RMSNorm of float32 x (..., d): x * rsqrt(mean(x^2) + eps) * weight, written in `out_dtype`
+    (default float32).
+
+    Under autocast a norm that feeds a matmul is cast to the autocast dtype by that matmul; writing it in that dtype
+    here saves the cast's pass forward and backward, and `RMSNormFunction`'s backward takes the shorter way through
+    the normalisation's derivative. The forward values are bitwise llama2.c's (one rounding from float32). Under
+    torch.compile the plain expression, which inductor fuses.
+    """
+    out_dtype = out_dtype or x.dtype
+    if torch.compiler.is_compiling():
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps).to(out_dtype)
+    return RMSNormFunction.apply(x, weight, eps, out_dtype)
+
+
+class RMSNormFunction(torch.autograd.Function):
+    """y = xhat * w with xhat = x * rstd, rstd = (mean(x^2) + eps)^(-1/2); backward
+    dx = rstd * (gy w - xhat * mean(gy w xhat)), dw = sum over rows of gy xhat. Saves xhat (as autograd would) and
+    rstd."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype) -> torch.Tensor:
+        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)  # (..., 1)
+        xhat = x * rstd
+        y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+        torch.mul(xhat, weight, out=y)  # computed in float32, rounded once to out_dtype
+        ctx.save_for_backward(xhat, rstd, weight)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, gy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        xhat, rstd, weight = ctx.saved_tensors
+        gxhat = gy * weight  # float32
+        dw = (gy * xhat).reshape(-1, xhat.shape[-1]).sum(0) if ctx.needs_input_grad[1] else None
+        dx = None
+        if ctx.needs_input_grad[0]:
+            dot = (gxhat * xhat).mean(-1, keepdim=True)
+            dx = torch.addcmul(gxhat, xhat, dot, value=-1).mul_(rstd)
+        return dx, dw, None, None
 
 
 # ---- the feed-forward's gate ----------------------------------------------------------------------------------------

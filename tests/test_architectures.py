@@ -26,6 +26,7 @@ from architectures.kernels import (
     CPU_EXPLICIT_ATTENTION_MAX_T,
     causal_attention,
     linear_cross_entropy,
+    rms_norm,
     softmax_and_target_logp,
     swiglu,
 )
@@ -770,6 +771,40 @@ def test_linear_cross_entropy_without_ignored_targets():
     torch.testing.assert_close(loss, ref)
     for a, b in zip(torch.autograd.grad(loss, (h, w)), torch.autograd.grad(ref, (h, w))):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("out_dtype", [None, torch.bfloat16])
+def test_rms_norm_is_llama2c_norm(out_dtype):
+    """kernels.rms_norm: forward bitwise llama2.c's float32 expression (rounded once to out_dtype), gradients within
+    float32 rounding of autograd's through that expression."""
+    g = torch.Generator().manual_seed(2)
+    x = (torch.randn(3, 9, 40, generator=g) * 3).requires_grad_()
+    w = (torch.rand(40, generator=g) + 0.5).requires_grad_()
+    ref = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)) * w
+    ref = ref if out_dtype is None else ref.to(out_dtype)
+    out = rms_norm(x, w, 1e-5, out_dtype)
+    assert out.dtype == ref.dtype and torch.equal(out, ref)
+    grad = torch.randn(3, 9, 40, generator=g).to(ref.dtype)
+    ref_gx, ref_gw = torch.autograd.grad(ref, (x, w), grad)
+    gx, gw = torch.autograd.grad(out, (x, w), grad)
+    torch.testing.assert_close(gx, ref_gx, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(gw, ref_gw, rtol=1e-5, atol=1e-6)
+    (gx,) = torch.autograd.grad(rms_norm(x, w.detach(), 1e-5, out_dtype), (x,), grad)  # the weight frozen
+    torch.testing.assert_close(gx, ref_gx, rtol=1e-5, atol=1e-6)
+
+
+def test_norms_that_feed_matmuls_write_the_autocast_dtype():
+    """Under bf16 autocast a block's pre-norms and the final norm hand their matmuls bf16 (the values the matmul's
+    own cast would make); a norm whose output is a residual stream (three-part's recurrent norm) stays float32."""
+    from architectures.blocks import RMSNorm
+
+    x = torch.randn(2, 5, 16)
+    for feeds, want in ((True, torch.bfloat16), (False, torch.float32)):
+        norm = RMSNorm(16, feeds_matmul=feeds)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = norm(x)
+        assert out.dtype == want
+        assert torch.equal(out, norm(x).to(want))  # outside autocast: float32, the same values
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
