@@ -10,8 +10,8 @@
 - `swiglu`: the feed-forward's gate silu(a) * b, with both halves' gradients written into one tensor (the input's
   layout) instead of concatenated after the fact; the reference is `F.silu(a) * b`.
 - `causal_attention`: causal self-attention over a whole sequence; on a CPU at short sequence lengths written as two
-  batched matmuls and a float32 softmax, whose backward is several times faster there than the fused kernel's; the
-  reference is `F.scaled_dot_product_attention(q, k, v, is_causal=True)`.
+  batched matmuls and a softmax accumulated in float32, whose backward is several times faster there than the fused
+  kernel's; the reference is `F.scaled_dot_product_attention(q, k, v, is_causal=True)`.
 
 Each runs exactly the matmuls autograd would (the same FLOPs, counted the same way); the tests compare each with
 its reference. Each change here was measured with `benchctl bench`.
@@ -164,34 +164,38 @@ class SwiGLU(torch.autograd.Function):
 # T = 128, a tie at 256 and slower beyond; in float32 the fused kernel was faster at every length. (In a bf16
 # paper-preset step the fused kernel's backward had been a third of the step.)
 CPU_EXPLICIT_ATTENTION_MAX_T = 128
-# The explicit form works through the (batch x head) rows in chunks whose float32 scores take about this many bytes,
-# so that scores, probabilities and their gradients stay in cache whatever the batch size.
-CPU_ATTENTION_CHUNK_BYTES = 1 << 21
+# The explicit form works through the (batch x head) rows in chunks whose scores take about this many bytes, so that
+# scores, probabilities and their gradients stay in cache whatever the batch size (at T = 128 in bf16: 32 rows; half
+# or twice as many measured the same).
+CPU_ATTENTION_CHUNK_BYTES = 1 << 20
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0) -> torch.Tensor:
     """softmax(q k^T / sqrt(hd) + causal mask) v for whole sequences q, k, v (B, H, T, hd): the function
     `F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)` computes, which is what runs on
     GPUs, in float32, for longer sequences and under torch.compile. On a CPU in bf16 up to
-    CPU_EXPLICIT_ATTENTION_MAX_T positions: per chunk of rows, the scores as one batched matmul (bf16 inputs, like the
-    fused kernel's), scaled, masked and softmaxed in float32 (as the fused kernel accumulates), and the probabilities
-    times v as another."""
+    CPU_EXPLICIT_ATTENTION_MAX_T positions: per chunk of rows, the scores of (q / sqrt(hd)) k^T as one batched matmul,
+    masked, softmaxed with float32 accumulation, and the probabilities times v as another matmul; scores and
+    probabilities are held in bf16, as the matmuls round them anyway (outputs and gradients agree with the fused
+    kernel's to within bf16 rounding: tests)."""
     B, H, T, hd = q.shape
     explicit = (q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
                 and 1 < T <= CPU_EXPLICIT_ATTENTION_MAX_T and not torch.compiler.is_compiling())
     if not explicit:
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=T > 1)
-    # the causal mask as an additive float32 bias: adding it to the bf16 scores converts, scales and masks them in one
-    # pass (a masked_fill after the conversion and the scaling took three)
-    future = torch.full((T, T), float("-inf"), device=q.device).triu_(1)
-    rows = max(1, CPU_ATTENTION_CHUNK_BYTES // (4 * T * T))
+    # the scale folded into q (a pass over q instead of over the T x T scores); the mask added in place to the scores
+    # in their own dtype; the softmax reads bf16 and accumulates in float32 (PyTorch's CPU kernel), writing the bf16
+    # probabilities the second matmul needs. Its backward then runs in one pass too, where float32 scores took four
+    # (casts both ways, the softmax's backward, the scale).
+    future = torch.full((T, T), float("-inf"), dtype=q.dtype, device=q.device).triu_(1)
+    rows = max(1, CPU_ATTENTION_CHUNK_BYTES // (q.element_size() * T * T))
     outs = []
-    for qc, kc, vc in zip(*(t.reshape(B * H, T, hd).split(rows) for t in (q, k, v))):
-        scores = torch.add(future, torch.matmul(qc, kc.transpose(-2, -1)), alpha=hd ** -0.5)  # (rows, T, T) fp32
-        probs = torch.softmax(scores, dim=-1)
+    for qc, kc, vc in zip(*(t.reshape(B * H, T, hd).split(rows) for t in (q * hd ** -0.5, k, v))):
+        scores = torch.matmul(qc, kc.transpose(-2, -1))  # (rows, T, T)
+        probs = torch.softmax(scores.add_(future), dim=-1)
         if dropout_p > 0.0:
             probs = torch.nn.functional.dropout(probs, dropout_p)
-        outs.append(torch.matmul(probs.to(vc.dtype), vc))
+        outs.append(torch.matmul(probs, vc))
     return (torch.cat(outs) if len(outs) > 1 else outs[0]).view(B, H, T, hd)
 
 
