@@ -187,16 +187,55 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_
     # in their own dtype; the softmax reads bf16 and accumulates in float32 (PyTorch's CPU kernel), writing the bf16
     # probabilities the second matmul needs. Its backward then runs in one pass too, where float32 scores took four
     # (casts both ways, the softmax's backward, the scale).
-    future = torch.full((T, T), float("-inf"), dtype=q.dtype, device=q.device).triu_(1)
     rows = max(1, CPU_ATTENTION_CHUNK_BYTES // (q.element_size() * T * T))
+    q, k, v = ((q * hd ** -0.5).reshape(B * H, T, hd), k.reshape(B * H, T, hd), v.reshape(B * H, T, hd))
+    if dropout_p == 0.0:
+        return ChunkedCausalAttention.apply(q, k, v, rows).view(B, H, T, hd)
+    future = _future_mask(T, q)
     outs = []
-    for qc, kc, vc in zip(*(t.reshape(B * H, T, hd).split(rows) for t in (q * hd ** -0.5, k, v))):
-        scores = torch.matmul(qc, kc.transpose(-2, -1))  # (rows, T, T)
-        probs = torch.softmax(scores.add_(future), dim=-1)
-        if dropout_p > 0.0:
-            probs = torch.nn.functional.dropout(probs, dropout_p)
-        outs.append(torch.matmul(probs, vc))
-    return (torch.cat(outs) if len(outs) > 1 else outs[0]).view(B, H, T, hd)
+    for qc, kc, vc in zip(q.split(rows), k.split(rows), v.split(rows)):
+        probs = torch.softmax(torch.bmm(qc, kc.transpose(1, 2)).add_(future), dim=-1)
+        outs.append(torch.bmm(torch.nn.functional.dropout(probs, dropout_p), vc))
+    return torch.cat(outs).view(B, H, T, hd)
+
+
+def _future_mask(T: int, like: torch.Tensor) -> torch.Tensor:
+    """(T, T): -inf above the diagonal (key after query), 0 elsewhere, in `like`'s dtype and device."""
+    return torch.full((T, T), float("-inf"), dtype=like.dtype, device=like.device).triu_(1)
+
+
+class ChunkedCausalAttention(torch.autograd.Function):
+    """softmax(q k^T + causal mask) v for pre-scaled q and k, v (BH, T, hd), `rows` of BH at a time: the matmuls and
+    softmax autograd would run on the same chunks, with each chunk's output and gradients written into place in
+    whole-size tensors (autograd would concatenate the chunks forward and backward). Saves q, k, v and the bf16
+    probabilities."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: int) -> torch.Tensor:
+        future = _future_mask(q.shape[1], q)
+        out = torch.empty_like(q)
+        probs = []
+        for s in range(0, q.shape[0], rows):
+            c = slice(s, s + rows)
+            p = torch.softmax(torch.bmm(q[c], k[c].transpose(1, 2)).add_(future), dim=-1)  # (rows, T, T)
+            torch.bmm(p, v[c], out=out[c])
+            probs.append(p)
+        ctx.save_for_backward(q, k, v, *probs)
+        ctx.rows = rows
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        q, k, v, *probs = ctx.saved_tensors
+        g = g.contiguous()
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        for p, s in zip(probs, range(0, q.shape[0], ctx.rows)):
+            c = slice(s, s + ctx.rows)
+            torch.bmm(p.transpose(1, 2), g[c], out=dv[c])
+            ds = torch._softmax_backward_data(torch.bmm(g[c], v[c].transpose(1, 2)), p, -1, p.dtype)  # d scores
+            torch.bmm(ds, k[c], out=dq[c])
+            torch.bmm(ds.transpose(1, 2), q[c], out=dk[c])
+        return dq, dk, dv, None
 
 
 # ---- the head and its loss ------------------------------------------------------------------------------------------
