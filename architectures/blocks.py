@@ -12,8 +12,9 @@ Speed (the maths is llama2.c's, only the evaluation is arranged into fewer, larg
 with `benchctl bench`): projections that read the same input run as one matmul over their concatenated
 weights (wq|wk|wv, w1|w3; the parameters stay separate modules, so state dicts and FLOP counts are unchanged); RoPE
 rotates q and k together as one complex multiply (the same products as llama2.c's cos/sin formula); LoRA deltas share
-one matmul over the stacked A's; on a CPU, attention over short sequences runs as explicit matmuls (kernels.py). The hand-written autograd kernels (the fused LoRA projection, RMSNorm, the feed-forward gate, the chunked head loss)
-are in kernels.py; this file keeps the reference maths.
+one matmul over the stacked A's; on a CPU, attention over short sequences runs as explicit matmuls. The hand-written
+autograd kernels (the fused LoRA projection, RMSNorm, the feed-forward gate, CPU attention, the chunked head loss)
+are in kernels.py; where this file calls them, the reference maths is next to them in kernels.py's docstring.
 """
 
 from __future__ import annotations
