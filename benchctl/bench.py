@@ -528,6 +528,7 @@ def summarize(rows: list[dict[str, Any]], check: dict[str, Any] | None = None) -
                 # what this implementation would reach if everything else in its step took no time at all
                 o["kernel_seconds"] = r["kernel_seconds"]
                 o["speedup_ceiling"] = ref["step_seconds"] / r["kernel_seconds"]
+                o["speedup_ceiling_fp32"] = ref32["step_seconds"] / r["kernel_seconds"]
             if check is not None:
                 o["equivalence"] = check
         out.append(o)

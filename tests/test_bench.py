@@ -246,6 +246,8 @@ def test_bench_cli_smoke(tmp_path, monkeypatch):
     # the ceiling: the reference's step over the control's matmul + attention kernel time (best profiled step)
     assert 0 < control["kernel_seconds"]
     assert control["speedup_ceiling"] == pytest.approx(control["reference_step_seconds"] / control["kernel_seconds"])
+    assert control["speedup_ceiling_fp32"] == pytest.approx(control["reference_fp32_step_seconds"]
+                                                            / control["kernel_seconds"])
 
     con = sqlite3.connect(db_path)
     con.row_factory = sqlite3.Row
@@ -332,3 +334,17 @@ def test_cpu_allocator_keeps_freed_memory_for_the_next_step():
     assert int(tuned) * 4 < int(untuned)  # freed pages are reused, not returned to the OS and faulted in again
     user = _probe("tune", MALLOC_TRIM_THRESHOLD_="0")  # the user's own malloc settings win
     assert user[0] == "None"
+
+
+def test_the_ceiling_line_names_both_references():
+    """With the reference timed at bf16 and in fp32, the ceiling is given against each (the same kernel time over
+    each reference's step); with an fp32 reference alone, once."""
+    from benchctl.commands.bench import _reference_notes
+
+    ctrl = {"speedup_fp32": 2.0, "speedup": 1.5, "speedup_cpu": 1.5, "reference_dtype": "bfloat16",
+            "kernel_seconds": 0.64, "speedup_ceiling": 2.0, "speedup_ceiling_fp32": 2.49}
+    (line,) = [n for n in _reference_notes(ctrl, 2) if n.startswith("ceiling")]
+    assert line.endswith("2.00x the reference at the same precision and 2.49x the reference in fp32")
+    ctrl.update(reference_dtype="float32", speedup_ceiling_fp32=2.0)
+    (line,) = [n for n in _reference_notes(ctrl, 2) if n.startswith("ceiling")]
+    assert line.endswith("2.00x the reference at the same precision")

@@ -122,5 +122,7 @@ def _reference_notes(ctrl: dict, profiled_steps: int) -> list[str]:
     if "speedup_ceiling" in ctrl:
         notes.append(f"ceiling: the control's step spends {ctrl['kernel_seconds']:.2f}s in matmul and attention "
                      f"kernels (best of {profiled_steps} profiled steps); with everything else free it would "
-                     f"be {ctrl['speedup_ceiling']:.2f}x the reference")
+                     f"be {ctrl['speedup_ceiling']:.2f}x the reference at the same precision"
+                     + (f" and {ctrl['speedup_ceiling_fp32']:.2f}x the reference in fp32"
+                        if ctrl.get("reference_dtype") != "float32" and "speedup_ceiling_fp32" in ctrl else ""))
     return notes
