@@ -32,6 +32,7 @@ from architectures.kernels import (  # noqa: F401
     LinearCrossEntropy,
     LoRAProjection,
     causal_attention,
+    compute_dtype,
     linear_cross_entropy,
     rms_norm,
     swiglu,
@@ -53,10 +54,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:  # x.float() is x: llama2.c's expression as one function (kernels.rms_norm)
-            dev = x.device.type
-            out_dtype = (torch.get_autocast_dtype(dev) if self.feeds_matmul and dev in ("cpu", "cuda")
-                         and torch.is_autocast_enabled(dev) else None)
-            return rms_norm(x, self.weight, self.eps, out_dtype)
+            return rms_norm(x, self.weight, self.eps, compute_dtype(x) if self.feeds_matmul else None)
         xf = x.float()
         out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return out.type_as(x) * self.weight

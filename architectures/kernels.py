@@ -260,7 +260,8 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
     return total / n_valid
 
 
-def _compute_dtype(h: torch.Tensor) -> torch.dtype:
+def compute_dtype(h: torch.Tensor) -> torch.dtype:
+    """The dtype an op on h computes in: autocast's on h's device when it is on, else h's own."""
     dev = h.device.type
     if dev in ("cpu", "cuda") and torch.is_autocast_enabled(dev):
         return torch.get_autocast_dtype(dev)
@@ -273,7 +274,7 @@ def _chunked_cross_entropy(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(summed loss, number of counted targets); with grad_h (N, d) / grad_w (V, d) given, also fills them with the
     gradient of the *summed* loss (the caller scales by 1 / n_valid)."""
-    cd = _compute_dtype(h)
+    cd = compute_dtype(h)
     autocast_off = torch.autocast(h.device.type, enabled=False) if h.device.type in ("cpu", "cuda") else nullcontext()
     with autocast_off:  # the dtypes are chosen here, as autocast would (matmuls in cd, softmax in float32)
         hc_all, w = h.to(cd), weight.to(cd)
@@ -343,7 +344,7 @@ class LinearCrossEntropy(torch.autograd.Function):
     def forward(ctx: Any, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                 chunk: int) -> torch.Tensor:
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        grad_h = torch.empty(h.shape, dtype=_compute_dtype(h), device=h.device) if need_h else None
+        grad_h = torch.empty(h.shape, dtype=compute_dtype(h), device=h.device) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
         total, n_valid = _chunked_cross_entropy(h, weight, targets, chunk, grad_h, grad_w)
         inv = 1.0 / n_valid.float()  # nan loss when every target is ignored, as F.cross_entropy

@@ -162,12 +162,17 @@ def headline(t: pd.DataFrame) -> str:
     return "wall"
 
 
+def benched_models(t: pd.DataFrame) -> list[str]:
+    """The models of the timing frame that the latest `benchctl bench` measured, in the frame's order."""
+    return [r["model"] for r in t.to_dict("records") if not missing(r["bench_time"])]
+
+
 def warnings(ctx: Context, t: pd.DataFrame) -> list[str]:
     """One plain sentence per contended run and per model whose seeds' wall times disagree, saying which number to
     trust instead."""
     fallback = {"bench": "the bench ratio", "cpu": "the CPU-time ratio (better: run `benchctl bench`)",
                 "wall": "none measured here: run `benchctl bench` for a clean ratio"}[headline(t)]
-    benched = {r["model"] for r in t.to_dict("records") if not missing(r["bench_time"])}
+    benched = set(benched_models(t))
 
     def trust(model: str) -> str:  # a model the latest bench measured has its clean ratio, whatever the others have
         return "the bench ratio" if model in benched else fallback

@@ -7,7 +7,7 @@ import math
 
 from benchctl import paper
 from benchctl.report.context import CONTROL, model_keys, study_order
-from benchctl.report.cost import headline, timing_frame, warnings
+from benchctl.report.cost import benched_models, headline, timing_frame, warnings
 from benchctl.report.figures import fig_cost_bars, fig_final_loss, fig_loss_curves, hardware_line
 from benchctl.report.fmt import (
     bytes_unit, fci, fint, fnum, ftokens, md_table, missing, need, scaled, time_unit, value_range,
@@ -205,7 +205,7 @@ def timing_lines(frames: Frames) -> list[str]:
         "wall": "Headline: the wall-time ratio, the only one recorded for every model here, which is a cost measure "
                 "only on a quiet machine; `benchctl bench` gives a clean ratio.",
     }[head])
-    benched = [r["model"] for r in t.to_dict("records") if not missing(r["bench_time"])]
+    benched = benched_models(t)
     if head != "bench" and benched:
         out.append(f"The latest `benchctl bench` measured only {', '.join(benched)}: for "
                    f"{'it' if len(benched) == 1 else 'them'} the bench ratio is the cleaner number.")
