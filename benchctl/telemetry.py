@@ -113,12 +113,17 @@ def reset_peak_rss() -> bool:
 
 
 def run_peak_rss_bytes() -> int | None:
-    """The peak RSS since `reset_peak_rss` (VmHWM of /proc/self/status), else the process's lifetime peak."""
+    """The peak RSS since `reset_peak_rss` (VmHWM of /proc/self/status, or the current VmRSS where that is larger:
+    the kernel raises the high-water mark lazily, so right after a reset it can lag the RSS that followed), else the
+    process's lifetime peak."""
     if _peak_rss_reset:
         try:
+            kb = {}
             for line in Path("/proc/self/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
+                if line.startswith(("VmHWM:", "VmRSS:")):
+                    kb[line.split(":")[0]] = int(line.split()[1])
+            if "VmHWM" in kb:
+                return max(kb.values()) * 1024
         except (OSError, IndexError, ValueError):
             pass
     return peak_rss_bytes()
