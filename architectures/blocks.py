@@ -10,7 +10,8 @@ feed-forward `w2(silu(w1 x) * w3 x)`, no biases. Two additions, both inert by de
 
 Speed (the maths is llama2.c's, only the evaluation is arranged into fewer, larger kernels, each change measured
 with `benchctl bench`): projections that read the same input run as one matmul over their concatenated
-weights (wq|wk|wv, w1|w3; the parameters stay separate modules, so state dicts and FLOP counts are unchanged); RoPE
+weights (wq|wk|wv; w1|w3 except on a CPU, see FeedForward; the parameters stay separate modules, so state dicts and
+FLOP counts are unchanged); RoPE
 rotates q and k together as one complex multiply (the same products as llama2.c's cos/sin formula); LoRA deltas share
 one matmul over the stacked A's; on a CPU, attention over short sequences runs as explicit matmuls. The hand-written
 autograd kernels (the fused LoRA projection, RMSNorm, the feed-forward gate, CPU attention, the chunked head loss)
@@ -261,8 +262,14 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, lora: Mapping[str, LoRA] | None = None) -> torch.Tensor:
-        h13 = project_group([self.w1, self.w3], x, lora, ["w1", "w3"])  # (B, T, 2h): w1 x | w3 x
-        gate = swiglu(h13)  # silu(w1 x) * w3 x: (B, T, h)
+        if x.device.type == "cpu":
+            # two matmuls, as llama2.c: the halves of one fused w1|w3 output are strided, and CPU elementwise kernels
+            # ran the gate 1.4-1.6x slower on them than on whole tensors; at the study's sizes two matmuls of half
+            # the width were no slower than the one (bf16, in a paper-preset step: faster)
+            gate = F.silu(project(self.w1, x, lora, "w1")) * project(self.w3, x, lora, "w3")
+        else:
+            h13 = project_group([self.w1, self.w3], x, lora, ["w1", "w3"])  # (B, T, 2h): w1 x | w3 x
+            gate = swiglu(h13)  # silu(w1 x) * w3 x: (B, T, h)
         return self.dropout(project(self.w2, gate, lora, "w2"))
 
 
