@@ -20,7 +20,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 import architectures
-from architectures import ArchArgs, BaseLM, RecurrenceError, UnknownArchitectureError
+from architectures import ArchArgs, BaseLM, RecurrenceError, UnknownArchitectureError, kernels
 from architectures.blocks import PROJECTIONS, KVCache
 from architectures.kernels import (
     CPU_EXPLICIT_ATTENTION_MAX_T,
@@ -704,9 +704,12 @@ def _head_problem(N: int = 300, d: int = 24, V: int = 97, seed: int = 0):
     return h, w, t
 
 
+@pytest.mark.parametrize("block_rows", [None, 24])  # None: one block per chunk at V = 97; 24: several, one short
 @pytest.mark.parametrize("chunk", [64, 128, 300, 1000])  # 300 % 64 != 0: a short last chunk
-def test_linear_cross_entropy_is_the_cross_entropy_of_the_head(chunk):
+def test_linear_cross_entropy_is_the_cross_entropy_of_the_head(chunk, block_rows, monkeypatch):
     h, w, t = _head_problem()
+    if block_rows:  # the CPU's cache-sized blocks of rows within a chunk
+        monkeypatch.setattr(kernels, "CPU_LOSS_BLOCK_BYTES", 4 * w.shape[0] * block_rows)
     ref = F.cross_entropy(F.linear(h, w), t, ignore_index=-1)
     ref_gh, ref_gw = torch.autograd.grad(ref, (h, w))
     loss = linear_cross_entropy(h, w, t, chunk)
@@ -731,10 +734,13 @@ def test_linear_cross_entropy_edge_cases():
         F.cross_entropy(F.linear(h, w), ignored, ignore_index=-1))
 
 
-def test_linear_cross_entropy_under_autocast_matches_autocast_autograd():
+@pytest.mark.parametrize("block_rows", [None, 24])
+def test_linear_cross_entropy_under_autocast_matches_autocast_autograd(block_rows, monkeypatch):
     """The dtype logic CUDA's bf16 autocast uses (matmuls in bf16, softmax in float32, float32 weight gradient),
     run on the CPU's bf16 autocast."""
     h, w, t = _head_problem(N=200, d=32, V=64)
+    if block_rows:
+        monkeypatch.setattr(kernels, "CPU_LOSS_BLOCK_BYTES", 4 * w.shape[0] * block_rows)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         ref = F.cross_entropy(F.linear(h, w).float(), t, ignore_index=-1)
         loss = linear_cross_entropy(h, w, t, chunk=64)
@@ -746,8 +752,9 @@ def test_linear_cross_entropy_under_autocast_matches_autocast_autograd():
     torch.testing.assert_close(gw, ref_gw, rtol=5e-2, atol=2e-3)
 
 
+@pytest.mark.parametrize("into", [False, True])  # into: the softmax written into a given tensor
 @pytest.mark.parametrize("check_tiny", [True, False])
-def test_softmax_and_target_logp_is_exact_for_sure_and_unsure_rows(check_tiny):
+def test_softmax_and_target_logp_is_exact_for_sure_and_unsure_rows(check_tiny, into):
     """Both ways (the CPU's log of the softmax entry, the GPU's log-softmax) give F.log_softmax's target entries,
     also for rows whose target lies hundreds of nats below the best logit (its softmax entry is 0 in float32)."""
     g = torch.Generator().manual_seed(3)
@@ -755,8 +762,11 @@ def test_softmax_and_target_logp_is_exact_for_sure_and_unsure_rows(check_tiny):
     idx = torch.randint(0, 50, (6, 1), generator=g)
     logits[1, idx[1, 0]] = -400.0  # a softmax entry of exp(-400): 0 in float32
     logits[4, idx[4, 0]] = -75.0  # ~1e-33: subnormal-adjacent, below the threshold
-    p, logp_t = softmax_and_target_logp(logits, idx, check_tiny=check_tiny)
+    out = torch.full((8, 50), 7.0)[1:7] if into else None  # a view, as the loss's blocks are
+    p, logp_t = softmax_and_target_logp(logits, idx, check_tiny=check_tiny, out=out)
     ref = F.log_softmax(logits, dim=-1)
+    if into:
+        assert p.data_ptr() == out.data_ptr()
     torch.testing.assert_close(p, ref.exp())
     torch.testing.assert_close(logp_t, ref.gather(1, idx).squeeze(1))
     assert torch.isfinite(logp_t).all() and logp_t[1] < -390
