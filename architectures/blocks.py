@@ -9,11 +9,11 @@ feed-forward `w2(silu(w1 x) * w3 x)`, no biases. Two additions, both inert by de
 - attention can read and extend a KV cache, one layer slot per block *call*, so recurrent models cache each pass.
 
 Speed (the maths is llama2.c's, only the evaluation is arranged into fewer, larger kernels, each change measured
-with `benchctl bench`): projections that read the same input run as one matmul over their concatenated
-weights (wq|wk|wv; w1|w3 except on a CPU, see FeedForward; the parameters stay separate modules, so state dicts and
-FLOP counts are unchanged); RoPE
-rotates q and k together as one complex multiply (the same products as llama2.c's cos/sin formula); LoRA deltas share
-one matmul over the stacked A's; on a CPU, attention over short sequences runs as explicit matmuls. The hand-written
+with `benchctl bench`): on GPUs, projections that read the same input run as one matmul over their concatenated
+weights (wq|wk|wv, w1|w3; the parameters stay separate modules, so state dicts and FLOP counts are unchanged) and RoPE
+rotates q and k together; on a CPU each projection runs alone, as in llama2.c (see FeedForward for why). RoPE is one
+complex multiply (the same products as llama2.c's cos/sin formula); LoRA deltas share one matmul over the stacked
+A's; on a CPU, attention over short sequences runs as explicit matmuls. The hand-written
 autograd kernels (the fused LoRA projection, RMSNorm, the feed-forward gate, CPU attention, the chunked head loss)
 are in kernels.py; where this file calls them, the reference maths is next to them in kernels.py's docstring.
 """
@@ -226,12 +226,19 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         B, T, _ = x.shape
         H, KV, hd = self.n_heads, self.n_kv_heads, self.head_dim
-        qkv = project_group([self.wq, self.wk, self.wv], x, lora, ["wq", "wk", "wv"])  # (B, T, (H + 2 KV) hd)
-        # split (not slicing): its backward writes one gradient tensor instead of zero-filled copies to be summed
-        qk, v = qkv.split([(H + KV) * hd, KV * hd], dim=-1)
-        qk = rotate_pairs(qk.unflatten(-1, (H + KV, hd)), cos, sin)  # (B, T, H + KV, hd)
-        q, k = qk.split([H, KV], dim=2)
-        v = v.contiguous().unflatten(-1, (KV, hd))  # (B, T, KV, hd); a copy, so qkv is not kept alive for v
+        if x.device.type == "cpu":
+            # three matmuls, as llama2.c (see FeedForward): each output whole, so no splits forward and no
+            # concatenations backward (the study's bf16 attention, forward and backward: 3-9% faster; its step: 2-3%)
+            q = rotate_pairs(project(self.wq, x, lora, "wq").unflatten(-1, (H, hd)), cos, sin)  # (B, T, H, hd)
+            k = rotate_pairs(project(self.wk, x, lora, "wk").unflatten(-1, (KV, hd)), cos, sin)
+            v = project(self.wv, x, lora, "wv").unflatten(-1, (KV, hd))
+        else:
+            qkv = project_group([self.wq, self.wk, self.wv], x, lora, ["wq", "wk", "wv"])  # (B, T, (H + 2 KV) hd)
+            # split (not slicing): its backward writes one gradient tensor instead of zero-filled copies to be summed
+            qk, v = qkv.split([(H + KV) * hd, KV * hd], dim=-1)
+            qk = rotate_pairs(qk.unflatten(-1, (H + KV, hd)), cos, sin)  # (B, T, H + KV, hd)
+            q, k = qk.split([H, KV], dim=2)
+            v = v.contiguous().unflatten(-1, (KV, hd))  # (B, T, KV, hd); a copy, so qkv is not kept alive for v
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, hd)
         pos = 0
         if cache is not None:
