@@ -93,30 +93,58 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch
     return RMSNormFunction.apply(x, weight, eps, out_dtype)
 
 
+# On a CPU, RMSNorm works through blocks of rows of about this many float32 bytes, each block's passes (the norm, its
+# products, and backward the four passes of its derivative) running while the block is in cache: measured on the
+# paper preset's (4096, 256) activations, forward and backward took half to two thirds of the whole-tensor time.
+CPU_NORM_BLOCK_BYTES = 1 << 20
+
+
 class RMSNormFunction(torch.autograd.Function):
     """y = xhat * w with xhat = x * rstd, rstd = (mean(x^2) + eps)^(-1/2); backward
     dx = rstd * (gy w - xhat * mean(gy w xhat)), dw = sum over rows of gy xhat. Saves xhat (as autograd would) and
-    rstd."""
+    rstd. On a CPU the rows are processed in cache-sized blocks (CPU_NORM_BLOCK_BYTES), each row's arithmetic the
+    same as over the whole tensor."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype) -> torch.Tensor:
-        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)  # (..., 1)
-        xhat = x * rstd
-        y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
-        torch.mul(xhat, weight, out=y)  # computed in float32, rounded once to out_dtype
+        d = x.shape[-1]
+        x2 = x.reshape(-1, d)
+        rows = _norm_block_rows(x2)
+        rstd = torch.empty(x2.shape[0], 1, dtype=x.dtype, device=x.device)
+        xhat = torch.empty_like(x2)
+        y = torch.empty(x2.shape, dtype=out_dtype, device=x.device)
+        for r in range(0, x2.shape[0], rows):
+            b = slice(r, r + rows)
+            torch.rsqrt(x2[b].pow(2).mean(-1, keepdim=True).add_(eps), out=rstd[b])
+            torch.mul(x2[b], rstd[b], out=xhat[b])
+            torch.mul(xhat[b], weight, out=y[b])  # computed in float32, rounded once to out_dtype
         ctx.save_for_backward(xhat, rstd, weight)
-        return y
+        return y.view(x.shape)
 
     @staticmethod
     def backward(ctx: Any, gy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         xhat, rstd, weight = ctx.saved_tensors
-        gxhat = gy * weight  # float32
-        dw = (gy * xhat).reshape(-1, xhat.shape[-1]).sum(0) if ctx.needs_input_grad[1] else None
-        dx = None
-        if ctx.needs_input_grad[0]:
-            dot = (gxhat * xhat).mean(-1, keepdim=True)
-            dx = torch.addcmul(gxhat, xhat, dot, value=-1).mul_(rstd)
-        return dx, dw, None, None
+        g2 = gy.reshape(xhat.shape)
+        rows = _norm_block_rows(xhat)
+        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        dx = torch.empty_like(xhat) if need_x else None
+        dw = torch.zeros_like(weight, dtype=torch.float32) if need_w else None
+        for r in range(0, xhat.shape[0], rows):
+            b = slice(r, r + rows)
+            gxhat = g2[b] * weight  # float32
+            if dw is not None:
+                dw += (g2[b] * xhat[b]).sum(0)
+            if dx is not None:
+                dot = (gxhat * xhat[b]).mean(-1, keepdim=True)
+                torch.addcmul(gxhat, xhat[b], dot, value=-1, out=dx[b]).mul_(rstd[b])
+        return (dx.view(gy.shape) if dx is not None else None,
+                dw.to(weight.dtype) if dw is not None else None, None, None)
+
+
+def _norm_block_rows(x2: torch.Tensor) -> int:
+    if x2.device.type != "cpu":
+        return max(1, x2.shape[0])
+    return max(1, CPU_NORM_BLOCK_BYTES // (x2.element_size() * x2.shape[1]))
 
 
 # ---- the feed-forward's gate ----------------------------------------------------------------------------------------

@@ -783,10 +783,13 @@ def test_linear_cross_entropy_without_ignored_targets():
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("block_rows", [None, 10])  # None: one block; 10: three blocks of the 27 rows, one short
 @pytest.mark.parametrize("out_dtype", [None, torch.bfloat16])
-def test_rms_norm_is_llama2c_norm(out_dtype):
+def test_rms_norm_is_llama2c_norm(out_dtype, block_rows, monkeypatch):
     """kernels.rms_norm: forward bitwise llama2.c's float32 expression (rounded once to out_dtype), gradients within
     float32 rounding of autograd's through that expression."""
+    if block_rows:
+        monkeypatch.setattr(kernels, "CPU_NORM_BLOCK_BYTES", 4 * 40 * block_rows)
     g = torch.Generator().manual_seed(2)
     x = (torch.randn(3, 9, 40, generator=g) * 3).requires_grad_()
     w = (torch.rand(40, generator=g) + 0.5).requires_grad_()
