@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
@@ -74,7 +75,7 @@ def tiny_model() -> Callable[..., architectures.BaseLM]:
 
 # ---- data ----------------------------------------------------------------------------------------------------------
 
-SHARED_DATA = __import__("pathlib").Path(__file__).resolve().parents[2] / "shared" / "data" / "tinystories"
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinystories"
 
 _NAMES = ["Lily", "Tom", "Ben", "Mia", "Sam", "Anna", "Max", "Lucy", "Tim", "Sue", "Jack", "Zoe"]
 _THINGS = ["ball", "kite", "cake", "dog", "cat", "tree", "box", "car", "hat", "boat", "flower", "bird", "toy", "book"]
@@ -108,10 +109,9 @@ def synthetic_stories(n: int, seed: int) -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def tinystories_dir(tmp_path_factory) -> "__import__('pathlib').Path":
+def tinystories_dir(tmp_path_factory) -> Path:
     """The real TinyStories sample (../shared/data/tinystories or $BENCHCTL_TEST_DATA), else a synthetic one."""
     import os
-    from pathlib import Path
 
     env = os.environ.get("BENCHCTL_TEST_DATA")
     for cand in ([Path(env)] if env else []) + [SHARED_DATA]:

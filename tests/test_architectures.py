@@ -20,7 +20,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 import architectures
-from architectures import ArchArgs, BaseLM, RecurrenceError, UnknownArchitectureError, kernels
+from architectures import BaseLM, RecurrenceError, UnknownArchitectureError, kernels
 from architectures.blocks import PROJECTIONS, KVCache
 from architectures.kernels import (
     CPU_EXPLICIT_ATTENTION_MAX_T,

@@ -22,7 +22,7 @@ from benchctl import executors, study
 from benchctl.cli import main
 from benchctl.config import make_config
 from benchctl.errors import ConfigError
-from benchctl.executors import Execution, Outcome, RunSpec, plan_slots
+from benchctl.executors import Execution, RunSpec, plan_slots
 from benchctl.executors.local import ProcessPool, _RemoteProgress
 from benchctl.progress import Progress
 

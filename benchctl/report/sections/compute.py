@@ -19,7 +19,7 @@ import pandas as pd
 from benchctl import stats
 from benchctl.report.context import CONTROL, Context, model_keys
 from benchctl.report.figures import _figure, _style, _title, tick
-from benchctl.report.fmt import fint, fnum, md_table, need
+from benchctl.report.fmt import fint, fnum, md_table
 from benchctl.report.frames import Frames, accounting_frame, curve_frame, vals
 
 FLOP_DEFINITION = ("FLOPs are benchctl's analytic count: every matmul (the seven projections of each block "
