@@ -311,7 +311,7 @@ def test_ddp_two_processes_match_single_process(tmp_path, tinystories_dir):
     out, err = ddp.communicate(timeout=300)
     assert ddp.returncode == 0, err
     (r1, m1, _), (r2, m2, _) = (_final_state(tmp_path / "one" / "results.db"),
-                                  _final_state(tmp_path / "two" / "results.db"))
+                                _final_state(tmp_path / "two" / "results.db"))
     assert r2[1] == "done"
     assert r2[3] == pytest.approx(r1[3], abs=1e-4)
     v1 = [v for s, n, v in m1 if n == "val_loss"]
