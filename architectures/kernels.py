@@ -201,16 +201,26 @@ CPU_ATTENTION_CHUNK_BYTES = 1 << 20
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0) -> torch.Tensor:
     """softmax(q k^T / sqrt(hd) + causal mask) v for whole sequences q, k, v (B, H, T, hd): the function
     `F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)` computes, which is what runs on
-    GPUs, in float32, for longer sequences and under torch.compile. On a CPU in bf16 up to
-    CPU_EXPLICIT_ATTENTION_MAX_T positions: per chunk of rows, the scores of (q / sqrt(hd)) k^T as one batched matmul,
-    masked, softmaxed with float32 accumulation, and the probabilities times v as another matmul; scores and
-    probabilities are held in bf16, as the matmuls round them anyway (outputs and gradients agree with the fused
-    kernel's to within bf16 rounding: tests)."""
+    GPUs, in float32 and for longer sequences. On a CPU in bf16 up to CPU_EXPLICIT_ATTENTION_MAX_T positions: per
+    chunk of rows, the scores of (q / sqrt(hd)) k^T as one batched matmul, masked, softmaxed with float32
+    accumulation, and the probabilities times v as another matmul; scores and probabilities are held in bf16, as the
+    matmuls round them anyway (outputs and gradients agree with the fused kernel's to within bf16 rounding: tests).
+    Under torch.compile the same form, written whole for inductor to fuse."""
     B, H, T, hd = q.shape
     explicit = (q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
-                and 1 < T <= CPU_EXPLICIT_ATTENTION_MAX_T and not torch.compiler.is_compiling())
+                and 1 < T <= CPU_EXPLICIT_ATTENTION_MAX_T)
     if not explicit:
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=T > 1)
+    if torch.compiler.is_compiling():
+        # the same two matmuls and softmax written plainly, whole: inductor fuses the scale, the mask and the softmax
+        # around them itself, and the chunked Function's writes into slices would break its graph (measured in a
+        # compiled bf16 paper-preset step: this form beat the fused kernel, which made the compiled step slower than
+        # the eager one)
+        q, k, v = ((q * hd ** -0.5).reshape(B * H, T, hd), k.reshape(B * H, T, hd), v.reshape(B * H, T, hd))
+        probs = torch.softmax(torch.bmm(q, k.transpose(1, 2)) + _future_mask(T, q), dim=-1)
+        if dropout_p > 0.0:
+            probs = torch.nn.functional.dropout(probs, dropout_p)
+        return torch.bmm(probs, v).view(B, H, T, hd)
     # the scale folded into q (a pass over q instead of over the T x T scores); the mask added in place to the scores
     # in their own dtype; the softmax reads bf16 and accumulates in float32 (PyTorch's CPU kernel), writing the bf16
     # probabilities the second matmul needs. Its backward then runs in one pass too, where float32 scores took four
@@ -269,6 +279,10 @@ class ChunkedCausalAttention(torch.autograd.Function):
 # ---- the head and its loss ------------------------------------------------------------------------------------------
 
 
+# torch.compile leaves the loss to run as written, between the compiled graphs of the model's body: its chunk loop is
+# already the fast form of the head (measured: a compiled step with it eager was 8-11% faster than the eager step), and
+# its host-side checks of the targets would break the graph at the first chunk anyway.
+@torch.compiler.disable
 def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                          chunk: int | None = None) -> torch.Tensor:
     """Mean cross-entropy of the logits h W^T (N, V) against targets (N,), without ever holding all the logits.

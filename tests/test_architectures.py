@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import math
+import shutil
 
 import pytest
 import torch
@@ -680,6 +681,22 @@ def test_causal_attention_is_the_fused_kernels_function(T):
     torch.testing.assert_close(out.float(), exact, atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(out.float(), fused.float(), atol=2e-2, rtol=2e-2)
     for a, b in zip(torch.autograd.grad(out, halves, grad.bfloat16()), fused_grads):
+        torch.testing.assert_close(a.float(), b.float(), atol=5e-2, rtol=5e-2)
+
+
+@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")),
+                    reason="torch.compile on a CPU needs a C++ compiler")
+def test_compiled_causal_attention_is_the_eager_function():
+    """Under torch.compile the explicit CPU attention is written whole for inductor: outputs and gradients within
+    bf16 rounding of the eager chunked kernel's (and it compiles without a graph break: fullgraph)."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(3, 4, 24, 16, generator=g).bfloat16().requires_grad_() for _ in range(3))
+    grad = torch.randn(3, 4, 24, 16, generator=g).bfloat16()
+    eager = causal_attention(q, k, v)
+    compiled = torch.compile(causal_attention, fullgraph=True, dynamic=False)(q, k, v)
+    assert compiled.dtype == torch.bfloat16
+    torch.testing.assert_close(compiled.float(), eager.float(), atol=2e-2, rtol=2e-2)
+    for a, b in zip(torch.autograd.grad(compiled, (q, k, v), grad), torch.autograd.grad(eager, (q, k, v), grad)):
         torch.testing.assert_close(a.float(), b.float(), atol=5e-2, rtol=5e-2)
 
 
