@@ -46,7 +46,7 @@ import torch.nn as nn
 
 import architectures
 from benchctl import db as dbm
-from benchctl import telemetry
+from benchctl import curriculum, telemetry
 from benchctl.config import RunConfig, make_config
 from benchctl.errors import ConfigError
 from benchctl.bench_reference import (  # noqa: F401  (Reference is part of this module's interface)
@@ -55,7 +55,8 @@ from benchctl.bench_reference import (  # noqa: F401  (Reference is part of this
     reference_optimizer,
     reference_step,
 )
-from benchctl.runtime import autocast_dtype, check_compile_available, matmul_precision, precision, resolve_device
+from benchctl.runtime import (autocast_dtype, check_compile_available, matmul_precision, precision,
+                              resolve_compile, resolve_device)
 from benchctl.train import get_lr, make_optimizer, train_step
 
 # ---- device peaks ---------------------------------------------------------------------------------------------------
@@ -321,7 +322,7 @@ class BenchOptions:
     steps: int = 10
     repeats: int = 3
     warmup: int = 2
-    compile: bool | None = None  # None -> the preset's train.compile
+    compile: bool | None = None  # None -> as train decides (train.compile; auto: runtime.resolve_compile)
     device: str = "auto"
     overrides: dict[str, Any] = field(default_factory=dict)
     reference: bool = True
@@ -342,9 +343,9 @@ def run(opts: BenchOptions, db_path: Path | None = None, log: Callable[[str], No
     names = opts.archs or architectures.names()
     cfgs = [make_config(opts.preset, a, opts.seed, opts.overrides) for a in names]
     device = resolve_device(cfgs[0].train.device if opts.device == "auto" else opts.device)
-    compile_model = cfgs[0].train.compile if opts.compile is None else opts.compile
-    if compile_model:
+    if opts.compile:
         check_compile_available(device, "--compile")
+    compile_model = [_compile_choice(cfg, device, opts.compile) for cfg in cfgs]
     if device.type == "cpu":  # what train sets on the CPU
         telemetry.tune_cpu_allocator()
     with matmul_precision(device):  # TF32 on CUDA, as train has it, for this run only
@@ -354,12 +355,29 @@ def run(opts: BenchOptions, db_path: Path | None = None, log: Callable[[str], No
     return summarize(rows, check)
 
 
-def _subjects(cfgs: list[RunConfig], device: torch.device, compile_model: bool, reference: bool) -> list[Subject]:
-    """benchctl's step per architecture; beside the control, the eager reference at the same precision and, when
-    that is not fp32, the reference in fp32 too (how llama2.c's users run it on a CPU)."""
+def _compile_choice(cfg: RunConfig, device: torch.device, flag: bool | None) -> bool:
+    """Whether benchctl's step for `cfg` is compiled: --compile/--no-compile when given, else as `train` decides
+    (train.compile, auto by default: runtime.resolve_compile)."""
+    if flag is not None:
+        return flag
+    with torch.device("meta"):  # the architecture's resolved arguments only
+        args = architectures.build(cfg.arch, cfg.model).arch_args
+    sampled = getattr(args, "recur_sampling", "fixed") != "fixed"
+    if cfg.train.compile and sampled:
+        raise ConfigError(f"train.compile=true with {cfg.arch}'s sampled training depth recompiles at every new "
+                          "depth; bench without compile (--no-compile)")
+    return resolve_compile(cfg.train.compile, device, autocast_dtype(cfg, device), sampled,
+                           curriculum.enabled(cfg)).on
+
+
+def _subjects(cfgs: list[RunConfig], device: torch.device, compile_model: list[bool], reference: bool
+              ) -> list[Subject]:
+    """benchctl's step per architecture (compiled where `compile_model` says so); beside the control, the eager
+    reference at the same precision and, when that is not fp32, the reference in fp32 too (how llama2.c's users run
+    it on a CPU)."""
     subjects: list[Subject] = []
-    for cfg in cfgs:
-        s = build_subject(cfg, device, "benchctl", compile_model)
+    for cfg, compiled in zip(cfgs, compile_model):
+        s = build_subject(cfg, device, "benchctl", compiled)
         subjects.append(s)
         if cfg.arch == "control" and reference:
             subjects.append(build_subject(cfg, device, "reference", False, control=s.model))
@@ -368,7 +386,7 @@ def _subjects(cfgs: list[RunConfig], device: torch.device, compile_model: bool, 
     return subjects
 
 
-def _measure(opts: BenchOptions, cfgs: list[RunConfig], device: torch.device, compile_model: bool,
+def _measure(opts: BenchOptions, cfgs: list[RunConfig], device: torch.device, compile_model: list[bool],
              log: Callable[[str], None]) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     bench_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     peak, peak_source = _device_peak(device, cfgs[0])

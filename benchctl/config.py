@@ -75,7 +75,9 @@ class TrainConfig:
     eval_interval: int = 500
     log_interval: int = 10
     ckpt_interval: int = 1_000
-    compile: bool = False
+    # torch.compile the training step: true, false, or auto (None: compile where it was measured to pay, a bf16 step
+    # on a CPU with a C++ compiler; see runtime.resolve_compile). Float rounding only: the maths is the same.
+    compile: bool | None = None
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bf16 where native (runtime.resolve_precision)
     # adamw: AdamW on every parameter; muon: torch.optim.Muon on the hidden 2-D matrices, AdamW on the rest
@@ -173,6 +175,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "train.eval_interval": 50,
         "train.log_interval": 5,
         "train.ckpt_interval": 100,
+        "train.compile": False,  # minutes-long runs: compiling would cost more than it saves
         "data.tokenizer_stories": 20_000,
         "eval.val_windows": 128,
         "eval.val_batch_size": 32,
@@ -193,6 +196,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "train.eval_interval": 10,
         "train.log_interval": 5,
         "train.ckpt_interval": 10,
+        "train.compile": False,
         "data.tokenizer_stories": 2_000,
         "data.max_train_stories": 2_000,
         "data.max_valid_stories": 400,
@@ -557,11 +561,21 @@ _ID_OMITTED_AT_DEFAULT: dict[str, Any] = {
 }
 
 
+def _identity_flat(cfg: RunConfig) -> dict[str, Any]:
+    """The settings that make a run what it is, flattened. train.compile's auto (None) counts as false, the default
+    it replaced: like train.dtype=auto, the setting is the identity and what it resolved to on a machine is recorded
+    with the run (compiled, compile_reason), so runs stored before auto existed keep their ids."""
+    flat = {k: v for k, v in _flatten(cfg.to_dict()).items() if k not in _NOT_IDENTITY}
+    if "train.compile" in flat and flat["train.compile"] is None:
+        flat["train.compile"] = False
+    return flat
+
+
 def identity_diff(a: RunConfig, b: RunConfig) -> list[str]:
     """`key: a != b` for every setting that makes two configs different runs (logging settings are not among them:
     a run may be resumed with another log interval or with TensorBoard switched on)."""
-    fa, fb = _flatten(a.to_dict()), _flatten(b.to_dict())
-    keys = [k for k in dict.fromkeys([*fa, *fb]) if k not in _NOT_IDENTITY]
+    fa, fb = _identity_flat(a), _identity_flat(b)
+    keys = list(dict.fromkeys([*fa, *fb]))
     return [f"{k}: {fa.get(k)!r} != {fb.get(k)!r}" for k in keys if fa.get(k) != fb.get(k)]
 
 
@@ -574,9 +588,7 @@ def run_id(cfg: RunConfig, data_fingerprint: str) -> str:
     architectures owned their arguments also hashed every other architecture's keys; those ids changed once with
     that move. A run already stored keeps its recorded id.)
     """
-    flat = _flatten(cfg.to_dict())
-    for k in _NOT_IDENTITY:
-        flat.pop(k, None)
+    flat = _identity_flat(cfg)
     for k, default in _ID_OMITTED_AT_DEFAULT.items():
         if flat.get(k) == default:
             flat.pop(k, None)

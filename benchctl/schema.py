@@ -42,6 +42,8 @@ TABLES: dict[str, dict[str, Any]] = {
             "device": str,  # cpu | cuda | ...
             "dtype": str,  # the precision train.dtype resolved to on this machine: bfloat16 (autocast) | float32
             "precision_reason": str,  # why: auto or set, and the detected capability (cpu:avx512_bf16, cuda:sm_86)
+            "compiled": int,  # 1 when the training step ran under torch.compile (train.compile resolved here)
+            "compile_reason": str,  # why: set, or what auto found (cpu bf16 with a C++ compiler, or why eager)
             "device_name": str,
             "device_count": int,
             "world_size": int,

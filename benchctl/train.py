@@ -52,6 +52,7 @@ from benchctl.runtime import (  # noqa: F401  (re-exported: older imports of the
     init_distributed,
     matmul_precision,
     precision,
+    resolve_compile,
     resolve_device,
 )
 
@@ -249,11 +250,14 @@ class _Trainer:
         np.random.seed(cfg.seed)
         random.seed(cfg.seed)
         self.model = architectures.build(cfg.arch, cfg.model).to(self.device)
-        if cfg.train.compile and getattr(self.model.arch_args, "recur_sampling", "fixed") != "fixed":
+        sampled_depth = getattr(self.model.arch_args, "recur_sampling", "fixed") != "fixed"
+        if cfg.train.compile and sampled_depth:
             # every sampled depth is a new graph for torch.compile: it would recompile until its cache limit, then
             # silently fall back to eager, and the run's step times would measure compilation
             raise ConfigError(f"train.compile=true with {cfg.arch}'s sampled training depth recompiles at every new "
                               "depth; train without compile (it does not change the results)")
+        self.compile = resolve_compile(cfg.train.compile, self.device, self.amp, sampled_depth,
+                                       curriculum.enabled(cfg))
         self.optimizer = make_optimizer(self.model, cfg, self.device)
 
         from benchctl.data import WindowSampler, val_windows
@@ -280,7 +284,7 @@ class _Trainer:
         """Resolve the device and check everything that can fail before a row is written."""
         cfg, dist_info = self.cfg, self.dist
         device = resolve_device(cfg.train.device, dist_info.local_rank if dist_info.enabled else None)
-        if cfg.train.compile:
+        if cfg.train.compile:  # before anything is built (auto never fails: it only compiles where it can)
             check_compile_available(device, "train.compile=true")
         if device.type == "cpu":
             telemetry.tune_cpu_allocator()
@@ -337,6 +341,7 @@ class _Trainer:
         report = self.model.param_report()
         env = telemetry.environment(self.device, self.nvml.driver_version)
         row = {**env, "dtype": self.precision.dtype, "precision_reason": self.precision.reason,
+            "compiled": int(self.compile.on), "compile_reason": self.compile.reason,
             "id": self.rid, "arch": cfg.arch, "preset": cfg.preset, "seed": cfg.seed, "status": "running",
             "variant": variant or cfg.arch,
             "config_json": cfg.to_json(), "data_fingerprint": prepared.fingerprint, "data_source": prepared.source,
@@ -360,7 +365,7 @@ class _Trainer:
 
             device_ids = [self.device.index] if self.device.type == "cuda" else None
             self.train_model = DDP(self.model, device_ids=device_ids)
-        if self.cfg.train.compile:
+        if self.compile.on:
             self.train_model = torch.compile(self.train_model)
 
     def _hardware(self) -> dict[str, str]:

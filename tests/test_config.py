@@ -18,6 +18,7 @@ from benchctl.config import (
     choices,
     RunConfig,
     from_dict,
+    identity_diff,
     llama2c_hidden_dim,
     make_config,
     overrides_for,
@@ -158,6 +159,20 @@ def test_parse_set():
     assert parse_set(None) == {}
     msg = str(pytest.raises(ConfigError, parse_set, ["train.lr"]).value)
     assert "key=value" in msg and "'train.lr'" in msg
+
+
+def test_compile_auto_keeps_the_run_ids_of_the_default_it_replaced():
+    """train.compile is auto (None) in the paper recipe and false in the CPU-scale presets; auto hashes as the false
+    it replaced, so runs stored before it keep their ids and resume; true is still another run."""
+    paper = make_config("paper", "control")
+    assert paper.train.compile is None
+    assert make_config("small", "control").train.compile is False
+    assert make_config("tiny", "frailt").train.compile is False
+    assert make_config("paper", "control", overrides={"train.compile": "auto"}).train.compile is None
+    eager = make_config("paper", "control", overrides={"train.compile": "false"})
+    compiled = make_config("paper", "control", overrides={"train.compile": "true"})
+    assert run_id(paper, "fp") == run_id(eager, "fp") != run_id(compiled, "fp")
+    assert identity_diff(paper, eager) == [] and identity_diff(paper, compiled) == ["train.compile: False != True"]
 
 
 def test_overrides_apply_with_types():

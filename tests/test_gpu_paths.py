@@ -14,6 +14,7 @@ import torch
 
 from benchctl import bench, runtime, telemetry
 from benchctl import checkpoint as ckpt
+from benchctl.errors import ConfigError
 from tests.test_train import REPO, run_cli
 
 CUDA0 = torch.device("cuda", 0)
@@ -209,6 +210,31 @@ def test_tf32_is_restored_after_a_computation():
     with runtime.matmul_precision(CUDA0):
         assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
     assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
+
+
+@pytest.mark.parametrize("device, amp, sampled, ramp, compiler, on, reason", [
+    ("cpu", torch.bfloat16, False, False, "/usr/bin/g++", True, "auto: compiled (cpu, bf16 autocast)"),
+    ("cpu", torch.bfloat16, False, False, None, False, "no C++ compiler"),
+    ("cpu", None, False, False, "/usr/bin/g++", False, "eager in fp32"),
+    ("cpu", torch.bfloat16, True, False, "/usr/bin/g++", False, "depth is sampled"),
+    ("cpu", torch.bfloat16, False, True, "/usr/bin/g++", False, "depth ramps"),
+    ("cuda", torch.bfloat16, False, False, "/usr/bin/g++", False, "eager on cuda"),
+])
+def test_compile_auto_compiles_only_where_it_was_measured_to_pay(monkeypatch, device, amp, sampled, ramp, compiler,
+                                                                  on, reason):
+    """train.compile=auto (None): a bf16 CPU step at a fixed depth with a C++ compiler; eager everywhere else, with
+    the reason recorded."""
+    monkeypatch.setattr(runtime, "_cpp_compiler", lambda: compiler)
+    choice = runtime.resolve_compile(None, torch.device(device), amp, sampled, ramp)
+    assert choice.on is on and reason in choice.reason
+
+
+def test_compile_set_is_obeyed_and_checked(monkeypatch):
+    monkeypatch.setattr(runtime, "_cpp_compiler", lambda: None)
+    assert runtime.resolve_compile(False, torch.device("cpu"), torch.bfloat16, False, False) == \
+        runtime.CompileChoice(False, "set: train.compile=false")
+    with pytest.raises(ConfigError, match="needs a C\\+\\+ compiler"):
+        runtime.resolve_compile(True, torch.device("cpu"), torch.bfloat16, False, False)
 
 
 def test_compile_with_sampled_depth_is_refused(tmp_path, tinystories_dir, monkeypatch, capsys):

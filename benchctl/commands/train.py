@@ -191,8 +191,14 @@ def summarize(rows: list[dict[str, Any] | None]) -> None:
     console.print(
         f"initial/final: validation loss (nats/token); time: training only (no warm-up, evaluation or checkpoints); "
         f"peak mem: {'; '.join(sorted(kinds)) or '-'}. device: {', '.join(devs)}. "
-        f"precision: {', '.join(sorted({_dtype(r) for r in rows}))}."
+        f"precision: {', '.join(sorted({_dtype(r) for r in rows}))}.{_compiled(rows)}"
     )
+
+
+def _compiled(rows: list[dict[str, Any]]) -> str:
+    """' compiled: 2 of 4 runs (torch.compile).' when any run was compiled (warm-up then includes compilation)."""
+    n = sum(1 for r in rows if r.get("compiled"))
+    return f" compiled: {n} of {len(rows)} run{'s' if len(rows) != 1 else ''} (torch.compile)." if n else ""
 
 
 def _dtype(r: dict[str, Any]) -> str:
@@ -228,7 +234,7 @@ def runs(
         keep = ("id", "arch", "variant", "preset", "seed", "status", "step", "max_steps", "initial_val_loss",
                 "final_val_loss", "train_seconds", "cpu_seconds", "cuda_seconds", "threads", "concurrent_jobs",
                 "load_avg", "gpu_util", "tokens_per_s", "peak_rss_bytes", "baseline_rss_bytes", "device", "dtype",
-                "precision_reason", "error")
+                "precision_reason", "compiled", "compile_reason", "error")
         print(json.dumps([{k: r.get(k) for k in keep} for r in rows], indent=2))
         return
     if not rows:

@@ -126,6 +126,8 @@ def provenance_section(frames: Frames) -> list[str]:
         ("device", counts(f"{a} / {b}" if not missing(b) else a for a, b in zip(r["device"], r["device_name"]))),
         # train.dtype=auto resolves per machine: the precision each run actually trained in, and why
         ("precision", counts(r["precision_reason"])),
+        # train.compile=auto too: compiled or eager, and why (absent for runs stored before it was recorded)
+        ("compile", counts(r["compile_reason"], absent="not recorded")),
         ("torch", counts(r["torch_version"])),
         ("CUDA", counts(r["cuda_version"], absent="none")),
         ("driver", counts(r["driver_version"], absent="none")),
