@@ -246,11 +246,20 @@ class BaseLM(nn.Module):
         cos, sin = self.rope_cos[pos : pos + T], self.rope_sin[pos : pos + T]
         if cache is not None:
             cache.begin()
-        h = self.dropout(self.tok_embeddings(tokens))  # (B, T, d)
+        h = self.embed(tokens)  # (B, T, d)
         h = self.schedule(h, cos, sin, n, cache)
         if cache is not None:
             cache.advance(T)
         return self._head(self.norm(h), targets, return_logits)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The token embeddings (B, T, d), after dropout. Under torch.compile on a CPU they are looked up outside the
+        compiled graph: inductor fuses the embedding's backward into the first norm's with atomic adds, whose order
+        between threads varies from run to run, so compiled runs would stop being reproducible (the eager backward
+        accumulates in a fixed order, and is ~0.2% of a paper-preset step)."""
+        if tokens.device.type == "cpu" and torch.compiler.is_compiling():
+            return _eager_embed(self.tok_embeddings, self.dropout, tokens)
+        return self.dropout(self.tok_embeddings(tokens))
 
     def _head(self, h: torch.Tensor, targets: torch.Tensor | None, return_logits: bool
               ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -319,7 +328,7 @@ class BaseLM(nn.Module):
         cos, sin = self.rope_cos[pos : pos + T], self.rope_sin[pos : pos + T]
         if cache is not None:
             cache.begin()
-        s, ctx = self.prelude(self.dropout(self.tok_embeddings(tokens)), cos, sin, cache)
+        s, ctx = self.prelude(self.embed(tokens), cos, sin, cache)
         checking = exit is not None and exit.threshold > 0
         coda_slots = _SlotScope(cache)
         depths = torch.full((B, T), n, dtype=torch.long, device=tokens.device)
@@ -406,6 +415,11 @@ class BaseLM(nn.Module):
         if not training:
             return float(sum(f for f, _ in terms))
         return float(sum(f * (3 if bwd else 1) for f, bwd in terms))
+
+
+@torch.compiler.disable
+def _eager_embed(embedding: nn.Module, dropout: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    return dropout(embedding(tokens))
 
 
 class _SlotScope:
