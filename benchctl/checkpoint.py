@@ -72,11 +72,24 @@ def set_rng_state(state: dict[str, Any], device: torch.device | None = None) -> 
     torch.cuda.set_rng_state(cuda, device)
 
 
-def hardware(device: torch.device, dtype: str) -> dict[str, str]:
-    """What a checkpoint's steps were timed on: device type and name, and the precision it trained in."""
+def hardware(device: torch.device, dtype: str, compiled: bool = False) -> dict[str, str]:
+    """What a checkpoint's steps were timed on: device type and name, the precision it trained in, and whether the
+    step was compiled (a compiled step is another speed, as another device is)."""
     from benchctl.telemetry import hardware_name
 
-    return {"device": device.type, "device_name": hardware_name(device), "dtype": dtype}
+    return {"device": device.type, "device_name": hardware_name(device), "dtype": dtype,
+            "compiled": "yes" if compiled else "no"}
+
+
+def saved_hardware(state: dict[str, Any]) -> dict[str, str] | None:
+    """A checkpoint's hardware record. Checkpoints written before it recorded compilation compiled exactly when their
+    config said train.compile=true (there was no auto then), so that is filled in from the config."""
+    saved = state.get("hardware")
+    if not saved or "compiled" in saved:
+        return saved
+    from benchctl.config import RunConfig
+
+    return {**saved, "compiled": "yes" if RunConfig.from_json(state["config"]).train.compile else "no"}
 
 
 def hardware_change(saved: dict[str, str] | None, now: dict[str, str]) -> str | None:
@@ -84,7 +97,8 @@ def hardware_change(saved: dict[str, str] | None, now: dict[str, str]) -> str | 
     checkpoint predates the record)."""
     if not saved:
         return None
-    diffs = [f"{k} {saved.get(k)} -> {now[k]}" for k in ("device", "device_name", "dtype") if saved.get(k) != now[k]]
+    diffs = [f"{k} {saved[k]} -> {now[k]}" for k in ("device", "device_name", "dtype", "compiled")
+             if k in saved and saved[k] != now[k]]
     return "; ".join(diffs) or None
 
 

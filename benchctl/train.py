@@ -314,9 +314,10 @@ class _Trainer:
             ckpt.set_rng_state(state["rng"], self.device)
             self.start_step = self.step = self.resumed_from = int(state["step"])
             self.carried = telemetry.carried_from(state["telemetry"])
-            change = ckpt.hardware_change(state.get("hardware"), self._hardware())
+            change = ckpt.hardware_change(ckpt.saved_hardware(state), self._hardware())
             if change:
-                # step times from two kinds of hardware (or precisions) would average into a number true of neither
+                # step times from two kinds of hardware (or precisions, or an eager and a compiled step) would
+                # average into a number true of neither
                 log(f"warning: {self.rid} resumes on different hardware ({change}); its speed is measured from "
                     "here on only, and its training time adds up both")
                 self.carried["step_times"] = []
@@ -369,7 +370,7 @@ class _Trainer:
             self.train_model = torch.compile(self.train_model)
 
     def _hardware(self) -> dict[str, str]:
-        return ckpt.hardware(self.device, self.precision.dtype)
+        return ckpt.hardware(self.device, self.precision.dtype, self.compile.on)
 
     # ---- the loop ---------------------------------------------------------------------------------------------------
 

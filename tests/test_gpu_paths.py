@@ -137,11 +137,26 @@ def test_new_checkpoints_hold_only_the_training_gpu_generator(monkeypatch):
 
 
 def test_hardware_change_is_described():
-    a = {"device": "cuda", "device_name": "NVIDIA A100", "dtype": "bfloat16"}
+    a = {"device": "cuda", "device_name": "NVIDIA A100", "dtype": "bfloat16", "compiled": "no"}
     assert ckpt.hardware_change(a, dict(a)) is None
     assert ckpt.hardware_change(None, a) is None  # a checkpoint from before the record
     b = {**a, "device_name": "Tesla T4", "dtype": "float32"}
     assert ckpt.hardware_change(a, b) == "device_name NVIDIA A100 -> Tesla T4; dtype bfloat16 -> float32"
+    assert ckpt.hardware_change(a, {**a, "compiled": "yes"}) == "compiled no -> yes"
+
+
+def test_a_checkpoint_from_before_the_compile_record_compiled_as_its_config_said():
+    """An eager paper run stored before train.compile=auto, resumed where auto compiles: another speed, so a change."""
+    from benchctl.config import make_config
+
+    old = {"device": "cpu", "device_name": "AMD EPYC", "dtype": "bfloat16"}
+    for setting, was in (("false", "no"), ("true", "yes")):
+        state = {"hardware": old, "config": make_config("paper", "control",
+                                                        overrides={"train.compile": setting}).to_json()}
+        assert ckpt.saved_hardware(state) == {**old, "compiled": was}
+    state = {"hardware": old, "config": make_config("paper", "control", overrides={"train.compile": "false"}).to_json()}
+    assert ckpt.hardware_change(ckpt.saved_hardware(state), {**old, "compiled": "yes"}) == "compiled no -> yes"
+    assert ckpt.saved_hardware({"config": "{}"}) is None  # no record at all: nothing to compare
 
 
 def test_auto_resumed_on_a_cpu_without_bf16_warns_and_restarts_the_speed_record(tmp_path, tinystories_dir,
