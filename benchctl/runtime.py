@@ -75,10 +75,10 @@ def resolve_compile(setting: bool | None, device: torch.device, amp: torch.dtype
     measured to pay and nothing stands in the way: a bf16-autocast step on a CPU with a C++ compiler, at a fixed
     depth. There inductor fuses the elementwise work between the matmuls (norms, rotary embedding, gates, casts,
     residual adds) that eager kernels do pass by pass: the paper-preset control's step ran 8-11% faster (0.74 against
-    0.81 s on a 2-core AVX512-BF16 CPU), for ~20-30 s of compilation once per run. Elsewhere auto stays eager: on
-    CUDA and in fp32 benchctl has no measurement that compile pays, and a depth that changes during training
-    (sampled, or a curriculum) would recompile for every depth. Compilation changes float rounding only, never the
-    maths."""
+    0.81 s on a 2-core AVX512-BF16 CPU), for 30-80 s of compilation once in a 25,000-step run. Elsewhere auto stays
+    eager: on CUDA and in fp32 benchctl has no measurement that compile pays, and a depth that changes during
+    training (sampled, or a curriculum) would recompile for every depth. Compilation changes float rounding only,
+    never the maths."""
     if setting is not None:
         if setting:
             check_compile_available(device, "train.compile=true")

@@ -20,8 +20,8 @@ def bench(
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed steps first (compilation happens there).")] = 2,
     compile_: Annotated[
         Optional[bool],
-        typer.Option("--compile/--no-compile", help="torch.compile the model as train does [default: the preset's "
-                                                     "train.compile]."),
+        typer.Option("--compile/--no-compile", help="torch.compile the model [default: as train decides from "
+                                                     "train.compile; auto compiles a bf16 CPU step]."),
     ] = None,
     device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")] = "auto",
     reference: Annotated[
