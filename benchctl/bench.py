@@ -363,11 +363,8 @@ def _compile_choice(cfg: RunConfig, device: torch.device, flag: bool | None) -> 
     with torch.device("meta"):  # the architecture's resolved arguments only
         args = architectures.build(cfg.arch, cfg.model).arch_args
     sampled = getattr(args, "recur_sampling", "fixed") != "fixed"
-    if cfg.train.compile and sampled:
-        raise ConfigError(f"train.compile=true with {cfg.arch}'s sampled training depth recompiles at every new "
-                          "depth; bench without compile (--no-compile)")
     return resolve_compile(cfg.train.compile, device, autocast_dtype(cfg, device), sampled,
-                           curriculum.enabled(cfg)).on
+                           curriculum.enabled(cfg), cfg.arch).on
 
 
 def _subjects(cfgs: list[RunConfig], device: torch.device, compile_model: list[bool], reference: bool

@@ -70,8 +70,10 @@ class CompileChoice:
 
 
 def resolve_compile(setting: bool | None, device: torch.device, amp: torch.dtype | None, sampled_depth: bool,
-                    curriculum: bool) -> CompileChoice:
-    """`train.compile`: true or false as set (true checks for the compiler first); None (auto) compiles where it was
+                    curriculum: bool, arch: str = "the model") -> CompileChoice:
+    """`train.compile`: true or false as set (true checks for the compiler first, and refuses a sampled training depth:
+    every sampled depth is a new graph, so it would recompile until its cache limit, then silently fall back to eager,
+    and the step times would measure compilation); None (auto) compiles where it was
     measured to pay and nothing stands in the way: a bf16-autocast step on a CPU with a C++ compiler, at a fixed
     depth. There inductor fuses the elementwise work between the matmuls (norms, rotary embedding, gates, casts,
     residual adds) that eager kernels do pass by pass: the paper-preset control's step ran 8-11% faster (0.74 against
@@ -80,6 +82,9 @@ def resolve_compile(setting: bool | None, device: torch.device, amp: torch.dtype
     training (sampled, or a curriculum) would recompile for every depth. Compilation changes float rounding only,
     never the maths."""
     if setting is not None:
+        if setting and sampled_depth:
+            raise ConfigError(f"train.compile=true with {arch}'s sampled training depth recompiles at every new "
+                              "depth; train without compile (it does not change the results)")
         if setting:
             check_compile_available(device, "train.compile=true")
         return CompileChoice(bool(setting), f"set: train.compile={str(bool(setting)).lower()}")

@@ -251,13 +251,8 @@ class _Trainer:
         random.seed(cfg.seed)
         self.model = architectures.build(cfg.arch, cfg.model).to(self.device)
         sampled_depth = getattr(self.model.arch_args, "recur_sampling", "fixed") != "fixed"
-        if cfg.train.compile and sampled_depth:
-            # every sampled depth is a new graph for torch.compile: it would recompile until its cache limit, then
-            # silently fall back to eager, and the run's step times would measure compilation
-            raise ConfigError(f"train.compile=true with {cfg.arch}'s sampled training depth recompiles at every new "
-                              "depth; train without compile (it does not change the results)")
         self.compile = resolve_compile(cfg.train.compile, self.device, self.amp, sampled_depth,
-                                       curriculum.enabled(cfg))
+                                       curriculum.enabled(cfg), cfg.arch)
         self.optimizer = make_optimizer(self.model, cfg, self.device)
 
         from benchctl.data import WindowSampler, val_windows
