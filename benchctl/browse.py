@@ -1,7 +1,7 @@
 """`benchctl browse`: results.db in Datasette, with a title, a description and units for every table and column, and
 the queries a user would otherwise write by hand.
 
-The schema itself belongs to `benchctl.db` (`db._SCHEMA`); this module only describes it. `COLUMNS` holds one
+The schema itself belongs to `benchctl.core.db` (`db._SCHEMA`); this module only describes it. `COLUMNS` holds one
 (description, unit) pair per column and a test checks that it covers exactly the columns of `db._SCHEMA`, so a new
 column cannot appear without a description, nor a description outlive its column.
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from benchctl.errors import BenchctlError, DatabaseError
+from benchctl.core.errors import BenchctlError, DatabaseError
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8001  # Datasette's own default, so its documentation's URLs keep working
@@ -335,7 +335,7 @@ def check_database(path: str | Path) -> Served:
     if not p.is_file():
         what = "is a directory, not" if p.is_dir() else "does not exist; expected"
         raise DatabaseError(f"{p} {what} a results database; train something first or pass --db PATH")
-    from benchctl import db as dbm
+    from benchctl.core import db as dbm
 
     columns = dbm.file_columns(p)
     missing = [t for t in ("meta", "runs") if t not in columns]

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 from rich.console import Console
 
-from benchctl.errors import BenchctlError
+from benchctl.core.errors import BenchctlError
 
 if TYPE_CHECKING:
-    from benchctl.progress import Progress
+    from benchctl.core.progress import Progress
 
 app = typer.Typer(
     name="benchctl",
@@ -64,14 +64,14 @@ def data_source(data: str | None) -> str | None:
 
 def db_path_of(db: Path | None) -> Path:
     """--db, else $BENCHCTL_DB, else results/results.db."""
-    from benchctl import db as dbm
+    from benchctl.core import db as dbm
 
     return Path(db) if db is not None else dbm.default_path()
 
 
 def overrides_with_data(set_: list[str] | None, data: str | None) -> dict[str, Any]:
     """The --set overrides, with --data (or $BENCHCTL_DATA) as `data.source` when given."""
-    from benchctl.config import parse_set
+    from benchctl.core.config import parse_set
 
     overrides: dict[str, Any] = parse_set(set_)
     src = data_source(data)
@@ -82,7 +82,7 @@ def overrides_with_data(set_: list[str] | None, data: str | None) -> dict[str, A
 
 def make_progress(enabled: bool, *, stderr: bool = False) -> Progress:
     """The progress reporter a command hands to the engine, drawing on the command line's console."""
-    from benchctl.progress import Progress
+    from benchctl.core.progress import Progress
 
     return Progress(enabled=enabled, console=err_console if stderr else console)
 
@@ -98,7 +98,7 @@ def parse_seeds(value: str | None) -> list[int] | None:
     items = split_list(value)
     if items is None:
         return None
-    from benchctl.errors import ConfigError
+    from benchctl.core.errors import ConfigError
 
     seeds: list[int] = []
     for item in items:
@@ -126,9 +126,15 @@ def root(
 
 
 def _load_commands() -> None:
-    import benchctl.commands as pkg
+    """Every command: the stages' own (`benchctl/stages/<name>/cli.py`) and those that are not a stage
+    (`benchctl/commands/`)."""
+    import benchctl.commands as commands
+    import benchctl.stages as stages
 
-    for mod in pkgutil.iter_modules(pkg.__path__):
+    for mod in pkgutil.iter_modules(stages.__path__):
+        if mod.ispkg and (Path(stages.__path__[0]) / mod.name / "cli.py").exists():
+            importlib.import_module(f"benchctl.stages.{mod.name}.cli")
+    for mod in pkgutil.iter_modules(commands.__path__):
         importlib.import_module(f"benchctl.commands.{mod.name}")
 
 

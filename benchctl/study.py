@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 import architectures
-from benchctl import db as dbm
+from benchctl.core import db as dbm
 from benchctl import stages
-from benchctl.config import RunConfig, make_config, overrides_for
-from benchctl.errors import Aborted, BenchctlError, ConfigError
+from benchctl.core.config import RunConfig, make_config, overrides_for
+from benchctl.core.errors import Aborted, BenchctlError, ConfigError
 
 # Ask before starting work estimated to take longer than this on the current device.
 CONFIRM_ABOVE_SECONDS = 3600.0
@@ -52,7 +52,7 @@ def confirm_long_run(
     or no out), or, when there is no one to ask (confirm=None), refuse unless --yes was given."""
     if yes or not cfgs or not is_main:
         return
-    from benchctl.train import estimate_seconds, resolve_device
+    from benchctl.stages.train.engine import estimate_seconds, resolve_device
 
     est = estimate_seconds(cfgs, prepared)
     if est <= CONFIRM_ABOVE_SECONDS:
@@ -93,11 +93,11 @@ def train_all(
     `variants` names each config (a plan's variant names; architecture names when None) and `plan` (a
     benchctl.plans.Plan) is recorded with every run it reaches, trained now or before, so its report finds them under
     its own names. Before starting, work estimated above an hour needs `yes` or a yes from `confirm` (see
-    confirm_long_run). `execution` (a benchctl.executors.Execution; None: in this process, one run after another)
+    confirm_long_run). `execution` (a benchctl.stages.train.executors.Execution; None: in this process, one run after another)
     says where the runs train: N local processes at once, or tasks on a Ray cluster."""
-    from benchctl import executors
-    from benchctl.config import run_id
-    from benchctl.runtime import Dist, decide_on_main, init_distributed, resolve_device
+    from benchctl.stages.train import executors
+    from benchctl.core.config import run_id
+    from benchctl.core.runtime import Dist, decide_on_main, init_distributed, resolve_device
 
     execution = execution or executors.Execution()
     dist_info = Dist.from_env()  # under torchrun: one process group for every run; rank 0 asks and writes
@@ -141,7 +141,7 @@ def train_all(
 
 def _parallel_jobs(execution: Any, n_runs: int, cfg: RunConfig) -> int:
     """How many runs train at once locally (Ray's count depends on the cluster: estimated as one at a time)."""
-    from benchctl.executors import plan_slots
+    from benchctl.stages.train.executors import plan_slots
 
     return plan_slots(execution.jobs, n_runs, cfg.train.device).jobs if execution.executor == "local" else 1
 
@@ -195,7 +195,7 @@ class StudyOptions:
 
     def execution(self) -> Any:
         """The executors.Execution these options describe (validated: a bad --jobs is one clear error)."""
-        from benchctl.executors import Execution
+        from benchctl.stages.train.executors import Execution
 
         return Execution(executor=self.executor, jobs=self.jobs, ray_address=self.ray_address,
                          runs_dir=self.runs_dir)
@@ -204,7 +204,7 @@ class StudyOptions:
 def _join_group(cfgs: list[RunConfig]) -> Any:
     """Under torchrun, join the one process group every run of the study trains in (before the data is prepared,
     which waits on it); returns the process's Dist."""
-    from benchctl.runtime import Dist, init_distributed, resolve_device
+    from benchctl.core.runtime import Dist, init_distributed, resolve_device
 
     dist_info = Dist.from_env()
     if dist_info.enabled and cfgs:

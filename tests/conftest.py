@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import architectures
-from benchctl.config import ModelArgs, make_config
+from benchctl.core.config import ModelArgs, make_config
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,6 +1,6 @@
 """A realistic fixture results.db for tests of the report (and of anything else that reads results.db).
 
-`build_fixture_db(path, ...)` writes, through benchctl.db (the real schema), what a finished study leaves behind:
+`build_fixture_db(path, ...)` writes, through benchctl.core.db (the real schema), what a finished study leaves behind:
 runs of several architectures x seeds with real configs (`make_config`), run ids (`config.run_id`), parameter
 accounting (`accounting.describe`), CPU telemetry; val_loss curves in `metrics` from step 0 to the last step;
 prompts, samples and judge grades (with failures and a repeat); lm-eval rows; optionally bench rows. Plus runs that
@@ -19,8 +19,9 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from benchctl import accounting, db as dbmod
-from benchctl.config import make_config, run_id
+from benchctl.core import accounting
+from benchctl.core import db as dbmod
+from benchctl.core.config import make_config, run_id
 
 STUDY_ARCHS = ("control", "frailt", "three-part", "relaxed")
 # Per-architecture effects: final-loss offset, training-time multiple of the control, memory multiple, judge effect.

@@ -32,7 +32,7 @@ from architectures.kernels import (
     swiglu,
 )
 from architectures.generate import Generation, generate, sample_next
-from benchctl.config import make_config
+from benchctl.core.config import make_config
 
 NAMES = architectures.names()
 STUDY = ["control", "frailt", "three-part", "relaxed"]

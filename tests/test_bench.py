@@ -23,11 +23,11 @@ import torch
 from typer.testing import CliRunner
 
 import architectures
-from benchctl import bench as B
-from benchctl import runtime
+from benchctl.stages.bench import engine as B
+from benchctl.core import runtime
 from benchctl.cli import app, main
-from benchctl.config import make_config
-from benchctl.train import make_optimizer, train_step
+from benchctl.core.config import make_config
+from benchctl.stages.train.engine import make_optimizer, train_step
 
 runner = CliRunner()
 CPU = torch.device("cpu")
@@ -304,7 +304,7 @@ def test_bad_options_are_one_line_errors(tmp_path, capsys, argv, needle):
 
 _ALLOC_PROBE = """
 import resource, sys, torch
-from benchctl import telemetry
+from benchctl.core import telemetry
 if sys.argv[1] == "tune":
     print(telemetry.tune_cpu_allocator()); print(telemetry.tune_cpu_allocator())
 def step():  # 50 x 4 MiB live at once, then freed: a training step's activations in miniature
@@ -339,7 +339,7 @@ def test_cpu_allocator_keeps_freed_memory_for_the_next_step():
 def test_the_ceiling_line_names_both_references():
     """With the reference timed at bf16 and in fp32, the ceiling is given against each (the same kernel time over
     each reference's step); with an fp32 reference alone, once."""
-    from benchctl.commands.bench import _reference_notes
+    from benchctl.stages.bench.cli import _reference_notes
 
     ctrl = {"speedup_fp32": 2.0, "speedup": 1.5, "speedup_cpu": 1.5, "reference_dtype": "bfloat16",
             "kernel_seconds": 0.64, "speedup_ceiling": 2.0, "speedup_ceiling_fp32": 2.49}

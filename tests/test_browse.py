@@ -1,6 +1,6 @@
 """Tests of `benchctl browse` (benchctl/browse.py, benchctl/commands/browse.py).
 
-- The descriptions cover exactly the schema that benchctl.db owns (no column without one, none for a column that
+- The descriptions cover exactly the schema that benchctl.core.db owns (no column without one, none for a column that
   is gone).
 - A real server (`python -m benchctl browse`, a subprocess on a free port of 127.0.0.1) over a fixture study
   database: table pages carry the descriptions, every canned query's JSON returns rows, a row written while it
@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from benchctl import browse
-from benchctl import db as dbm
+from benchctl.core import db as dbm
 from benchctl.cli import main
 from tests.fixtures_db import build_fixture_db
 

@@ -12,7 +12,7 @@ import torch
 
 import architectures
 from architectures.relaxed import RelaxedArgs
-from benchctl.config import (
+from benchctl.core.config import (
     PRESETS,
     ModelArgs,
     choices,
@@ -27,7 +27,7 @@ from benchctl.config import (
     resolve,
     run_id,
 )
-from benchctl.errors import BenchctlError, ConfigError
+from benchctl.core.errors import BenchctlError, ConfigError
 
 ALL = [(p, a) for p in PRESETS for a in architectures.names()]
 

@@ -12,11 +12,12 @@ import sys
 import pytest
 import torch
 
-from benchctl import db as dbm
-from benchctl import report, stages, telemetry
-from benchctl.config import make_config
-from benchctl.errors import ConfigError
-from benchctl.report.cost import LOAD_SLACK, contention
+from benchctl.core import db as dbm
+from benchctl import report, stages
+from benchctl.core import telemetry
+from benchctl.core.config import make_config
+from benchctl.core.errors import ConfigError
+from benchctl.stages.train.cost import LOAD_SLACK, contention
 from tests.fixtures_db import STUDY_ARCHS, build_fixture_db
 from tests.test_gpu_paths import fake_pynvml
 from tests.test_report import by_model, q, section, tables
@@ -29,8 +30,8 @@ TWO_CORES = "Intel(R) Xeon(R) CPU @ 2.20GHz (2 cores, 2 threads)"  # the fixture
 
 
 def _train(tmp_path, tinystories_dir, arch, **kw):
-    from benchctl import data
-    from benchctl.train import train_run
+    from benchctl.core import data
+    from benchctl.stages.train.engine import train_run
 
     overrides = {"data.source": str(tinystories_dir), "train.max_steps": 8, "train.eval_interval": 4,
                  "train.ckpt_interval": 2, "train.warmup_steps": 1}
@@ -262,8 +263,8 @@ def _study(tmp_path, **opts):
 
 
 def test_study_bench_runs_once_per_preset_device_and_config(tmp_path, monkeypatch):
-    from benchctl import bench
-    from benchctl.stages import bench as stage
+    from benchctl.stages.bench import engine as bench
+    from benchctl.stages.bench import stage
 
     calls = []
 
@@ -291,7 +292,7 @@ def test_study_bench_runs_once_per_preset_device_and_config(tmp_path, monkeypatc
 
 
 def test_study_bench_defaults(tmp_path):
-    from benchctl.stages.bench import enabled
+    from benchctl.stages.bench.stage import enabled
 
     study, _ = _study(tmp_path)
     assert enabled(study, "cpu") == (True, "")

@@ -1,4 +1,4 @@
-"""Tests of benchctl.data: sources, the llama2.c tokenizer recipe, pretokenized layout, the cache, the samplers,
+"""Tests of benchctl.core.data: sources, the llama2.c tokenizer recipe, pretokenized layout, the cache, the samplers,
 and `benchctl prepare` through the CLI. Everything runs at the `tiny` scale (vocab 512) on small files in tmp_path;
 the real TinyStories sample in /work/shared/data/tinystories is used when present."""
 
@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 import torch
 
-from benchctl import data, sources
-from benchctl.config import DataConfig, make_config
-from benchctl.errors import CheckpointError, ConfigError, DataError
+from benchctl.core import data
+from benchctl.core import sources
+from benchctl.core.config import DataConfig, make_config
+from benchctl.core.errors import CheckpointError, ConfigError, DataError
 
 SHARED = Path("/work/shared/data/tinystories")
 VOCAB = 512  # the tiny preset's

@@ -15,11 +15,11 @@ import architectures
 from architectures.base import ExitRule
 from architectures.blocks import KVCache
 from architectures.generate import generate
-from benchctl import db as dbm
-from benchctl import depth as dp
+from benchctl.core import db as dbm
+from benchctl.stages.depth import engine as dp
 from benchctl import report
-from benchctl import sample as smp
-from benchctl.errors import ConfigError
+from benchctl.stages.sample import engine as smp
+from benchctl.core.errors import ConfigError
 from fixtures_db import build_fixture_db
 
 RECURRENT = ["frailt", "three-part", "relaxed"]
@@ -172,7 +172,7 @@ def test_relaxed_extrapolation_rules(tiny_model):
 
 
 def test_extrapolation_is_not_part_of_the_run_id():
-    from benchctl.config import RunConfig, make_config
+    from benchctl.core.config import RunConfig, make_config
 
     cfg = make_config("tiny", "frailt")
     assert "extrapolate" not in RunConfig.to_json(cfg)

@@ -1,4 +1,4 @@
-"""Tests of the lm-eval integration (the benchctl.evaluate package, benchctl/commands/eval.py).
+"""Tests of the lm-eval integration (the benchctl.stages.eval.api package, benchctl/commands/eval.py).
 
 - The adapter against direct computations from a tiny model's logits: loglikelihood of (context, continuation)
   pairs in one right-padded batch, left truncation past the context, continuations longer than the context, rolling
@@ -29,13 +29,13 @@ import lm_eval
 from lm_eval.api.instance import Instance
 from lm_eval.api.model import LM
 
-from benchctl import data as datamod
-from benchctl import db as dbm
-from benchctl import evaluate as ev
-from benchctl.checkpoint import CKPT_NAME, run_dir
+from benchctl.core import data as datamod
+from benchctl.core import db as dbm
+from benchctl.stages.eval import api as ev
+from benchctl.core.checkpoint import CKPT_NAME, run_dir
 from benchctl.cli import main
-from benchctl.errors import EvalError
-from benchctl.progress import Progress
+from benchctl.core.errors import EvalError
+from benchctl.core.progress import Progress
 
 
 def run_cli(argv: list[str]) -> None:
@@ -73,7 +73,7 @@ def trained(tmp_path_factory, tinystories_dir):
                  "--db", str(db), "--set", "train.max_steps=3", "--set", "train.warmup_steps=1", "--no-progress",
                  "--yes"])
         rows = dbm.runs(dbm.connect(db), status="done")
-        from benchctl.config import RunConfig
+        from benchctl.core.config import RunConfig
 
         cfg = RunConfig.from_json(rows[0]["config_json"])
         prepared = datamod.prepare(cfg.data, cfg.model.vocab_size, progress=False)
@@ -142,7 +142,7 @@ def test_loglikelihood_equals_direct_computation(trained):
 def test_the_adapter_runs_under_the_runs_precision_rule(trained):
     """Without a dtype the adapter applies the run's rule (train.dtype=auto: bf16 autocast where the CPU computes
     bf16 natively), as training did; scores stay within bf16's rounding of the fp32 ones."""
-    from benchctl.runtime import resolve_precision
+    from benchctl.core.runtime import resolve_precision
 
     lm = ev.BenchctlLM(checkpoint=trained.ckpt("frailt"), device="cpu", progress=False)
     assert lm.precision.dtype == resolve_precision("auto", torch.device("cpu")).dtype
@@ -363,8 +363,8 @@ def test_an_order_blind_model_scores_exactly_one_half(trained):
     the original is first in exactly one document of each pair."""
     from lm_eval.tasks import TaskManager
 
-    from benchctl.checkpoint import rng_state, set_rng_state
-    from benchctl.evaluate.runner import _quiet
+    from benchctl.core.checkpoint import rng_state, set_rng_state
+    from benchctl.stages.eval.engine import _quiet
 
     bundled = ev.build_bundled_tasks(trained.prepared, ["tinystories_order"])
     tm = TaskManager(include_path=str(bundled.dir), include_defaults=False)

@@ -17,14 +17,15 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from benchctl import db as dbm
-from benchctl import executors, study
+from benchctl.core import db as dbm
+from benchctl import study
+from benchctl.stages.train import executors
 from benchctl.cli import main
-from benchctl.config import make_config
-from benchctl.errors import ConfigError
-from benchctl.executors import Execution, RunSpec, plan_slots
-from benchctl.executors.local import ProcessPool, _RemoteProgress
-from benchctl.progress import Progress
+from benchctl.core.config import make_config
+from benchctl.core.errors import ConfigError
+from benchctl.stages.train.executors import Execution, RunSpec, plan_slots
+from benchctl.stages.train.executors.local import ProcessPool, _RemoteProgress
+from benchctl.core.progress import Progress
 
 REPO = Path(__file__).resolve().parents[1]
 SHORT = {"train.max_steps": 6, "train.eval_interval": 3, "train.ckpt_interval": 3, "train.warmup_steps": 1}
@@ -46,7 +47,7 @@ def _losses(db_path: Path) -> dict[str, tuple[str, float]]:
 
 
 def _prepared(tmp_path, monkeypatch, tinystories_dir, overrides=SHORT):
-    from benchctl import data
+    from benchctl.core import data
 
     monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
     cfgs = study.sweep("tiny", ["control", "frailt"], [0], {**overrides, "data.source": str(tinystories_dir)})
@@ -169,7 +170,7 @@ def test_two_jobs_give_the_same_runs_as_one(tmp_path, tinystories_dir, monkeypat
 
 
 def test_a_run_dir_of_its_own_is_linked_where_later_stages_look(tmp_path, tinystories_dir, monkeypatch):
-    from benchctl import checkpoint as ckpt
+    from benchctl.core import checkpoint as ckpt
 
     cfgs, prepared = _prepared(tmp_path, monkeypatch, tinystories_dir, {**SHORT, "train.max_steps": 2})
     db_path, runs = tmp_path / "results.db", tmp_path / "shared" / "runs"
@@ -184,7 +185,7 @@ def test_a_run_dir_of_its_own_is_linked_where_later_stages_look(tmp_path, tinyst
 
 
 def test_copy_run_rows_takes_every_table_training_writes(tmp_path, tinystories_dir, monkeypatch):
-    from benchctl.train import train_run
+    from benchctl.stages.train.engine import train_run
 
     cfgs, prepared = _prepared(tmp_path, monkeypatch, tinystories_dir, {**SHORT, "train.max_steps": 3})
     src_path = tmp_path / "worker" / "rows.db"
@@ -258,8 +259,8 @@ def test_killing_the_parent_leaves_every_run_resumable(tmp_path, tinystories_dir
 def test_a_groups_error_is_raised_after_every_group_has_ended(tmp_path):
     """One share fails with a benchctl error (a run id that does not exist), the other ends normally: the caller
     gets that error, with its own message and class, once both processes are gone."""
-    from benchctl import sample as smp
-    from benchctl.executors.local import in_processes
+    from benchctl.stages.sample import engine as smp
+    from benchctl.stages.train.executors.local import in_processes
 
     db_path = tmp_path / "results.db"
     dbm.connect(db_path)  # an empty results.db

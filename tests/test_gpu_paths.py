@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchctl import bench, runtime, telemetry
-from benchctl import checkpoint as ckpt
-from benchctl.errors import ConfigError
+from benchctl.stages.bench import engine as bench
+from benchctl.core import runtime
+from benchctl.core import telemetry
+from benchctl.core import checkpoint as ckpt
+from benchctl.core.errors import ConfigError
 from tests.test_train import REPO, run_cli
 
 CUDA0 = torch.device("cuda", 0)
@@ -147,7 +149,7 @@ def test_hardware_change_is_described():
 
 def test_a_checkpoint_from_before_the_compile_record_compiled_as_its_config_said():
     """An eager paper run stored before train.compile=auto, resumed where auto compiles: another speed, so a change."""
-    from benchctl.config import make_config
+    from benchctl.core.config import make_config
 
     old = {"device": "cpu", "device_name": "AMD EPYC", "dtype": "bfloat16"}
     for setting, was in (("false", "no"), ("true", "yes")):
@@ -163,10 +165,10 @@ def test_auto_resumed_on_a_cpu_without_bf16_warns_and_restarts_the_speed_record(
                                                                                   monkeypatch):
     """`train.dtype=auto` is the run's identity; what it resolves to is the machine's. A run started with native bf16
     and resumed without it says so, records the new precision and times its steps afresh."""
-    from benchctl import data
-    from benchctl import db as dbm
-    from benchctl.config import make_config
-    from benchctl.train import train_run
+    from benchctl.core import data
+    from benchctl.core import db as dbm
+    from benchctl.core.config import make_config
+    from benchctl.stages.train.engine import train_run
 
     monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
     cfg = make_config("tiny", "control", overrides={"data.source": str(tinystories_dir), "train.max_steps": 8,

@@ -20,10 +20,10 @@ import pytest
 from scipy import stats as sps
 from typer.testing import CliRunner
 
-from benchctl import db as dbm
-from benchctl import judge
-from benchctl.config import make_config
-from benchctl.errors import ConfigError, JudgeError
+from benchctl.core import db as dbm
+from benchctl.stages.judge import api as judge
+from benchctl.core.config import make_config
+from benchctl.core.errors import ConfigError, JudgeError
 import fake_gemini as fg  # tests/ is on sys.path under pytest (no package __init__)
 
 # The shipped grading prompt's version. Every stored grade carries it, so an edit to the prompt file starts a new set
@@ -378,7 +378,7 @@ def test_concurrency_never_exceeds_the_limit(tmp_path):
 
 
 def test_progress_is_reported_through_the_given_reporter(tmp_path, server):
-    from benchctl.progress import Progress
+    from benchctl.core.progress import Progress
 
     out = io.StringIO()
     reporter = Progress(enabled=True, interactive=False, stream=out, interval=0.0)
@@ -611,7 +611,7 @@ def test_cli_protocol_option(tmp_path, server, monkeypatch):
 
 def test_per_model_rows_keep_a_plans_variants_of_one_architecture_apart():
     """control and control-16 are both `control` runs, but different models: their grades are never pooled."""
-    from benchctl.judge.summary import per_arch
+    from benchctl.stages.judge.summary import per_arch
 
     samples = [{"sample_id": f"{v}-{i}", "preset": "tiny", "arch": "control", "variant": v}
                for v in ("control-16", "control") for i in range(2)]

@@ -16,12 +16,12 @@ import sys
 
 import pytest
 
-from benchctl import data as datamod
-from benchctl import db as dbm
-from benchctl import evaluate as ev
-from benchctl.checkpoint import CKPT_NAME, run_dir
+from benchctl.core import data as datamod
+from benchctl.core import db as dbm
+from benchctl.stages.eval import api as ev
+from benchctl.core.checkpoint import CKPT_NAME, run_dir
 from benchctl.cli import main
-from benchctl.config import RunConfig
+from benchctl.core.config import RunConfig
 
 
 def run_cli(argv: list[str]) -> None:

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import architectures
-from benchctl import curriculum
-from benchctl.config import make_config
-from benchctl.optim import MuonAdamW, hidden_matrices, make_optimizer
+from benchctl.stages.train import curriculum
+from benchctl.core.config import make_config
+from benchctl.stages.train.optim import MuonAdamW, hidden_matrices, make_optimizer
 from test_train import _final_state, cli_proc
 
 

@@ -17,9 +17,10 @@ import pytest
 from typer.testing import CliRunner
 
 import architectures
-from benchctl import accounting, paper
+from benchctl.core import accounting
+from benchctl.core import paper
 from benchctl.cli import app, main
-from benchctl.config import make_config
+from benchctl.core.config import make_config
 
 TOTALS = {"control": 4_212_992, "frailt": 4_214_016, "three-part": 4_344_320, "relaxed": 5_462_272}
 runner = CliRunner()

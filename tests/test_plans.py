@@ -7,12 +7,13 @@ import sqlite3
 
 import pytest
 
-from benchctl import accounting, plans
-from benchctl import db as dbm
+from benchctl import plans
+from benchctl.core import accounting
+from benchctl.core import db as dbm
 from benchctl import report
 from benchctl.cli import main
-from benchctl.config import make_config, run_id
-from benchctl.errors import ConfigError
+from benchctl.core.config import make_config, run_id
+from benchctl.core.errors import ConfigError
 from tests.fixtures_db import CONTROLS_VARIANTS, DEPTH_VARIANTS, FINGERPRINT, build_plan_fixture_db
 
 GOOD = """name = "mine"
@@ -210,7 +211,7 @@ def test_report_sections_for_models_of_different_sizes(rendered):
 
 
 def test_no_significant_difference_is_said_when_holm_p_is_large():
-    from benchctl.report.sections.fair import sentence
+    from benchctl.stages.report.fair import sentence
 
     r = {"a": "frailt", "b": "control", "matched": "unique parameters", "params_ratio": 1.0, "fpt_ratio": 3.4,
          "train_flops_ratio": 3.4, "diff": -0.1, "lo": -0.19, "hi": -0.01, "p": 0.03, "p_holm": 0.09}

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import architectures
-from benchctl import runtime
-from benchctl.config import make_config
-from benchctl.errors import ConfigError
-from benchctl.train import make_optimizer, train_step
+from benchctl.core import runtime
+from benchctl.core.config import make_config
+from benchctl.core.errors import ConfigError
+from benchctl.stages.train.engine import make_optimizer, train_step
 
 CPU = torch.device("cpu")
 

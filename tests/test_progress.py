@@ -7,7 +7,7 @@ import io
 
 from rich.console import Console
 
-from benchctl.progress import Progress
+from benchctl.core.progress import Progress
 
 
 def _plain(enabled: bool = True, interval: float = 3600.0) -> tuple[Progress, io.StringIO]:

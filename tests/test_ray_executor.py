@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from benchctl import checkpoint as ckpt
+from benchctl.core import checkpoint as ckpt
 from benchctl import study
-from benchctl.errors import ConfigError
-from benchctl.executors import Execution, RunSpec
-from benchctl.executors import ray as ray_exec
+from benchctl.core.errors import ConfigError
+from benchctl.stages.train.executors import Execution, RunSpec
+from benchctl.stages.train.executors import ray as ray_exec
 
 ray = pytest.importorskip("ray")
 
@@ -39,7 +39,7 @@ def cluster():
 
 
 def _setup(tmp_path, monkeypatch, tinystories_dir, archs, seeds, overrides=None):
-    from benchctl import data
+    from benchctl.core import data
 
     monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
     cfgs = study.sweep("tiny", archs, seeds, {**(overrides or {}), "data.source": str(tinystories_dir)})

@@ -14,11 +14,12 @@ import pytest
 from scipy import stats as sps
 from typer.testing import CliRunner
 
-from benchctl import db as dbmod
-from benchctl import paper, report
-from benchctl import stats as bstats
+from benchctl.core import db as dbmod
+from benchctl import report
+from benchctl.core import paper
+from benchctl.core import stats as bstats
 from benchctl.cli import app, main
-from benchctl.errors import ConfigError, DatabaseError
+from benchctl.core.errors import ConfigError, DatabaseError
 from fixtures_db import JUDGE_MODEL, PROMPT_HASH, STUDY_ARCHS, build_fixture_db
 
 SECTIONS = ("Runs", "Models", "Training cost", "Loss", "Judge", "Judge reliability", "lm-eval", "Test-time recurrence",
@@ -182,7 +183,7 @@ _KNOWN_COMPONENTS = ("embedding", "blocks", "depth_encoding", "adapter", "recurr
 def test_models_table_shows_every_component_any_model_reports(tmp_path, monkeypatch):
     """A fifth architecture's own component gets a column (placed in its model's order), models without it show
     0, and each row's components add up to its total."""
-    from benchctl import accounting
+    from benchctl.core import accounting
     from benchctl.report import frames
 
     real = accounting.describe
@@ -514,7 +515,7 @@ def test_partial_database_runs_only(tmp_path):
 def test_no_finished_runs(tmp_path):
     p = tmp_path / "r.db"
     db = dbmod.connect(p)
-    from benchctl.config import make_config
+    from benchctl.core.config import make_config
 
     for arch, status in (("control", "running"), ("frailt", "failed")):
         cfg = make_config("tiny", arch, 0)

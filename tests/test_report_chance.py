@@ -10,8 +10,8 @@ import pytest
 from scipy import stats as sps
 
 from benchctl import report
-from benchctl import stats as bstats
-from benchctl.report import chance as chance_mod
+from benchctl.core import stats as bstats
+from benchctl.stages.eval import chance as chance_mod
 from fixtures_db import STUDY_ARCHS, build_fixture_db
 from test_report import by_model, section, tables
 

@@ -7,7 +7,7 @@ import torch
 
 import architectures
 from architectures import retrofit as rf
-from benchctl.config import make_config
+from benchctl.core.config import make_config
 
 
 def _model(arch: str, **over):

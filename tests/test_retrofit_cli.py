@@ -6,7 +6,7 @@ import sqlite3
 
 import pytest
 
-from benchctl import db as dbm
+from benchctl.core import db as dbm
 from test_train import run_cli
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from benchctl import plans
 from benchctl.cli import main
-from benchctl.errors import ConfigError
+from benchctl.core.errors import ConfigError
 from benchctl.study import StudyOptions, run_study
 
 PLAN = """name = "mini-retrofit"
@@ -123,7 +123,7 @@ def _rows(db_path, sql):
 
 def test_study_converts_the_parent_resumes_a_stopped_conversion_and_a_rerun_trains_nothing(
         tmp_path, tinystories_dir, monkeypatch):
-    from benchctl import train
+    from benchctl.stages.train import engine as train
 
     monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
     opts = StudyOptions(preset="tiny", plan=str(write(tmp_path, PLAN)), seeds=[0], db_path=tmp_path / "r.db",
@@ -167,7 +167,7 @@ def test_study_converts_the_parent_resumes_a_stopped_conversion_and_a_rerun_trai
 
 def test_a_conversion_whose_parent_failed_is_reported_not_run(tmp_path, tinystories_dir, monkeypatch):
     from benchctl import stages
-    from benchctl.errors import BenchctlError
+    from benchctl.core.errors import BenchctlError
 
     monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
     train = next(s for s in stages.registered() if s.name == "train")

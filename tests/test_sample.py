@@ -1,4 +1,4 @@
-"""Tests of benchctl.sample and `benchctl sample`: the prompt rule, the KV-cached ragged generation against a naive
+"""Tests of benchctl.stages.sample.engine and `benchctl sample`: the prompt rule, the KV-cached ragged generation against a naive
 full-sequence loop for every architecture, per-row seeding, stopping, and the pipeline on real tiny checkpoints
 (trained for two steps through the real `train-all` once per module) — storage, settings, idempotence, resume,
 reproducibility, recurrence overrides and the CLI."""
@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 
 import architectures
 from architectures.generate import sample_next
-from benchctl import db as dbm
-from benchctl import sample as smp
-from benchctl.errors import CheckpointError, ConfigError, DataError, EvalError
+from benchctl.core import db as dbm
+from benchctl.stages.sample import engine as smp
+from benchctl.core.errors import CheckpointError, ConfigError, DataError, EvalError
 
 # ---- the prompt rule -------------------------------------------------------------------------------------------------
 
@@ -307,8 +307,8 @@ def test_two_jobs_store_the_same_samples_as_one(results, capsys):
 
 
 def test_completion_continues_the_prompt_text(results, trained):
-    from benchctl import checkpoint
-    from benchctl.data import Tokenizer
+    from benchctl.core import checkpoint
+    from benchctl.core.data import Tokenizer
 
     db = dbm.connect(results)
     run = dbm.runs(db)[0]
@@ -345,7 +345,7 @@ def test_run_selection_errors(results, tmp_path):
 def test_progress_reports_on_the_given_reporter(results):
     import io
 
-    from benchctl.progress import Progress
+    from benchctl.core.progress import Progress
 
     out = io.StringIO()
     reporter = Progress(enabled=True, interactive=False, stream=out, interval=3600.0)

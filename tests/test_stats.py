@@ -1,4 +1,4 @@
-"""benchctl.stats against independent computations (hand formulas, scipy.stats) and its edge cases."""
+"""benchctl.core.stats against independent computations (hand formulas, scipy.stats) and its edge cases."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from benchctl import stats
+from benchctl.core import stats
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import pytest
 
 from benchctl import report, stages, study
 from benchctl.cli import main
-from benchctl.errors import Aborted, BenchctlError
+from benchctl.core.errors import Aborted, BenchctlError
 from benchctl.study import StudyOptions, run_study
 from fixtures_db import build_fixture_db
 
@@ -70,12 +70,13 @@ def test_failed_training_runs_are_reported_after_the_report(tmp_path, monkeypatc
 
 def test_duplicate_stage_names_are_refused(monkeypatch):
     stages.registered.cache_clear()
-    fake_mod = types.ModuleType("benchctl.stages.twin")
+    fake_mod = types.ModuleType("benchctl.stages.twin.stage")
     fake_mod.STAGE = stages.Stage(name="judge", order=45)
-    monkeypatch.setitem(__import__("sys").modules, "benchctl.stages.twin", fake_mod)
+    monkeypatch.setitem(__import__("sys").modules, "benchctl.stages.twin", types.ModuleType("benchctl.stages.twin"))
+    monkeypatch.setitem(__import__("sys").modules, "benchctl.stages.twin.stage", fake_mod)
     real_iter = stages.pkgutil.iter_modules
     monkeypatch.setattr(stages.pkgutil, "iter_modules",
-                        lambda path: list(real_iter(path)) + [types.SimpleNamespace(name="twin")])
+                        lambda path: list(real_iter(path)) + [types.SimpleNamespace(name="twin", ispkg=True)])
     try:
         with pytest.raises(RuntimeError, match="same name 'judge'"):
             stages.registered()
@@ -88,7 +89,7 @@ def slow_estimate(monkeypatch):
     """Training that would take two hours on a CPU."""
     import torch
 
-    from benchctl import train
+    from benchctl.stages.train import engine as train
 
     monkeypatch.setattr(train, "estimate_seconds", lambda cfgs, prepared: 7200.0)
     monkeypatch.setattr(train, "resolve_device", lambda device: torch.device("cpu"))

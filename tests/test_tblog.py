@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchctl import tblog
-from benchctl.errors import ConfigError
+from benchctl.stages.train import tblog
+from benchctl.core.errors import ConfigError
 
 RUN = "control-tiny-s0-0123456789"
 
@@ -66,7 +66,7 @@ def test_killed_and_resumed_run_has_the_final_values_and_no_duplicated_steps(tmp
     script = textwrap.dedent(f"""
         import os, signal, sys
         sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
-        from benchctl import tblog
+        from benchctl.stages.train import tblog
         from tests.test_tblog import rows_for
         mirror = tblog.open_mirror({str(db_path)!r}, {RUN!r}, start_step=0, on=True)
         for step in range(0, 21):

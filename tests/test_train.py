@@ -15,10 +15,10 @@ import pytest
 import torch
 
 import architectures
-from benchctl import db as dbm
+from benchctl.core import db as dbm
 from benchctl.cli import main
-from benchctl.config import make_config
-from benchctl.train import get_lr, make_optimizer
+from benchctl.core.config import make_config
+from benchctl.stages.train.engine import get_lr, make_optimizer
 
 REPO = Path(__file__).resolve().parents[1]
 FAST = ["--set", "train.max_steps=12", "--set", "train.eval_interval=4", "--set", "train.ckpt_interval=3",
@@ -84,8 +84,8 @@ def _final_state(db_path: Path, arch: str = "control"):
 
 def test_resume_in_process_is_bit_identical(tmp_path, tinystories_dir, monkeypatch):
     """stop after step 5 (mid checkpoint interval) and resume: same weights, same metrics as one go."""
-    from benchctl import data
-    from benchctl.train import train_run
+    from benchctl.core import data
+    from benchctl.stages.train.engine import train_run
 
     monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
     overrides = {"data.source": str(tinystories_dir), "train.max_steps": 10, "train.eval_interval": 4,
@@ -278,8 +278,8 @@ def test_checkpoint_from_another_config_is_refused(tmp_path, tinystories_dir, mo
     (a_id,) = con.execute("select id from runs").fetchone()
     con.close()
     # plant control's checkpoint where the seed-1 run will look for its own
-    from benchctl import data
-    from benchctl.config import run_id
+    from benchctl.core import data
+    from benchctl.core.config import run_id
 
     cfg1 = make_config("tiny", "control", 1, {"data.source": str(tinystories_dir), "train.max_steps": 2, "train.warmup_steps": 1})
     prepared = data.prepare(cfg1.data, cfg1.model.vocab_size, progress=False)

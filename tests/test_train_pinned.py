@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from benchctl import db as dbm
+from benchctl.core import db as dbm
 from tests.conftest import synthetic_stories
 
 # arch -> (initial validation loss, validation loss at step 4, final validation loss at step 8)
@@ -35,13 +35,13 @@ def synthetic_dir(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("arch", list(PINNED))
 def test_tiny_losses_are_pinned(arch, synthetic_dir, tmp_path, monkeypatch):
-    from benchctl import data
-    from benchctl.config import make_config
-    from benchctl.train import train_run
+    from benchctl.core import data
+    from benchctl.core.config import make_config
+    from benchctl.stages.train.engine import train_run
 
     monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
     # the pins are fp32 numbers: `auto` would pick bf16 autocast on a CPU with native bf16
-    monkeypatch.setattr("benchctl.runtime.cpu_bf16_capability", lambda: None)
+    monkeypatch.setattr("benchctl.core.runtime.cpu_bf16_capability", lambda: None)
     overrides = {"data.source": str(synthetic_dir), "train.max_steps": 8, "train.eval_interval": 4,
                  "train.ckpt_interval": 4, "train.log_interval": 2, "train.warmup_steps": 2}
     cfg = make_config("tiny", arch, overrides=overrides)

@@ -25,7 +25,7 @@ def browse(
 ) -> None:
     """Browse results.db in Datasette (read-only): every table and column described, canned queries included."""
     from benchctl import browse as engine
-    from benchctl import db as dbm
+    from benchctl.core import db as dbm
 
     served = engine.check_database(db if db is not None else dbm.default_path())
     address = engine.url(host, port, served)

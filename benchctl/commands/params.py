@@ -10,7 +10,7 @@ from rich import box
 from rich.table import Table
 
 from benchctl.cli import JsonOpt, PresetOpt, SetOpt, app, console, split_list
-from benchctl.config import parse_set
+from benchctl.core.config import parse_set
 
 
 @app.command()
@@ -21,7 +21,7 @@ def params(
     as_json: JsonOpt = False,
 ) -> None:
     """Parameter accounting per architecture, with the study's published totals beside ours."""
-    from benchctl import accounting
+    from benchctl.core import accounting
 
     rows = accounting.table(preset, split_list(arch), parse_set(set_))
     if as_json:

@@ -38,9 +38,9 @@ def show(
     seeds: Annotated[Optional[str], typer.Option("--seeds", help="Comma list or range (default: the plan's).")] = None,
 ) -> None:
     """Resolve a plan at a preset: each variant's architecture, overrides, steps, parameters and training FLOPs."""
-    from benchctl import accounting
+    from benchctl.core import accounting
     from benchctl import plans as pl
-    from benchctl.retrofit import has_lora
+    from benchctl.stages.retrofit.engine import has_lora
     from benchctl.study import planned_runs
 
     plan, preset_, runs = planned_runs(name, preset, None, parse_seeds(seeds))

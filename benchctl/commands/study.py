@@ -9,7 +9,7 @@ import typer
 
 from benchctl.cli import DataOpt, DbOpt, ProgressOpt, SetOpt, YesOpt, app, console, parse_seeds, split_list
 from benchctl.cli import db_path_of, overrides_with_data
-from benchctl.commands.train import ExecutorOpt, RayAddressOpt, RunsDirOpt
+from benchctl.stages.train.cli import ExecutorOpt, RayAddressOpt, RunsDirOpt
 
 PlanOpt = Annotated[str, typer.Option("--plan", help="A built-in plan (see 'benchctl plans') or a plan file's path.")]
 PlanPresetOpt = Annotated[Optional[str], typer.Option(
@@ -50,8 +50,8 @@ def study(
     plan (default: the study's four models). Rerun to resume any stage."""
     from benchctl import stages
     from benchctl.commands.confirm import terminal_confirm
-    from benchctl.errors import ConfigError
-    from benchctl.runtime import Dist
+    from benchctl.core.errors import ConfigError
+    from benchctl.core.runtime import Dist
     from benchctl.study import StudyOptions, run_study
 
     skipped = tuple(split_list(skip) or ())

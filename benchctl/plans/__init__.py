@@ -11,7 +11,7 @@ A plan has a `name`, a one-line `description`, optionally a default `preset` and
     train_tokens = 5_000_000       # steps = ceil(tokens / tokens per step)
     match_train_flops = "frailt"   # steps so that training FLOPs equal that variant's
 
-A variant can instead be a conversion of another variant of the same plan (a retrofit, see benchctl.retrofit):
+A variant can instead be a conversion of another variant of the same plan (a retrofit, see benchctl.stages.retrofit.engine):
 
     [[variant]]
     name = "relaxed-avg-svd"
@@ -45,8 +45,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from benchctl.config import RunConfig, make_config, overrides_for, parse_set
-from benchctl.errors import ConfigError
+from benchctl.core.config import RunConfig, make_config, overrides_for, parse_set
+from benchctl.core.errors import ConfigError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -100,7 +100,7 @@ class PlannedRun:
 @dataclass(frozen=True)
 class PlannedConversion:
     """One conversion of a plan at one seed: the converted model's config (without `train.init_from`, which names
-    the parent's run id, known once the parent is trained: see benchctl.retrofit.attach) and its parent's config."""
+    the parent's run id, known once the parent is trained: see benchctl.stages.retrofit.engine.attach) and its parent's config."""
 
     variant: str
     parent: str  # the parent's variant name
@@ -265,14 +265,14 @@ def _check_parent(v: Variant, variants: list[Variant], path: Path) -> None:
 def train_flops(cfg: RunConfig) -> float:
     """Training FLOPs of a run: the model's FLOPs per token (forward + backward, recurrence and attention included)
     times the tokens it trains on (max_steps x tokens per step)."""
-    from benchctl import accounting
+    from benchctl.core import accounting
 
     return float(accounting.describe(cfg)["flops_per_token"]) * cfg.train.max_steps * cfg.tokens_per_step
 
 
 def iso_flop_steps(cfg: RunConfig, target_flops: float) -> int:
     """The optimizer steps at which `cfg` spends `target_flops` training FLOPs (nearest step, at least 1)."""
-    from benchctl import accounting
+    from benchctl.core import accounting
 
     per_step = float(accounting.describe(cfg)["flops_per_token"]) * cfg.tokens_per_step
     return max(1, round(target_flops / per_step))
@@ -344,7 +344,7 @@ def _resolve(plan: Plan, preset: str, seeds: list[int], overrides: dict[str, Any
 
 
 def _lora_init(v: Variant, cfg: RunConfig) -> str | None:
-    from benchctl.retrofit import has_lora
+    from benchctl.stages.retrofit.engine import has_lora
 
     return (v.lora_init or "svd") if has_lora(cfg) else None
 
@@ -353,7 +353,7 @@ def _conversion_config(plan: Plan, v: Variant, parent: RunConfig, overrides: dic
                        scope: list[str]) -> RunConfig:
     """A conversion's config (as `benchctl retrofit` builds it from the parent's), checked by trying the weight
     surgery on shape-only models of the parent and the target."""
-    from benchctl import retrofit as rf
+    from benchctl.stages.retrofit import engine as rf
 
     sets = {**overrides_for(v.arch, overrides, scope), **v.sets}
     try:
@@ -406,7 +406,7 @@ def _with_length(plan: Plan, v: Variant, base: dict[str, RunConfig], done: dict[
 
 
 def _checked(plan: Plan, v: Variant, cfg: RunConfig, key: str) -> RunConfig:
-    from benchctl.config import validate
+    from benchctl.core.config import validate
 
     try:
         validate(cfg)

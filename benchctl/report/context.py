@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from benchctl.errors import ConfigError
+from benchctl.core.errors import ConfigError
 
 # The study's four architectures keep these colours everywhere (colour-blind safe, control in neutral grey);
 # other architectures and config variants take EXTRA_COLOURS in a fixed order.
@@ -68,7 +68,7 @@ def choose_preset(runs: pd.DataFrame, preset: str | None) -> tuple[str | None, l
             return None, []
         chosen = sorted(counts, key=lambda c: (-c[1], -c[2], c[0]))[0][0]
     else:
-        from benchctl.config import preset_names
+        from benchctl.core.config import preset_names
 
         known = sorted(set(preset_names()) | {c[0] for c in counts})
         if preset not in known:
@@ -98,7 +98,7 @@ def model_keys(config_json: Any) -> dict[str, Any]:
 
 
 def _preset_defaults(preset: str | None, arch: str) -> dict[str, Any] | None:
-    from benchctl.config import make_config
+    from benchctl.core.config import make_config
 
     try:
         flat = _flatten(make_config(preset or "", arch).to_dict())

@@ -11,7 +11,7 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from benchctl import stats
+from benchctl.core import stats
 
 
 def missing(x: Any) -> bool:

@@ -1,6 +1,6 @@
 """Pure computations from the loaded tables to one DataFrame per report table or figure (no I/O, no formatting).
 
-Only runs with status `done` enter the statistics. Means carry 95% t-intervals over seeds (benchctl.stats);
+Only runs with status `done` enter the statistics. Means carry 95% t-intervals over seeds (benchctl.core.stats);
 comparisons between models carry Holm-adjusted p-values per quantity, and their verdicts are decided on those.
 """
 
@@ -14,8 +14,9 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from benchctl import paper, stats
-from benchctl.errors import ConfigError
+from benchctl.core import paper
+from benchctl.core import stats
+from benchctl.core.errors import ConfigError
 from benchctl.report.context import CONTROL, Context, arch_rank, model_keys
 from benchctl.report.fmt import py
 from benchctl.report.load import Data
@@ -49,7 +50,7 @@ def status_frame(ctx: Context) -> pd.DataFrame:
 
 def accounting_frame(ctx: Context) -> pd.DataFrame:
     """Parameters by component, totals, effective parameters and FLOPs/token per model, from the runs' configs
-    (benchctl.accounting); falls back to the numbers recorded in the runs table when a config cannot be rebuilt.
+    (benchctl.core.accounting); falls back to the numbers recorded in the runs table when a config cannot be rebuilt.
 
     Components are whatever the models report, not a fixed list, so a new architecture's own parts get columns:
     the `components` column holds each row's component names in model order, `component_order` merges them, and
@@ -89,7 +90,7 @@ def _components_of(described: dict[str, Any]) -> list[str]:
     accounting module's fixed set of components instead."""
     if described.get("components") is not None:
         return [str(c) for c in described["components"]]
-    from benchctl import accounting
+    from benchctl.core import accounting
 
     return [c for c in getattr(accounting, "COMPONENTS", ()) if c in described]
 
@@ -111,8 +112,8 @@ def component_order(per_model: Iterable[list[str]]) -> list[str]:
 @functools.lru_cache(maxsize=256)
 def _describe(config_json: str) -> dict[str, Any]:
     """accounting.describe of a stored config; cached because building even a meta-device model takes ~0.5 s."""
-    from benchctl import accounting
-    from benchctl.config import RunConfig
+    from benchctl.core import accounting
+    from benchctl.core.config import RunConfig
 
     return dict(accounting.describe(RunConfig.from_json(config_json)))
 
@@ -131,7 +132,7 @@ def paper_accounting_frame() -> pd.DataFrame:
 def _paper_accounting() -> tuple[dict[str, Any], ...]:
     import architectures
 
-    from benchctl import accounting
+    from benchctl.core import accounting
 
     names = [a for a in architectures.names() if a in paper.TOTAL_PARAMS]
     return tuple(accounting.table("paper", names))
@@ -358,7 +359,7 @@ JUDGE_AVERAGE = "judge average"
 
 
 def comparison_frame(ctx: Context, judge: JudgeGroup | None = None) -> pd.DataFrame:
-    """Differences a − b in final validation loss (benchctl.stats.compare_seeds: paired t over shared seeds, Welch
+    """Differences a − b in final validation loss (benchctl.core.stats.compare_seeds: paired t over shared seeds, Welch
     when the seeds differ) and judge average (stats.compare_judge: t over per-seed mean differences, or over prompts
     with one seed), with 95% CI, p, Holm-adjusted p per quantity, and a verdict sentence decided on the adjusted p."""
     cols = ["a", "b", "quantity", "method", "n_a", "n_b", "n_prompts", "scope", "diff", "lo", "hi", "p",

@@ -1,4 +1,4 @@
-"""Reading results.db for the report: the only place besides benchctl.db that runs SQL, and it only reads.
+"""Reading results.db for the report: the only place besides benchctl.core.db that runs SQL, and it only reads.
 
 Every table the report needs becomes one DataFrame with every schema column present (an older database gets NULLs
 for columns it lacks, a missing table an empty frame), sorted by primary key so the same database always gives the
@@ -15,8 +15,8 @@ from typing import Any
 
 import pandas as pd
 
-from benchctl.db import SCHEMA_VERSION, schema_columns
-from benchctl.errors import DatabaseError
+from benchctl.core.db import SCHEMA_VERSION, schema_columns
+from benchctl.core.errors import DatabaseError
 
 # Columns the report reads; large text columns (completions, raw judge answers, configs of bench rows) are skipped.
 # (bench's config_json is read: the cost section matches bench rows to models by config.)

@@ -89,7 +89,7 @@ def plan_only(data: Data, plan: str) -> Data:
     plans that have some."""
     from dataclasses import replace
 
-    from benchctl.errors import ConfigError
+    from benchctl.core.errors import ConfigError
 
     pr = data.plan_runs
     known = sorted(set(pr["plan"])) if not pr.empty else []

@@ -1,9 +1,9 @@
-"""The study's stages as a registry: each stage is one module here that defines `STAGE = Stage(...)`.
+"""The study's stages as a registry: each stage is one folder here whose `stage.py` defines `STAGE = Stage(...)`.
 
 A stage has a name, a position in the study (`order`), a `run(study)` that does its work through the engine and
 the database (resumable: it skips what is already stored), and the report sections that show its results. `benchctl
 study` runs the registered stages in order and the report renders their sections in the same order, so adding a
-stage is adding one module to this package; neither the study loop nor the report's top level names any stage.
+stage is adding one folder to this package; neither the study loop nor the report's top level names any stage.
 
 Orders in use: prepare 10, train 20, bench 22, retrofit 25, sample 30, judge 40, eval 50, depth 55, report 100 (the report
 stage closes the report with the comparisons across stages, benchmark rows and provenance). Leave gaps so new stages
@@ -80,7 +80,7 @@ class StudyRun:
 
     @functools.cached_property
     def db(self) -> Any:
-        from benchctl import db as dbm
+        from benchctl.core import db as dbm
 
         return dbm.connect(self.opts.db_path)
 
@@ -90,7 +90,9 @@ def registered() -> tuple[Stage, ...]:
     """Every stage defined in this package, in study order. A name or order used twice is a programming error."""
     found: list[Stage] = []
     for mod in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        stage = getattr(importlib.import_module(f"{__name__}.{mod.name}"), "STAGE", None)
+        if not mod.ispkg:
+            continue
+        stage = getattr(importlib.import_module(f"{__name__}.{mod.name}.stage"), "STAGE", None)
         if isinstance(stage, Stage):
             found.append(stage)
     for attr in ("name", "order"):

@@ -1,0 +1,73 @@
+"""`benchctl depth`: validation loss of finished runs against inference depth, or with the adaptive exit.
+
+Thin: parse the options, call `benchctl.stages.depth.engine.depth_all`, print the rows measured. What is measured and stored is
+described in `benchctl.stages.depth.engine`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+from rich import box
+from rich.table import Table
+
+from benchctl.cli import DbOpt, app, console, split_list
+
+
+@app.command()
+def depth(
+    runs: Annotated[Optional[str], typer.Option("--runs", help="Only these run ids (comma list).")] = None,
+    archs: Annotated[Optional[str], typer.Option("--archs", help="Only these architectures (comma list).")] = None,
+    preset: Annotated[Optional[str], typer.Option("--preset", "-p", help="Only runs of this preset.")] = None,
+    depths: Annotated[Optional[str], typer.Option(
+        "--depths", help="Inference depths (comma list; default 1,2,4,8,16,32).")] = None,
+    exit_rule: Annotated[Optional[str], typer.Option(
+        "--exit", help="Adaptive exit instead of fixed depths: kl (next-token distributions) or latent (state).")
+    ] = None,
+    thresholds: Annotated[Optional[str], typer.Option(
+        "--thresholds", help="Exit thresholds (comma list; default 1e-2,1e-3,1e-4).")] = None,
+    max_depth: Annotated[Optional[int], typer.Option(
+        "--max-depth", help="Maximum depth with --exit (default: each run's trained depth).")] = None,
+    windows: Annotated[Optional[int], typer.Option(
+        "--windows", help="Only the first N of the run's fixed validation windows (default: all).")] = None,
+    extrapolate: Annotated[Optional[str], typer.Option(
+        "--extrapolate", help="Iterations past the trained depth: frailt last|cycle|none (default last), "
+        "relaxed cycle|last|none (default cycle).")] = None,
+    device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda, cuda:N or mps.")] = "auto",
+    db: DbOpt = None,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress.")] = True,
+) -> None:
+    """Loss against inference depth (or per adaptive-exit threshold) for every finished run; reruns skip stored rows."""
+    from benchctl.core import db as dbm
+    from benchctl.stages.depth import engine as dp
+    from benchctl.cli import db_path_of
+    from benchctl.core.progress import Progress
+
+    # option errors first, before the database is opened
+    dp.parse_depths(depths)
+    dp.parse_thresholds(thresholds)
+    dp.check_exit_rule(exit_rule)
+    dp.check_extrapolate(extrapolate)
+    path = db_path_of(db)
+    handle = dbm.connect(path, create=False)
+    reporter = Progress(enabled=progress, console=console)
+    s = dp.depth_all(handle, path, run_ids=split_list(runs), archs=split_list(archs), preset=preset, depths=depths,
+                     exit_rule=exit_rule, thresholds=thresholds, max_depth=max_depth, windows=windows,
+                     extrapolate=extrapolate, device=device, progress=reporter)
+    t = Table(title="test-time depth (rows measured by this call)", title_justify="left", box=box.SIMPLE_HEAD)
+    for head in ("arch", "seed", "trained", "setting", "extrapolate", "val loss", "mean depth", "tok/s", "GFLOP/tok"):
+        t.add_column(head, justify="left" if head in ("arch", "setting", "extrapolate") else "right", no_wrap=True)
+    for r in s.rows:
+        setting = dp.Setting(r["n_recur"], r["exit_rule"], r["threshold"], r["extrapolate"]).label
+        t.add_row(r["arch"], str(r["seed"]), str(r["trained_n_recur"]), setting, r["extrapolate"] or "-",
+                  f"{r['val_loss']:.4f}", f"{r['mean_depth']:.2f}", f"{r['tokens'] / r['seconds']:,.0f}",
+                  f"{r['flops_per_token'] / 1e9:.4f}")
+    console.print(t)
+    console.print(
+        f"{len(s.rows)} measured, {s.skipped} already stored, {s.seconds:.1f} s. Mean depth = average exit iteration "
+        "over tokens; every iteration is still computed, so it is the compute an implementation skipping exited "
+        "tokens would spend (FLOPs/token of exit rows: at that mean depth). All rows: sqlite-utils "
+        f"{path} 'select * from depth_results' --table",
+        highlight=False, soft_wrap=True,
+    )

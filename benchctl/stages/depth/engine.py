@@ -1,0 +1,320 @@
+"""Test-time recurrence: validation loss of finished runs against inference depth, and with the adaptive exit.
+
+Depth changes after training: a recurrent model can run fewer or more iterations than it was trained with, and with
+an adaptive exit each token can stop on its own. For every finished run this measures, per setting:
+
+- a fixed depth d (`--depths`): the loss at d iterations. Past the trained depth FraiLT and relaxed follow their
+  extrapolation rule (`--extrapolate`, else the architecture's default: FraiLT `last`, relaxed `cycle`); three-part
+  runs any depth as it is. An architecture without the iteration hooks (the control) gets one row at its fixed
+  depth, which the report draws as a horizontal reference line.
+- an exit setting (`--exit kl|latent --thresholds ...`): the loss with the per-token adaptive exit
+  (`architectures.base.BaseLM.iterate`) at maximum depth `--max-depth` (default: the run's trained depth), and the
+  mean exit depth over tokens. Every iteration is still computed for every token, so the mean depth is what an
+  implementation that skips exited tokens would spend; FLOPs/token for these rows are the model's forward FLOPs at
+  that mean depth (linear between integer depths; the exit check's extra head/coda passes not counted).
+
+The loss is measured on the first `--windows` N of the run's own fixed validation windows (the set `train` evaluates
+on, same seed; all of them by default), in eval mode, under `torch.no_grad()`, with the run's autocast rule, and
+with the torch RNG seeded from the run's `eval.val_seed` (three-part draws its random initial state from it), so a
+row is reproducible and the trained-depth row equals the run's final validation loss when all windows are used.
+
+Rows go to `depth_results`, one per (run, depth, exit rule, threshold, extrapolation rule, windows), each written as
+soon as it is measured: a rerun skips what is stored, and a killed run keeps what it finished.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchctl.core import db as dbm
+from benchctl.core.errors import ConfigError, DataError, EvalError
+from benchctl.core.progress import Progress, as_progress, silent
+
+DEFAULT_DEPTHS = (1, 2, 4, 8, 16, 32)
+DEFAULT_THRESHOLDS = (1e-2, 1e-3, 1e-4)
+EXIT_RULES = ("kl", "latent")
+
+
+@dataclass(frozen=True, order=True)
+class Setting:
+    """One measurement of a run: fixed depth (exit_rule "") or an adaptive exit with n_recur the maximum depth."""
+
+    n_recur: int
+    exit_rule: str = ""
+    threshold: float = 0.0
+    extrapolate: str = ""
+
+    @property
+    def label(self) -> str:
+        if not self.exit_rule:
+            return f"depth {self.n_recur}"
+        return f"{self.exit_rule} < {self.threshold:g} (max {self.n_recur})"
+
+
+@dataclass
+class DepthSummary:
+    rows: list[dict[str, Any]] = field(default_factory=list)  # measured by this call
+    skipped: int = 0  # already stored
+    seconds: float = 0.0
+
+
+def parse_depths(text: str | Sequence[int] | None, option: str = "--depths") -> list[int]:
+    """"1,2,4" -> [1, 2, 4]: positive integers, duplicates dropped; a ConfigError naming the option otherwise."""
+    if text is None:
+        return list(DEFAULT_DEPTHS)
+    parts = [p.strip() for p in text.split(",")] if isinstance(text, str) else [str(p) for p in text]
+    try:
+        out = [int(p) for p in parts if p]
+    except ValueError:
+        raise ConfigError(f"{option}: expected a comma list of integers >= 1, got {text!r}") from None
+    if not out or any(d < 1 for d in out):
+        raise ConfigError(f"{option}: expected a comma list of integers >= 1, got {text!r}")
+    return sorted(set(out))
+
+
+def parse_thresholds(text: str | Sequence[float] | None) -> list[float]:
+    if text is None:
+        return list(DEFAULT_THRESHOLDS)
+    parts = [p.strip() for p in text.split(",")] if isinstance(text, str) else [str(p) for p in text]
+    try:
+        out = [float(p) for p in parts if p]
+    except ValueError:
+        raise ConfigError(f"--thresholds: expected a comma list of numbers >= 0, got {text!r}") from None
+    if not out or any(not (t >= 0 and math.isfinite(t)) for t in out):
+        raise ConfigError(f"--thresholds: expected a comma list of numbers >= 0, got {text!r}")
+    return sorted(set(out), reverse=True)
+
+
+def check_exit_rule(rule: str | None) -> str | None:
+    if rule is not None and rule not in EXIT_RULES:
+        import architectures
+
+        raise ConfigError(f"--exit: unknown rule '{rule}'{architectures.did_you_mean(rule, EXIT_RULES)} "
+                          f"choose {' or '.join(EXIT_RULES)}")
+    return rule
+
+
+def check_extrapolate(rule: str | None) -> str | None:
+    """A rule no registered architecture knows is an error, even for a selection that would not use it."""
+    import architectures
+
+    known = sorted({r for a in architectures.names() for r in architectures.get(a).extrapolate_rules})
+    if rule is not None and rule not in known:
+        raise ConfigError(f"--extrapolate: unknown rule '{rule}'{architectures.did_you_mean(rule, known)} "
+                          f"known: {', '.join(known)}")
+    return rule
+
+
+def settings_for(arch_cls: Any, trained: int, *, depths: Sequence[int], exit_rule: str | None,
+                 thresholds: Sequence[float], max_depth: int | None, extrapolate: str | None,
+                 with_trained: bool = False) -> list[Setting]:
+    """The settings to measure for one run of `arch_cls` trained at depth `trained`; `with_trained` adds the trained
+    depth and twice it to the depths (the report judges extrapolation from those two)."""
+    if not arch_cls.iterable():  # fixed depth: one reference row in a depth sweep, nothing to exit from
+        return [Setting(trained)] if exit_rule is None else []
+    if extrapolate is not None and arch_cls.extrapolate_rules and extrapolate not in arch_cls.extrapolate_rules:
+        raise ConfigError(f"--extrapolate: {arch_cls.name} accepts {', '.join(arch_cls.extrapolate_rules)}; "
+                          f"got {extrapolate!r}")
+    rule = arch_cls.resolve_extrapolate(extrapolate) if arch_cls.extrapolate_rules else None
+    ext = rule or ""
+    if exit_rule is None:
+        ds = sorted(set(depths) | ({trained, 2 * trained} if with_trained else set()))
+        return [Setting(d, "", 0.0, ext) for d in ds]
+    return [Setting(max_depth or trained, exit_rule, float(t), ext) for t in thresholds]
+
+
+def flops_at(model: Any, depth: float) -> float:
+    """Forward FLOPs/token at a (possibly fractional) mean depth, linear between the neighbouring integer depths."""
+    lo = max(1, math.floor(depth))
+    f_lo = model.flops_per_token(training=False, n_recur=lo)
+    if depth == lo:
+        return f_lo
+    return f_lo + (depth - lo) * (model.flops_per_token(training=False, n_recur=lo + 1) - f_lo)
+
+
+def measure(model: Any, windows: Any, batch_size: int, device: Any, amp: Any, seed: int, s: Setting
+            ) -> dict[str, Any]:
+    """Loss, exit-depth histogram and timing of one setting over the windows (N, T+1)."""
+    import torch
+
+    from architectures.base import ExitRule
+
+    model.eval()
+    rule = ExitRule(s.exit_rule, s.threshold) if s.exit_rule else None
+    total, count = 0.0, 0
+    hist: dict[int, int] = {}
+    devices = [device] if device.type == "cuda" else []
+    t0 = time.perf_counter()
+    with torch.no_grad(), torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        for i in range(0, len(windows), batch_size):
+            w = windows[i : i + batch_size].to(device)
+            x, y = w[:, :-1], w[:, 1:]
+            with torch.autocast(device.type, dtype=amp) if amp else nullcontext():
+                if rule is None:
+                    kw = {"extrapolate": s.extrapolate} if s.extrapolate else {}
+                    _, loss = model(x, y, n_recur=s.n_recur, return_logits=False, **kw)
+                    depths = {s.n_recur: y.numel()}
+                else:
+                    out = model.iterate(x, y, n_recur=s.n_recur, return_logits=False,
+                                        extrapolate=s.extrapolate or None, exit=rule)
+                    loss = out.loss
+                    vals, counts = torch.unique(out.depths, return_counts=True)
+                    depths = dict(zip(vals.tolist(), counts.tolist()))
+            total += float(loss.double()) * y.numel()
+            count += y.numel()
+            for d, c in depths.items():
+                hist[int(d)] = hist.get(int(d), 0) + int(c)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - t0
+    mean_depth = sum(d * c for d, c in hist.items()) / count
+    return {"val_loss": total / count, "mean_depth": mean_depth, "tokens": count, "seconds": seconds,
+            "depth_hist": json.dumps({str(d): hist[d] for d in sorted(hist)})}
+
+
+@dataclass
+class _RunPlan:
+    row: dict[str, Any]
+    cfg: Any
+    settings: list[Setting]  # still to measure
+    windows: Any
+    n_windows: int
+
+
+def plan(db, rows: list[dict[str, Any]], *, depths: Sequence[int], exit_rule: str | None,
+         thresholds: Sequence[float], max_depth: int | None, extrapolate: str | None, windows: int | None,
+         progress: bool = False, with_trained: bool = False) -> tuple[list[_RunPlan], int]:
+    """Settings still to measure per run (every check done before any work), and how many are already stored."""
+    import architectures
+    from benchctl.core import data
+    from benchctl.core.config import RunConfig
+
+    plans, skipped, prepared_by_key = [], 0, {}
+    for row in rows:
+        cfg = RunConfig.from_json(row["config_json"])
+        cls = architectures.get(cfg.arch)
+        settings = settings_for(cls, int(cfg.model.n_recur), depths=depths, exit_rule=exit_rule,
+                                thresholds=thresholds, max_depth=max_depth, extrapolate=extrapolate,
+                                with_trained=with_trained)
+        n = min(windows or cfg.eval.val_windows, cfg.eval.val_windows)
+        have = dbm.depth_keys(db, row["id"])
+        todo = [s for s in settings
+                if (s.n_recur, s.exit_rule, s.threshold, s.extrapolate, n) not in have]
+        skipped += len(settings) - len(todo)
+        if not todo:
+            continue
+        key = json.dumps([dataclasses.asdict(cfg.data), cfg.model.vocab_size], sort_keys=True)
+        if key not in prepared_by_key:
+            prepared_by_key[key] = data.prepare(cfg.data, cfg.model.vocab_size, progress=progress)
+        prepared = prepared_by_key[key]
+        if row.get("data_fingerprint") and row["data_fingerprint"] != prepared.fingerprint:
+            raise DataError(f"run {row['id']} was trained on data {row['data_fingerprint'][:12]}, but its source "
+                            f"{cfg.data.source} now gives {prepared.fingerprint[:12]}; restore the original data")
+        win = data.val_windows(prepared.valid_tokens(), cfg.model.max_seq_len, cfg.eval.val_windows,
+                               cfg.eval.val_seed)[:n]
+        plans.append(_RunPlan(row, cfg, todo, win, n))
+    return plans, skipped
+
+
+def measure_run(db, db_path: Path, p: _RunPlan, device: Any, on_row: Callable[[dict[str, Any]], None]) -> None:
+    """Load one run's model and measure (and store) each of its missing settings."""
+    from benchctl.core import checkpoint
+    from benchctl.core.runtime import autocast_dtype
+
+    model, cfg, _ = checkpoint.load_model(checkpoint.run_dir(db_path, p.row["id"]) / checkpoint.CKPT_NAME, device)
+    amp = autocast_dtype(cfg, device)
+    for s in p.settings:
+        m = measure(model, p.windows, cfg.eval.val_batch_size, device, amp, cfg.eval.val_seed, s)
+        flops = flops_at(model, m["mean_depth"]) if s.exit_rule else model.flops_per_token(
+            training=False, n_recur=s.n_recur)
+        row = {"run_id": p.row["id"], "n_recur": s.n_recur, "exit_rule": s.exit_rule, "threshold": s.threshold,
+               "extrapolate": s.extrapolate, "windows": p.n_windows, **m, "flops_per_token": flops}
+        dbm.record_depth_result(db, row)
+        on_row({**row, "arch": p.row["arch"], "seed": p.row["seed"], "trained_n_recur": int(cfg.model.n_recur)})
+
+
+def depth_all(
+    db,
+    db_path: str | Path,
+    *,
+    run_ids: Sequence[str] | None = None,
+    archs: Sequence[str] | None = None,
+    preset: str | None = None,
+    depths: Sequence[int] | str | None = None,
+    exit_rule: str | None = None,
+    thresholds: Sequence[float] | str | None = None,
+    max_depth: int | None = None,
+    windows: int | None = None,
+    extrapolate: str | None = None,
+    device: str = "auto",
+    progress: bool | Progress = True,
+) -> DepthSummary:
+    """Measure every selected finished run at every requested setting; stored rows are skipped (see the docstring).
+
+    Without `depths` the default sweep also takes each run's trained depth and twice it."""
+    from benchctl.core.runtime import resolve_device
+
+    reporter = as_progress(progress)
+    with_trained = depths is None
+    depths = parse_depths(depths)
+    thresholds = parse_thresholds(thresholds)
+    check_exit_rule(exit_rule)
+    check_extrapolate(extrapolate)
+    if max_depth is not None and max_depth < 1:
+        raise ConfigError(f"--max-depth must be >= 1, got {max_depth}")
+    if windows is not None and windows < 1:
+        raise ConfigError(f"--windows must be >= 1, got {windows}")
+    dev = resolve_device(device, option="--device")
+    rows = dbm.finished_runs(db, run_ids=run_ids, archs=archs, preset=preset, none_left=EvalError,
+                             purpose="to measure")
+    plans, skipped = plan(db, rows, depths=depths, exit_rule=exit_rule, thresholds=thresholds, max_depth=max_depth,
+                          extrapolate=extrapolate, windows=windows, progress=reporter.enabled,
+                          with_trained=with_trained)
+    summary = DepthSummary(skipped=skipped)
+    total = sum(len(p.settings) for p in plans)
+    bar = reporter.task("depth", total=total) if total else silent().task("depth")
+    t0 = time.perf_counter()
+    with bar:
+        for p in plans:
+            label = f"{p.row['arch']} s{p.row['seed']}"
+            measure_run(db, Path(db_path), p, dev, on_row=lambda r, label=label: (
+                summary.rows.append(r), bar.update(advance=1, description=label)))
+    summary.seconds = time.perf_counter() - t0
+    return summary
+
+
+def estimate_seconds(db, db_path: str | Path, run_ids: Sequence[str], *, depths: Sequence[int] = DEFAULT_DEPTHS,
+                     device: str = "auto") -> float:
+    """Time one batch of one run at depth 1 and scale it to every run, depth and window batch of a default sweep.
+
+    Cost grows linearly with depth for the recurrent part, so depth d is estimated as d times the depth-1 batch."""
+    import torch
+
+    from benchctl.core.runtime import resolve_device
+
+    rows = dbm.finished_runs(db, run_ids=run_ids, none_left=EvalError, purpose="to measure")
+    dev = resolve_device(device, option="--device")
+    plans, _ = plan(db, rows[:1], depths=[1], exit_rule=None, thresholds=[], max_depth=None, extrapolate=None,
+                    windows=None, progress=False)
+    if not plans:
+        return 0.0
+    p = plans[0]
+    from benchctl.core import checkpoint
+
+    model, cfg, _ = checkpoint.load_model(checkpoint.run_dir(Path(db_path), p.row["id"]) / checkpoint.CKPT_NAME, dev)
+    one = measure(model, p.windows[: cfg.eval.val_batch_size], cfg.eval.val_batch_size, dev, None,
+                  cfg.eval.val_seed, Setting(1, "", 0.0, p.settings[0].extrapolate))["seconds"]
+    batches = math.ceil(p.n_windows / cfg.eval.val_batch_size)
+    del model
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    return one * batches * sum(depths) * len(rows)

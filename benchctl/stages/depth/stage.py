@@ -1,0 +1,35 @@
+"""Stage `depth`: validation loss of every finished run against inference depth, and with the adaptive exit.
+
+Runs after eval. It measures the default depth sweep (1, 2, 4, 8, 16, 32) and the kl exit at the default thresholds
+(rows already stored are skipped, so a rerun costs nothing). On the paper preset this takes long on a CPU, so the
+stage only prints the estimated time (from one timed batch) and the command that measures it; the report section
+shows whatever rows exist.
+"""
+
+from __future__ import annotations
+
+from benchctl.stages.depth.report import FIGURES, depth_section
+from benchctl.stages import Stage, StudyRun
+
+
+def run(study: StudyRun) -> None:
+    ids = study.run_ids
+    if study.skips("depth") or not ids:
+        study.say("skipped" + ("" if ids else " (no finished runs)"))
+        return
+    from benchctl.stages.depth import engine as depth
+
+    if study.opts.preset == "paper":
+        secs = depth.estimate_seconds(study.db, study.opts.db_path, ids)
+        study.say(f"off by default on the paper preset (estimated {secs / 60:.0f} min for the fixed-depth sweep on "
+                  f"this machine); run 'benchctl depth --preset paper' and 'benchctl depth --preset paper --exit kl'")
+        return
+    study.say("validation loss against inference depth, and with the adaptive exit")
+    for exit_rule in (None, "kl"):
+        s = depth.depth_all(study.db, study.opts.db_path, run_ids=ids, exit_rule=exit_rule,
+                            progress=study.opts.progress)
+        study.log(f"   {'exit kl' if exit_rule else 'fixed depths'}: {len(s.rows)} row(s) measured, "
+                  f"{s.skipped} already stored")
+
+
+STAGE = Stage(name="depth", order=55, run=run, sections=(depth_section,), figures=FIGURES, skippable=True)

@@ -1,0 +1,470 @@
+"""`evaluate_runs`, the runner behind `benchctl eval`: every finished run (or a selection) x tasks through
+`lm_eval.simple_evaluate`, one eval_results row per metric.
+
+Rows keyed (run, task, metric, n_recur, limit_n) are replaced on rerun, and a (run, task, n_recur, limit) already
+stored with the same task version is skipped unless `force`. Tasks are bundled ones, lm-eval task names or globs, or
+tasks from the user's own YAML directories (`include_paths`, `--include-path`); see `benchctl.stages.eval.tasks`.
+When the Hugging Face hub is unreachable, standard tasks are tried from the local datasets cache only (offline mode,
+so no retry storm), and those that cannot load are reported and left out. lm-eval reseeds python/numpy/torch
+globally: all RNG states are saved before and restored after. lm-eval's own progress bars follow the `Progress`
+given (hidden when disabled, a line every few seconds when output is not a terminal).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import lm_eval
+import torch
+
+from benchctl.core import data as datamod
+from benchctl.core import db as dbm
+from benchctl.core.errors import EvalError
+from benchctl.stages.eval.adapter import DEFAULT_BATCH_SIZE, BenchctlLM
+from benchctl.stages.eval.tasks import BUNDLED_TASKS, DEFAULT_DOCS, TaskIndex, check_task_names
+from benchctl.core.progress import Progress, as_progress
+
+BOOTSTRAP_ITERS = 1000  # lm-eval stderr for bootstrapped metrics (acc uses the closed form)
+HUB_PROBE_TIMEOUT = 3.0
+
+
+@dataclass
+class EvalSummary:
+    """What `evaluate_runs` did; `rows` are the stored eval_results rows of the selection (new and earlier)."""
+
+    tasks: list[str]
+    runs: list[dict[str, Any]]  # id, arch, preset, seed, n_recur (the one evaluated)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    evaluated: list[tuple[str, str]] = field(default_factory=list)  # (run id, task) computed now
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # already stored
+    unavailable: dict[str, str] = field(default_factory=dict)  # task -> why it could not run (needs the hub)
+    seconds: float = 0.0
+    limit: int | None = None
+    n_recur: int | None = None
+
+
+# ====================================================================================================================
+# Recurrence and result rows
+
+
+def allowed_recurrence(arch: str, model_args: Any) -> str:
+    import architectures
+
+    cls = architectures.get(arch)
+    top = cls.max_n_recur(model_args)
+    if top is None:
+        return "any value >= 1"
+    if top == 1:
+        return "only 1"
+    return f"1 to {top} (trained with {model_args.n_recur})"
+
+
+def check_recurrence(run: dict[str, Any], cfg: Any, n_recur: int | None) -> int:
+    """The recurrence to evaluate `run` at; an EvalError naming the run and the allowed range if it cannot."""
+    import architectures
+
+    if n_recur is None:
+        return int(cfg.model.n_recur)
+    top = architectures.get(cfg.arch).max_n_recur(cfg.model)
+    if n_recur < 1 or (top is not None and n_recur > top):
+        raise EvalError(f"--n-recur {n_recur} is not allowed for run {run['id']} ({cfg.arch}): it accepts "
+                        f"{allowed_recurrence(cfg.arch, cfg.model)}; select other runs with --runs/--archs")
+    return n_recur
+
+
+def _split_metric(key: str) -> tuple[str, bool] | None:
+    """lm-eval result key "acc,none" -> ("acc", is_stderr); "acc_stderr,none" -> ("acc", True); alias -> None."""
+    if "," not in key:
+        return None
+    name, filt = key.split(",", 1)
+    is_stderr = name.endswith("_stderr")
+    if is_stderr:
+        name = name[: -len("_stderr")]
+    return (name if filt == "none" else f"{name}[{filt}]"), is_stderr
+
+
+def result_rows(results: dict[str, Any], run_id: str, n_recur: int, limit: int | None, batch_size: int,
+                versions: dict[str, str], dtype: str | None = None) -> list[dict[str, Any]]:
+    """simple_evaluate's output -> eval_results rows (stderr "N/A" -> None)."""
+    rows = []
+    created = dbm.now()
+    for task, metrics in results["results"].items():
+        n_samples = (results.get("n-samples", {}).get(task) or {}).get("effective")
+        version = versions.get(task)
+        if version is None:
+            v = results.get("versions", {}).get(task)
+            version = None if v is None else str(v)
+        values: dict[str, float] = {}
+        errs: dict[str, Any] = {}
+        for key, value in metrics.items():
+            parsed = _split_metric(key)
+            if parsed is None:
+                continue
+            name, is_stderr = parsed
+            (errs if is_stderr else values)[name] = value
+        for name, value in values.items():
+            if not isinstance(value, (int, float)):
+                continue
+            err = errs.get(name)
+            rows.append({
+                "run_id": run_id, "task": task, "metric": name, "n_recur": n_recur, "limit_n": limit or 0,
+                "value": float(value), "stderr": float(err) if isinstance(err, (int, float)) else None,
+                "n_samples": n_samples, "task_version": version, "batch_size": batch_size,
+                "lm_eval_version": lm_eval.__version__, "created_at": created, "dtype": dtype,
+            })
+    return rows
+
+
+# ====================================================================================================================
+# Hub access and lm-eval's side effects
+
+
+def hub_reachable(timeout: float = HUB_PROBE_TIMEOUT) -> bool:
+    """Can this machine open a TCP connection to the Hugging Face hub (honouring HF_ENDPOINT / HF_HUB_OFFLINE)?"""
+    if os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE") or \
+            os.environ.get("HF_DATASETS_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE"):
+        return False
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname or "huggingface.co", port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def hub_offline(enabled: bool = True) -> Iterator[None]:
+    """Put huggingface_hub and datasets in offline mode (local cache only) for the block, then restore.
+
+    Both libraries read HF_HUB_OFFLINE once at import, so the environment variable cannot do it at run time; without
+    it every dataset lookup retries the unreachable hub for ~20 s before failing.
+    """
+    if not enabled:
+        yield
+        return
+    import datasets.config as dconfig
+    import huggingface_hub.constants as hconst
+
+    saved = (hconst.HF_HUB_OFFLINE, dconfig.HF_HUB_OFFLINE)
+    hconst.HF_HUB_OFFLINE = dconfig.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        hconst.HF_HUB_OFFLINE, dconfig.HF_HUB_OFFLINE = saved
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Keep our output readable and lm-eval quick: it logs every step at INFO, and it collects environment details
+    that cost seconds. Its progress bars are not touched here: they follow `Progress.library_bars`."""
+    logger = logging.getLogger("lm_eval")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    # simple_evaluate ends by collecting environment info for its results dict: torch's collect_env (1-6 s a call:
+    # pip list, nvidia-smi, ...) and `git describe` in the working directory, whose "fatal: not a git repository" goes
+    # straight to our stderr outside a checkout. benchctl stores none of it (runs record versions and the commit), so
+    # while we evaluate, lm-eval gets a quick, quiet version of both.
+    import lm_eval.evaluator as evaluator_module
+
+    from benchctl.core.telemetry import git_commit
+
+    saved_env = {k: evaluator_module.__dict__[k] for k in ("add_env_info", "get_git_commit_hash")
+                 if k in evaluator_module.__dict__}
+    if "add_env_info" in saved_env:
+        evaluator_module.add_env_info = _light_env_info
+    if "get_git_commit_hash" in saved_env:
+        evaluator_module.get_git_commit_hash = git_commit
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+        for k, v in saved_env.items():
+            setattr(evaluator_module, k, v)
+
+
+def _light_env_info(storage: dict[str, Any]) -> None:
+    """What lm-eval's add_env_info records that is quick to get (its versions), without torch's collect_env."""
+    from importlib.metadata import version
+
+    storage.update({"pretty_env_info": "not collected by benchctl (see the runs table)",
+                    "lm_eval_version": version("lm_eval"), "torch_version": torch.__version__})
+
+
+def _probe_standard(tm, names: list[str], offline: bool) -> dict[str, str]:
+    """Load each standard task once (downloading its dataset if the hub is reachable); task -> error if it fails."""
+    bad: dict[str, str] = {}
+    with hub_offline(offline):
+        for name in names:
+            try:
+                tm.load([name])
+            except OSError as e:  # ConnectionError / FileNotFoundError from datasets: not on the hub, not cached
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                bad[name] = first[:200]
+    return bad
+
+
+
+# ====================================================================================================================
+# The runner
+
+
+@dataclass(frozen=True)
+class _Options:
+    """The checked options of one `evaluate_runs` call."""
+
+    tasks: list[str]  # as requested, duplicates dropped
+    bundled: list[str]
+    standard: list[str]  # lm-eval or user task names and globs, as given
+    n_recur: int | None
+    limit: int | None
+    batch_size: int
+    device: str
+    force: bool
+    n_docs: int
+    include_paths: list[Path]
+
+    @property
+    def limit_n(self) -> int:
+        return self.limit or 0  # how eval_results stores "all documents"
+
+
+def _options(tasks: Sequence[str] | None, n_recur: int | None, limit: int | None, batch_size: int,
+             threads: int | None, n_docs: int, include_paths: Sequence[str | os.PathLike], device: str,
+             force: bool) -> _Options:
+    """Every option checked before any work, each error naming its flag."""
+    tasks = list(dict.fromkeys(tasks or BUNDLED_TASKS))
+    for name, value in (("--n-recur", n_recur), ("--limit", limit)):
+        if value is not None and value < 1:
+            raise EvalError(f"{name} must be >= 1, got {value}")
+    if batch_size < 1:
+        raise EvalError(f"--batch-size must be >= 1, got {batch_size}")
+    if threads is not None and threads < 1:
+        raise EvalError(f"--threads must be >= 1, got {threads}")
+    if n_docs < 1:
+        raise EvalError(f"n_docs must be >= 1, got {n_docs}")
+    bundled = [t for t in tasks if t in BUNDLED_TASKS]
+    standard = [t for t in tasks if t not in BUNDLED_TASKS]
+    check_task_names(standard)
+    paths = [Path(p) for p in include_paths]
+    for p in paths:
+        if not p.is_dir():
+            raise EvalError(f"--include-path {p} is not a directory of lm-eval task YAMLs")
+    return _Options(tasks=tasks, bundled=bundled, standard=standard, n_recur=n_recur, limit=limit,
+                    batch_size=batch_size, device=device, force=force, n_docs=n_docs, include_paths=paths)
+
+
+def _plan(db, db_path: Path, opts: _Options, run_ids: Sequence[str] | None, archs: Sequence[str] | None,
+          preset: str | None) -> list[tuple[dict[str, Any], Any, int]]:
+    """(run row, config, n_recur to evaluate) per selected run; every run's recurrence and checkpoint are checked
+    before any work starts."""
+    from benchctl.core.checkpoint import CKPT_NAME, run_dir
+    from benchctl.core.config import RunConfig
+
+    runs = dbm.finished_runs(db, run_ids=run_ids, archs=archs, preset=preset, bad_selection=EvalError,
+                             none_left=EvalError, purpose="to evaluate")
+    plan = []
+    for run in runs:
+        cfg = RunConfig.from_json(run["config_json"])
+        plan.append((run, cfg, check_recurrence(run, cfg, opts.n_recur)))
+    for run, _, _ in plan:
+        ckpt = run_dir(db_path, run["id"]) / CKPT_NAME
+        if not ckpt.exists():
+            raise EvalError(f"run {run['id']} is marked done but has no checkpoint at {ckpt}")
+    return plan
+
+
+class _Session:
+    """What one `evaluate_runs` call carries from run to run: a task index per prepared data directory (built on
+    first use), the standard task names resolved once, and the summary being filled."""
+
+    def __init__(self, db, db_path: Path, opts: _Options, summary: EvalSummary, progress: Progress,
+                 log: Callable[[str], None]):
+        self.db, self.db_path, self.opts, self.summary = db, db_path, opts, summary
+        self.progress, self.log = progress, log
+        self.offline = bool(opts.standard) and not hub_reachable()
+        self.indexes: dict[Path, TaskIndex] = {}
+        self.standard: list[str] | None = None  # globs expanded; None until the first index is built
+
+    def note(self, msg: str) -> None:
+        """A progress message: shown unless progress is off (warnings go through `log` directly)."""
+        if self.progress.enabled:
+            self.log(msg)
+
+    def run(self, k: int, n: int, run: dict[str, Any], cfg: Any, r: int) -> None:
+        """Evaluate one run at recurrence `r` on the tasks it has no current results for."""
+        label = f"[{k}/{n}] {run['arch']} seed {run['seed']} ({run['id']}), n_recur {r}"
+        prepared = datamod.prepare(cfg.data, cfg.model.vocab_size, progress=self.progress.enabled)
+        index = self.index(prepared)
+        runnable = self.opts.bundled + [t for t in (self.standard or []) if t not in self.summary.unavailable]
+        if not runnable:
+            raise EvalError("none of the requested tasks can run here: "
+                            + "; ".join(f"{t}: {why}" for t, why in self.summary.unavailable.items()))
+        todo = self.todo(run, r, runnable, index.versions())
+        if not todo:
+            self.note(f"{label}: already evaluated ({', '.join(runnable)}); --force recomputes")
+            return
+        self.evaluate(run, r, todo, index, label)
+
+    def index(self, prepared: datamod.Prepared) -> TaskIndex:
+        if prepared.dir not in self.indexes:
+            self.note(f"preparing tasks from the validation split in {prepared.dir}")
+            opts = self.opts
+            with _quiet():
+                index = TaskIndex(prepared, opts.bundled, opts.standard, opts.n_docs, opts.include_paths)
+                self.indexes[prepared.dir] = index
+                if opts.standard and self.standard is None:
+                    self.resolve_standard(index)
+        return self.indexes[prepared.dir]
+
+    def resolve_standard(self, index: TaskIndex) -> None:
+        """Expand the standard task names once, and leave out (with a message) those whose dataset cannot load."""
+        self.standard = index.resolve(self.opts.standard)
+        if self.offline:
+            self.note("the Hugging Face hub is unreachable: standard tasks run only if their dataset is in the "
+                      "local cache")
+        unavailable = self.summary.unavailable = _probe_standard(index.tm, self.standard, self.offline)
+        if unavailable:
+            why = ("the Hugging Face hub is unreachable and their dataset is not cached locally" if self.offline
+                   else "their dataset could not be loaded")
+            self.log(f"skipping {', '.join(unavailable)}: {why} ("
+                     + "; ".join(f"{t}: {e}" for t, e in unavailable.items()) + ")")
+        self.summary.tasks = self.opts.bundled + self.standard
+
+    def todo(self, run: dict[str, Any], r: int, runnable: list[str], versions: dict[str, str]) -> list[str]:
+        """The runnable tasks without a stored result of the current task version (all of them with `force`)."""
+        have = dbm.eval_task_versions(self.db, run["id"], r, self.opts.limit_n)
+        todo = []
+        for task in runnable:
+            stored, current = have.get(task), versions.get(task)
+            if not self.opts.force and stored and (current is None or stored == {current}):
+                self.summary.skipped.append((run["id"], task))
+            else:
+                todo.append(task)
+        return todo
+
+    def evaluate(self, run: dict[str, Any], r: int, todo: list[str], index: TaskIndex, label: str) -> None:
+        """Run lm-eval on one run's checkpoint and replace its rows for `todo` in one transaction."""
+        from benchctl.core.checkpoint import CKPT_NAME, run_dir
+
+        opts, t_run = self.opts, time.perf_counter()
+        lm = BenchctlLM(checkpoint=run_dir(self.db_path, run["id"]) / CKPT_NAME, n_recur=r,
+                        batch_size=opts.batch_size, device=opts.device, progress=self.progress)
+        self.note(f"{label}: {', '.join(todo)}")
+        with _quiet(), hub_offline(self.offline):
+            results = lm_eval.simple_evaluate(
+                model=lm, tasks=todo, task_manager=index.tm, limit=opts.limit, bootstrap_iters=BOOTSTRAP_ITERS,
+                log_samples=False, batch_size=opts.batch_size, device=str(lm.device),
+            )
+        rows = result_rows(results, run["id"], r, opts.limit, opts.batch_size, index.versions(),
+                           dtype=lm.precision.dtype)
+        done_tasks = {row["task"] for row in rows}
+        dbm.replace_eval_results(self.db, rows, {(run["id"], t) for t in set(todo) | done_tasks}, r, opts.limit_n)
+        self.summary.evaluated += [(run["id"], t) for t in todo]
+        self.note(f"{label}: done in {time.perf_counter() - t_run:.1f} s")
+
+
+def _evaluate_in_jobs(db_path: str | os.PathLike, plan: list[tuple[dict[str, Any], Any, int]], jobs: int | str,
+                      device: str, reporter: Progress, log: Callable[[str], None], knobs: dict[str, Any],
+                      summary: EvalSummary) -> bool:
+    """With more than one job, the runs split into that many shares of about equal work, each evaluated by
+    `evaluate_runs` in its own process (benchctl.stages.train.executors.local.in_shares), their summaries merged into
+    `summary`. False (nothing done) when everything runs here."""
+    from benchctl.stages.train.executors.local import in_shares
+
+    work = [float(run.get("flops_per_token") or 1.0) * r for run, _, r in plan]
+    parts = in_shares(evaluate_runs, [run["id"] for run, _, _ in plan], work, knobs, jobs=jobs, db_path=Path(db_path),
+                      device_spec=device, progress=reporter, log=log, what="evaluation")
+    if parts is None:
+        return False
+    for part in parts:
+        summary.evaluated += part.evaluated
+        summary.skipped += part.skipped
+        summary.unavailable.update(part.unavailable)
+    summary.tasks = parts[0].tasks  # standard task globs expanded the same way in every process
+    return True
+
+
+@contextlib.contextmanager
+def _preserved(threads: int | None) -> Iterator[None]:
+    """Run the block with `threads` torch CPU threads (when given), then restore them and every RNG state that
+    lm-eval reseeds (python, numpy, torch, CUDA)."""
+    from benchctl.core.checkpoint import rng_state, set_rng_state
+
+    saved_rng = rng_state()
+    saved_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        set_rng_state(saved_rng)
+        torch.set_num_threads(saved_threads)
+
+
+def evaluate_runs(
+    db,
+    db_path: str | os.PathLike,
+    *,
+    tasks: Sequence[str] | None = None,
+    run_ids: Sequence[str] | None = None,
+    archs: Sequence[str] | None = None,
+    preset: str | None = None,
+    n_recur: int | None = None,
+    limit: int | None = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    device: str = "auto",
+    force: bool = False,
+    n_docs: int = DEFAULT_DOCS,
+    include_paths: Sequence[str | os.PathLike] = (),
+    threads: int | None = None,
+    progress: bool | Progress = True,
+    log: Callable[[str], None] | None = None,
+    jobs: int | str = 1,
+) -> EvalSummary:
+    """Evaluate every finished run (or the selected ones) on `tasks` and store one row per metric in eval_results.
+
+    `tasks`: bundled names, lm-eval task names or globs, or tasks defined by YAMLs under `include_paths`.
+    `n_recur` overrides the recurrence (validated for every run before any work starts); `limit` passes lm-eval's
+    limit (first N documents; stored as limit_n, 0 = all). Skips (run, task, n_recur, limit) already stored with the
+    same task version unless `force`. Tasks whose dataset cannot be loaded (hub unreachable and not cached) are
+    listed in `EvalSummary.unavailable` and left out. `threads` sets torch's CPU threads for the evaluation and
+    restores them after (tiny models gain nothing from several threads and lose a lot on a shared machine). Every
+    RNG state (python, numpy, torch, CUDA) is the same after as before. `progress`: a `Progress` to report on, or
+    True / False for a default reporter / none; `log` receives the messages (default: the reporter's `log`).
+    `jobs` (a number or "auto", as for training): runs evaluated at once, each share of the runs in its own process
+    with its share of the cores (`threads`, when given, per process).
+    """
+    t0 = time.perf_counter()
+    reporter = as_progress(progress)
+    opts = _options(tasks, n_recur, limit, batch_size, threads, n_docs, include_paths, device, force)
+    from benchctl.stages.train.executors import parse_jobs
+
+    parse_jobs(jobs)  # a bad --jobs fails before any work
+    plan = _plan(db, Path(db_path), opts, run_ids, archs, preset)
+    summary = EvalSummary(tasks=opts.tasks, limit=limit, n_recur=n_recur,
+                          runs=[{"id": r["id"], "arch": r["arch"], "variant": r.get("variant") or r["arch"],
+                                 "preset": r["preset"], "seed": r["seed"],
+                                 "n_recur": n} for r, _, n in plan])
+    knobs = {"tasks": tasks, "n_recur": n_recur, "limit": limit, "batch_size": batch_size, "device": device,
+             "force": force, "n_docs": n_docs, "include_paths": [str(p) for p in include_paths], "threads": threads}
+    if not _evaluate_in_jobs(db_path, plan, jobs, device, reporter, log or reporter.log, knobs, summary):
+        session = _Session(db, Path(db_path), opts, summary, reporter, log or reporter.log)
+        with _preserved(threads), reporter.library_bars():
+            for k, (run, cfg, r) in enumerate(plan, 1):
+                session.run(k, len(plan), run, cfg, r)
+    wanted = set(summary.tasks)
+    for run in summary.runs:
+        summary.rows += [row for row in dbm.eval_results(db, run["id"], run["n_recur"], opts.limit_n)
+                         if row["task"] in wanted]
+    summary.seconds = time.perf_counter() - t0
+    return summary

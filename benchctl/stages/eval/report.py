@@ -1,0 +1,103 @@
+"""Report section of the eval stage: lm-eval results per model, evaluation depth and document limit, with every
+accuracy marked against its task's chance level (see `benchctl.stages.eval.chance` for the test)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from benchctl.stages.eval.chance import ALPHA, chance_frame, chance_levels, fraction, task_verdicts
+from benchctl.report.fmt import fnum, fp, md_table, missing, need
+from benchctl.report.frames import Frames, eval_frame
+
+ABOVE = "✓"  # the mark of an accuracy above chance
+AT_CHANCE = "(chance)"  # the mark of one not distinguishable from chance
+
+
+def _keys(ev: pd.DataFrame) -> list[tuple[str, int, int]]:
+    keys = []
+    for r in ev.itertuples():
+        k = (r.model, r.n_recur, r.limit_n)
+        if k not in keys:
+            keys.append(k)
+    return keys
+
+
+def _lead(m: str, r: int, lim: int, g: pd.DataFrame) -> list:
+    trained = g["trained_n_recur"].iloc[0]
+    return [m, f"{r}" + ("" if missing(trained) or int(trained) == r else f" (trained {int(trained)})"),
+            "all" if lim == 0 else f"{lim:,}", int(g["seeds"].max())]
+
+
+def _mark(tested: pd.DataFrame) -> str:
+    if tested.empty or missing(tested["p_holm"].iloc[0]):
+        return ""
+    return f" {ABOVE}" if bool(tested["above"].iloc[0]) else f" {AT_CHANCE}"
+
+
+def _results_table(ev: pd.DataFrame, chance: pd.DataFrame) -> list[str]:
+    metrics = sorted({(t, m) for t, m in zip(ev["task"], ev["metric"])})
+    headers = ["model", "n_recur", "limit", "seeds"] + [f"{t} {m}" for t, m in metrics]
+    rows = []
+    for m, r, lim in _keys(ev):
+        g = ev[(ev["model"] == m) & (ev["n_recur"] == r) & (ev["limit_n"] == lim)]
+        row = _lead(m, r, lim, g)
+        cg = chance[(chance["model"] == m) & (chance["n_recur"] == r) & (chance["limit_n"] == lim)]
+        for t, met in metrics:
+            c = g[(g["task"] == t) & (g["metric"] == met)]
+            if c.empty:
+                row.append("-")
+                continue
+            v, se = c["value"].iloc[0], c["stderr"].iloc[0]
+            row.append(fnum(v, 4) + ("" if missing(se) else f" ± {fnum(se, 4)}")
+                       + _mark(cg[(cg["task"] == t) & (cg["metric"] == met)]))
+        rows.append(row)
+    return md_table(headers, rows, right=range(1, len(headers)))
+
+
+def _chance_table(ev: pd.DataFrame, chance: pd.DataFrame) -> list[str]:
+    """Correct answers / documents over all seeds, the binomial p-value and its Holm adjustment, per tested cell."""
+    cells = sorted({(t, m) for t, m in zip(chance["task"], chance["metric"])})
+    headers = ["model", "n_recur", "limit", "seeds"] + [f"{t} {m}" for t, m in cells]
+    rows = []
+    for m, r, lim in _keys(ev):
+        cg = chance[(chance["model"] == m) & (chance["n_recur"] == r) & (chance["limit_n"] == lim)]
+        if cg.empty:
+            continue
+        row = _lead(m, r, lim, ev[(ev["model"] == m) & (ev["n_recur"] == r) & (ev["limit_n"] == lim)])
+        for t, met in cells:
+            c = cg[(cg["task"] == t) & (cg["metric"] == met)]
+            if c.empty:
+                row.append("-")
+            elif missing(c["p"].iloc[0]):
+                row.append("not tested")
+            else:
+                x = c.iloc[0]
+                row.append(f"{int(x['correct'])}/{int(x['n'])}, p {fp(x['p'])}, Holm {fp(x['p_holm'])}")
+        rows.append(row)
+    return md_table(headers, rows, right=range(1, len(headers)))
+
+
+def eval_section(frames: Frames) -> list[str]:
+    ctx, data = frames.ctx, frames.data
+    out = ["## lm-eval", ""]
+    ev = eval_frame(ctx, data.evals)
+    if ev.empty:
+        return out + need("No lm-eval results: `benchctl eval` produces them.")
+    chance = chance_frame(ctx, data.evals)
+    out += _results_table(ev, chance) + [""]
+    out.append("value = mean over seeds; ± = lm-eval's standard error of one run (averaged over seeds when there "
+               "are several); limit = documents per task (all = the full task).")
+    out.append("")
+    if chance.empty:
+        return out
+    levels = ", ".join(f"{t} {fraction(c)}" for t, c in sorted(chance_levels().items()))
+    out.append(f"{ABOVE} = above chance, {AT_CHANCE} = not distinguishable from chance: one-sided exact binomial "
+               "test of the correct answers of all seeds against the task's chance level (a model that ignores what "
+               f"the task tests scores exactly that: {levels}), Holm-adjusted across the {len(chance)} accuracy "
+               f"cells of the table, α = {ALPHA}.")
+    out.append("")
+    out += task_verdicts(chance, ctx.preset) + [""]
+    out.append("Against chance (correct answers / documents over all seeds, one-sided binomial p, Holm-adjusted p):")
+    out.append("")
+    out += _chance_table(ev, chance) + [""]
+    return out

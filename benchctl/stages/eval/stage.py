@@ -1,0 +1,21 @@
+"""Stage `eval`: lm-eval tasks (the bundled ones unless the study names others) on every finished run."""
+
+from __future__ import annotations
+
+from benchctl.stages.eval.report import eval_section
+from benchctl.stages import Stage, StudyRun
+
+
+def run(study: StudyRun) -> None:
+    ids = study.run_ids
+    if study.skips("eval") or not ids:
+        study.say("skipped")
+        return
+    from benchctl.stages.eval import api as evaluate
+
+    study.say("lm-eval tasks on every finished run")
+    evaluate.evaluate_runs(study.db, study.opts.db_path, tasks=study.opts.eval_tasks, run_ids=ids,
+                           progress=study.opts.progress, log=study.log, jobs=study.opts.jobs)
+
+
+STAGE = Stage(name="eval", order=50, run=run, sections=(eval_section,), skippable=True)

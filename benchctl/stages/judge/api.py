@@ -1,0 +1,100 @@
+"""The Gemini judge: grade every generated story on grammar, creativity, consistency and plot (1 to 10 each).
+
+The protocol is the TinyStories paper's GPT-4 grading, adapted to Gemini: the grading prompt is the study's grading
+text, with the story shown as the paper shows it — the beginning, then `***`, then the model's completion — and an
+instruction for the structured answer. Two answer protocols: `assess` (default; `judge_prompts/
+story_grading_assess.md`) has the judge write the general assessment the text asks for, then the four grades, and
+the assessment is stored with the grade; `json` (`judge_prompts/story_grading.md`) asks for the grades only.
+
+    prompt.py   the template and its version (the hash of the file), how a story is shown
+    client.py   the API key, the request, the retry policy, parsing an answer into a Grade, tokens and prices
+    storage.py  what is read from and written to results.db (the queries themselves are in benchctl.core.db)
+    summary.py  per-architecture means with 95% t-intervals over samples, failures, tokens and cost
+    run.py      `judge_all`: the keys still to grade, sent concurrently, each answer stored as it arrives
+
+    summary = judge_all(db, judge_model="gemini-2.5-flash", repeats=1, progress=Progress(enabled=True))
+"""
+
+from benchctl.stages.judge.client import (
+    API_KEY_VARS,
+    AUTO,
+    DEFAULT_PROTOCOL,
+    PROTOCOLS,
+    AssessedGrade,
+    answer_schema,
+    CHARS_PER_TOKEN,
+    CRITERIA,
+    DEFAULT_MODEL,
+    DEFAULT_TEMPERATURE,
+    OUTPUT_TOKENS_ESTIMATE,
+    PRICES_USD_PER_M,
+    SCORE_MAX,
+    SCORE_MIN,
+    Grade,
+    Outcome,
+    Usage,
+    WorkItem,
+    api_key,
+    backoff_delay,
+    default_thinking_budget,
+    estimate_cost,
+    has_api_key,
+    parse_grade,
+    require_api_key,
+    server_retry_delay,
+)
+from benchctl.stages.judge.prompt import (
+    PROMPT_PATH,
+    PROMPT_PATHS,
+    STORY_SEPARATOR,
+    STORY_SLOT,
+    Template,
+    format_story,
+    load_template,
+)
+from benchctl.stages.judge.engine import judge_all, judge_all_async
+from benchctl.stages.judge.storage import select_samples
+from benchctl.stages.judge.summary import ArchSummary, CriterionStat, JudgeSummary, criterion_stat
+
+__all__ = [
+    "API_KEY_VARS",
+    "AUTO",
+    "DEFAULT_PROTOCOL",
+    "PROTOCOLS",
+    "PROMPT_PATHS",
+    "AssessedGrade",
+    "answer_schema",
+    "CHARS_PER_TOKEN",
+    "CRITERIA",
+    "DEFAULT_MODEL",
+    "DEFAULT_TEMPERATURE",
+    "OUTPUT_TOKENS_ESTIMATE",
+    "PRICES_USD_PER_M",
+    "PROMPT_PATH",
+    "SCORE_MAX",
+    "SCORE_MIN",
+    "STORY_SEPARATOR",
+    "STORY_SLOT",
+    "ArchSummary",
+    "CriterionStat",
+    "Grade",
+    "JudgeSummary",
+    "Outcome",
+    "Template",
+    "Usage",
+    "WorkItem",
+    "api_key",
+    "backoff_delay",
+    "criterion_stat",
+    "default_thinking_budget",
+    "estimate_cost",
+    "format_story",
+    "has_api_key",
+    "judge_all",
+    "judge_all_async",
+    "load_template",
+    "parse_grade",
+    "require_api_key",
+    "select_samples",
+    "server_retry_delay",
+]

@@ -1,0 +1,176 @@
+"""`benchctl judge`: grade every generated story with Gemini and print a table per architecture."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Optional
+
+import typer
+from rich import box
+from rich.table import Table
+
+from benchctl.cli import DbOpt, JsonOpt, ProgressOpt, app, console, err_console, split_list
+
+
+@app.command()
+def judge(
+    model: Annotated[str, typer.Option("--model", "-m", help="Gemini model that grades.")] = "gemini-2.5-flash",
+    concurrency: Annotated[int, typer.Option("--concurrency", "-c", help="Requests in flight at most.")] = 8,
+    limit: Annotated[
+        Optional[int],
+        typer.Option("--limit", "-n", help="Grade only the first N samples (the first prompts of every run)."),
+    ] = None,
+    repeats: Annotated[int, typer.Option("--repeats", "-k", help="Grade each sample K times (judge reliability).")] = 1,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Count the requests and estimate tokens and cost; send nothing, no key needed."),
+    ] = False,
+    runs: Annotated[Optional[str], typer.Option("--runs", help="Only these run ids (comma list).")] = None,
+    temperature: Annotated[
+        float, typer.Option("--temperature", help="Judge sampling temperature (stored per request).")
+    ] = 0.0,
+    thinking_budget: Annotated[
+        Optional[int],
+        typer.Option(
+            "--thinking-budget",
+            help="Thinking tokens allowed [default: 0 on gemini-2.5-flash(-lite), the model's own default elsewhere].",
+        ),
+    ] = None,
+    max_attempts: Annotated[
+        int, typer.Option("--max-attempts", help="Calls per grade at most; 429, 5xx and connection errors are retried.")
+    ] = 6,
+    protocol: Annotated[
+        str,
+        typer.Option(
+            "--protocol",
+            help="assess: the judge writes its general assessment of the story, then the grades (the study's "
+            "wording; the assessment is stored); json: the grades only. Each protocol is graded and cached apart.",
+        ),
+    ] = "assess",
+    skip_failed: Annotated[
+        bool, typer.Option("--skip-failed", help="Keep stored failures instead of regrading them.")
+    ] = False,
+    db: DbOpt = None,
+    as_json: JsonOpt = False,
+    progress: ProgressOpt = True,
+) -> None:
+    """Grade generated stories with Gemini: grammar, creativity, consistency, plot (1-10) per sample.
+
+    Needs GEMINI_API_KEY (or GOOGLE_API_KEY); GOOGLE_GEMINI_BASE_URL points the client at another endpoint.
+    Every request and answer is cached in results.db by (model, prompt-file and protocol hash, sample, repeat): a
+    rerun skips every grade already stored as ok and regrades the failed ones (rate-limited, truncated,
+    unparseable...), so after an interruption just run the same command again. Answers that are not valid scores are
+    stored as failures, never as scores. `--protocol assess` (default) has the judge write its general assessment of
+    the story before the grades, as the study's grading text asks; `--repeats 2`, a second `--model` or the other
+    `--protocol` on the same samples feed the report's judge reliability section.
+    """
+    from benchctl.core import db as dbm
+    from benchctl.stages.judge import api as engine
+    from benchctl.core.progress import Progress
+
+    if not dry_run:
+        engine.require_api_key()  # before opening anything: a missing key costs nothing
+    database = dbm.connect(db, create=False)
+    summary = engine.judge_all(
+        database,
+        judge_model=model,
+        concurrency=concurrency,
+        repeats=repeats,
+        limit=limit,
+        run_ids=split_list(runs),
+        dry_run=dry_run,
+        progress=Progress(enabled=progress and not as_json, console=err_console),  # stderr: stdout is the result
+        temperature=temperature,
+        thinking_budget=engine.AUTO if thinking_budget is None else thinking_budget,
+        max_attempts=max_attempts,
+        retry_failed=not skip_failed,
+        protocol=protocol,
+    )
+    if as_json:
+        print(json.dumps(summary.to_dict(), indent=2, default=str))
+        return
+    print_summary(summary)
+
+
+def _money(x: float | None) -> str:
+    return "unknown (no price for this model)" if x is None else f"${x:,.4f}"
+
+
+def _mean(stat) -> str:
+    return "-" if stat.mean is None else f"{stat.mean:.2f}"
+
+
+def _half_width(stat) -> str:
+    """Half-width of the 95% CI; 'n/a' with fewer than two samples (no interval is invented)."""
+    if stat.mean is None:
+        return "-"
+    return "n/a" if stat.ci_low is None else f"±{(stat.ci_high - stat.ci_low) / 2:.2f}"
+
+
+def print_summary(summary) -> None:
+    from benchctl.core import paper
+    from benchctl.stages.judge.api import CRITERIA
+
+    s = summary
+    head = (
+        f"{s.judge_model}, protocol {s.protocol}, prompt {s.prompt_hash}, temperature {s.temperature:g}, thinking "
+        f"{'model default' if s.thinking_budget is None else s.thinking_budget}, repeats {s.repeats}"
+    )
+    console.print(head, highlight=False)
+    if s.dry_run:
+        console.print(
+            f"dry run: {s.n_todo} request(s) would be sent ({s.n_cached} of {s.n_keys} grades already stored); "
+            f"estimated {s.estimated_prompt_tokens:,} prompt + {s.estimated_output_tokens:,} output tokens, "
+            f"estimated cost {_money(s.estimated_cost_usd)}",
+            highlight=False,
+        )
+    else:
+        console.print(
+            f"{s.n_ok} graded, {s.n_failed} failed, {s.n_cached} already stored; {s.n_requests} request(s) sent "
+            f"in {s.elapsed_s:.1f} s",
+            highlight=False,
+        )
+    # Two narrow tables (means; CI half-widths) with the study's short headers stay inside 80 columns for any
+    # number of architectures.
+    keys = (*CRITERIA, "average")
+    means = Table(title="judge grades per model (mean over samples)", title_justify="left", box=box.SIMPLE_HEAD)
+    cis = Table(title="± half-width of the 95% CI (t, over samples)", title_justify="left",
+                box=box.SIMPLE_HEAD)
+    for col in ("model", "n", "G", "Cr", "Co", "P", "avg", "failed", "study avg"):
+        means.add_column(col, justify="left" if col == "model" else "right", no_wrap=True)
+    for col in ("model", "G", "Cr", "Co", "P", "avg"):
+        cis.add_column(col, justify="left" if col == "model" else "right", no_wrap=True)
+    for a in s.per_arch:
+        # the study's average belongs to its own four models, not to a plan's other variants of an architecture
+        named_as_study = a.label.split(" (")[0] == a.arch
+        study = paper.JUDGE.get(a.arch, {}).get("average") if named_as_study else None
+        means.add_row(a.label, str(a.n_samples), *(_mean(a.stats[c]) for c in keys), str(a.n_failed),
+                      "-" if study is None else f"{study:.2f}")
+        cis.add_row(a.label, *(_half_width(a.stats[c]) for c in keys))
+    console.print(means)
+    console.print(cis)
+    console.print(
+        "G grammar, Cr creativity, Co consistency, P plot (1-10), avg their mean; a sample's repeats are averaged "
+        f"first. n = samples with a grade; failed = grades stored as failures (never scored); study avg = the "
+        f"study's published average ({paper.JUDGE_MODEL}, paper preset).",
+        highlight=False,
+    )
+    pending = sum(a.n_pending for a in s.per_arch)
+    if pending and not s.dry_run:
+        console.print(f"{pending} grade(s) not attempted yet; rerun to grade them.", highlight=False)
+    if not s.dry_run:
+        u, t = s.usage, s.usage_total
+        console.print(
+            f"tokens this run: {u.prompt_tokens:,} prompt, {u.output_tokens:,} output, {u.thinking_tokens:,} thinking "
+            f"(cost {_money(s.cost_usd)}); all grades in scope: {t.prompt_tokens:,} / {t.output_tokens:,} / "
+            f"{t.thinking_tokens:,} (cost {_money(s.cost_total_usd)})",
+            highlight=False,
+        )
+    for note in s.notes:
+        console.print(f"note: {note}", highlight=False)
+    if s.failures:
+        err_console.print(f"[yellow]{len(s.failures)} grade(s) failed[/] (stored with their error; rerun to retry):")
+        for f in s.failures[:10]:
+            err_console.print(f"  {f['arch']} {f['sample_id']} repeat {f['repeat']}: {f['error']}", highlight=False)
+        if len(s.failures) > 10:
+            err_console.print(f"  ... and {len(s.failures) - 10} more (see judge_grades.error)", highlight=False)

@@ -1,0 +1,29 @@
+"""Stage `judge`: a Gemini model grades the stored samples; skipped, with a note on how to run it later, when no
+API key is set. Its report sections show the grades per criterion beside the study's, and how far the judge
+can be trusted (agreement between repeats and judges, length bias, failure rates)."""
+
+from __future__ import annotations
+
+from benchctl.stages.judge.report import judge_section
+from benchctl.stages.judge.reliability import reliability_section
+from benchctl.stages import Stage, StudyRun
+
+
+def run(study: StudyRun) -> None:
+    from benchctl.stages.judge import api as judge
+
+    opts, ids = study.opts, study.run_ids
+    if study.skips("judge") or not ids:
+        study.say("skipped")
+    elif not judge.has_api_key():
+        study.say("skipped — no GEMINI_API_KEY (or GOOGLE_API_KEY) set; set one and rerun "
+                  f"'benchctl study' (or 'benchctl judge --model {opts.judge_model}') to grade the stories")
+    else:
+        study.say(f"grading with {opts.judge_model}")
+        js = judge.judge_all(study.db, judge_model=opts.judge_model, concurrency=opts.judge_concurrency,
+                             run_ids=ids, progress=opts.progress)
+        study.log(f"   {js.n_ok} graded, {js.n_failed} failed, {js.n_cached} already graded")
+
+
+STAGE = Stage(name="judge", order=40, run=run, sections=(judge_section, reliability_section),
+              figures=("judge_grades.png",), skippable=True)

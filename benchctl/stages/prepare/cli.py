@@ -1,0 +1,40 @@
+"""`benchctl prepare`: read the data, fit the tokenizer and pretokenize both splits into the cache.
+
+Instant when the cache already holds data for the same content and settings; see `benchctl.core.data`.
+"""
+
+from __future__ import annotations
+
+import time
+
+from rich.table import Table
+
+from benchctl.cli import DataOpt, PresetOpt, SetOpt, app, console, make_progress, overrides_with_data
+
+
+@app.command()
+def prepare(
+    data: DataOpt = None,
+    preset: PresetOpt = "paper",
+    set_: SetOpt = None,
+) -> None:
+    """Prepare the data for a preset: stories -> SentencePiece BPE tokenizer -> train.bin / valid.bin (cached)."""
+    from benchctl.core import data as datamod
+    from benchctl.core.config import make_config
+
+    cfg = make_config(preset, "control", overrides=overrides_with_data(set_, data))
+    t0 = time.perf_counter()
+    p = datamod.prepare(cfg.data, cfg.model.vocab_size, progress=make_progress(True, stderr=True))
+    seconds = time.perf_counter() - t0
+
+    summary = Table.grid(padding=(0, 2))
+    summary.add_column(style="bold")
+    summary.add_column()
+    summary.add_row("source", p.source)
+    summary.add_row("cache", str(p.dir) + ("  (already prepared)" if p.cache_hit else ""))
+    summary.add_row("stories", f"train {p.n_train_stories:,}   valid {p.n_valid_stories:,}")
+    summary.add_row("tokens", f"train {p.n_train_tokens:,}   valid {p.n_valid_tokens:,}")
+    summary.add_row("vocab", f"{p.vocab_size:,} (SentencePiece BPE, {p.tokenizer_path.name})")
+    summary.add_row("fingerprint", p.fingerprint)
+    summary.add_row("seconds", f"{seconds:.2f}")
+    console.print(summary)

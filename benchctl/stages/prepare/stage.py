@@ -1,0 +1,19 @@
+"""Stage `prepare`: fetch and tokenize the data every run of the study trains on (cached after the first time)."""
+
+from __future__ import annotations
+
+from benchctl.stages import Stage, StudyRun
+
+
+def run(study: StudyRun) -> None:
+    from benchctl.core import data
+    from benchctl.core.runtime import Dist, main_first
+
+    first = study.cfgs[0]
+    study.say(f"data source {first.data.source!r}, vocab {first.model.vocab_size}")
+    dist_info = Dist.from_env()  # under torchrun rank 0 fills the cache, then the other ranks read it
+    study.prepared = main_first(dist_info, lambda: data.prepare(
+        first.data, first.model.vocab_size, progress=study.opts.progress and dist_info.is_main))
+
+
+STAGE = Stage(name="prepare", order=10, run=run, every_rank=True)

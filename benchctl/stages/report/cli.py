@@ -1,0 +1,46 @@
+"""`benchctl report`: write reports/report.md and its figures from results.db (read only)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from benchctl.cli import DbOpt, app, console
+
+
+@app.command()
+def report(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder for report.md and figures/.")] = Path(
+        "reports"
+    ),
+    preset: Annotated[
+        Optional[str],
+        typer.Option("--preset", "-p", help="Preset to report [default: the one with most finished runs]."),
+    ] = None,
+    plan: Annotated[Optional[str], typer.Option(
+        "--plan", help="Report only the runs this plan trained, named by its variants (see 'benchctl plans').")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="Output format (md: markdown with PNG figures).")] = "md",
+    db: DbOpt = None,
+) -> None:
+    """The study's tables and figures, with seeds and statistics, beside the published numbers."""
+    from benchctl.core import db as dbmod
+    from benchctl import report as reporting
+    from benchctl.core.errors import ConfigError
+
+    if fmt != "md":
+        raise ConfigError(f"--format {fmt!r} is not supported; the only format is 'md' (markdown with PNG figures)")
+    rendered = reporting.build(db if db is not None else dbmod.default_path(), preset, plan, only_plan=True)
+    path = reporting.save(rendered, out)
+    n = len(rendered.figures)
+    console.print(f"wrote {path} and {n} figure{'s' if n != 1 else ''} in {path.parent / 'figures'}",
+                  highlight=False, soft_wrap=True)
+    if rendered.preset is None:
+        console.print("the database has no runs yet; the report says which commands produce each section",
+                      highlight=False)
+    else:
+        console.print(f"preset: {rendered.preset}", highlight=False)
+    if rendered.other_presets:
+        others = ", ".join(f"{p} ({d} done)" for p, d, _ in rendered.other_presets)
+        console.print(f"other presets in the database: {others}; choose one with --preset", highlight=False)

@@ -1,0 +1,50 @@
+"""`benchctl retrofit`: convert a finished control's weights into a recurrent model and train it as a new run."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+import architectures
+from benchctl.cli import DataOpt, DbOpt, ProgressOpt, SetOpt, YesOpt, app, console, db_path_of, make_progress, \
+    overrides_with_data
+
+
+@app.command()
+def retrofit(
+    from_: Annotated[str, typer.Option("--from", help="The finished parent run: its id, or its name when unique.")],
+    to: Annotated[str, typer.Option("--to", help=f"Target architecture: {', '.join(architectures.names())}.")],
+    init: Annotated[str, typer.Option("--init", help="stepwise | average (looped models) | select (three-part).")],
+    lora_init: Annotated[str, typer.Option("--lora-init", help="Relaxed LoRA init: svd (of the residuals) | zero.")]
+    = "svd",
+    steps: Annotated[Optional[int], typer.Option("--steps", help="Healing steps (default: the preset's).")] = None,
+    preset: Annotated[Optional[str], typer.Option("--preset", "-p", help="Look --from up among this preset's runs.")]
+    = None,
+    set_: SetOpt = None,
+    data: DataOpt = None,
+    db: DbOpt = None,
+    yes: YesOpt = False,
+    progress: ProgressOpt = True,
+) -> None:
+    """Start a recurrent model from a trained control's weights and heal it by training (resumable like train)."""
+    from benchctl.core import db as dbm
+    from benchctl.stages.retrofit import engine as rf
+    from benchctl.commands.confirm import terminal_confirm
+    from benchctl.stages.train.cli import prepare_for, summarize
+    from benchctl.core.config import run_id
+    from benchctl.study import confirm_long_run
+
+    path = db_path_of(db)
+    handle = dbm.connect(path)
+    job = rf.plan(handle, from_, to, init, lora_init, steps=steps, overrides=overrides_with_data(set_, data),
+                  preset=preset)
+    prepared = prepare_for(job.cfg, progress)
+    row = dbm.get_run(handle, run_id(job.cfg, prepared.fingerprint))
+    if row is None or row["status"] != "done":
+        confirm_long_run([job.cfg], prepared, yes=yes, log=console.print, confirm=terminal_confirm())
+    console.print(f"retrofit {job.parent['id']} -> {job.cfg.arch} ({job.method})")
+    result = rf.run(job, prepared, handle, path, progress=make_progress(progress), log=console.print)
+    if result.skipped:
+        console.print(f"{result.run_id} is already done (rerun skipped); see 'benchctl runs'")
+    summarize([dbm.get_run(handle, result.run_id)])

@@ -1,0 +1,331 @@
+"""Report sections for models that differ in size or compute: loss against training compute, against parameters,
+and against training depth.
+
+They appear when the preset's finished models span more than one unique-parameter count or FLOPs/token (equal
+tokens then no longer mean equal compute). FLOPs are the project's analytic count (`BaseLM.flops_per_token`, through
+`benchctl.core.accounting`): every matmul, attention scores and the tied head included, recurrence counted per block
+application, forward + backward = 3x forward where gradients flow. A run's training FLOPs are its FLOPs per token
+times the tokens it trained on.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from benchctl.core import stats
+from benchctl.report.context import CONTROL, Context, model_keys
+from benchctl.report.figures import _figure, _style, _title, tick
+from benchctl.report.fmt import fint, fnum, md_table
+from benchctl.report.frames import Frames, accounting_frame, curve_frame, vals
+
+FLOP_DEFINITION = ("FLOPs are benchctl's analytic count: every matmul (the seven projections of each block "
+                   "application, LoRA and adapters, attention over the full score matrix, the tied head), forward + "
+                   "backward = 3x forward where gradients flow; elementwise ops and the embedding lookup are not "
+                   "counted. Training FLOPs = FLOPs/token x tokens trained on.")
+
+
+def run_frame(frames: Frames) -> pd.DataFrame:
+    """One row per done run: model, arch, seed, final loss, unique and effective parameters, FLOPs/token, block
+    applications per token, tokens and training FLOPs. The accounting comes from each model's config."""
+    cols = ["model", "arch", "seed", "final", "params", "effective", "fpt", "depth", "tokens", "train_flops"]
+    ctx = frames.ctx
+    if ctx.done.empty:
+        return pd.DataFrame(columns=cols)
+    acc = _accounting(frames)
+    rows = []
+    for r in ctx.done.to_dict("records"):
+        a = acc.get(r["model"], {})
+        fpt = _num(a.get("flops_per_token")) or _num(r.get("flops_per_token"))
+        tokens = _num(r.get("tokens_seen"))
+        rows.append({
+            "model": r["model"], "arch": r["arch"], "seed": int(r["seed"]), "final": _num(r.get("final_val_loss")),
+            "params": _num(a.get("total_params")) or _num(r.get("n_params")),
+            "effective": _num(a.get("effective_params")) or _num(r.get("effective_params")),
+            "fpt": fpt, "depth": _num(a.get("effective_depth")), "tokens": tokens,
+            "train_flops": fpt * tokens if fpt and tokens else None,
+        })
+    return pd.DataFrame(rows, columns=cols)
+
+
+def _accounting(frames: Frames) -> dict[str, dict[str, Any]]:
+    """model -> its accounting row (cheap after the first call: the frames module caches each config's)."""
+    df = accounting_frame(frames.ctx)
+    return {} if df.empty else {r["model"]: r for r in df.to_dict("records")}
+
+
+def _num(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def model_frame(runs: pd.DataFrame, ctx: Context) -> pd.DataFrame:
+    """Per model: its arch, seeds, mean final loss with its 95% CI over seeds, and the mean of each accounting
+    quantity, in the report's model order."""
+    rows = []
+    for m in ctx.done_models:
+        g = runs[runs["model"] == m]
+        if g.empty:
+            continue
+        ci = stats.mean_ci(vals(g, "final"))
+        row = {"model": m, "arch": ctx.arch_of[m], "seeds": len(g), "final": ci.mean, "lo": ci.lo, "hi": ci.hi}
+        for c in ("params", "effective", "fpt", "depth", "tokens", "train_flops"):
+            v = vals(g, c)
+            row[c] = float(np.mean(v)) if v else None
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def spans_sizes(frames: Frames) -> bool:
+    """True when the done models differ in unique parameters or FLOPs/token: then these sections are shown."""
+    runs = run_frame(frames)
+    if runs.empty:
+        return False
+    return runs["params"].nunique(dropna=True) > 1 or runs["fpt"].nunique(dropna=True) > 1
+
+
+def is_control_family(ctx: Context, model: str) -> bool:
+    return ctx.arch_of.get(model) == CONTROL
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Sections
+
+
+def compute_section(frames: Frames) -> list[str]:
+    if not spans_sizes(frames):
+        return []
+    ctx = frames.ctx
+    runs = run_frame(frames)
+    per = model_frame(runs, ctx)
+    out = ["## Loss against compute", ""]
+    scale, unit = flop_unit(max(vals(per, "train_flops"), default=0.0))
+    headers = ["model", "arch", "seeds", "MFLOP/token", "tokens/run", f"training {unit}", "final val loss", "95% CI"]
+    rows = [[r["model"], r["arch"], r["seeds"], fnum(_scale(r["fpt"], 1e6), 3), fint(r["tokens"]),
+             fnum(_scale(r["train_flops"], scale), 3), fnum(r["final"]), _ci(r)] for r in per.to_dict("records")]
+    out += md_table(headers, rows, right=range(2, len(headers))) + [""]
+    out.append(FLOP_DEFINITION + " The control family (every model of the control architecture) is drawn as a line: "
+               "a recurrent model below it reaches a lower loss than a plain transformer given the same training "
+               "compute.")
+    out.append("")
+    curves = curve_frame(ctx, frames.data.metrics)
+    fig = fig_loss_vs_compute(ctx, runs, per, curves)
+    if fig is not None:
+        frames.figures["loss_vs_compute.png"] = fig
+        out += ["![Final validation loss against training FLOPs](figures/loss_vs_compute.png)", ""]
+    return out
+
+
+def params_section(frames: Frames) -> list[str]:
+    if not spans_sizes(frames):
+        return []
+    ctx = frames.ctx
+    runs = run_frame(frames)
+    per = model_frame(runs, ctx)
+    out = ["## Loss against parameters", ""]
+    headers = ["model", "arch", "seeds", "unique params", "effective params", "final val loss", "95% CI"]
+    rows = [[r["model"], r["arch"], r["seeds"], fint(r["params"]), fint(r["effective"]), fnum(r["final"]), _ci(r)]
+            for r in per.to_dict("records")]
+    out += md_table(headers, rows, right=range(2, len(headers))) + [""]
+    out.append("Unique parameters are the weights stored (a shared block counted once); effective parameters count "
+               "a block once per application to a token, as an unrolled model would store them.")
+    out.append("")
+    fig = fig_loss_vs_params(ctx, runs, per)
+    if fig is not None:
+        frames.figures["loss_vs_params.png"] = fig
+        out += ["![Final validation loss against parameters](figures/loss_vs_params.png)", ""]
+    return out
+
+
+def depth_families(ctx: Context, per: pd.DataFrame) -> dict[str, list[str]]:
+    """arch -> its models that differ from each other only in model.n_recur (two or more), by depth."""
+    out: dict[str, list[str]] = {}
+    for arch in dict.fromkeys(per["arch"]) if not per.empty else []:
+        groups: dict[str, list[str]] = {}
+        for m in per.loc[per["arch"] == arch, "model"]:
+            cfg = ctx.done.loc[ctx.done["model"] == m, "config_json"].iloc[0]
+            keys = {k: v for k, v in model_keys(cfg).items() if k != "model.n_recur"}
+            groups.setdefault(repr(sorted(keys.items(), key=lambda kv: kv[0])), []).append(m)
+        best = max(groups.values(), key=len)
+        if len(best) > 1:
+            depth = dict(zip(per["model"], per["depth"]))
+            out[arch] = sorted(best, key=lambda m: depth.get(m) or 0)
+    return out
+
+
+def depth_section(frames: Frames) -> list[str]:
+    ctx = frames.ctx
+    runs = run_frame(frames)
+    per = model_frame(runs, ctx)
+    fams = depth_families(ctx, per)
+    if not fams:
+        return []
+    out = ["## Loss against training depth", ""]
+    headers = ["arch", "model", "seeds", "block applications/token", "n_recur", "final val loss", "95% CI"]
+    rows = []
+    for arch, models in fams.items():
+        for m in models:
+            r = per[per["model"] == m].iloc[0].to_dict()
+            n_recur = model_keys(ctx.done.loc[ctx.done["model"] == m, "config_json"].iloc[0]).get("model.n_recur")
+            rows.append([arch, m, r["seeds"], fint(r["depth"]), n_recur if n_recur is not None else "-",
+                         fnum(r["final"]), _ci(r)])
+    out += md_table(headers, rows, right=range(2, len(headers))) + [""]
+    out.append("Each architecture trained at several depths, everything else equal; x = block applications per token "
+               "(frailt and relaxed: passes × 4 blocks; three-part: prelude + core iterations × core blocks + coda). "
+               "Deeper models also cost more FLOPs per token, so this is not an equal-compute comparison.")
+    out.append("")
+    fig = fig_loss_vs_depth(ctx, per, fams)
+    if fig is not None:
+        frames.figures["loss_vs_depth.png"] = fig
+        out += ["![Final validation loss against training depth](figures/loss_vs_depth.png)", ""]
+    return out
+
+
+def flop_unit(max_flops: float) -> tuple[float, str]:
+    """The largest of GFLOP, TFLOP, PFLOP, EFLOP that keeps `max_flops` at 1 or more (GFLOP below that)."""
+    for scale, unit in ((1e18, "EFLOP"), (1e15, "PFLOP"), (1e12, "TFLOP")):
+        if max_flops >= scale:
+            return scale, unit
+    return 1e9, "GFLOP"
+
+
+def _scale(x: Any, s: float) -> float | None:
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x) / s
+
+
+def _ci(r: dict[str, Any]) -> str:
+    if r["lo"] is None or (isinstance(r["lo"], float) and math.isnan(r["lo"])):
+        return "-"
+    return f"{fnum(r['lo'])} to {fnum(r['hi'])}"
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Figures
+
+
+def _scatter_panel(ax: Any, ctx: Context, runs: pd.DataFrame, per: pd.DataFrame, x: str, xlabel: str) -> None:
+    """Final loss against `x` (log scale): a dot per seed, a diamond per model mean, the control family joined."""
+    for m in per["model"]:
+        g, r = runs[runs["model"] == m], per[per["model"] == m].iloc[0]
+        if r[x] is None or r["final"] is None:
+            continue
+        ax.scatter(g[x], g["final"], s=18, color=ctx.colours[m], alpha=0.55, edgecolor="none", zorder=2)
+        ax.scatter([r[x]], [r["final"]], s=60, marker="D", color=ctx.colours[m], edgecolor="black", linewidth=0.7,
+                   zorder=3, label=m)
+    fam = per[[is_control_family(ctx, m) for m in per["model"]]].dropna(subset=[x, "final"]).sort_values(x)
+    if len(fam) > 1:
+        ax.plot(fam[x], fam["final"], color=ctx.colours.get(CONTROL, "#4D4D4D"), linewidth=1.4, linestyle="--",
+                zorder=1, label="control family")
+    _log_x(ax)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("final validation loss (nats/token)")
+
+
+def _log_x(ax: Any) -> None:
+    """Log x labelled at 1, 2 and 5 times each power of ten in short engineering form (70k, 2M, 5G), so a range
+    narrower than a decade still has labels and neighbouring labels never overlap."""
+    from matplotlib.ticker import EngFormatter, LogLocator, NullFormatter
+
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(EngFormatter(sep=""))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def _legend(fig: Any, ax: Any) -> None:
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(handles, [tick(lab) for lab in labels], title="model (diamond = mean over seeds, dot = seed)",
+               frameon=True, fontsize=8.5, title_fontsize=9, loc="outside lower center", ncols=min(len(labels), 5))
+
+
+def fig_loss_vs_compute(ctx: Context, runs: pd.DataFrame, per: pd.DataFrame, curves: pd.DataFrame) -> Any:
+    """Left: final loss against training FLOPs. Right: the validation curves against cumulative training FLOPs."""
+    if per.empty or per["train_flops"].isna().all():
+        return None
+    fpt = dict(zip(per["model"], per["fpt"]))
+    with _style():
+        fig = _figure(12.0, 5.8)
+        left, right = fig.subplots(1, 2)
+        _scatter_panel(left, ctx, runs, per, "train_flops", "training FLOPs (log scale)")
+        left.set_title("final loss against training compute", fontsize=11)
+        for m in [m for m in ctx.models if m in set(curves["model"])] if not curves.empty else []:
+            c = curves[(curves["model"] == m) & (curves["tokens"] > 0)]
+            if c.empty or not fpt.get(m):
+                continue
+            right.plot(c["tokens"].to_numpy(float) * fpt[m], c["mean"], color=ctx.colours[m], linewidth=1.6)
+        _log_x(right)
+        right.set_xlabel("cumulative training FLOPs (log scale)")
+        right.set_ylabel("validation loss (nats/token), mean over seeds")
+        right.set_title("validation loss during training", fontsize=11)
+        _legend(fig, left)
+        fig.suptitle(f"Loss against training compute · preset {ctx.preset}", fontsize=12.5, fontweight="bold")
+    return fig
+
+
+def fig_loss_vs_params(ctx: Context, runs: pd.DataFrame, per: pd.DataFrame) -> Any:
+    if per.empty or per["params"].isna().all():
+        return None
+    with _style():
+        fig = _figure(12.0, 5.6)
+        left, right = fig.subplots(1, 2, sharey=True)
+        _scatter_panel(left, ctx, runs, per, "params", "unique parameters (log scale)")
+        left.set_title("against unique parameters", fontsize=11)
+        _scatter_panel(right, ctx, runs, per, "effective", "effective parameters (log scale)")
+        right.set_title("against effective (unrolled) parameters", fontsize=11)
+        _legend(fig, left)
+        fig.suptitle(f"Loss against parameters · preset {ctx.preset}", fontsize=12.5, fontweight="bold")
+    return fig
+
+
+def fig_loss_vs_depth(ctx: Context, per: pd.DataFrame, fams: dict[str, list[str]]) -> Any:
+    from benchctl.report.context import ARCH_COLOURS
+
+    with _style():
+        fig = _figure(8.0, 5.0)
+        ax = fig.add_subplot()
+        for arch, models in fams.items():
+            g = per.set_index("model").loc[models]
+            colour = ARCH_COLOURS.get(arch, ctx.colours[models[0]])
+            ax.plot(g["depth"], g["final"], color=colour, marker="o", linewidth=1.8, label=arch)
+            ok = g["lo"].notna()
+            if ok.any():
+                ax.errorbar(g.loc[ok, "depth"], g.loc[ok, "final"],
+                            yerr=[g.loc[ok, "final"] - g.loc[ok, "lo"], g.loc[ok, "hi"] - g.loc[ok, "final"]],
+                            fmt="none", color=colour, capsize=4, linewidth=1)
+            for m, row in g.iterrows():
+                ax.annotate(m, (row["depth"], row["final"]), xytext=(4, 4), textcoords="offset points", fontsize=7.5,
+                            color="#333333")
+        from matplotlib.ticker import NullFormatter
+
+        ax.set_xscale("log", base=2)
+        depths = sorted({float(d) for models in fams.values() for d in per.set_index("model").loc[models, "depth"]})
+        ax.set_xticks(depths, _spaced_labels(depths))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("block applications per token (log scale)")
+        ax.set_ylabel("final validation loss (nats/token)")
+        ax.legend(title="architecture", fontsize=9, title_fontsize=9, frameon=True, loc="best")
+        n = int(per["seeds"].max())
+        _title(ax, "Loss against training depth",
+               [f"preset {ctx.preset} · point = mean over {n} seed{'s' if n != 1 else ''}"
+                + (", bar = 95% CI" if n > 1 else "")])
+    return fig
+
+
+def _spaced_labels(ticks: list[float], min_log2_gap: float = 0.2) -> list[str]:
+    """Tick labels on a log2 axis, blank where a tick sits too close to the previous labelled one (30 and 32 block
+    applications would print as one unreadable '3032'); the point's own annotation still names it."""
+    import math
+
+    out, last = [], -math.inf
+    for t in ticks:
+        x = math.log2(t) if t > 0 else -math.inf
+        out.append(f"{t:g}" if x - last >= min_log2_gap else "")
+        if out[-1]:
+            last = x
+    return out

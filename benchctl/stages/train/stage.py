@@ -1,0 +1,33 @@
+"""Stage `train`: train every run of the sweep not yet done, resuming interrupted ones.
+
+A failing run is recorded and the others go on; later stages work on the runs that finished. Its report sections
+show the runs and their status, the parameter accounting, training cost and validation loss, and, when the models
+differ in size or compute, loss against training compute, parameters and training depth."""
+
+from __future__ import annotations
+
+from benchctl.stages.train.report_compute import compute_section, depth_section, params_section
+from benchctl.stages.train.report import cost_section, loss_section, models_section, runs_section
+from benchctl.stages import Stage, StudyRun
+
+
+def run(study: StudyRun) -> None:
+    from benchctl.study import train_all
+
+    opts, cfgs = study.opts, study.cfgs
+    names = list(dict.fromkeys(study.variants or study.archs))
+    plan = f"plan {study.plan.name}: " if study.plan is not None else ""
+    study.say(f"{plan}{len(cfgs)} run(s) — {', '.join(names)} × seeds {sorted({c.seed for c in cfgs})}")
+    study.trained = train_all(cfgs, study.prepared, opts.db_path, progress=opts.progress, log=study.log,
+                              yes=opts.yes, confirm=study.confirm, variants=study.variants, plan=study.plan,
+                              execution=opts.execution())
+
+
+STAGE = Stage(
+    name="train", order=20, run=run,
+    sections=(runs_section, models_section, cost_section, loss_section, compute_section, params_section,
+              depth_section),
+    every_rank=True,
+    figures=("training_time.png", "peak_memory.png", "final_val_loss.png", "val_loss_curves.png",
+             "loss_vs_compute.png", "loss_vs_params.png", "loss_vs_depth.png"),
+)
