@@ -1,0 +1,337 @@
+"""The stored format of results.db: what a fresh database looks like and how an older one is migrated.
+
+- A fresh database has exactly the schema benchctl has always written: the same tables, columns, types, keys,
+  defaults and indexes, down to the SQL SQLite stores (`EXPECTED_SQL`, taken from a database this code created).
+  Changing it changes the stored format; users' queries and older files depend on it.
+- Migration adds a column an older file lacks and fills it where there is a rule (runs.variant).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from benchctl.core import db as dbm
+
+EXPECTED_SQL = {
+    'bench': (
+        'CREATE TABLE "bench" (\n'
+        '   "id" INTEGER PRIMARY KEY,\n'
+        '   "bench_id" TEXT,\n'
+        '   "arch" TEXT,\n'
+        '   "preset" TEXT,\n'
+        '   "impl" TEXT,\n'
+        '   "compiled" INTEGER,\n'
+        '   "dtype" TEXT,\n'
+        '   "device" TEXT,\n'
+        '   "device_name" TEXT,\n'
+        '   "steps" INTEGER,\n'
+        '   "repeats" INTEGER,\n'
+        '   "tokens_per_step" INTEGER,\n'
+        '   "tokens_per_s" REAL,\n'
+        '   "tokens_per_s_min" REAL,\n'
+        '   "tokens_per_s_max" REAL,\n'
+        '   "step_seconds" REAL,\n'
+        '   "step_cpu_seconds" REAL,\n'
+        '   "flops_per_token" REAL,\n'
+        '   "achieved_flops" REAL,\n'
+        '   "peak_flops" REAL,\n'
+        '   "peak_flops_source" TEXT,\n'
+        '   "mfu" REAL,\n'
+        '   "peak_mem_bytes" INTEGER,\n'
+        '   "peak_rss_bytes" INTEGER,\n'
+        '   "warmup_steps" INTEGER,\n'
+        '   "warmup_seconds" REAL,\n'
+        '   "load_avg" REAL,\n'
+        '   "threads" INTEGER,\n'
+        '   "kernel_seconds" REAL,\n'
+        '   "profiled_step_seconds" REAL,\n'
+        '   "note" TEXT,\n'
+        '   "equivalence_json" TEXT,\n'
+        '   "config_json" TEXT,\n'
+        '   "torch_version" TEXT,\n'
+        '   "git_commit" TEXT,\n'
+        '   "created_at" TEXT\n'
+        ')'
+    ),
+    'checkpoints': (
+        'CREATE TABLE "checkpoints" (\n'
+        '   "run_id" TEXT REFERENCES "runs"("id"),\n'
+        '   "step" INTEGER,\n'
+        '   "path" TEXT,\n'
+        '   "bytes" INTEGER,\n'
+        '   "created_at" TEXT,\n'
+        '   PRIMARY KEY ("run_id", "step")\n'
+        ')'
+    ),
+    'depth_results': (
+        'CREATE TABLE "depth_results" (\n'
+        '   "run_id" TEXT REFERENCES "runs"("id"),\n'
+        '   "n_recur" INTEGER,\n'
+        '   "exit_rule" TEXT,\n'
+        '   "threshold" REAL,\n'
+        '   "extrapolate" TEXT,\n'
+        '   "windows" INTEGER,\n'
+        '   "val_loss" REAL NOT NULL,\n'
+        '   "mean_depth" REAL,\n'
+        '   "tokens" INTEGER,\n'
+        '   "seconds" REAL,\n'
+        '   "flops_per_token" REAL,\n'
+        '   "depth_hist" TEXT,\n'
+        '   "created_at" TEXT,\n'
+        '   PRIMARY KEY ("run_id", "n_recur", "exit_rule", "threshold", "extrapolate", "windows")\n'
+        ')'
+    ),
+    'eval_results': (
+        'CREATE TABLE "eval_results" (\n'
+        '   "run_id" TEXT REFERENCES "runs"("id"),\n'
+        '   "task" TEXT,\n'
+        '   "metric" TEXT,\n'
+        '   "n_recur" INTEGER,\n'
+        '   "limit_n" INTEGER,\n'
+        '   "value" REAL,\n'
+        '   "stderr" REAL,\n'
+        '   "n_samples" INTEGER,\n'
+        '   "task_version" TEXT,\n'
+        '   "batch_size" INTEGER,\n'
+        '   "lm_eval_version" TEXT,\n'
+        '   "created_at" TEXT,\n'
+        '   "dtype" TEXT,\n'
+        '   PRIMARY KEY ("run_id", "task", "metric", "n_recur", "limit_n")\n'
+        ')'
+    ),
+    'idx_eval_results_task': (
+        'CREATE INDEX "idx_eval_results_task"\n'
+        '    ON "eval_results" ("task")'
+    ),
+    'idx_judge_grades_judge_model_prompt_hash': (
+        'CREATE INDEX "idx_judge_grades_judge_model_prompt_hash"\n'
+        '    ON "judge_grades" ("judge_model", "prompt_hash")'
+    ),
+    'idx_runs_arch_preset_seed': (
+        'CREATE INDEX "idx_runs_arch_preset_seed"\n'
+        '    ON "runs" ("arch", "preset", "seed")'
+    ),
+    'idx_samples_run_id': (
+        'CREATE INDEX "idx_samples_run_id"\n'
+        '    ON "samples" ("run_id")'
+    ),
+    'judge_grades': (
+        'CREATE TABLE "judge_grades" (\n'
+        '   "sample_id" TEXT REFERENCES "samples"("id"),\n'
+        '   "judge_model" TEXT,\n'
+        '   "prompt_hash" TEXT,\n'
+        '   "repeat" INTEGER,\n'
+        '   "status" TEXT NOT NULL,\n'
+        '   "grammar" INTEGER,\n'
+        '   "creativity" INTEGER,\n'
+        '   "consistency" INTEGER,\n'
+        '   "plot" INTEGER,\n'
+        '   "average" REAL,\n'
+        '   "finish_reason" TEXT,\n'
+        '   "raw_text" TEXT,\n'
+        '   "error" TEXT,\n'
+        '   "protocol" TEXT,\n'
+        '   "assessment" TEXT,\n'
+        '   "prompt_tokens" INTEGER,\n'
+        '   "output_tokens" INTEGER,\n'
+        '   "thinking_tokens" INTEGER,\n'
+        '   "total_tokens" INTEGER,\n'
+        '   "created_at" TEXT,\n'
+        '   PRIMARY KEY ("sample_id", "judge_model", "prompt_hash", "repeat")\n'
+        ')'
+    ),
+    'judge_requests': (
+        'CREATE TABLE "judge_requests" (\n'
+        '   "key" TEXT PRIMARY KEY,\n'
+        '   "judge_model" TEXT,\n'
+        '   "prompt_hash" TEXT,\n'
+        '   "sample_id" TEXT REFERENCES "samples"("id"),\n'
+        '   "repeat" INTEGER,\n'
+        '   "request_json" TEXT,\n'
+        '   "response_json" TEXT,\n'
+        '   "http_status" INTEGER,\n'
+        '   "attempts" INTEGER,\n'
+        '   "prompt_tokens" INTEGER,\n'
+        '   "output_tokens" INTEGER,\n'
+        '   "thinking_tokens" INTEGER,\n'
+        '   "total_tokens" INTEGER,\n'
+        '   "latency_s" REAL,\n'
+        '   "status" TEXT,\n'
+        '   "finish_reason" TEXT,\n'
+        '   "error" TEXT,\n'
+        '   "temperature" REAL,\n'
+        '   "thinking_budget" INTEGER,\n'
+        '   "max_output_tokens" INTEGER,\n'
+        '   "protocol" TEXT,\n'
+        '   "created_at" TEXT,\n'
+        '   "updated_at" TEXT\n'
+        ')'
+    ),
+    'meta': (
+        'CREATE TABLE "meta" (\n'
+        '   "key" TEXT PRIMARY KEY,\n'
+        '   "value" TEXT\n'
+        ')'
+    ),
+    'metrics': (
+        'CREATE TABLE "metrics" (\n'
+        '   "run_id" TEXT REFERENCES "runs"("id"),\n'
+        '   "step" INTEGER,\n'
+        '   "name" TEXT,\n'
+        '   "value" REAL NOT NULL,\n'
+        '   "tokens" INTEGER,\n'
+        '   "wall_seconds" REAL,\n'
+        '   PRIMARY KEY ("run_id", "step", "name")\n'
+        ')'
+    ),
+    'plan_runs': (
+        'CREATE TABLE "plan_runs" (\n'
+        '   "plan" TEXT,\n'
+        '   "variant" TEXT,\n'
+        '   "preset" TEXT,\n'
+        '   "seed" INTEGER,\n'
+        '   "run_id" TEXT REFERENCES "runs"("id"),\n'
+        '   "plan_path" TEXT,\n'
+        '   "plan_sha256" TEXT,\n'
+        '   "created_at" TEXT,\n'
+        '   "updated_at" TEXT,\n'
+        '   PRIMARY KEY ("plan", "variant", "preset", "seed")\n'
+        ')'
+    ),
+    'prompts': (
+        'CREATE TABLE "prompts" (\n'
+        '   "id" TEXT PRIMARY KEY,\n'
+        '   "prompt_set" TEXT NOT NULL,\n'
+        '   "idx" INTEGER NOT NULL,\n'
+        '   "text" TEXT NOT NULL,\n'
+        '   "source_story" INTEGER,\n'
+        '   "rule" TEXT,\n'
+        '   "data_fingerprint" TEXT,\n'
+        '   "created_at" TEXT\n'
+        ')'
+    ),
+    'runs': (
+        'CREATE TABLE "runs" (\n'
+        '   "id" TEXT PRIMARY KEY,\n'
+        '   "arch" TEXT NOT NULL,\n'
+        '   "variant" TEXT,\n'
+        '   "preset" TEXT NOT NULL,\n'
+        '   "seed" INTEGER NOT NULL,\n'
+        '   "status" TEXT NOT NULL DEFAULT \'pending\',\n'
+        '   "config_json" TEXT NOT NULL,\n'
+        '   "data_fingerprint" TEXT,\n'
+        '   "data_source" TEXT,\n'
+        '   "n_params" INTEGER,\n'
+        '   "effective_params" INTEGER,\n'
+        '   "flops_per_token" REAL,\n'
+        '   "step" INTEGER,\n'
+        '   "max_steps" INTEGER,\n'
+        '   "tokens_seen" INTEGER,\n'
+        '   "initial_val_loss" REAL,\n'
+        '   "final_val_loss" REAL,\n'
+        '   "train_seconds" REAL,\n'
+        '   "warmup_seconds" REAL,\n'
+        '   "eval_seconds" REAL,\n'
+        '   "tokens_per_s" REAL,\n'
+        '   "step_seconds" REAL,\n'
+        '   "peak_gpu_mem_bytes" INTEGER,\n'
+        '   "peak_gpu_reserved_bytes" INTEGER,\n'
+        '   "peak_nvml_mem_bytes" INTEGER,\n'
+        '   "peak_rss_bytes" INTEGER,\n'
+        '   "gpu_telemetry_note" TEXT,\n'
+        '   "device" TEXT,\n'
+        '   "dtype" TEXT,\n'
+        '   "precision_reason" TEXT,\n'
+        '   "compiled" INTEGER,\n'
+        '   "compile_reason" TEXT,\n'
+        '   "device_name" TEXT,\n'
+        '   "device_count" INTEGER,\n'
+        '   "world_size" INTEGER,\n'
+        '   "driver_version" TEXT,\n'
+        '   "torch_version" TEXT,\n'
+        '   "cuda_version" TEXT,\n'
+        '   "python_version" TEXT,\n'
+        '   "benchctl_version" TEXT,\n'
+        '   "git_commit" TEXT,\n'
+        '   "hostname" TEXT,\n'
+        '   "pid" INTEGER,\n'
+        '   "error" TEXT,\n'
+        '   "created_at" TEXT,\n'
+        '   "started_at" TEXT,\n'
+        '   "finished_at" TEXT,\n'
+        '   "updated_at" TEXT,\n'
+        '   "parent_run_id" TEXT,\n'
+        '   "init_method" TEXT,\n'
+        '   "parent_tokens" INTEGER,\n'
+        '   "parent_flops" REAL,\n'
+        '   "cpu_seconds" REAL,\n'
+        '   "cuda_seconds" REAL,\n'
+        '   "timed_steps" INTEGER,\n'
+        '   "threads" INTEGER,\n'
+        '   "concurrent_jobs" INTEGER,\n'
+        '   "load_avg" REAL,\n'
+        '   "gpu_util" REAL,\n'
+        '   "baseline_rss_bytes" INTEGER\n'
+        ')'
+    ),
+    'samples': (
+        'CREATE TABLE "samples" (\n'
+        '   "id" TEXT PRIMARY KEY,\n'
+        '   "run_id" TEXT NOT NULL REFERENCES "runs"("id"),\n'
+        '   "prompt_id" TEXT NOT NULL REFERENCES "prompts"("id"),\n'
+        '   "prompt_set" TEXT,\n'
+        '   "completion" TEXT NOT NULL,\n'
+        '   "settings_json" TEXT,\n'
+        '   "settings_hash" TEXT,\n'
+        '   "temperature" REAL,\n'
+        '   "top_k" INTEGER,\n'
+        '   "top_p" REAL,\n'
+        '   "max_new_tokens" INTEGER,\n'
+        '   "seed" INTEGER,\n'
+        '   "n_recur" INTEGER,\n'
+        '   "batch_size" INTEGER,\n'
+        '   "device" TEXT,\n'
+        '   "dtype" TEXT,\n'
+        '   "n_tokens" INTEGER,\n'
+        '   "finish_reason" TEXT,\n'
+        '   "created_at" TEXT,\n'
+        '   "extrapolate" TEXT,\n'
+        '   "exit_rule" TEXT,\n'
+        '   "exit_threshold" REAL,\n'
+        '   "mean_depth" REAL\n'
+        ')'
+    ),
+}
+
+
+def _schema_sql(path) -> dict[str, str]:
+    conn = sqlite3.connect(path)
+    try:
+        return dict(conn.execute("select name, sql from sqlite_master where sql is not null"))
+    finally:
+        conn.close()
+
+
+def test_a_fresh_database_has_the_schema_benchctl_always_wrote(tmp_path):
+    db = dbm.connect(tmp_path / "results.db")
+    assert db.execute("select value from meta where key = 'schema_version'").fetchone()[0] == str(dbm.SCHEMA_VERSION)
+    db.conn.close()
+    assert _schema_sql(tmp_path / "results.db") == EXPECTED_SQL
+    dbm.connect(tmp_path / "results.db").conn.close()  # opening it again changes nothing
+    assert _schema_sql(tmp_path / "results.db") == EXPECTED_SQL
+
+
+def test_migration_adds_a_missing_column_and_backfills_it(tmp_path):
+    path = tmp_path / "old.db"
+    dbm.connect(path).conn.close()
+    conn = sqlite3.connect(path)
+    with conn:  # a database from before plans named runs: no variant column, a run already stored
+        conn.execute("drop index idx_runs_arch_preset_seed")
+        conn.execute("alter table runs drop column variant")
+        conn.execute("insert into runs (id, arch, preset, seed, config_json) values ('r1', 'frailt', 'tiny', 0, '{}')")
+    conn.close()
+    db = dbm.connect(path)
+    assert db.execute("select variant from runs where id = 'r1'").fetchone()[0] == "frailt"
+    db.conn.close()
+    assert _schema_sql(path)["idx_runs_arch_preset_seed"] == EXPECTED_SQL["idx_runs_arch_preset_seed"]
+    assert '"variant" TEXT' in _schema_sql(path)["runs"]
