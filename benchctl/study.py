@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import architectures
 from benchctl.core import db as dbm
+from benchctl.stages.train import tables as train_tables
 from benchctl import stages
 from benchctl.core.config import RunConfig, make_config, overrides_for
 from benchctl.core.errors import Aborted, BenchctlError, ConfigError
@@ -105,10 +106,11 @@ def train_all(
         raise ConfigError("under torchrun every process trains each run together; --jobs and --executor ray "
                           "cannot be combined with it (run without torchrun, or with --jobs 1)")
     init_distributed(dist_info, resolve_device(cfgs[0].train.device, dist_info.local_rank))
-    db = dbm.connect(db_path) if dist_info.is_main else None
+    db = stages.connect(db_path) if dist_info.is_main else None
 
     def confirm_on_main() -> None:
-        todo = [c for c in cfgs if (dbm.get_run(db, run_id(c, prepared.fingerprint)) or {}).get("status") != "done"]
+        todo = [c for c in cfgs
+                if (train_tables.get_run(db, run_id(c, prepared.fingerprint)) or {}).get("status") != "done"]
         if not execution.in_process:  # they run side by side: the wall time is that of the longest share
             todo = todo[: max(1, -(-len(todo) // _parallel_jobs(execution, len(todo), cfgs[0])))]
         confirm_long_run(todo, prepared, yes=yes, log=log, confirm=confirm)
@@ -149,9 +151,9 @@ def _parallel_jobs(execution: Any, n_runs: int, cfg: RunConfig) -> int:
 def _record_plan_run(db: dbm.Database | None, plan: Any, variant: str, cfg: RunConfig, rid: str) -> None:
     """The plan reached this run under `variant` (once its row exists: a run that failed before starting has none).
     Under torchrun only rank 0 has the database (`db` is None elsewhere)."""
-    if plan is None or db is None or dbm.get_run(db, rid) is None:
+    if plan is None or db is None or train_tables.get_run(db, rid) is None:
         return
-    dbm.record_plan_runs(db, [{"plan": plan.name, "variant": variant, "preset": cfg.preset, "seed": cfg.seed,
+    train_tables.record_plan_runs(db, [{"plan": plan.name, "variant": variant, "preset": cfg.preset, "seed": cfg.seed,
                                "run_id": rid, "plan_path": str(plan.path), "plan_sha256": plan.sha256}])
 
 

@@ -1,6 +1,6 @@
 """A realistic fixture results.db for tests of the report (and of anything else that reads results.db).
 
-`build_fixture_db(path, ...)` writes, through benchctl.core.db (the real schema), what a finished study leaves behind:
+`build_fixture_db(path, ...)` writes, through the stages' tables (the real schema), what a finished study leaves behind:
 runs of several architectures x seeds with real configs (`make_config`), run ids (`config.run_id`), parameter
 accounting (`accounting.describe`), CPU telemetry; val_loss curves in `metrics` from step 0 to the last step;
 prompts, samples and judge grades (with failures and a repeat); lm-eval rows; optionally bench rows. Plus runs that
@@ -20,7 +20,8 @@ from typing import Callable, Iterable
 import numpy as np
 
 from benchctl.core import accounting
-from benchctl.core import db as dbmod
+from benchctl import stages
+from benchctl.stages.train import tables as train_tables
 from benchctl.core.config import make_config, run_id
 
 STUDY_ARCHS = ("control", "frailt", "three-part", "relaxed")
@@ -80,7 +81,7 @@ def build_fixture_db(
     one job, load average 1.9); `run_extra(arch, seed)` returns columns that replace a done run's values (a shared
     machine's load, seeds with other times)."""
     path = Path(path)
-    db = dbmod.connect(path)
+    db = stages.connect(path)
     archs, seeds = list(archs), list(seeds)
     runs, metrics, samples, grades, evals_rows, depth_rows = [], [], [], [], [], []
     prompts = [
@@ -319,7 +320,7 @@ def build_plan_fixture_db(
     keyword arguments go to build_fixture_db (judge, evals and the failed and running runs are off by default)."""
     path, seeds = Path(path), list(seeds)
     opts = {"judge": False, "evals": False, "failed_run": False, "running_run": False, **kwargs}
-    db = dbmod.connect(path)
+    db = stages.connect(path)
     seen = {r["id"] for r in db.query("select id from runs")}  # a run already stored keeps its first name
     db.conn.close()
     rows = []
@@ -332,7 +333,7 @@ def build_plan_fixture_db(
         rows += [{"plan": plan, "variant": name, "preset": preset, "seed": s, "run_id": rid,
                   "plan_path": f"/plans/{plan}.toml", "plan_sha256": "ab" * 32} for s, rid in zip(seeds, ids)]
     if record_plan:
-        db = dbmod.connect(path)
-        dbmod.record_plan_runs(db, rows)
+        db = stages.connect(path)
+        train_tables.record_plan_runs(db, rows)
         db.conn.close()
     return path

@@ -1,7 +1,6 @@
 """Tests of `benchctl browse` (benchctl/browse.py, benchctl/commands/browse.py).
 
-- The descriptions cover exactly the schema that benchctl.core.db owns (no column without one, none for a column that
-  is gone).
+- The metadata describes every table the stages declare, with every column, title, facets and units.
 - A real server (`python -m benchctl browse`, a subprocess on a free port of 127.0.0.1) over a fixture study
   database: table pages carry the descriptions, every canned query's JSON returns rows, a row written while it
   serves shows up, and SQL that writes is refused.
@@ -26,22 +25,22 @@ from pathlib import Path
 import pytest
 
 from benchctl import browse
-from benchctl.core import db as dbm
+from benchctl import stages
 from benchctl.cli import main
 from tests.fixtures_db import build_fixture_db
 
 
-def test_every_schema_column_is_described_and_nothing_else():
-    schema = {t: set(spec["columns"]) for t, spec in dbm._SCHEMA.items()}
-    described = {t: set(cols) for t, cols in browse.COLUMNS.items()}
-    missing = {t: sorted(cols - described.get(t, set())) for t, cols in schema.items()}
-    stale = {t: sorted(cols - schema.get(t, set())) for t, cols in described.items()}
-    assert not {t: c for t, c in missing.items() if c}, f"columns without a description in browse.COLUMNS: {missing}"
-    assert not {t: c for t, c in stale.items() if c}, f"descriptions of columns not in db._SCHEMA: {stale}"
-    assert set(browse.TABLES) == set(schema), "every table needs a title and a description in browse.TABLES"
-    for table, cols in browse.COLUMNS.items():
-        for col, (text, _unit) in cols.items():
-            assert text.strip(), f"{table}.{col}: empty description"
+def test_every_described_table_is_in_the_metadata_with_its_columns(tmp_path):
+    path = build_fixture_db(tmp_path / "results.db", seeds=(0,), judge=False, evals=False)
+    served = browse.check_database(path)
+    tables = browse.metadata(served)["databases"][served.name]["tables"]
+    for name, spec in browse.described_tables().items():
+        entry = tables[name]
+        assert (entry["title"], entry["description"]) == (spec.title, spec.description)
+        assert list(entry["columns"]) == served.columns[name] == spec.column_names
+        assert all(entry["columns"][c.name].startswith(c.description) for c in spec.columns)
+    assert tables["runs"]["facets"] == ["arch", "variant", "preset", "status"]
+    assert tables["runs"]["units"]["train_seconds"] == "s" and "final_val_loss" not in tables["runs"]["units"]
 
 
 def test_units_are_named_where_they_matter():
@@ -128,7 +127,7 @@ def test_serves_descriptions_and_every_canned_query(tmp_path):
         status, page = _get(f"{base}/results/runs")
         html = page.decode()
         assert status == 200
-        assert browse.TABLES["runs"][1].split(":")[0] in html  # the table's description
+        assert browse.described_tables()["runs"].description.split(":")[0] in html  # the table's description
         assert browse.describe("runs", "final_val_loss") in html  # a column's description, with its unit
         status, page = _get(f"{base}/results")
         assert status == 200 and "Final validation loss by model" in page.decode()
@@ -145,7 +144,7 @@ def test_serves_descriptions_and_every_canned_query(tmp_path):
         assert [r["step"] for r in curve] == sorted(r["step"] for r in curve)
 
         # Live: a row written by another process while the server runs is visible (the WAL is read).
-        handle = dbm.connect(path)
+        handle = stages.connect(path)
         with handle.conn:
             handle["metrics"].insert({"run_id": run_id, "step": 10_000, "name": "val_loss", "value": 2.5,
                                       "tokens": 1, "wall_seconds": 1.0})

@@ -12,7 +12,8 @@ import sys
 import pytest
 import torch
 
-from benchctl.core import db as dbm
+from benchctl.stages.bench import tables as bench_tables
+from benchctl.stages.train import tables as train_tables
 from benchctl import report, stages
 from benchctl.core import telemetry
 from benchctl.core.config import make_config
@@ -38,7 +39,7 @@ def _train(tmp_path, tinystories_dir, arch, **kw):
     cfg = make_config("tiny", arch, overrides=overrides)
     prepared = data.prepare(cfg.data, cfg.model.vocab_size, progress=False)
     path = tmp_path / "results.db"
-    return train_run(cfg, prepared, dbm.connect(path), path, progress=False, log=lambda *_: None, **kw), path
+    return train_run(cfg, prepared, stages.connect(path), path, progress=False, log=lambda *_: None, **kw), path
 
 
 def test_every_run_records_cpu_time_load_threads_jobs_and_its_memory_baseline(tmp_path, tinystories_dir,
@@ -47,10 +48,10 @@ def test_every_run_records_cpu_time_load_threads_jobs_and_its_memory_baseline(tm
     executor started (env vars) records its threads and jobs."""
     monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
     first, path = _train(tmp_path, tinystories_dir, "control", stop_after=3)
-    part = dbm.get_run(dbm.connect(path), first.run_id)
+    part = train_tables.get_run(stages.connect(path), first.run_id)
     assert part["timed_steps"] == 1 and part["cpu_seconds"] > 0  # 3 steps, the first 2 untimed
     done, _ = _train(tmp_path, tinystories_dir, "control")
-    row = dbm.get_run(dbm.connect(path), done.run_id)
+    row = train_tables.get_run(stages.connect(path), done.run_id)
     assert row["status"] == "done"
     assert row["timed_steps"] == 1 + (8 - 3 - 2)  # each process leaves its first 2 steps out of the timing
     assert row["cpu_seconds"] > part["cpu_seconds"] and row["train_seconds"] > 0
@@ -62,7 +63,7 @@ def test_every_run_records_cpu_time_load_threads_jobs_and_its_memory_baseline(tm
     monkeypatch.setenv("BENCHCTL_THREADS", "1")
     monkeypatch.setenv("BENCHCTL_CONCURRENT_JOBS", "2")
     other, _ = _train(tmp_path, tinystories_dir, "frailt")
-    row = dbm.get_run(dbm.connect(path), other.run_id)
+    row = train_tables.get_run(stages.connect(path), other.run_id)
     assert (row["threads"], row["concurrent_jobs"]) == (1, 2)
     assert row["cpu_seconds"] > 0 and row["load_avg"] is not None
 
@@ -230,7 +231,7 @@ def test_memory_shows_the_models_own_share(tmp_path):
 
 def test_bench_rows_of_another_config_or_device_give_no_bench_ratio(tmp_path):
     db = build_fixture_db(tmp_path / "results.db", judge=False, evals=False, bench=True)
-    conn = dbm.connect(db)
+    conn = stages.connect(db)
     conn.execute("update bench set config_json = ?", [make_config("tiny", "control", 0,
                                                                   {"model.n_layers": 2}).to_json()])
     conn.conn.commit()
@@ -275,7 +276,7 @@ def test_study_bench_runs_once_per_preset_device_and_config(tmp_path, monkeypatc
                  "device_name": dev, "tokens_per_s": 100.0 / (i + 1), "flops_per_token": 1.0 + i,
                  "config_json": make_config(opts.preset, a, 0, opts.overrides).to_json(), "created_at": "x"}
                 for i, a in enumerate(opts.archs)]
-        dbm.record_bench_rows(dbm.connect(db_path), rows)
+        bench_tables.record_bench_rows(stages.connect(db_path), rows)
         return [{"arch": r["arch"], "cost_ratio": 1.0} for r in rows]
 
     monkeypatch.setattr(bench, "run", fake_run)
@@ -328,4 +329,4 @@ def test_a_database_from_before_the_cost_columns_still_reports_and_migrates(tmp_
     t = _timing_table(sec)
     assert t["frailt"]["CPU (µs/token)"] == "-" and t["frailt"]["wall (µs/token)"] != "-"
     assert "Headline: the wall-time ratio" in sec and "model's own" not in sec
-    assert set(new) <= set(dbm.connect(db)["runs"].columns_dict)  # added back by migration, empty
+    assert set(new) <= set(stages.connect(db)["runs"].columns_dict)  # added back by migration, empty

@@ -15,7 +15,8 @@ import architectures
 from architectures.base import ExitRule
 from architectures.blocks import KVCache
 from architectures.generate import generate
-from benchctl.core import db as dbm
+from benchctl import stages
+from benchctl.stages.train import tables as train_tables
 from benchctl.stages.depth import engine as dp
 from benchctl import report
 from benchctl.stages.sample import engine as smp
@@ -217,7 +218,7 @@ def results(trained, tmp_path, monkeypatch) -> Path:
 
 
 def test_depth_rows_are_idempotent_and_resumable(results):
-    db = dbm.connect(results)
+    db = stages.connect(results)
     s = dp.depth_all(db, results, depths="1,4,8", windows=8, progress=False)
     rows = list(db.query("select d.*, r.arch from depth_results d join runs r on r.id = d.run_id"))
     assert len(s.rows) == len(rows) == 4  # control: one row at its depth; frailt: 1, 4, 8
@@ -237,11 +238,12 @@ def test_depth_rows_are_idempotent_and_resumable(results):
     assert {(r["exit_rule"], r["threshold"], r["n_recur"]) for r in ex.rows if r["arch"] == "frailt"} == {
         ("kl", 1e-2, 4), ("kl", 1e-3, 4)}
     assert all(1 <= r["mean_depth"] <= r["n_recur"] for r in ex.rows)
-    assert dp.estimate_seconds(db, results, [r["id"] for r in dbm.runs(db)]) > 0  # what the paper preset prints
+    # what the paper preset prints
+    assert dp.estimate_seconds(db, results, [r["id"] for r in train_tables.runs(db)]) > 0
 
 
 def test_trained_depth_row_is_the_final_validation_loss(results):
-    db = dbm.connect(results)
+    db = stages.connect(results)
     dp.depth_all(db, results, depths="4", archs=["frailt"], progress=False)
     row = next(iter(db.query("select d.val_loss, r.final_val_loss from depth_results d join runs r on r.id = "
                              "d.run_id where r.arch = 'frailt'")))
@@ -262,7 +264,7 @@ def test_cli_errors_are_one_line(results, capsys):
 
 
 def test_depth_samples_are_tagged(results):
-    db = dbm.connect(results)
+    db = stages.connect(results)
     small = dict(n_prompts=3, max_new_tokens=6, batch_size=3, progress=False, archs=["frailt"])
     plain = smp.sample_all(db, results, **small)
     deep = smp.sample_all(db, results, n_recur=8, **small)

@@ -30,7 +30,8 @@ from lm_eval.api.instance import Instance
 from lm_eval.api.model import LM
 
 from benchctl.core import data as datamod
-from benchctl.core import db as dbm
+from benchctl import stages
+from benchctl.stages.train import tables as train_tables
 from benchctl.stages.eval import api as ev
 from benchctl.core.checkpoint import CKPT_NAME, run_dir
 from benchctl.cli import main
@@ -72,7 +73,7 @@ def trained(tmp_path_factory, tinystories_dir):
         run_cli(["train-all", "--preset", "tiny", "--archs", "three-part,frailt", "--data", str(tinystories_dir),
                  "--db", str(db), "--set", "train.max_steps=3", "--set", "train.warmup_steps=1", "--no-progress",
                  "--yes"])
-        rows = dbm.runs(dbm.connect(db), status="done")
+        rows = train_tables.runs(stages.connect(db), status="done")
         from benchctl.core.config import RunConfig
 
         cfg = RunConfig.from_json(rows[0]["config_json"])
@@ -394,7 +395,7 @@ def test_a_trained_model_beats_chance_on_order(trained, tinystories_dir, tmp_pat
     db = tmp_path / "order.db"
     run_cli(["train", "--arch", "control", "--preset", "tiny", "--data", str(tinystories_dir), "--db", str(db),
              "--set", "train.max_steps=250", "--no-progress", "--yes"])
-    s = ev.evaluate_runs(dbm.connect(db), db, tasks=["tinystories_order"], threads=1, progress=False,
+    s = ev.evaluate_runs(stages.connect(db), db, tasks=["tinystories_order"], threads=1, progress=False,
                          log=lambda _: None)
     (row,) = s.rows
     n = row["n_samples"]
@@ -431,7 +432,7 @@ def test_bundled_tasks_are_written_and_found(trained):
 def test_eval_end_to_end_stores_rows(trained):
     run_cli(["eval", "--db", str(trained.db), "--limit", "8", "--batch-size", "16", "--threads", "1",
              "--no-progress"])
-    db = dbm.connect(trained.db)
+    db = stages.connect(trained.db)
     rows = list(db.query("select * from eval_results where limit_n = 8"))
     by = {(r["run_id"], r["task"], r["metric"]): r for r in rows}
     for arch, rid in trained.runs.items():
@@ -473,7 +474,7 @@ def test_eval_end_to_end_stores_rows(trained):
 @pytest.mark.slow  # two spawned processes importing torch and lm-eval
 def test_two_jobs_store_the_same_results_as_one(trained):
     """`eval --jobs 2` evaluates each run in its own process and stores the same numbers as one process."""
-    db = dbm.connect(trained.db)
+    db = stages.connect(trained.db)
     quiet = dict(limit=6, batch_size=16, threads=1, progress=False, log=lambda _: None)
     one = ev.evaluate_runs(db, trained.db, **quiet)
     serial = {(r["run_id"], r["task"], r["metric"]): r["value"] for r in one.rows}
@@ -495,7 +496,7 @@ def test_lm_eval_environment_info_is_quick_and_quiet(trained, tmp_path, monkeypa
     monkeypatch.setattr(torch.utils.collect_env, "get_pretty_env_info", lambda: calls.append(1) or "slow")
     monkeypatch.chdir(tmp_path)  # not a git checkout: git describe would print "fatal: not a git repository"
     originals = (lm_eval.evaluator.add_env_info, lm_eval.evaluator.get_git_commit_hash)
-    db = dbm.connect(trained.db)
+    db = stages.connect(trained.db)
     summary = ev.evaluate_runs(db, trained.db, tasks=["tinystories_ppl"], limit=4, batch_size=16, force=True,
                                archs=["frailt"], progress=False, log=lambda _: None)
     assert summary.evaluated and not calls
@@ -504,7 +505,7 @@ def test_lm_eval_environment_info_is_quick_and_quiet(trained, tmp_path, monkeypa
 
 
 def test_recurrence_override_and_rng_restored(trained):
-    db = dbm.connect(trained.db)
+    db = stages.connect(trained.db)
     rid = trained.runs["three-part"]
     random.seed(11)
     np.random.seed(12)
@@ -557,7 +558,7 @@ def test_user_tasks_and_a_task_without_data(trained, tmp_path, monkeypatch):
         "task: benchctl_hub_only\ndataset_path: benchctl-tests/no-such-dataset\noutput_type: multiple_choice\n"
         "test_split: test\ndoc_to_text: q\ndoc_to_choice: choices\ndoc_to_target: label\n"
         "metric_list:\n  - metric: acc\nmetadata:\n  version: 1.0\n")
-    db = dbm.connect(trained.db)
+    db = stages.connect(trained.db)
     logs: list[str] = []
     rid = trained.runs["frailt"]
     s = ev.evaluate_runs(db, trained.db, tasks=["tinystories_ending", "benchctl_hub_only", "benchctl_local"],
@@ -578,7 +579,7 @@ def test_progress_off_a_terminal_is_a_few_plain_lines(trained):
     """In a log, the adapter's bars and lm-eval's own tqdm bars are whole lines, never carriage-return redraws."""
     out = io.StringIO()
     reporter = Progress(enabled=True, interactive=False, stream=out, interval=3600.0)
-    db = dbm.connect(trained.db)
+    db = stages.connect(trained.db)
     s = ev.evaluate_runs(db, trained.db, tasks=["tinystories_ppl"], archs=["frailt"], limit=4, force=True,
                          progress=reporter)
     text = out.getvalue()

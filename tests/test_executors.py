@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from benchctl.core import db as dbm
+from benchctl import stages
+from benchctl.stages.train import tables as train_tables
 from benchctl import study
 from benchctl.stages.train import executors
 from benchctl.cli import main
@@ -189,24 +190,24 @@ def test_copy_run_rows_takes_every_table_training_writes(tmp_path, tinystories_d
 
     cfgs, prepared = _prepared(tmp_path, monkeypatch, tinystories_dir, {**SHORT, "train.max_steps": 3})
     src_path = tmp_path / "worker" / "rows.db"
-    src = dbm.connect(src_path)
+    src = stages.connect(src_path)
     rid = train_run(cfgs[0], prepared, src, src_path, progress=False, log=lambda *_: None).run_id
     written = {t for t in src.table_names()
                if t == "runs" or ("run_id" in src[t].columns_dict
                                   and src.execute(f"select count(*) from [{t}] where run_id = ?", [rid]).fetchone()[0])}
-    assert written == set(dbm.RUN_TABLES)  # a table training starts writing must be added to RUN_TABLES
+    assert written == set(train_tables.RUN_TABLES)  # a table training starts writing must be added to RUN_TABLES
 
-    dst = dbm.connect(tmp_path / "results.db")
-    n = dbm.copy_run_rows(src, dst, rid)
-    assert n == 1 + sum(src[t].count_where("run_id = ?", [rid]) for t in dbm.RUN_TABLES[1:])
-    for t in dbm.RUN_TABLES[1:]:
+    dst = stages.connect(tmp_path / "results.db")
+    n = train_tables.copy_run_rows(src, dst, rid)
+    assert n == 1 + sum(src[t].count_where("run_id = ?", [rid]) for t in train_tables.RUN_TABLES[1:])
+    for t in train_tables.RUN_TABLES[1:]:
         assert list(dst[t].rows_where("run_id = ?", [rid], order_by="step")) == \
             list(src[t].rows_where("run_id = ?", [rid], order_by="step"))
-    assert dbm.get_run(dst, rid) == dbm.get_run(src, rid)
-    dbm.update_run(dst, rid, variant="first-name")  # copying again keeps the name results.db knew it by
-    dbm.copy_run_rows(src, dst, rid)
-    assert dbm.get_run(dst, rid)["variant"] == "first-name"
-    assert dbm.copy_run_rows(src, dst, "no-such-run") == 0
+    assert train_tables.get_run(dst, rid) == train_tables.get_run(src, rid)
+    train_tables.update_run(dst, rid, variant="first-name")  # copying again keeps the name results.db knew it by
+    train_tables.copy_run_rows(src, dst, rid)
+    assert train_tables.get_run(dst, rid)["variant"] == "first-name"
+    assert train_tables.copy_run_rows(src, dst, "no-such-run") == 0
 
 
 @pytest.mark.slow
@@ -263,7 +264,7 @@ def test_a_groups_error_is_raised_after_every_group_has_ended(tmp_path):
     from benchctl.stages.train.executors.local import in_processes
 
     db_path = tmp_path / "results.db"
-    dbm.connect(db_path)  # an empty results.db
+    stages.connect(db_path)  # an empty results.db
     said: list[str] = []
     with pytest.raises(ConfigError, match="nope"):
         in_processes(smp.sample_all, [{"run_ids": ["nope"]}, {"run_ids": ["nope-either"]}], db_path=db_path,

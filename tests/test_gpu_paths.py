@@ -166,7 +166,8 @@ def test_auto_resumed_on_a_cpu_without_bf16_warns_and_restarts_the_speed_record(
     """`train.dtype=auto` is the run's identity; what it resolves to is the machine's. A run started with native bf16
     and resumed without it says so, records the new precision and times its steps afresh."""
     from benchctl.core import data
-    from benchctl.core import db as dbm
+    from benchctl import stages
+    from benchctl.stages.train import tables as train_tables
     from benchctl.core.config import make_config
     from benchctl.stages.train.engine import train_run
 
@@ -175,16 +176,16 @@ def test_auto_resumed_on_a_cpu_without_bf16_warns_and_restarts_the_speed_record(
                                                     "train.ckpt_interval": 2, "train.warmup_steps": 1})
     prepared = data.prepare(cfg.data, cfg.model.vocab_size, progress=False)
     path = tmp_path / "results.db"
-    db = dbm.connect(path)
+    db = stages.connect(path)
     monkeypatch.setattr(runtime, "cpu_bf16_capability", lambda: "avx512_bf16")
     train_run(cfg, prepared, db, path, progress=False, log=lambda *_: None, stop_after=5)
-    assert dbm.get_run(db, dbm.runs(db)[0]["id"])["dtype"] == "bfloat16"
+    assert train_tables.get_run(db, train_tables.runs(db)[0]["id"])["dtype"] == "bfloat16"
     monkeypatch.setattr(runtime, "cpu_bf16_capability", lambda: None)
     logs: list[str] = []
     r = train_run(cfg, prepared, db, path, progress=False, log=logs.append)
     assert r.status == "done" and r.resumed_from == 5
     assert any("resumes on different hardware (dtype bfloat16 -> float32)" in m for m in logs)
-    row = dbm.get_run(db, r.run_id)
+    row = train_tables.get_run(db, r.run_id)
     assert row["dtype"] == "float32" and row["precision_reason"] == "auto: no native bf16 (cpu:no native bf16)"
     state = ckpt.load(ckpt.run_dir(path, r.run_id) / ckpt.CKPT_NAME)
     assert state["hardware"]["dtype"] == "float32"

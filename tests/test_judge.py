@@ -20,7 +20,7 @@ import pytest
 from scipy import stats as sps
 from typer.testing import CliRunner
 
-from benchctl.core import db as dbm
+from benchctl import stages
 from benchctl.stages.judge import api as judge
 from benchctl.core.config import make_config
 from benchctl.core.errors import ConfigError, JudgeError
@@ -51,7 +51,7 @@ def server():
 
 def make_db(path: Path, n_prompts: int = 3, archs=ARCHS):
     """results.db with one run per architecture, `n_prompts` prompts and one sample per (run, prompt)."""
-    db = dbm.connect(path)
+    db = stages.connect(path)
     with db.conn:
         for i in range(n_prompts):
             text = f"Once upon a time, {i} cats met."
@@ -439,7 +439,7 @@ def test_unknown_model_has_no_cost(tmp_path, server):
 
 
 def test_no_samples_and_unknown_runs_are_user_errors(tmp_path, server):
-    db = dbm.connect(tmp_path / "empty.db")
+    db = stages.connect(tmp_path / "empty.db")
     with pytest.raises(JudgeError, match="benchctl sample"):
         judge.judge_all(db, base_url=server.url, **FAST)
     db = make_db(tmp_path / "r.db")
@@ -460,7 +460,7 @@ def test_cli_judges_through_the_base_url_env(tmp_path, server, monkeypatch):
     assert server.count == 6
     assert "judge grades per model" in res.output and "control" in res.output and "frailt" in res.output
     assert "6 graded, 0 failed" in res.output
-    db = dbm.connect(path)
+    db = stages.connect(path)
     assert len(grades(db, "ok")) == 6
     res = runner.invoke(app, ["judge", "--db", str(path), "--dry-run"])
     assert res.exit_code == 0 and "0 request(s) would be sent" in res.output and server.count == 6
@@ -604,7 +604,7 @@ def test_cli_protocol_option(tmp_path, server, monkeypatch):
     res = CliRunner().invoke(app, ["judge", "--db", str(path), "--protocol", "json", "--repeats", "2"])
     assert res.exit_code == 0, res.output
     assert "protocol json" in res.output and "12 graded, 0 failed" in res.output
-    assert {r["protocol"] for r in grades(dbm.connect(path))} == {"json"}
+    assert {r["protocol"] for r in grades(stages.connect(path))} == {"json"}
     res = CliRunner().invoke(app, ["judge", "--db", str(path), "--protocol", "essay"])
     assert isinstance(res.exception, ConfigError)
 

@@ -17,7 +17,8 @@ import sys
 import pytest
 
 from benchctl.core import data as datamod
-from benchctl.core import db as dbm
+from benchctl import stages
+from benchctl.stages.train import tables as train_tables
 from benchctl.stages.eval import api as ev
 from benchctl.core.checkpoint import CKPT_NAME, run_dir
 from benchctl.cli import main
@@ -40,7 +41,7 @@ def trained(tmp_path_factory, tinystories_dir):
         db = root / "results.db"
         run_cli(["train-all", "--preset", "tiny", "--archs", "control", "--data", str(tinystories_dir), "--db",
                  str(db), "--set", "train.max_steps=3", "--set", "train.warmup_steps=1", "--no-progress", "--yes"])
-        (row,) = dbm.runs(dbm.connect(db), status="done")
+        (row,) = train_tables.runs(stages.connect(db), status="done")
         yield {"root": root, "db": db, "run": row, "ckpt": run_dir(db, row["id"]) / CKPT_NAME}
 
 
@@ -63,7 +64,7 @@ def test_lm_eval_passthrough_prints_its_table_and_records(trained):
     saved = json.loads(results_files[0].read_text())
     assert "bits_per_byte,none" in saved["results"]["tinystories_ppl"]
 
-    handle = dbm.connect(trained["db"])
+    handle = stages.connect(trained["db"])
     rows = {r["metric"]: r for r in handle.query("select * from eval_results where task = 'tinystories_ppl'")}
     assert set(rows) >= {"bits_per_byte", "byte_perplexity", "word_perplexity"}
     cfg = RunConfig.from_json(trained["run"]["config_json"])
@@ -93,7 +94,7 @@ def test_what_cannot_run_fails_in_one_line(trained, capsys, tmp_path, monkeypatc
     monkeypatch.setenv("BENCHCTL_CACHE", str(trained["root"] / "cache"))
     ckpt = f"checkpoint={trained['ckpt']}"
     empty = tmp_path / "empty.db"
-    dbm.connect(empty).conn.close()
+    stages.connect(empty).conn.close()
     for argv, code, words in (
         (["--model", "benchctl", "--model_args", ckpt, "--tasks", "tinystories_ppl", "--limit", "0.5", "--record",
           "--db", str(trained["db"])], 7, "--limit"),

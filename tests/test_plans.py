@@ -9,7 +9,8 @@ import pytest
 
 from benchctl import plans
 from benchctl.core import accounting
-from benchctl.core import db as dbm
+from benchctl import stages
+from benchctl.stages.train import tables as train_tables
 from benchctl import report
 from benchctl.cli import main
 from benchctl.core.config import make_config, run_id
@@ -147,25 +148,26 @@ def test_old_database_gets_variant_column_named_after_the_arch(tmp_path):
     conn.execute("insert into runs values ('r1', 'frailt', 'tiny', 0, 'done', '{}')")
     conn.commit()
     conn.close()
-    db = dbm.connect(path)
+    db = stages.connect(path)
     assert [dict(r) for r in db.query("select id, variant from runs")] == [{"id": "r1", "variant": "frailt"}]
     assert "plan_runs" in db.table_names()
 
 
 def test_a_run_keeps_its_first_variant_name_and_plans_keep_theirs(tmp_path):
-    db = dbm.connect(tmp_path / "r.db")
-    dbm.start_run(db, {"id": "r1", "arch": "frailt", "preset": "tiny", "seed": 0, "status": "running",
+    db = stages.connect(tmp_path / "r.db")
+    train_tables.start_run(db, {"id": "r1", "arch": "frailt", "preset": "tiny", "seed": 0, "status": "running",
                        "config_json": "{}", "variant": "frailt"}, new=True, resume_step=0)
-    dbm.start_run(db, {"id": "r1", "arch": "frailt", "preset": "tiny", "seed": 0, "status": "running",
+    train_tables.start_run(db, {"id": "r1", "arch": "frailt", "preset": "tiny", "seed": 0, "status": "running",
                        "config_json": "{}", "variant": "frailt-r4"}, new=False, resume_step=0)
     row = {"preset": "tiny", "seed": 0, "run_id": "r1", "plan_path": "p", "plan_sha256": "h"}
-    dbm.record_plan_runs(db, [{**row, "plan": "study", "variant": "frailt"},
+    train_tables.record_plan_runs(db, [{**row, "plan": "study", "variant": "frailt"},
                               {**row, "plan": "depth", "variant": "frailt-r4"}])
-    assert dbm.get_run(db, "r1")["variant"] == "frailt"
-    assert {(r["plan"], r["variant"]) for r in dbm.plan_runs(db)} == {("study", "frailt"), ("depth", "frailt-r4")}
-    dbm.start_run(db, {"id": "r2", "arch": "control", "preset": "tiny", "seed": 0, "status": "running",
+    assert train_tables.get_run(db, "r1")["variant"] == "frailt"
+    assert ({(r["plan"], r["variant"]) for r in train_tables.plan_runs(db)}
+            == {("study", "frailt"), ("depth", "frailt-r4")})
+    train_tables.start_run(db, {"id": "r2", "arch": "control", "preset": "tiny", "seed": 0, "status": "running",
                        "config_json": "{}"}, new=True, resume_step=0)
-    assert dbm.get_run(db, "r2")["variant"] == "control"  # trained without a plan: its arch name
+    assert train_tables.get_run(db, "r2")["variant"] == "control"  # trained without a plan: its arch name
 
 
 @pytest.fixture(scope="module")
@@ -227,10 +229,10 @@ def test_plans_command_lists_the_builtins(capsys):
 
 
 def test_a_fixture_run_reached_again_keeps_its_name(plan_db):
-    db = dbm.connect(plan_db)
+    db = stages.connect(plan_db)
     frailt = run_id(make_config("tiny", "frailt", 0), FINGERPRINT)
-    assert dbm.get_run(db, frailt)["variant"] == "frailt"
-    assert {r["variant"] for r in dbm.plan_runs(db, "depth") if r["run_id"] == frailt} == {"frailt-r4"}
+    assert train_tables.get_run(db, frailt)["variant"] == "frailt"
+    assert {r["variant"] for r in train_tables.plan_runs(db, "depth") if r["run_id"] == frailt} == {"frailt-r4"}
 
 
 def test_study_with_a_plan_names_its_runs_and_records_the_plan(tmp_path, tinystories_dir, monkeypatch):
@@ -248,10 +250,10 @@ def test_study_with_a_plan_names_its_runs_and_records_the_plan(tmp_path, tinysto
         skip=("sample", "judge", "eval"), progress=False, bench=False,
     )
     report_path = run_study(opts, log=lambda _: None)
-    db = dbm.connect(tmp_path / "r.db")
-    assert [r["variant"] for r in dbm.runs(db)] == ["base"]
-    assert {(r["plan"], r["variant"]) for r in dbm.plan_runs(db)} == {("two", "base"), ("two", "same-again")}
-    assert {r["plan_sha256"] for r in dbm.plan_runs(db)} == {plans.load(path).sha256}
+    db = stages.connect(tmp_path / "r.db")
+    assert [r["variant"] for r in train_tables.runs(db)] == ["base"]
+    assert {(r["plan"], r["variant"]) for r in train_tables.plan_runs(db)} == {("two", "base"), ("two", "same-again")}
+    assert {r["plan_sha256"] for r in train_tables.plan_runs(db)} == {plans.load(path).sha256}
     md = report_path.read_text()
     assert "| two |" in md and "| base |" in md and "| same-again |" not in md  # one run, its first name
 

@@ -14,7 +14,7 @@ import pytest
 from scipy import stats as sps
 from typer.testing import CliRunner
 
-from benchctl.core import db as dbmod
+from benchctl import stages
 from benchctl import report
 from benchctl.core import paper
 from benchctl.core import stats as bstats
@@ -480,7 +480,7 @@ def _one_line_sections(md: str, names) -> None:
 
 def test_empty_database(tmp_path):
     p = tmp_path / "empty.db"
-    dbmod.connect(p).conn.close()
+    stages.connect(p).conn.close()
     out = report.write_report(p, tmp_path / "r")
     md = out.read_text()
     assert md.startswith("# benchctl report\n")
@@ -514,7 +514,7 @@ def test_partial_database_runs_only(tmp_path):
 
 def test_no_finished_runs(tmp_path):
     p = tmp_path / "r.db"
-    db = dbmod.connect(p)
+    db = stages.connect(p)
     from benchctl.core.config import make_config
 
     for arch, status in (("control", "running"), ("frailt", "failed")):
@@ -615,7 +615,7 @@ def test_cli_stale_figures_are_removed(full, tmp_path):
     out = tmp_path / "rep"
     assert CliRunner().invoke(app, ["report", "--db", str(full["db"]), "--out", str(out)]).exit_code == 0
     empty = tmp_path / "empty.db"
-    dbmod.connect(empty).conn.close()
+    stages.connect(empty).conn.close()
     assert CliRunner().invoke(app, ["report", "--db", str(empty), "--out", str(out)]).exit_code == 0
     assert not list((out / "figures").glob("*.png"))
 

@@ -6,7 +6,8 @@ import sqlite3
 
 import pytest
 
-from benchctl.core import db as dbm
+from benchctl import stages
+from benchctl.stages.train import tables as train_tables
 from test_train import run_cli
 
 
@@ -104,7 +105,7 @@ def test_init_from_without_retrofit_is_refused(parent, capsys, tinystories_dir):
     code = run_cli(["train", "--arch", "relaxed", "--preset", "tiny", "--data", str(tinystories_dir), "--db",
                     str(db_path), "--no-progress", "--set", f"train.init_from={pid}:average+svd"])
     assert code != 0 and "benchctl retrofit" in capsys.readouterr().err
-    assert dbm.retrofit_runs(dbm.connect(db_path))  # the retrofitted runs are listed
+    assert train_tables.retrofit_runs(stages.connect(db_path))  # the retrofitted runs are listed
 
 
 def test_report_has_a_retrofit_section_with_compute_including_the_parent(parent):
@@ -124,5 +125,5 @@ def test_report_has_a_retrofit_section_with_compute_including_the_parent(parent)
 def test_no_retrofit_section_without_retrofitted_runs(tmp_path):
     from benchctl.report.render import build
 
-    md = build(dbm.connect(tmp_path / "empty.db")).markdown
+    md = build(stages.connect(tmp_path / "empty.db")).markdown
     assert "## Retrofit" not in md

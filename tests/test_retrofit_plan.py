@@ -178,7 +178,7 @@ def test_a_conversion_whose_parent_failed_is_reported_not_run(tmp_path, tinystor
         s.trained = TrainAllResult(failed=[("deep-id", "diverged")])
 
     keep = tuple(s for s in stages.registered() if s.name != "train")
-    fake = stages.Stage(name="train", order=train.order, run=no_parent)
+    fake = stages.Stage(name="train", order=train.order, run=no_parent, tables=train.tables)
     monkeypatch.setattr(stages, "registered", lambda: tuple(sorted(keep + (fake,), key=lambda s: s.order)))
     opts = StudyOptions(preset="tiny", plan=str(write(tmp_path, PLAN)), seeds=[0], db_path=tmp_path / "r.db",
                         out_dir=tmp_path / "reports", overrides={"data.source": str(tinystories_dir), **FAST},

@@ -17,6 +17,8 @@ from typer.testing import CliRunner
 import architectures
 from architectures.generate import sample_next
 from benchctl.core import db as dbm
+from benchctl import stages
+from benchctl.stages.train import tables as train_tables
 from benchctl.stages.sample import engine as smp
 from benchctl.core.errors import CheckpointError, ConfigError, DataError, EvalError
 
@@ -218,7 +220,7 @@ def _samples(db) -> list[dict]:
 
 
 def test_samples_are_stored_with_every_setting_and_the_same_prompts_for_every_model(results):
-    db = dbm.connect(results)
+    db = stages.connect(results)
     rng_before = torch.get_rng_state()
     s = smp.sample_all(db, results, **SMALL)
     assert torch.equal(torch.get_rng_state(), rng_before)  # seeding happens inside fork_rng
@@ -228,7 +230,7 @@ def test_samples_are_stored_with_every_setting_and_the_same_prompts_for_every_mo
     assert all(p["rule"] == smp.RULE and p["text"] for p in prompts)
     rows = _samples(db)
     assert len(rows) == 10
-    runs = {r["id"]: r for r in dbm.runs(db)}
+    runs = {r["id"]: r for r in train_tables.runs(db)}
     by_run: dict[str, list[str]] = {}
     for r in rows:
         by_run.setdefault(r["run_id"], []).append(r["prompt_id"])
@@ -249,7 +251,7 @@ def test_samples_are_stored_with_every_setting_and_the_same_prompts_for_every_mo
 
 
 def test_rerun_adds_nothing_and_other_settings_add_rows(results):
-    db = dbm.connect(results)
+    db = stages.connect(results)
     smp.sample_all(db, results, **SMALL)
     before = _samples(db)
     again = smp.sample_all(db, results, **SMALL)
@@ -265,7 +267,7 @@ def test_rerun_adds_nothing_and_other_settings_add_rows(results):
 
 
 def test_a_killed_run_resumes_with_identical_samples(results):
-    db = dbm.connect(results)
+    db = stages.connect(results)
     s = smp.sample_all(db, results, **SMALL)
     full = {r["id"]: r["completion"] for r in _samples(db)}
     three = next(r.run_id for r in s.runs if r.arch == "three-part")
@@ -287,7 +289,7 @@ def test_a_killed_run_resumes_with_identical_samples(results):
 def test_two_jobs_store_the_same_samples_as_one(results, capsys):
     """`--jobs 2` samples each run in its own process: the same rows (three-part's random states included) and the
     same summary, and a bad --jobs fails before any work."""
-    db = dbm.connect(results)
+    db = stages.connect(results)
     one = smp.sample_all(db, results, **SMALL)
     serial = {r["id"]: (r["completion"], r["n_tokens"], r["dtype"]) for r in _samples(db)}
     with db.conn:
@@ -310,8 +312,8 @@ def test_completion_continues_the_prompt_text(results, trained):
     from benchctl.core import checkpoint
     from benchctl.core.data import Tokenizer
 
-    db = dbm.connect(results)
-    run = dbm.runs(db)[0]
+    db = stages.connect(results)
+    run = train_tables.runs(db)[0]
     tok = Tokenizer(checkpoint.run_dir(results, run["id"]) / checkpoint.TOKENIZER_NAME)
     head = "Once upon a time, there was a girl named Lily."
     p, full = tok.encode(head), tok.encode(head + " She ran to the park.")
@@ -320,7 +322,7 @@ def test_completion_continues_the_prompt_text(results, trained):
 
 
 def test_recurrence_override(results):
-    db = dbm.connect(results)
+    db = stages.connect(results)
     with pytest.raises(EvalError, match="--n-recur 3 cannot run on control"):
         smp.sample_all(db, results, n_recur=3, **SMALL)
     assert db["samples"].count == 0  # checked before any work
@@ -330,7 +332,7 @@ def test_recurrence_override(results):
 
 
 def test_run_selection_errors(results, tmp_path):
-    db = dbm.connect(results)
+    db = stages.connect(results)
     with pytest.raises(ConfigError, match="did you mean 'three-part'"):
         smp.sample_all(db, results, archs=["thre-part"], **SMALL)
     with pytest.raises(ConfigError, match="unknown run id"):
@@ -339,7 +341,7 @@ def test_run_selection_errors(results, tmp_path):
         smp.sample_all(db, results, preset="paper", **SMALL)
     empty = tmp_path / "empty.db"
     with pytest.raises(CheckpointError, match="no finished runs.*benchctl train-all"):
-        smp.sample_all(dbm.connect(empty), empty, **SMALL)
+        smp.sample_all(stages.connect(empty), empty, **SMALL)
 
 
 def test_progress_reports_on_the_given_reporter(results):
@@ -349,7 +351,7 @@ def test_progress_reports_on_the_given_reporter(results):
 
     out = io.StringIO()
     reporter = Progress(enabled=True, interactive=False, stream=out, interval=3600.0)
-    s = smp.sample_all(dbm.connect(results), results, **{**SMALL, "archs": ["control"], "progress": reporter})
+    s = smp.sample_all(stages.connect(results), results, **{**SMALL, "archs": ["control"], "progress": reporter})
     lines = out.getvalue().splitlines()
     assert s.generated == 5 and "\r" not in out.getvalue()
     assert lines[0].startswith("sampling: 0/5") and lines[-1].startswith("control s0: 5/5 (100%) tok/s ")
@@ -358,10 +360,10 @@ def test_progress_reports_on_the_given_reporter(results):
 def test_bad_device_is_a_config_error_before_any_work(tmp_path):
     empty = tmp_path / "empty.db"
     with pytest.raises(ConfigError, match="--device must be auto, cpu, cuda, cuda:N or mps; got 'gpu0'"):
-        smp.sample_all(dbm.connect(empty), empty, device="gpu0", **SMALL)
+        smp.sample_all(stages.connect(empty), empty, device="gpu0", **SMALL)
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="--device='cuda:0' but CUDA is not available"):
-            smp.sample_all(dbm.connect(empty), empty, device="cuda:0", **SMALL)
+            smp.sample_all(stages.connect(empty), empty, device="cuda:0", **SMALL)
 
 
 def test_cli_sample_prints_a_summary_and_an_example(results):
@@ -373,7 +375,7 @@ def test_cli_sample_prints_a_summary_and_an_example(results):
     assert res.exit_code == 0, res.output
     out = res.output
     assert "control" in out and "3 generated, 0 already stored" in out and "example (control" in out
-    db = dbm.connect(results)
+    db = stages.connect(results)
     assert {(r["top_k"], r["top_p"]) for r in _samples(db)} == {(None, 0.9)}
     res = CliRunner().invoke(app, args)
     assert "0 generated, 3 already stored" in res.output

@@ -40,7 +40,8 @@ def test_a_new_stage_runs_in_order_and_adds_its_section(tmp_path, monkeypatch):
         return ["## Probe", "", f"{len(frames.ctx.done_models)} models", ""]
 
     depth = stages.Stage(name="probe", order=60, run=fake("probe"), sections=(probe_section,))
-    fakes = tuple(stages.Stage(name=s.name, order=s.order, run=fake(s.name) if s.run else None, sections=s.sections)
+    fakes = tuple(stages.Stage(name=s.name, order=s.order, run=fake(s.name) if s.run else None, sections=s.sections,
+                               tables=s.tables)
                   for s in stages.registered())
     monkeypatch.setattr(stages, "registered", lambda: tuple(sorted(fakes + (depth,), key=lambda s: s.order)))
     lines: list[str] = []

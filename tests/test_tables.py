@@ -1,16 +1,22 @@
-"""The stored format of results.db: what a fresh database looks like and how an older one is migrated.
+"""The tables of results.db as the stages declare them (benchctl.core.tables, benchctl/stages/<name>/tables.py).
 
-- A fresh database has exactly the schema benchctl has always written: the same tables, columns, types, keys,
-  defaults and indexes, down to the SQL SQLite stores (`EXPECTED_SQL`, taken from a database this code created).
-  Changing it changes the stored format; users' queries and older files depend on it.
-- Migration adds a column an older file lacks and fills it where there is a rule (runs.variant).
+- A fresh database has exactly the schema benchctl wrote before the tables moved into the stages: the same tables,
+  columns, types, keys, defaults and indexes, down to the SQL SQLite stores (`EXPECTED_SQL`, taken from a database
+  the earlier code created). Changing it changes the stored format; users' queries and older files depend on it.
+- Every table and column has a description, each table is owned by one stage, and core's database module imports
+  no stage.
+- Migration adds a column an older file lacks and fills it where the table says how (runs.variant).
+- The report reads every registered table, by name.
 """
 
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 
-from benchctl.core import db as dbm
+from benchctl import report, stages
+from benchctl.core.db import META, SCHEMA_VERSION
 
 EXPECTED_SQL = {
     'bench': (
@@ -313,25 +319,58 @@ def _schema_sql(path) -> dict[str, str]:
 
 
 def test_a_fresh_database_has_the_schema_benchctl_always_wrote(tmp_path):
-    db = dbm.connect(tmp_path / "results.db")
-    assert db.execute("select value from meta where key = 'schema_version'").fetchone()[0] == str(dbm.SCHEMA_VERSION)
+    db = stages.connect(tmp_path / "results.db")
+    assert db.execute("select value from meta where key = 'schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
     db.conn.close()
     assert _schema_sql(tmp_path / "results.db") == EXPECTED_SQL
-    dbm.connect(tmp_path / "results.db").conn.close()  # opening it again changes nothing
+    stages.connect(tmp_path / "results.db").conn.close()  # opening it again changes nothing
     assert _schema_sql(tmp_path / "results.db") == EXPECTED_SQL
+
+
+def test_every_table_and_column_is_described():
+    tables = (*stages.tables(), META)
+    for table in tables:
+        assert table.title.strip() and table.description.strip(), f"{table.name}: no title or description"
+        for col in table.columns:
+            assert col.description.strip(), f"{table.name}.{col.name}: empty description"
+            assert col.type in (str, int, float), f"{table.name}.{col.name}: type {col.type!r}"
+    owners = {t.name: s.name for s in stages.registered() for t in s.tables}
+    assert owners == {"runs": "train", "metrics": "train", "checkpoints": "train", "plan_runs": "train",
+                      "bench": "bench", "prompts": "sample", "samples": "sample", "judge_requests": "judge",
+                      "judge_grades": "judge", "eval_results": "eval", "depth_results": "depth"}
+    order = [t.name for t in stages.tables()]
+    for table in stages.tables():  # created parents first: a foreign key points at a table made before it
+        for _col, other, _other_col in table.foreign_keys:
+            assert order.index(other) < order.index(table.name), f"{table.name} -> {other}"
+
+
+def test_core_db_imports_no_stage():
+    code = ("import sys, benchctl.core.db; "
+            "print(sorted(m for m in sys.modules if m.startswith('benchctl.stages')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 def test_migration_adds_a_missing_column_and_backfills_it(tmp_path):
     path = tmp_path / "old.db"
-    dbm.connect(path).conn.close()
+    stages.connect(path).conn.close()
     conn = sqlite3.connect(path)
     with conn:  # a database from before plans named runs: no variant column, a run already stored
         conn.execute("drop index idx_runs_arch_preset_seed")
         conn.execute("alter table runs drop column variant")
         conn.execute("insert into runs (id, arch, preset, seed, config_json) values ('r1', 'frailt', 'tiny', 0, '{}')")
     conn.close()
-    db = dbm.connect(path)
+    db = stages.connect(path)
     assert db.execute("select variant from runs where id = 'r1'").fetchone()[0] == "frailt"
     db.conn.close()
     assert _schema_sql(path)["idx_runs_arch_preset_seed"] == EXPECTED_SQL["idx_runs_arch_preset_seed"]
     assert '"variant" TEXT' in _schema_sql(path)["runs"]
+
+
+def test_the_report_reads_every_registered_table_by_name(tmp_path):
+    stages.connect(tmp_path / "results.db").conn.close()
+    data = report.read(tmp_path / "results.db")
+    for table in stages.tables():
+        frame = data[table.name]
+        assert frame is getattr(data, table.name) and frame.empty
+        assert list(frame.columns) == [c for c in table.column_names if c not in table.report_skip]

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import architectures
-from benchctl.core import db as dbm
+from benchctl import stages
+from benchctl.stages.train import tables as train_tables
 from benchctl.cli import main
 from benchctl.core.config import make_config
 from benchctl.stages.train.engine import get_lr, make_optimizer
@@ -94,11 +95,11 @@ def test_resume_in_process_is_bit_identical(tmp_path, tinystories_dir, monkeypat
     prepared = data.prepare(cfg.data, cfg.model.vocab_size, progress=False)
 
     a_path, b_path = tmp_path / "a" / "results.db", tmp_path / "b" / "results.db"
-    train_run(cfg, prepared, dbm.connect(a_path), a_path, progress=False, log=lambda *_: None)
-    b = dbm.connect(b_path)
+    train_run(cfg, prepared, stages.connect(a_path), a_path, progress=False, log=lambda *_: None)
+    b = stages.connect(b_path)
     r = train_run(cfg, prepared, b, b_path, progress=False, log=lambda *_: None, stop_after=5)
     assert r.status == "running"
-    assert dbm.get_run(b, r.run_id)["step"] == 5
+    assert train_tables.get_run(b, r.run_id)["step"] == 5
     logs: list[str] = []
     r2 = train_run(cfg, prepared, b, b_path, progress=False, log=logs.append)
     assert r2.resumed_from == 5 and any("resuming" in m for m in logs)
@@ -302,7 +303,7 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path, tinystories_dir, monkeypa
     assert run_cli(args) == 0
     (ckpt,) = (db_path.parent / "runs").glob("*/ckpt.pt")
     ckpt.write_bytes(ckpt.read_bytes()[:1000])  # truncated
-    dbm.update_run(dbm.connect(db_path), ckpt.parent.name, status="running")
+    train_tables.update_run(stages.connect(db_path), ckpt.parent.name, status="running")
     capsys.readouterr()
     assert run_cli(args) == 4
     assert "unreadable" in capsys.readouterr().err

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from benchctl.core import db as dbm
+from benchctl import stages
 from tests.conftest import synthetic_stories
 
 # arch -> (initial validation loss, validation loss at step 4, final validation loss at step 8)
@@ -47,7 +47,7 @@ def test_tiny_losses_are_pinned(arch, synthetic_dir, tmp_path, monkeypatch):
     cfg = make_config("tiny", arch, overrides=overrides)
     prepared = data.prepare(cfg.data, cfg.model.vocab_size, progress=False)
     db_path = tmp_path / "results.db"
-    result = train_run(cfg, prepared, dbm.connect(db_path), db_path, progress=False, log=lambda *_: None)
+    result = train_run(cfg, prepared, stages.connect(db_path), db_path, progress=False, log=lambda *_: None)
     assert result.status == "done"
     con = sqlite3.connect(db_path)
     vals = [v for (v,) in con.execute("select value from metrics where run_id = ? and name = 'val_loss' "

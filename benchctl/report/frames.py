@@ -425,7 +425,7 @@ class Frames:
     @functools.cached_property
     def judge_groups(self) -> list[JudgeGroup]:
         """Judge grades grouped by judge model, prompt and sampling settings; the first is the primary group."""
-        return judge_groups(self.ctx, self.data.samples, self.data.grades)
+        return judge_groups(self.ctx, self.data.samples, self.data.judge_grades)
 
     @property
     def primary_judge(self) -> JudgeGroup | None:

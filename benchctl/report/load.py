@@ -1,54 +1,50 @@
-"""Reading results.db for the report: the only place besides benchctl.core.db that runs SQL, and it only reads.
+"""Reading results.db for the report: the only place besides the stages' tables modules that runs SQL, and it only
+reads.
 
-Every table the report needs becomes one DataFrame with every schema column present (an older database gets NULLs
-for columns it lacks, a missing table an empty frame), sorted by primary key so the same database always gives the
-same frames in the same order.
+Every registered table becomes one DataFrame with every described column present (an older database gets NULLs for
+columns it lacks, a missing table an empty frame), sorted by its `Table.sort_keys` so the same database always gives
+the same frames in the same order. Each `Table` says what the report leaves out: large text columns
+(`report_skip`) and rows (`report_where`: only validation losses of the training curves).
 """
 
 from __future__ import annotations
 
 import os
 import sqlite3
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
-from benchctl.core.db import SCHEMA_VERSION, schema_columns
+from benchctl.core.db import SCHEMA_VERSION
 from benchctl.core.errors import DatabaseError
-
-# Columns the report reads; large text columns (completions, raw judge answers, configs of bench rows) are skipped.
-# (bench's config_json is read: the cost section matches bench rows to models by config.)
-_SKIP_COLUMNS = {"samples": {"completion", "settings_json"}, "judge_grades": {"raw_text"}, "prompts": {"text"}}
-_TABLES = ("runs", "metrics", "prompts", "samples", "judge_grades", "eval_results", "bench", "depth_results",
-           "plan_runs")
-_PKS = {
-    "runs": ["preset", "arch", "seed", "id"],
-    "metrics": ["run_id", "name", "step"],
-    "prompts": ["id"],
-    "samples": ["id"],
-    "judge_grades": ["sample_id", "judge_model", "prompt_hash", "repeat"],
-    "eval_results": ["run_id", "task", "metric", "n_recur", "limit_n"],
-    "bench": ["id"],
-    "depth_results": ["run_id", "exit_rule", "threshold", "extrapolate", "windows", "n_recur"],
-    "plan_runs": ["plan", "preset", "seed", "variant"],
-}
+from benchctl.core.tables import Table
 
 
 @dataclass(frozen=True)
 class Data:
-    """The tables the report reads, one DataFrame each, sorted by primary key (empty when a table is absent)."""
+    """Every registered table as a DataFrame, sorted by its report sort keys (empty when the file lacks the table).
 
-    runs: pd.DataFrame
-    metrics: pd.DataFrame  # val_loss rows only
-    prompts: pd.DataFrame
-    samples: pd.DataFrame
-    grades: pd.DataFrame
-    evals: pd.DataFrame
-    bench: pd.DataFrame
-    depth: pd.DataFrame = field(default_factory=pd.DataFrame)  # depth_results
-    plan_runs: pd.DataFrame = field(default_factory=lambda: _empty("plan_runs"))  # which run each plan variant is
+    A frame is reached by its table's name, as an attribute (`data.runs`, `data.judge_grades`) or an item
+    (`data["eval_results"]`); `replace` gives a copy with some frames swapped."""
+
+    frames: Mapping[str, pd.DataFrame]
+
+    def __getitem__(self, table: str) -> pd.DataFrame:
+        return self.frames[table]
+
+    def __getattr__(self, table: str) -> pd.DataFrame:
+        frames = self.__dict__.get("frames")  # absent while copy/pickle build an instance without __init__
+        if frames is None or table not in frames:
+            raise AttributeError(f"no table {table!r} in the report's data")
+        return frames[table]
+
+    def replace(self, **frames: pd.DataFrame) -> Data:
+        unknown = sorted(set(frames) - set(self.frames))
+        if unknown:
+            raise KeyError(f"no table {', '.join(unknown)} in the report's data")
+        return Data({**self.frames, **frames})
 
 
 def open_db(path: str | os.PathLike) -> sqlite3.Connection:
@@ -80,8 +76,13 @@ def read(db: str | os.PathLike | sqlite3.Connection | Any) -> Data:
         conn.close()
 
 
-def load(conn: sqlite3.Connection) -> Data:
-    """Read the report's tables into DataFrames with every schema column present (older databases get NULLs)."""
+def load(conn: sqlite3.Connection, tables: Sequence[Table] | None = None) -> Data:
+    """Read `tables` (every registered stage's, by default) into DataFrames with every described column present
+    (older databases get NULLs)."""
+    if tables is None:
+        from benchctl import stages
+
+        tables = stages.tables()
     try:
         have = {r[0] for r in conn.execute("select name from sqlite_master where type = 'table'")}
         if "meta" in have:
@@ -91,33 +92,22 @@ def load(conn: sqlite3.Connection) -> Data:
                     f"results database has schema version {row[0]}, newer than this benchctl ({SCHEMA_VERSION}); "
                     "upgrade benchctl"
                 )
-        frames = {t: _read_table(conn, t, have) for t in _TABLES}
+        return Data({t.name: _read_table(conn, t, have) for t in tables})
     except sqlite3.DatabaseError as e:
         raise DatabaseError(f"cannot read results database: {e}") from None
-    return Data(
-        runs=frames["runs"], metrics=frames["metrics"], prompts=frames["prompts"], samples=frames["samples"],
-        grades=frames["judge_grades"], evals=frames["eval_results"], bench=frames["bench"],
-        depth=frames["depth_results"],
-        plan_runs=frames["plan_runs"],
-    )
 
 
-def _empty(table: str) -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series(dtype=object) for c in schema_columns(table)})
-
-
-def _read_table(conn: sqlite3.Connection, table: str, have: set[str]) -> pd.DataFrame:
-    wanted = [c for c in schema_columns(table) if c not in _SKIP_COLUMNS.get(table, set())]
-    if table not in have:
+def _read_table(conn: sqlite3.Connection, table: Table, have: set[str]) -> pd.DataFrame:
+    wanted = [c for c in table.column_names if c not in table.report_skip]
+    if table.name not in have:
         return pd.DataFrame({c: pd.Series(dtype=object) for c in wanted})
-    present = {r[1] for r in conn.execute(f"pragma table_info('{table}')")}
+    present = {r[1] for r in conn.execute(f"pragma table_info('{table.name}')")}
     cols = [c for c in wanted if c in present]
-    where = " where name = 'val_loss'" if table == "metrics" else ""
-    sql = f"select {', '.join(cols)} from {table}{where}"
+    where = f" where {table.report_where}" if table.report_where else ""
+    sql = f"select {', '.join(cols)} from {table.name}{where}"
     df = pd.DataFrame.from_records(conn.execute(sql).fetchall(), columns=cols)
     for c in wanted:
         if c not in df.columns:
             df[c] = None
     df = df[wanted]
-    keys = [k for k in _PKS[table] if k in df.columns]
-    return df.sort_values(keys, kind="mergesort", na_position="first").reset_index(drop=True)
+    return df.sort_values(list(table.sort_keys), kind="mergesort", na_position="first").reset_index(drop=True)

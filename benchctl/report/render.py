@@ -87,8 +87,6 @@ def build(db: str | os.PathLike | Any, preset: str | None = None, plan: str | No
 def plan_only(data: Data, plan: str) -> Data:
     """The data with only the runs `plan` reached; a plan with no runs in the database is a ConfigError naming the
     plans that have some."""
-    from dataclasses import replace
-
     from benchctl.core.errors import ConfigError
 
     pr = data.plan_runs
@@ -97,8 +95,8 @@ def plan_only(data: Data, plan: str) -> Data:
         have = f"plans with runs here: {', '.join(known)}" if known else "no plan has runs here yet"
         raise ConfigError(f"the database has no runs of plan '{plan}' ({have})")
     ids = set(pr.loc[pr["plan"] == plan, "run_id"].astype(str))
-    return replace(data, runs=data.runs[data.runs["id"].astype(str).isin(ids)].reset_index(drop=True),
-                   plan_runs=pr[pr["plan"] == plan].reset_index(drop=True))
+    return data.replace(runs=data.runs[data.runs["id"].astype(str).isin(ids)].reset_index(drop=True),
+                        plan_runs=pr[pr["plan"] == plan].reset_index(drop=True))
 
 
 def save(rendered: Rendered, out_dir: str | os.PathLike) -> Path:

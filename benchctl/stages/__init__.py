@@ -1,7 +1,8 @@
 """The study's stages as a registry: each stage is one folder here whose `stage.py` defines `STAGE = Stage(...)`.
 
 A stage has a name, a position in the study (`order`), a `run(study)` that does its work through the engine and
-the database (resumable: it skips what is already stored), and the report sections that show its results. `benchctl
+the database (resumable: it skips what is already stored), the tables of results.db it owns (declared with the
+functions that write them in its `tables.py`), and the report sections that show its results. `benchctl
 study` runs the registered stages in order and the report renders their sections in the same order, so adding a
 stage is adding one folder to this package; neither the study loop nor the report's top level names any stage.
 
@@ -14,12 +15,15 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 import pkgutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
+    from benchctl.core.db import Database
+    from benchctl.core.tables import Table
     from benchctl.report.frames import Frames
     from benchctl.study import StudyOptions, TrainAllResult
 
@@ -35,7 +39,9 @@ class Stage:
     left out with `benchctl study --skip NAME`; their `run` checks `study.skips(name)` itself, because what it
     says when skipped (and whether there is anything to do) is the stage's own business. Under torchrun the
     `every_rank` stages (preparing the data, training) run on every process; the study's other ranks stop after
-    the last of them and rank 0 alone runs the rest, which needs no process group."""
+    the last of them and rank 0 alone runs the rest, which needs no process group. `tables` are the tables of
+    results.db the stage owns, from its `tables.py` (`TABLES`), which alone writes them: every connection creates
+    and migrates them (`connect` below)."""
 
     name: str
     order: int
@@ -44,6 +50,7 @@ class Stage:
     figures: tuple[str, ...] = ()
     skippable: bool = False
     every_rank: bool = False  # under torchrun: run on every rank (training's DDP); otherwise rank 0 alone
+    tables: tuple[Table, ...] = ()
 
 
 @dataclass
@@ -80,9 +87,7 @@ class StudyRun:
 
     @functools.cached_property
     def db(self) -> Any:
-        from benchctl.core import db as dbm
-
-        return dbm.connect(self.opts.db_path)
+        return connect(self.opts.db_path)
 
 
 @functools.lru_cache(maxsize=1)
@@ -117,3 +122,23 @@ def skippable() -> list[str]:
 def figure_names() -> tuple[str, ...]:
     """Every figure file a report can contain, in stage order."""
     return tuple(f for s in registered() for f in s.figures)
+
+
+def tables() -> tuple[Table, ...]:
+    """Every registered stage's tables, in stage order (so a table comes after the tables its foreign keys point
+    at: training's runs first). A table two stages claim is a programming error."""
+    found = tuple(t for s in registered() for t in s.tables)
+    names = [t.name for t in found]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise RuntimeError(f"tables owned by two stages: {', '.join(twice)}")
+    return found
+
+
+def connect(path: str | os.PathLike | None = None, **kw: Any) -> Database:
+    """Open results.db (`path`, else $BENCHCTL_DB, else results/results.db) with every registered stage's tables
+    created or migrated: how every command, stage and test opens it (`benchctl.core.db.connect` takes the same
+    keyword arguments: `create`, `wal`)."""
+    from benchctl.core import db as dbm
+
+    return dbm.connect(path, tables=tables(), **kw)

@@ -46,6 +46,8 @@ import torch.nn as nn
 
 import architectures
 from benchctl.core import db as dbm
+from benchctl import stages
+from benchctl.stages.bench import tables as bench_tables
 from benchctl.stages.train import curriculum
 from benchctl.core import telemetry
 from benchctl.core.config import RunConfig, make_config
@@ -352,7 +354,7 @@ def run(opts: BenchOptions, db_path: Path | None = None, log: Callable[[str], No
     with matmul_precision(device):  # TF32 on CUDA, as train has it, for this run only
         rows, check = _measure(opts, cfgs, device, compile_model, log)
     if db_path is not None:
-        dbm.record_bench_rows(dbm.connect(db_path), rows)
+        bench_tables.record_bench_rows(stages.connect(db_path), rows)
     return summarize(rows, check)
 
 

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from benchctl.stages import Stage, StudyRun
+from benchctl.stages.bench.tables import TABLES
 
 AUTO_PRESETS = ("tiny", "small")  # where `study` benches by default on a CPU
 
@@ -46,7 +47,7 @@ def _key(config_json: Any) -> str:
 
 def run(study: StudyRun) -> None:
     from benchctl.stages.bench import engine as B
-    from benchctl.core import db as dbm
+    from benchctl.stages.bench import tables as bench_tables
     from benchctl.core import telemetry
     from benchctl.core.config import make_config
     from benchctl.core.runtime import resolve_device
@@ -62,7 +63,7 @@ def run(study: StudyRun) -> None:
     overrides = common_overrides(study, archs)
     wanted = {(a, _key(make_config(opts.preset, a, 0, overrides).to_json())) for a in archs}
     hardware = telemetry.hardware_name(device)
-    have = {(r["arch"], _key(r["config_json"])) for r in dbm.bench_configs(study.db, opts.preset, device.type)
+    have = {(r["arch"], _key(r["config_json"])) for r in bench_tables.bench_configs(study.db, opts.preset, device.type)
             if r["impl"] == "benchctl" and str(r["device_name"] or "").split(" (", 1)[0] == hardware}
     if wanted <= have:
         study.say(f"{', '.join(archs)} at preset {opts.preset} already benchmarked on this {device.type}; "
@@ -76,4 +77,4 @@ def run(study: StudyRun) -> None:
     study.log(f"   benchmarked in {format_duration(time.perf_counter() - t0)}; cost ratios {ratios}")
 
 
-STAGE = Stage(name="bench", order=22, run=run)
+STAGE = Stage(name="bench", order=22, run=run, tables=TABLES)

@@ -39,7 +39,7 @@ def depth(
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress.")] = True,
 ) -> None:
     """Loss against inference depth (or per adaptive-exit threshold) for every finished run; reruns skip stored rows."""
-    from benchctl.core import db as dbm
+    from benchctl import stages
     from benchctl.stages.depth import engine as dp
     from benchctl.cli import db_path_of
     from benchctl.core.progress import Progress
@@ -50,7 +50,7 @@ def depth(
     dp.check_exit_rule(exit_rule)
     dp.check_extrapolate(extrapolate)
     path = db_path_of(db)
-    handle = dbm.connect(path, create=False)
+    handle = stages.connect(path, create=False)
     reporter = Progress(enabled=progress, console=console)
     s = dp.depth_all(handle, path, run_ids=split_list(runs), archs=split_list(archs), preset=preset, depths=depths,
                      exit_rule=exit_rule, thresholds=thresholds, max_depth=max_depth, windows=windows,

@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchctl.core import db as dbm
+from benchctl.stages.depth import tables as depth_tables
+from benchctl.stages.train import tables as train_tables
 from benchctl.core.errors import ConfigError, DataError, EvalError
 from benchctl.core.progress import Progress, as_progress, silent
 
@@ -206,7 +207,7 @@ def plan(db, rows: list[dict[str, Any]], *, depths: Sequence[int], exit_rule: st
                                 thresholds=thresholds, max_depth=max_depth, extrapolate=extrapolate,
                                 with_trained=with_trained)
         n = min(windows or cfg.eval.val_windows, cfg.eval.val_windows)
-        have = dbm.depth_keys(db, row["id"])
+        have = depth_tables.depth_keys(db, row["id"])
         todo = [s for s in settings
                 if (s.n_recur, s.exit_rule, s.threshold, s.extrapolate, n) not in have]
         skipped += len(settings) - len(todo)
@@ -238,7 +239,7 @@ def measure_run(db, db_path: Path, p: _RunPlan, device: Any, on_row: Callable[[d
             training=False, n_recur=s.n_recur)
         row = {"run_id": p.row["id"], "n_recur": s.n_recur, "exit_rule": s.exit_rule, "threshold": s.threshold,
                "extrapolate": s.extrapolate, "windows": p.n_windows, **m, "flops_per_token": flops}
-        dbm.record_depth_result(db, row)
+        depth_tables.record_depth_result(db, row)
         on_row({**row, "arch": p.row["arch"], "seed": p.row["seed"], "trained_n_recur": int(cfg.model.n_recur)})
 
 
@@ -274,7 +275,7 @@ def depth_all(
     if windows is not None and windows < 1:
         raise ConfigError(f"--windows must be >= 1, got {windows}")
     dev = resolve_device(device, option="--device")
-    rows = dbm.finished_runs(db, run_ids=run_ids, archs=archs, preset=preset, none_left=EvalError,
+    rows = train_tables.finished_runs(db, run_ids=run_ids, archs=archs, preset=preset, none_left=EvalError,
                              purpose="to measure")
     plans, skipped = plan(db, rows, depths=depths, exit_rule=exit_rule, thresholds=thresholds, max_depth=max_depth,
                           extrapolate=extrapolate, windows=windows, progress=reporter.enabled,
@@ -301,7 +302,7 @@ def estimate_seconds(db, db_path: str | Path, run_ids: Sequence[str], *, depths:
 
     from benchctl.core.runtime import resolve_device
 
-    rows = dbm.finished_runs(db, run_ids=run_ids, none_left=EvalError, purpose="to measure")
+    rows = train_tables.finished_runs(db, run_ids=run_ids, none_left=EvalError, purpose="to measure")
     dev = resolve_device(device, option="--device")
     plans, _ = plan(db, rows[:1], depths=[1], exit_rule=None, thresholds=[], max_depth=None, extrapolate=None,
                     windows=None, progress=False)

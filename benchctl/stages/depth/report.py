@@ -27,7 +27,7 @@ SATURATION_ONE_SEED = 0.01  # nats: with one seed (no CI) a change smaller than 
 
 def depth_frame(frames: Frames) -> pd.DataFrame:
     """depth_results rows of the preset's done runs, with model, seed, trained depth and a `line` label."""
-    ctx, d = frames.ctx, frames.data.depth
+    ctx, d = frames.ctx, frames.data.depth_results
     if d is None or d.empty or ctx.done.empty:
         return pd.DataFrame()
     runs = ctx.done[["id", "model", "seed", "config_json"]].rename(columns={"id": "run_id"})

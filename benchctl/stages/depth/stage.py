@@ -9,6 +9,7 @@ shows whatever rows exist.
 from __future__ import annotations
 
 from benchctl.stages.depth.report import FIGURES, depth_section
+from benchctl.stages.depth.tables import TABLES
 from benchctl.stages import Stage, StudyRun
 
 
@@ -32,4 +33,5 @@ def run(study: StudyRun) -> None:
                   f"{s.skipped} already stored")
 
 
-STAGE = Stage(name="depth", order=55, run=run, sections=(depth_section,), figures=FIGURES, skippable=True)
+STAGE = Stage(name="depth", order=55, run=run, tables=TABLES, sections=(depth_section,), figures=FIGURES,
+              skippable=True)

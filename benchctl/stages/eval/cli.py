@@ -45,13 +45,13 @@ def eval_(
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress.")] = True,
 ) -> None:
     """Evaluate finished runs with lm-eval and store every metric in results.db (table eval_results)."""
-    from benchctl.core import db as dbm
+    from benchctl import stages
     from benchctl.stages.eval import api as evaluate
     from benchctl.cli import db_path_of
     from benchctl.core.progress import Progress
 
     path = db_path_of(db)
-    handle = dbm.connect(path, create=False)
+    handle = stages.connect(path, create=False)
     reporter = Progress(enabled=progress, console=console)
     summary = evaluate.evaluate_runs(
         handle, path, tasks=split_list(tasks), run_ids=split_list(runs), archs=split_list(archs),

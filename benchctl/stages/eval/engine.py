@@ -28,6 +28,8 @@ import torch
 
 from benchctl.core import data as datamod
 from benchctl.core import db as dbm
+from benchctl.stages.eval import tables as eval_tables
+from benchctl.stages.train import tables as train_tables
 from benchctl.core.errors import EvalError
 from benchctl.stages.eval.adapter import DEFAULT_BATCH_SIZE, BenchctlLM
 from benchctl.stages.eval.tasks import BUNDLED_TASKS, DEFAULT_DOCS, TaskIndex, check_task_names
@@ -270,7 +272,7 @@ def _plan(db, db_path: Path, opts: _Options, run_ids: Sequence[str] | None, arch
     from benchctl.core.checkpoint import CKPT_NAME, run_dir
     from benchctl.core.config import RunConfig
 
-    runs = dbm.finished_runs(db, run_ids=run_ids, archs=archs, preset=preset, bad_selection=EvalError,
+    runs = train_tables.finished_runs(db, run_ids=run_ids, archs=archs, preset=preset, bad_selection=EvalError,
                              none_left=EvalError, purpose="to evaluate")
     plan = []
     for run in runs:
@@ -342,7 +344,7 @@ class _Session:
 
     def todo(self, run: dict[str, Any], r: int, runnable: list[str], versions: dict[str, str]) -> list[str]:
         """The runnable tasks without a stored result of the current task version (all of them with `force`)."""
-        have = dbm.eval_task_versions(self.db, run["id"], r, self.opts.limit_n)
+        have = eval_tables.eval_task_versions(self.db, run["id"], r, self.opts.limit_n)
         todo = []
         for task in runnable:
             stored, current = have.get(task), versions.get(task)
@@ -368,7 +370,8 @@ class _Session:
         rows = result_rows(results, run["id"], r, opts.limit, opts.batch_size, index.versions(),
                            dtype=lm.precision.dtype)
         done_tasks = {row["task"] for row in rows}
-        dbm.replace_eval_results(self.db, rows, {(run["id"], t) for t in set(todo) | done_tasks}, r, opts.limit_n)
+        eval_tables.replace_eval_results(self.db, rows, {(run["id"], t) for t in set(todo) | done_tasks}, r,
+                                         opts.limit_n)
         self.summary.evaluated += [(run["id"], t) for t in todo]
         self.note(f"{label}: done in {time.perf_counter() - t_run:.1f} s")
 
@@ -464,7 +467,7 @@ def evaluate_runs(
                 session.run(k, len(plan), run, cfg, r)
     wanted = set(summary.tasks)
     for run in summary.runs:
-        summary.rows += [row for row in dbm.eval_results(db, run["id"], run["n_recur"], opts.limit_n)
+        summary.rows += [row for row in eval_tables.eval_results(db, run["id"], run["n_recur"], opts.limit_n)
                          if row["task"] in wanted]
     summary.seconds = time.perf_counter() - t0
     return summary

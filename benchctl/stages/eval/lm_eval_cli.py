@@ -123,7 +123,8 @@ class _Record:
 
 def _prepare_record(args, source: _Checkpoint | None, db_path: Path) -> _Record:
     """Check everything --record needs before lm-eval runs, so a long evaluation is never thrown away."""
-    from benchctl.core import db as dbm
+    from benchctl import stages
+    from benchctl.stages.train import tables as train_tables
 
     if getattr(args, "command", None) != "run" or source is None:
         raise EvalError("--record stores the results of a benchctl checkpoint: pass --model benchctl "
@@ -137,8 +138,8 @@ def _prepare_record(args, source: _Checkpoint | None, db_path: Path) -> _Record:
         raise EvalError("--record cannot key results chosen with --samples; use --limit N")
     if not source.run_id:
         raise EvalError(f"{source.path} does not name its run; it cannot be recorded")
-    db = dbm.connect(db_path, create=False)
-    if dbm.get_run(db, source.run_id) is None:
+    db = stages.connect(db_path, create=False)
+    if train_tables.get_run(db, source.run_id) is None:
         raise DatabaseError(f"run {source.run_id} (from {source.path}) is not in {db_path}; pass the --db it was "
                             "trained into")
     raw = (args.model_args or {}).get("n_recur")
@@ -148,7 +149,7 @@ def _prepare_record(args, source: _Checkpoint | None, db_path: Path) -> _Record:
 
 
 def _store(rec: _Record, results: dict[str, Any], versions: dict[str, str]) -> int:
-    from benchctl.core import db as dbm
+    from benchctl.stages.eval import tables as eval_tables
     from benchctl.stages.eval import api as ev
 
     config = results.get("config") or {}
@@ -158,7 +159,7 @@ def _store(rec: _Record, results: dict[str, Any], versions: dict[str, str]) -> i
         batch_size = ev.DEFAULT_BATCH_SIZE
     rows = ev.result_rows(results, rec.run_id, rec.n_recur, rec.limit, batch_size, versions)
     tasks = {r["task"] for r in rows} | set(results.get("results", {}))
-    dbm.replace_eval_results(rec.db, rows, {(rec.run_id, t) for t in tasks}, rec.n_recur, rec.limit or 0)
+    eval_tables.replace_eval_results(rec.db, rows, {(rec.run_id, t) for t in tasks}, rec.n_recur, rec.limit or 0)
     return len(rows)
 
 

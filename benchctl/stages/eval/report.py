@@ -80,10 +80,10 @@ def _chance_table(ev: pd.DataFrame, chance: pd.DataFrame) -> list[str]:
 def eval_section(frames: Frames) -> list[str]:
     ctx, data = frames.ctx, frames.data
     out = ["## lm-eval", ""]
-    ev = eval_frame(ctx, data.evals)
+    ev = eval_frame(ctx, data.eval_results)
     if ev.empty:
         return out + need("No lm-eval results: `benchctl eval` produces them.")
-    chance = chance_frame(ctx, data.evals)
+    chance = chance_frame(ctx, data.eval_results)
     out += _results_table(ev, chance) + [""]
     out.append("value = mean over seeds; ± = lm-eval's standard error of one run (averaged over seeds when there "
                "are several); limit = documents per task (all = the full task).")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from benchctl.stages.eval.report import eval_section
+from benchctl.stages.eval.tables import TABLES
 from benchctl.stages import Stage, StudyRun
 
 
@@ -18,4 +19,4 @@ def run(study: StudyRun) -> None:
                            progress=study.opts.progress, log=study.log, jobs=study.opts.jobs)
 
 
-STAGE = Stage(name="eval", order=50, run=run, sections=(eval_section,), skippable=True)
+STAGE = Stage(name="eval", order=50, run=run, tables=TABLES, sections=(eval_section,), skippable=True)

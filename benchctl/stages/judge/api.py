@@ -8,7 +8,8 @@ the assessment is stored with the grade; `json` (`judge_prompts/story_grading.md
 
     prompt.py   the template and its version (the hash of the file), how a story is shown
     client.py   the API key, the request, the retry policy, parsing an answer into a Grade, tokens and prices
-    storage.py  what is read from and written to results.db (the queries themselves are in benchctl.core.db)
+    storage.py  what is read from and written to results.db (the queries themselves are in tables.py)
+    tables.py   the judge's tables (judge_requests, judge_grades) and the SQL that writes and reads them
     summary.py  per-architecture means with 95% t-intervals over samples, failures, tokens and cost
     run.py      `judge_all`: the keys still to grade, sent concurrently, each answer stored as it arrives
 

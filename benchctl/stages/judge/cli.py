@@ -64,13 +64,13 @@ def judge(
     the story before the grades, as the study's grading text asks; `--repeats 2`, a second `--model` or the other
     `--protocol` on the same samples feed the report's judge reliability section.
     """
-    from benchctl.core import db as dbm
+    from benchctl import stages
     from benchctl.stages.judge import api as engine
     from benchctl.core.progress import Progress
 
     if not dry_run:
         engine.require_api_key()  # before opening anything: a missing key costs nothing
-    database = dbm.connect(db, create=False)
+    database = stages.connect(db, create=False)
     summary = engine.judge_all(
         database,
         judge_model=model,

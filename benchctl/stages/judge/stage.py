@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from benchctl.stages.judge.report import judge_section
 from benchctl.stages.judge.reliability import reliability_section
+from benchctl.stages.judge.tables import TABLES
 from benchctl.stages import Stage, StudyRun
 
 
@@ -25,5 +26,5 @@ def run(study: StudyRun) -> None:
         study.log(f"   {js.n_ok} graded, {js.n_failed} failed, {js.n_cached} already graded")
 
 
-STAGE = Stage(name="judge", order=40, run=run, sections=(judge_section, reliability_section),
+STAGE = Stage(name="judge", order=40, run=run, tables=TABLES, sections=(judge_section, reliability_section),
               figures=("judge_grades.png",), skippable=True)

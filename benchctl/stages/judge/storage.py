@@ -1,4 +1,5 @@
-"""What the judge reads from and writes to results.db, as judge objects; the queries themselves live in benchctl.core.db.
+"""What the judge reads from and writes to results.db, as judge objects; the queries themselves live in the tables
+modules (benchctl.stages.judge.tables, and sample's and train's for what the judge reads).
 
 The unit of work is a key (judge model, prompt hash, sample id, repeat); the prompt hash covers the protocol too.
 Each key's request row (`judge_requests`, with what was sent, the raw response, tokens and attempts summed over every
@@ -11,11 +12,13 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
-from benchctl.core import db as dbm
+from benchctl.stages.judge import tables as judge_tables
+from benchctl.stages.sample import tables as sample_tables
+from benchctl.stages.train import tables as train_tables
 from benchctl.core.errors import ConfigError
 from benchctl.stages.judge.client import CRITERIA, Outcome, Settings, request_record
 
-# A results.db connection as benchctl.core.db.connect returns it; the judge only ever hands it to benchctl.core.db.
+# A results.db connection as benchctl.stages.connect returns it; the judge only ever hands it to the tables modules.
 Database = Any
 
 
@@ -25,16 +28,16 @@ def select_samples(
     """Samples to judge (all, or those of `run_ids`; the first `limit` prompts of each run), with their run's
     architecture and preset and the prompt text. An unknown run id is a ConfigError."""
     if run_ids:
-        known = {r["id"] for r in dbm.runs(db, ids=run_ids)}
+        known = {r["id"] for r in train_tables.runs(db, ids=run_ids)}
         unknown = [r for r in run_ids if r not in known]
         if unknown:
             raise ConfigError(f"unknown run id(s): {', '.join(unknown)}; list them with 'benchctl runs'")
-    return dbm.judge_samples(db, run_ids, limit)
+    return sample_tables.judge_samples(db, run_ids, limit)
 
 
 def existing_status(db: Database, judge_model: str, prompt_hash: str) -> dict[tuple[str, int], str]:
     """(sample id, repeat) -> 'ok' or 'failed' for every key already graded with this model and prompt."""
-    return dbm.judge_status(db, judge_model, prompt_hash)
+    return judge_tables.judge_status(db, judge_model, prompt_hash)
 
 
 def record(db: Database, o: Outcome, s: Settings) -> None:
@@ -50,7 +53,7 @@ def record(db: Database, o: Outcome, s: Settings) -> None:
         "request_json": json.dumps(request),
         "response_json": json.dumps(o.response_json) if o.response_json is not None else None,
         "http_status": o.http_status,
-        "attempts": o.attempts,  # this run's; benchctl.core.db adds earlier runs' calls and tokens for the key
+        "attempts": o.attempts,  # this run's; judge.tables adds earlier runs' calls and tokens for the key
         "prompt_tokens": o.billed.prompt_tokens,
         "output_tokens": o.billed.output_tokens,
         "thinking_tokens": o.billed.thinking_tokens,
@@ -84,14 +87,14 @@ def record(db: Database, o: Outcome, s: Settings) -> None:
         "thinking_tokens": o.usage.thinking_tokens,
         "total_tokens": o.usage.total_tokens,
     }
-    dbm.record_judge_answer(db, req_row, grade_row)
+    judge_tables.record_judge_answer(db, req_row, grade_row)
 
 
 def grades_in_scope(db: Database, s: Settings, sample_ids: Sequence[str]) -> list[dict[str, Any]]:
     """Stored grades (ok or failed) of this model and prompt for the given samples, every repeat."""
-    return dbm.judge_grades(db, s.judge_model, s.prompt_hash, sample_ids)
+    return judge_tables.judge_grades(db, s.judge_model, s.prompt_hash, sample_ids)
 
 
 def requests_in_scope(db: Database, s: Settings, sample_ids: Sequence[str]) -> list[dict[str, Any]]:
     """Stored request rows (tokens summed over every call, settings used) for the given samples, every repeat."""
-    return dbm.judge_requests(db, s.judge_model, s.prompt_hash, sample_ids)
+    return judge_tables.judge_requests(db, s.judge_model, s.prompt_hash, sample_ids)

@@ -138,7 +138,7 @@ def provenance_section(frames: Frames) -> list[str]:
     if groups:
         items.append(("judge", "; ".join(f"{g.judge_model} / {g.protocol} / prompt {g.prompt_hash} ({g.n_ok} ok grades)"
                                          for g in groups)))
-    ev = data.evals[data.evals["run_id"].isin(ctx.done["id"])]
+    ev = data.eval_results[data.eval_results["run_id"].isin(ctx.done["id"])]
     if not ev.empty:
         items.append(("lm-eval", counts(ev.drop_duplicates(["run_id", "lm_eval_version"])["lm_eval_version"])))
     out += md_table(["what", "value"], items) + [""]

@@ -28,7 +28,8 @@ def retrofit(
     progress: ProgressOpt = True,
 ) -> None:
     """Start a recurrent model from a trained control's weights and heal it by training (resumable like train)."""
-    from benchctl.core import db as dbm
+    from benchctl import stages
+    from benchctl.stages.train import tables as train_tables
     from benchctl.stages.retrofit import engine as rf
     from benchctl.commands.confirm import terminal_confirm
     from benchctl.stages.train.cli import prepare_for, summarize
@@ -36,15 +37,15 @@ def retrofit(
     from benchctl.study import confirm_long_run
 
     path = db_path_of(db)
-    handle = dbm.connect(path)
+    handle = stages.connect(path)
     job = rf.plan(handle, from_, to, init, lora_init, steps=steps, overrides=overrides_with_data(set_, data),
                   preset=preset)
     prepared = prepare_for(job.cfg, progress)
-    row = dbm.get_run(handle, run_id(job.cfg, prepared.fingerprint))
+    row = train_tables.get_run(handle, run_id(job.cfg, prepared.fingerprint))
     if row is None or row["status"] != "done":
         confirm_long_run([job.cfg], prepared, yes=yes, log=console.print, confirm=terminal_confirm())
     console.print(f"retrofit {job.parent['id']} -> {job.cfg.arch} ({job.method})")
     result = rf.run(job, prepared, handle, path, progress=make_progress(progress), log=console.print)
     if result.skipped:
         console.print(f"{result.run_id} is already done (rerun skipped); see 'benchctl runs'")
-    summarize([dbm.get_run(handle, result.run_id)])
+    summarize([train_tables.get_run(handle, result.run_id)])

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from benchctl.core import db as dbm
+from benchctl.stages.train import tables as train_tables
 from benchctl.core.config import RunConfig, make_config, run_id
 from benchctl.core.errors import CheckpointError, ConfigError
 
@@ -52,7 +53,7 @@ def plan(db: dbm.Database, ref: str, to: str, init: str, lora_init: str = "svd",
         raise ConfigError(f"--init must be one of {', '.join(INITS)}, got {init!r}")
     if lora_init not in LORA_INITS:
         raise ConfigError(f"--lora-init must be one of {', '.join(LORA_INITS)}, got {lora_init!r}")
-    parent = dbm.retrofit_parent(db, ref, preset)
+    parent = train_tables.retrofit_parent(db, ref, preset)
     if parent["arch"] not in PARENT_ARCHS:
         raise ConfigError(f"--from {parent['id']}: a retrofit converts a plain transformer ({', '.join(PARENT_ARCHS)}),"
                           f" not a {parent['arch']} run")
@@ -141,7 +142,7 @@ def _meta_model(cfg: RunConfig) -> Any:
 def parent_flops(db: dbm.Database, parent: dict[str, Any]) -> float | None:
     """Training FLOPs spent to produce the parent: those counted step by step when it ran a depth curriculum, else
     its FLOPs per token times its tokens, plus its own parent's when it was itself retrofitted."""
-    spent = dbm.last_metric(db, parent["id"], "train_flops")
+    spent = train_tables.last_metric(db, parent["id"], "train_flops")
     if spent is None:
         if parent.get("flops_per_token") is None or parent.get("tokens_seen") is None:
             return None

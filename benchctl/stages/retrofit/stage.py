@@ -42,7 +42,7 @@ def run(study: StudyRun) -> None:
 def _jobs(study: StudyRun, convs: list[Any]) -> list[tuple[Any, Any]]:
     """Each conversion with its parent's finished run attached; one whose parent did not finish training is a
     failure of its own (the study goes on and reports it), since there are no weights to convert."""
-    from benchctl.core import db as dbm
+    from benchctl.stages.train import tables as train_tables
     from benchctl.stages.retrofit import engine as rf
     from benchctl.core.config import run_id
 
@@ -50,7 +50,7 @@ def _jobs(study: StudyRun, convs: list[Any]) -> list[tuple[Any, Any]]:
     out = []
     for conv in convs:
         pid = run_id(conv.parent_cfg, fingerprint)
-        parent = dbm.get_run(study.db, pid)
+        parent = train_tables.get_run(study.db, pid)
         if parent is None or parent["status"] != "done":
             rid = run_id(rf.with_parent(conv.cfg, pid, conv.init, conv.lora_init), fingerprint)
             status = "not trained" if parent is None else parent["status"]
@@ -64,17 +64,18 @@ def _jobs(study: StudyRun, convs: list[Any]) -> list[tuple[Any, Any]]:
 
 def _confirm(study: StudyRun, jobs: list[Any]) -> None:
     """Ask before long healing as the train stage asks before long training (only the runs not done yet count)."""
-    from benchctl.core import db as dbm
+    from benchctl.stages.train import tables as train_tables
     from benchctl.core.config import run_id
     from benchctl.study import confirm_long_run
 
     fingerprint = study.prepared.fingerprint
-    todo = [j.cfg for j in jobs if (dbm.get_run(study.db, run_id(j.cfg, fingerprint)) or {}).get("status") != "done"]
+    todo = [j.cfg for j in jobs
+            if (train_tables.get_run(study.db, run_id(j.cfg, fingerprint)) or {}).get("status") != "done"]
     confirm_long_run(todo, study.prepared, yes=study.opts.yes, log=study.log, confirm=study.confirm)
 
 
 def _convert_and_train(study: StudyRun, conv: Any, job: Any) -> None:
-    from benchctl.core import db as dbm
+    from benchctl.stages.train import tables as train_tables
     from benchctl.stages.retrofit import engine as rf
     from benchctl.core.config import run_id
     from benchctl.core.errors import BenchctlError
@@ -91,9 +92,9 @@ def _convert_and_train(study: StudyRun, conv: Any, job: Any) -> None:
         (trained.skipped if r.skipped else trained.done).append(r.run_id)
         if r.skipped:
             study.log(f"  already done: {r.run_id}")
-    if dbm.get_run(study.db, rid) is not None:  # a run that failed before starting has no row to point at
+    if train_tables.get_run(study.db, rid) is not None:  # a run that failed before starting has no row to point at
         plan = study.plan
-        dbm.record_plan_runs(study.db, [{"plan": plan.name, "variant": conv.variant, "preset": job.cfg.preset,
+        train_tables.record_plan_runs(study.db, [{"plan": plan.name, "variant": conv.variant, "preset": job.cfg.preset,
                                          "seed": job.cfg.seed, "run_id": rid, "plan_path": str(plan.path),
                                          "plan_sha256": plan.sha256}])
 

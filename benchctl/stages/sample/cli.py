@@ -55,12 +55,12 @@ def sample(
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a live progress bar.")] = True,
 ) -> None:
     """Complete the same story beginnings with every finished run; rerunning with the same settings adds nothing."""
-    from benchctl.core import db as dbm
+    from benchctl import stages
     from benchctl.cli import db_path_of
     from benchctl.core.progress import Progress
 
     path = db_path_of(db)
-    handle = dbm.connect(path, create=False)
+    handle = stages.connect(path, create=False)
     reporter = Progress(enabled=progress, console=console)
     s = smp.sample_all(
         handle, path, n_prompts=n_prompts, temperature=temperature, top_k=top_k, top_p=top_p,

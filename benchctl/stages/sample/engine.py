@@ -63,6 +63,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from benchctl.core import db as dbm
+from benchctl.stages.sample import tables as sample_tables
+from benchctl.stages.train import tables as train_tables
 from benchctl.core.errors import ConfigError, DataError, EvalError
 from benchctl.core.progress import Progress, as_progress, silent
 
@@ -178,7 +180,7 @@ def build_prompt_set(stories: Sequence[str], data_fingerprint: str, n: int) -> P
 def store_prompt_set(db, pset: PromptSet) -> int:
     """Insert the set's prompts that are not stored yet; returns how many were inserted (0 when reused)."""
     created = dbm.now()
-    return dbm.insert_prompts(db, [
+    return sample_tables.insert_prompts(db, [
         {"id": p.id, "prompt_set": pset.id, "idx": p.idx, "text": p.text, "source_story": p.source_story,
          "rule": pset.rule, "data_fingerprint": pset.data_fingerprint, "created_at": created}
         for p in pset.prompts
@@ -332,7 +334,7 @@ def select_runs(
     db, *, run_ids: Sequence[str] | None = None, archs: Sequence[str] | None = None, preset: str | None = None
 ) -> list[dict[str, Any]]:
     """The finished runs to sample, in architecture order then seed; clear errors for unknown or unfinished ones."""
-    return dbm.finished_runs(db, run_ids=run_ids, archs=archs, preset=preset, purpose="to sample")
+    return train_tables.finished_runs(db, run_ids=run_ids, archs=archs, preset=preset, purpose="to sample")
 
 
 def _check_n_recur(row: dict[str, Any], cfg, settings: SampleSettings) -> tuple[int, str | None]:
@@ -447,7 +449,7 @@ def plan(db, rows: list[dict[str, Any]], settings: SampleSettings, n_prompts: in
             psets[prepared.fingerprint] = pset
         pset = psets[prepared.fingerprint]
         ids = [sample_id(row["id"], p.id, settings.hash) for p in pset.prompts]
-        have = dbm.sample_ids(db, row["id"], settings.hash, pset.id)
+        have = sample_tables.sample_ids(db, row["id"], settings.hash, pset.id)
         B = settings.batch_size
         batches = [list(pset.prompts[i : i + B]) for i in range(0, len(pset.prompts), B)]
         todo = [b for b in batches if any(sample_id(row["id"], p.id, settings.hash) not in have for p in b)]
@@ -497,7 +499,7 @@ def sample_run(
         result.gen_seconds += time.perf_counter() - t0
         result.new_tokens += sum(len(o.tokens) + (o.finish_reason == "eos") for o in outs)
         now = dbm.now()
-        added = dbm.insert_samples(db, [
+        added = sample_tables.insert_samples(db, [
             {
                 "id": sid, "run_id": run_id, "prompt_id": q.id, "prompt_set": p.pset.id,
                 "completion": decode_completion(tok, ids_in, o.tokens),
@@ -581,8 +583,9 @@ def sample_all(
                 sample_run(db, Path(db_path), p, settings, dev, res,
                            on_batch=lambda n, label=label, res=res: bar.update(
                                advance=n, description=label, **{"tok/s": _rate(res.tokens_per_s)}))
-            res.n_samples, res.mean_tokens, res.eos_share = dbm.sample_stats(db, r["id"], p.pset.id, settings.hash)
-            res.mean_depth = dbm.sample_mean_depth(db, r["id"], p.pset.id, settings.hash)
+            res.n_samples, res.mean_tokens, res.eos_share = sample_tables.sample_stats(db, r["id"], p.pset.id,
+                                                                                       settings.hash)
+            res.mean_depth = sample_tables.sample_mean_depth(db, r["id"], p.pset.id, settings.hash)
     summary.example = _example(db, plans[0], settings)
     return summary
 
@@ -609,7 +612,7 @@ def _rate(tokens_per_s: float | None) -> str:
 
 def _example(db, first: RunPlan, settings: SampleSettings) -> dict[str, Any] | None:
     """The first run's completion of the first prompt, for the closing output."""
-    ex = dbm.first_sample(db, first.row["id"], settings.hash, first.pset.id)
+    ex = sample_tables.first_sample(db, first.row["id"], settings.hash, first.pset.id)
     if ex is None:
         return None
     return {"arch": first.row["arch"], "run_id": first.row["id"], "prompt": ex["text"],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from benchctl.stages import Stage, StudyRun
+from benchctl.stages.sample.tables import TABLES
 
 
 def run(study: StudyRun) -> None:
@@ -19,4 +20,4 @@ def run(study: StudyRun) -> None:
     study.log(f"   {s.generated} new sample(s), {s.skipped} already stored")
 
 
-STAGE = Stage(name="sample", order=30, run=run, skippable=True)
+STAGE = Stage(name="sample", order=30, run=run, tables=TABLES, skippable=True)

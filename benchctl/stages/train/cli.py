@@ -71,7 +71,8 @@ def train(
     progress: ProgressOpt = True,
 ) -> None:
     """Train one architecture (resumes an interrupted run; skips a finished one). Works under torchrun for DDP."""
-    from benchctl.core import db as dbm
+    from benchctl import stages
+    from benchctl.stages.train import tables as train_tables
     from benchctl.commands.confirm import terminal_confirm
     from benchctl.core.config import make_config
     from benchctl.core.runtime import Dist, decide_on_main
@@ -82,14 +83,14 @@ def train(
     dist_info = Dist.from_env()
     prepared = prepare_for(cfg, progress)
     path = db_path_of(db)
-    handle = dbm.connect(path) if dist_info.is_main else None
+    handle = stages.connect(path) if dist_info.is_main else None
     log = console.print if dist_info.is_main else (lambda *_: None)
 
     def confirm_on_main() -> None:
         """Rank 0 asks; under torchrun its answer (go on, or the abort) is every rank's."""
         from benchctl.core.config import run_id
 
-        row = dbm.get_run(handle, run_id(cfg, prepared.fingerprint))
+        row = train_tables.get_run(handle, run_id(cfg, prepared.fingerprint))
         if row is None or row["status"] != "done":
             confirm_long_run([cfg], prepared, yes=yes, log=log, confirm=terminal_confirm())
 
@@ -99,7 +100,7 @@ def train(
         return
     if result.skipped:
         console.print(f"{result.run_id} is already done (rerun skipped); see 'benchctl runs'")
-    summarize([dbm.get_run(handle, result.run_id)])
+    summarize([train_tables.get_run(handle, result.run_id)])
 
 
 @app.command("train-all")
@@ -124,7 +125,8 @@ def train_all(
 ) -> None:
     """Train every (architecture, seed) pair, or every (variant, seed) of a --plan, skipping finished runs and
     resuming interrupted ones."""
-    from benchctl.core import db as dbm
+    from benchctl import stages
+    from benchctl.stages.train import tables as train_tables
     from benchctl import study
     from benchctl.commands.confirm import terminal_confirm
     from benchctl.core.errors import BenchctlError
@@ -148,8 +150,8 @@ def train_all(
                           yes=yes, confirm=terminal_confirm(), variants=variants, plan=plan_, execution=execution)
     if not is_main:
         return
-    handle = dbm.connect(path)
-    summarize([dbm.get_run(handle, rid) for rid in res.done + res.skipped])
+    handle = stages.connect(path)
+    summarize([train_tables.get_run(handle, rid) for rid in res.done + res.skipped])
     if res.failed:
         raise BenchctlError(
             f"{len(res.failed)} run(s) failed: " + "; ".join(f"{rid}: {err}" for rid, err in res.failed)
@@ -226,10 +228,11 @@ def runs(
     """List the runs in results.db."""
     import json
 
-    from benchctl.core import db as dbm
+    from benchctl import stages
+    from benchctl.stages.train import tables as train_tables
 
-    handle = dbm.connect(db_path_of(db), create=False)
-    rows = dbm.runs(handle, status=status, preset=preset)
+    handle = stages.connect(db_path_of(db), create=False)
+    rows = train_tables.runs(handle, status=status, preset=preset)
     if as_json:
         keep = ("id", "arch", "variant", "preset", "seed", "status", "step", "max_steps", "initial_val_loss",
                 "final_val_loss", "train_seconds", "cpu_seconds", "cuda_seconds", "threads", "concurrent_jobs",

@@ -37,6 +37,7 @@ import architectures
 from benchctl.core import checkpoint as ckpt
 from benchctl.stages.train import curriculum
 from benchctl.core import db as dbm
+from benchctl.stages.train import tables as train_tables
 from benchctl.stages.train import tblog
 from benchctl.core import telemetry
 from benchctl.core.config import RunConfig, run_id
@@ -167,7 +168,7 @@ def _is_alive(pid: int | None) -> bool:
 def _verdict(db: dbm.Database | None, rid: str, ckpt_path: Path, dist_info: Dist
              ) -> tuple[str, dict[str, Any] | None]:
     """('skip' | 'resume' | 'train', the run's row): skip a finished run, resume one with a checkpoint."""
-    existing = dbm.get_run(db, rid) if db is not None else None
+    existing = train_tables.get_run(db, rid) if db is not None else None
     if existing is not None and existing["status"] == "done" and ckpt_path.exists():
         return "skip", existing
     if existing is not None and existing["status"] == "running" and existing.get("hostname") == _hostname():
@@ -348,7 +349,7 @@ class _Trainer:
             "threads": telemetry.threads_used(), "concurrent_jobs": telemetry.concurrent_jobs(),
             **(run_values or {}),
         }
-        dbm.start_run(self.db, row, new=existing is None, resume_step=self.start_step)
+        train_tables.start_run(self.db, row, new=existing is None, resume_step=self.start_step)
         self.ckpt_path.parent.mkdir(parents=True, exist_ok=True)
         tok_dst = self.ckpt_path.parent / ckpt.TOKENIZER_NAME
         if not tok_dst.exists():
@@ -393,7 +394,7 @@ class _Trainer:
         except BaseException as e:
             if self.writes:
                 msg = "interrupted" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}"
-                dbm.fail_run(self.db, self.rid, msg)
+                train_tables.fail_run(self.db, self.rid, msg)
             raise
         finally:
             task.close()
@@ -405,7 +406,7 @@ class _Trainer:
         v0 = self._eval_at(0)
         self.carried["initial_val_loss"] = v0
         if self.writes:
-            dbm.record_initial_loss(self.db, self.rid, v0, self._take_metrics())
+            train_tables.record_initial_loss(self.db, self.rid, v0, self._take_metrics())
         task.move_to(0, loss=f"{v0:.3f}")
 
     def _one_step(self, task: Any, progress: Progress) -> float | None:
@@ -476,9 +477,10 @@ class _Trainer:
             final = self._evaluate()
         row: dict[str, Any] = {}
         if self.writes:
-            dbm.finish_run(self.db, self.rid, final_val_loss=final, initial_val_loss=self.carried["initial_val_loss"])
-            dbm.record_gpu_telemetry_note(self.db, self.rid, self.nvml.note)
-            row = dbm.get_run(self.db, self.rid) or {}
+            train_tables.finish_run(self.db, self.rid, final_val_loss=final,
+                                    initial_val_loss=self.carried["initial_val_loss"])
+            train_tables.record_gpu_telemetry_note(self.db, self.rid, self.nvml.note)
+            row = train_tables.get_run(self.db, self.rid) or {}
         return RunResult(self.rid, "done", resumed_from=self.resumed_from, row=row)
 
     # ---- evaluation, metrics, checkpoints ---------------------------------------------------------------------------
@@ -508,7 +510,7 @@ class _Trainer:
     def _flush_metrics(self) -> None:
         rows = self._take_metrics()  # other ranks measure the same values but never write them
         if self.writes:
-            dbm.record_metrics(self.db, rows)
+            train_tables.record_metrics(self.db, rows)
 
     def _telemetry(self) -> dict[str, Any]:
         """Cumulative telemetry over every process of this run so far (what a checkpoint carries forward)."""
@@ -547,7 +549,7 @@ class _Trainer:
             })
             if self.db is not None:
                 tps = self.cfg.tokens_per_step
-                dbm.record_checkpoint(self.db, self.rid, step=step, path=str(self.ckpt_path), size=size,
+                train_tables.record_checkpoint(self.db, self.rid, step=step, path=str(self.ckpt_path), size=size,
                                       metrics=self._take_metrics(),
                                       run_values={"tokens_seen": step * tps, **telemetry.run_columns(tel, tps)})
         barrier(self.dist)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from benchctl.stages.train.report_compute import compute_section, depth_section, params_section
 from benchctl.stages.train.report import cost_section, loss_section, models_section, runs_section
+from benchctl.stages.train.tables import TABLES
 from benchctl.stages import Stage, StudyRun
 
 
@@ -24,7 +25,7 @@ def run(study: StudyRun) -> None:
 
 
 STAGE = Stage(
-    name="train", order=20, run=run,
+    name="train", order=20, run=run, tables=TABLES,
     sections=(runs_section, models_section, cost_section, loss_section, compute_section, params_section,
               depth_section),
     every_rank=True,

@@ -184,9 +184,9 @@ def already_done(db: Any, db_path: Path, runs_dir: Path | None, run_id: str) -> 
     """results.db has the run as done and its checkpoint is there: no process needs to start for it (train_run
     would skip it the same way)."""
     from benchctl.core import checkpoint as ckpt
-    from benchctl.core import db as dbm
+    from benchctl.stages.train import tables as train_tables
 
-    row = dbm.get_run(db, run_id) if db is not None else None
+    row = train_tables.get_run(db, run_id) if db is not None else None
     return row is not None and row["status"] == "done" and (ckpt.run_dir(db_path, run_id, runs_dir)
                                                              / ckpt.CKPT_NAME).exists()
 

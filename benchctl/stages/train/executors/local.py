@@ -5,7 +5,7 @@ The processes are started with `spawn`, not `fork`: a forked copy of a process t
 pools (and possibly CUDA) can deadlock. Each is one long-lived "slot" that trains the runs it is handed one after
 another, with its share of the cores (and its own GPU on a GPU machine), so torch is imported once per slot, not
 once per run. Every slot writes to the same results.db: WAL mode, a busy timeout and one transaction per event
-(benchctl.core.db) make that safe.
+(benchctl.core.db, benchctl.stages.train.tables) make that safe.
 
 Interruption: Ctrl-C reaches every process of the terminal's group; each training process records its run as
 interrupted (its last checkpoint stays), and the parent waits for them briefly before terminating what is left. A
@@ -259,11 +259,11 @@ def _group_main(number: int, fn: Callable[..., Any], group: dict[str, Any], db_p
     import torch
 
     torch.set_num_threads(threads)
-    from benchctl.core import db as dbm
+    from benchctl import stages
 
     reporter = _RemoteProgress(events, number, progress)
     try:
-        db = dbm.connect(db_path, create=False)
+        db = stages.connect(db_path, create=False)
         events.put(("result", number, fn(db, db_path, progress=reporter, **group)))
     except KeyboardInterrupt:
         events.put(("interrupted", number, None))
@@ -426,12 +426,12 @@ def _slot_main(number: int, inbox: Any, events: Any, prepared: Any, db_path: str
     import torch
 
     torch.set_num_threads(threads)
-    from benchctl.core import db as dbm
+    from benchctl import stages
     from benchctl.stages.train.engine import train_run
 
     reporter = _RemoteProgress(events, number, progress)
     try:
-        db = dbm.connect(db_path)
+        db = stages.connect(db_path)
         while (spec := inbox.get()) is not None:
             outcome = _train_one(spec, prepared, db, Path(db_path), runs_dir, reporter, train_run)
             events.put(("result", number, spec.index, outcome))

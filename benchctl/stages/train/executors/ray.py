@@ -3,7 +3,8 @@
 Workers never open results.db: a SQLite file shared by several machines over a network filesystem is not safe
 to write. A worker trains with the ordinary engine (benchctl.stages.train.engine.train_run) into a per-run SQLite file,
 `<runs dir>/<run id>/rows.db` (the same schema), next to the run's checkpoint; when the task ends, the driver copies
-that run's rows into results.db in one transaction (benchctl.core.db.copy_run_rows). The driver alone writes results.db.
+that run's rows into results.db in one transaction (benchctl.stages.train.tables.copy_run_rows). The driver alone
+writes results.db.
 
 The runs dir must be one directory every machine sees at the same path (a shared filesystem). The driver writes a
 marker file with a fresh token into it; a worker that cannot read that token is on a machine without the share,
@@ -24,6 +25,8 @@ from typing import Any, Callable
 
 from benchctl.core import checkpoint as ckpt
 from benchctl.core import db as dbm
+from benchctl import stages
+from benchctl.stages.train import tables as train_tables
 from benchctl.core.errors import BenchctlError, ConfigError
 from benchctl.stages.train.executors import (
     ENV_JOBS,
@@ -58,7 +61,7 @@ def rows_path(runs_dir: Path, run_id: str) -> Path:
 def open_rows(path: Path) -> dbm.Database:
     """A run's own rows file, in rollback-journal mode: WAL needs shared memory between its users, which processes
     on different machines (the worker that writes it, the driver that reads it) do not have."""
-    return dbm.connect(path, wal=False)
+    return stages.connect(path, wal=False)
 
 
 class RayExecutor:
@@ -161,11 +164,11 @@ class RayExecutor:
         """A run results.db already knows (trained, or interrupted, here or by an earlier driver) but without a rows
         file gets one from results.db, so its worker resumes with the run's full history."""
         path = rows_path(self.runs_dir, spec.run_id)
-        if path.exists() or dbm.get_run(self.db, spec.run_id) is None:
+        if path.exists() or train_tables.get_run(self.db, spec.run_id) is None:
             return
         rows = open_rows(path)
         try:
-            dbm.copy_run_rows(self.db, rows, spec.run_id)
+            train_tables.copy_run_rows(self.db, rows, spec.run_id)
         finally:
             rows.close()
 
@@ -175,7 +178,7 @@ class RayExecutor:
             return
         rows = open_rows(path)
         try:
-            dbm.copy_run_rows(rows, self.db, spec.run_id)
+            train_tables.copy_run_rows(rows, self.db, spec.run_id)
         finally:
             rows.close()
 

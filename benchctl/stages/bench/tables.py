@@ -1,0 +1,70 @@
+"""The table `benchctl bench` writes (bench) and the functions that write and query it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlite_utils
+
+from benchctl.core.tables import Column, Table
+
+BENCH = Table(
+    "bench", "Speed benchmarks", "One row per architecture and implementation per `benchctl bench` invocation.",
+    (
+        Column("id", int, "row id"),
+        Column("bench_id", str, "one `benchctl bench` invocation"),
+        Column("arch", str, "architecture"),
+        Column("preset", str, "named recipe"),
+        Column("impl", str, "benchctl, reference (an eager llama2.c copy at benchctl's precision) or reference-fp32 "
+                            "(that copy in fp32, as llama2.c runs on a CPU)"),
+        Column("compiled", int, "1 when torch.compile was on"),
+        Column("dtype", str, "the precision the row's step ran in (bfloat16 autocast or float32)"),
+        Column("device", str, "device type"),
+        Column("device_name", str, "CPU or GPU model"),
+        Column("steps", int, "timed steps per repeat", "steps"),
+        Column("repeats", int, "repeats (tokens/s is their median)"),
+        Column("tokens_per_step", int, "tokens per optimizer step", "tokens"),
+        Column("tokens_per_s", float, "throughput, median over repeats", "tokens/s"),
+        Column("tokens_per_s_min", float, "slowest repeat", "tokens/s"),
+        Column("tokens_per_s_max", float, "fastest repeat", "tokens/s"),
+        Column("step_seconds", float, "optimizer-step time", "s"),
+        Column("step_cpu_seconds", float, "median process CPU time of a step, all threads", "s"),
+        Column("flops_per_token", float, "training FLOPs per token", "FLOPs/token"),
+        Column("achieved_flops", float, "FLOPs per second achieved", "FLOP/s"),
+        Column("peak_flops", float, "the device's peak FLOPs per second", "FLOP/s"),
+        Column("peak_flops_source", str, "where the peak comes from (datasheet or measured matmul)"),
+        Column("mfu", float, "model FLOPs utilisation: achieved / peak"),
+        Column("peak_mem_bytes", int, "parameters + optimizer state + peak growth of torch allocations in a step",
+               "bytes"),
+        Column("peak_rss_bytes", int, "the bench process's peak resident set size when the row was written", "bytes"),
+        Column("warmup_steps", int, "untimed steps before the repeats", "steps"),
+        Column("warmup_seconds", float, "their time (compilation happens there)", "s"),
+        Column("load_avg", float, "1-minute load average during the repeats (the machine may be shared)"),
+        Column("threads", int, "torch intra-op threads"),
+        Column("kernel_seconds", float, "CPU: self time of matmul and attention ops, best of the profiled steps", "s"),
+        Column("profiled_step_seconds", float, "that profiled step's wall time, profiler overhead included", "s"),
+        Column("note", str, "how memory was measured, thread settings, what the reference is"),
+        Column("equivalence_json", str, "control with --check-steps: both loss curves from the same weights"),
+        Column("config_json", str, "the resolved configuration"),
+        Column("torch_version", str, "PyTorch version"),
+        Column("git_commit", str, "benchctl commit"),
+        Column("created_at", str, "when it was measured (UTC)"),
+    ),
+    pk="id",
+    facets=("arch", "impl"),
+)
+
+TABLES = (BENCH,)
+
+
+def record_bench_rows(db: sqlite_utils.Database, rows: list[dict[str, Any]]) -> None:
+    """One `benchctl bench` invocation's rows, all or none."""
+    with db.atomic():
+        db["bench"].insert_all(rows, alter=False)
+
+
+def bench_configs(db: sqlite_utils.Database, preset: str, device: str) -> list[dict[str, Any]]:
+    """(arch, impl, device_name, config_json) of every bench row of a preset on a device type, newest first: what
+    `study --bench` checks before benchmarking again."""
+    return list(db.query("select arch, impl, device_name, config_json from bench where preset = ? and device = ? "
+                         "order by created_at desc, id desc", [preset, device]))

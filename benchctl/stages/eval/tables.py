@@ -1,0 +1,69 @@
+"""The table lm-eval results go to (eval_results) and every function that writes it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlite_utils
+
+from benchctl.core.db import retry_locked
+from benchctl.core.tables import Column, Table
+
+EVAL_RESULTS = Table(
+    "eval_results", "lm-eval results", "One row per (run, task, metric, test-time recurrence, document limit).",
+    (
+        Column("run_id", str, "the evaluated run (runs.id)"),
+        Column("task", str, "lm-eval task, e.g. tinystories_ppl"),
+        Column("metric", str, "acc, acc_norm, bits_per_byte, word_perplexity, ..."),
+        Column("n_recur", int, "test-time recurrence used (the run's trained one unless overridden)"),
+        Column("limit_n", int, "lm-eval --limit (0 = every document)", "documents"),
+        Column("value", float, "the metric's value"),
+        Column("stderr", float, "its standard error (empty when lm-eval gives none)"),
+        Column("n_samples", int, "documents evaluated", "documents"),
+        Column("task_version", str, "'<task version>+<hash of the documents>'"),
+        Column("batch_size", int, "requests per forward pass (padding can move scores)"),
+        Column("lm_eval_version", str, "lm-eval version"),
+        Column("created_at", str, "when it was computed (UTC)"),
+        Column("dtype", str, "precision the forward ran in: the run's rule on that device (empty: not recorded)"),
+    ),
+    pk=("run_id", "task", "metric", "n_recur", "limit_n"),
+    foreign_keys=(("run_id", "runs", "id"),),
+    indexes=(("task",),),
+    facets=("task", "metric"),
+)
+
+TABLES = (EVAL_RESULTS,)
+
+
+def replace_eval_results(db: sqlite_utils.Database, rows: list[dict[str, Any]], keys: set[tuple[str, str]],
+                         n_recur: int, limit_n: int) -> None:
+    """Replace every row of the (run, task) pairs in `keys` at (n_recur, limit_n) by `rows`, in one transaction: a
+    task that now reports fewer metrics leaves none of its old ones behind."""
+
+    def write() -> None:
+        with db.atomic():
+            for run_id, task in keys:
+                db.conn.execute(
+                    "delete from eval_results where run_id = ? and task = ? and n_recur = ? and limit_n = ?",
+                    [run_id, task, n_recur, limit_n])
+            if rows:
+                db["eval_results"].insert_all(rows, pk=("run_id", "task", "metric", "n_recur", "limit_n"),
+                                              replace=True)
+
+    retry_locked(write)
+
+
+def eval_task_versions(db: sqlite_utils.Database, run_id: str, n_recur: int, limit_n: int
+                       ) -> dict[str, set[str | None]]:
+    """task -> task versions already stored for (run, n_recur, limit)."""
+    out: dict[str, set[str | None]] = {}
+    for r in db.query("select task, task_version from eval_results where run_id = ? and n_recur = ? and limit_n = ?",
+                      [run_id, n_recur, limit_n]):
+        out.setdefault(r["task"], set()).add(r["task_version"])
+    return out
+
+
+def eval_results(db: sqlite_utils.Database, run_id: str, n_recur: int, limit_n: int) -> list[dict[str, Any]]:
+    """Every stored eval_results row of (run, n_recur, limit), by task then metric."""
+    query = "select * from eval_results where run_id = ? and n_recur = ? and limit_n = ? order by task, metric"
+    return retry_locked(lambda: list(db.query(query, [run_id, n_recur, limit_n])))

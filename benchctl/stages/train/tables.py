@@ -1,0 +1,426 @@
+"""The tables training owns (runs, metrics, checkpoints, plan_runs) and every function that writes them.
+
+Other stages read runs through the queries here (`get_run`, `runs`, `finished_runs`, ...); only this module writes
+these tables. Retrofit's columns of `runs` (the parent run, the init method, what the parent cost) are described
+here as well, since a retrofitted run is trained and stored like any other.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import sqlite_utils
+
+from benchctl.core.db import now, retry_locked
+from benchctl.core.errors import BenchctlError, CheckpointError, ConfigError
+from benchctl.core.tables import Column, Table
+
+_ENV = "as recorded from the training process"
+LOSS = "nats/token"
+
+RUNS = Table(
+    "runs", "Runs",
+    "One row per training run (architecture, preset, seed, data): status, resolved config, losses, parameter counts "
+    "and telemetry. A run's id is a hash of its config and its data.",
+    (
+        Column("id", str, "run id: hash of the resolved config and the data fingerprint"),
+        Column("arch", str, "architecture: control, frailt, three-part, relaxed, ..."),
+        Column("variant", str, "the name a study plan gave the run when it was first trained (its architecture "
+                               "without a plan)"),
+        Column("preset", str, "named recipe: paper, small or tiny"),
+        Column("seed", int, "training seed (weights, batches, dropout of recurrence)"),
+        Column("status", str, "pending, running, done or failed"),
+        Column("config_json", str, "the resolved configuration, as JSON"),
+        Column("data_fingerprint", str, "hash of the prepared data's content"),
+        Column("data_source", str, "where the data came from: 'hub' or a path"),
+        Column("n_params", int, "unique (trainable) parameters", "parameters"),
+        Column("effective_params", int, "parameters applied per token, recurrence unrolled", "parameters"),
+        Column("flops_per_token", float, "training FLOPs per token, forward and backward, recurrence included",
+               "FLOPs/token"),
+        Column("step", int, "last completed optimizer step", "steps"),
+        Column("max_steps", int, "optimizer steps of the recipe", "steps"),
+        Column("tokens_seen", int, "training tokens consumed so far", "tokens"),
+        Column("initial_val_loss", float, "validation loss before training (step 0)", LOSS),
+        Column("final_val_loss", float, "validation loss at the last step", LOSS),
+        Column("train_seconds", float, "time in optimizer steps only (no warm-up/compile, evaluation or checkpoints)",
+               "s"),
+        Column("warmup_seconds", float, "untimed first steps (compilation happens there)", "s"),
+        Column("eval_seconds", float, "time spent on validation loss evaluations", "s"),
+        Column("tokens_per_s", float, "training throughput over the timed steps", "tokens/s"),
+        Column("step_seconds", float, "median optimizer-step time", "s"),
+        Column("peak_gpu_mem_bytes", int, "peak memory allocated by torch on the GPU (torch.cuda.max_memory_allocated)",
+               "bytes"),
+        Column("peak_gpu_reserved_bytes", int, "peak memory reserved by torch's caching allocator "
+                                               "(torch.cuda.max_memory_reserved)", "bytes"),
+        Column("peak_nvml_mem_bytes", int, "peak device memory used, sampled from NVML in a thread", "bytes"),
+        Column("peak_rss_bytes", int, "peak resident set size of the training process", "bytes"),
+        Column("gpu_telemetry_note", str, "why a GPU reading (NVML memory or utilisation) is absent, when one is"),
+        Column("device", str, "device type: cpu, cuda, mps"),
+        Column("dtype", str, "the precision train.dtype resolved to on this machine (bfloat16 autocast or float32)"),
+        Column("precision_reason", str, "why that precision: auto or set, and the detected capability (e.g. "
+                                        "cpu:avx512_bf16)"),
+        Column("compiled", int, "1 when the training step ran under torch.compile (train.compile as resolved on this "
+                                "machine)"),
+        Column("compile_reason", str, "why compiled or eager: set, or what train.compile=auto found"),
+        Column("device_name", str, "CPU or GPU model"),
+        Column("device_count", int, "devices visible to the process"),
+        Column("world_size", int, "processes in the distributed job (1 without torchrun)"),
+        Column("driver_version", str, f"NVIDIA driver version, {_ENV}"),
+        Column("torch_version", str, f"PyTorch version, {_ENV}"),
+        Column("cuda_version", str, f"CUDA version torch was built with, {_ENV}"),
+        Column("python_version", str, f"Python version, {_ENV}"),
+        Column("benchctl_version", str, f"benchctl version, {_ENV}"),
+        Column("git_commit", str, "commit of the benchctl checkout that trained the run"),
+        Column("hostname", str, "machine that trained the run"),
+        Column("pid", int, "process id of the trainer while the run is running"),
+        Column("error", str, "why the run failed (empty otherwise)"),
+        Column("created_at", str, "when the run was first registered (UTC)"),
+        Column("started_at", str, "when training last started or resumed (UTC)"),
+        Column("finished_at", str, "when the run finished or failed (UTC)"),
+        Column("updated_at", str, "last update of this row (UTC)"),
+        # A retrofitted run (`benchctl retrofit`): the run its weights were converted from, how, and what the parent
+        # had already cost, so its compute can be compared with training the same architecture from scratch.
+        Column("parent_run_id", str, "a retrofitted run: the finished run its weights were converted from"),
+        Column("init_method", str, "how the weights were converted: stepwise, average or select (+svd / +zero LoRA "
+                                   "init)"),
+        Column("parent_tokens", int, "training tokens the parent run had seen"),
+        Column("parent_flops", float, "training FLOPs already spent on the parent run"),
+        # What a timing needs to be read: the machine may be shared, and jobs may run side by side on purpose.
+        Column("cpu_seconds", float, "process CPU time of the timed optimizer steps, all threads (robust to other "
+                                     "load)", "s"),
+        Column("cuda_seconds", float, "GPU time of the timed optimizer steps between CUDA events (CUDA runs only)",
+               "s"),
+        Column("timed_steps", int, "optimizer steps that train_seconds and cpu_seconds cover", "steps"),
+        Column("threads", int, "threads the run computed with (BENCHCTL_THREADS from an executor, else torch's)"),
+        Column("concurrent_jobs", int, "benchctl jobs sharing the machine on purpose while it trained "
+                                       "(BENCHCTL_CONCURRENT_JOBS; 1: alone)"),
+        Column("load_avg", float, "mean 1-minute load average of the machine during training"),
+        Column("gpu_util", float, "mean NVML GPU utilisation during training (CUDA runs only)", "%"),
+        Column("baseline_rss_bytes", int, "process RSS before the model was built; peak minus it is the model's share",
+               "bytes"),
+    ),
+    pk="id",
+    not_null=("arch", "preset", "seed", "status", "config_json"),
+    defaults={"status": "pending"},
+    indexes=(("arch", "preset", "seed"),),
+    # runs stored before plans existed are named after their architecture, as runs trained without a plan still are
+    backfill={"variant": "update runs set variant = arch where variant is null"},
+    facets=("arch", "variant", "preset", "status"),
+    report_sort=("preset", "arch", "seed", "id"),
+)
+
+METRICS = Table(
+    "metrics", "Training curves",
+    "Long format: one value per (run, step, metric name): val_loss, train_loss, lr, grad_norm, with the tokens seen "
+    "and the training time at that step.",
+    (
+        Column("run_id", str, "the run (runs.id)"),
+        Column("step", int, "optimizer step the value was measured at", "steps"),
+        Column("name", str, "val_loss and train_loss (nats/token), lr, grad_norm"),
+        Column("value", float, "the metric's value (losses in nats/token)"),
+        Column("tokens", int, "training tokens seen at that step", "tokens"),
+        Column("wall_seconds", float, "training time at that step (optimizer steps only)", "s"),
+    ),
+    pk=("run_id", "step", "name"),
+    foreign_keys=(("run_id", "runs", "id"),),
+    not_null=("value",),
+    facets=("name",),
+    report_sort=("run_id", "name", "step"),
+    report_where="name = 'val_loss'",  # the report draws validation curves only
+)
+
+CHECKPOINTS = Table(
+    "checkpoints", "Checkpoints", "Checkpoint files written per run and step (the latest one per path is kept).",
+    (
+        Column("run_id", str, "the run (runs.id)"),
+        Column("step", int, "optimizer step saved", "steps"),
+        Column("path", str, "checkpoint file"),
+        Column("bytes", int, "file size", "bytes"),
+        Column("created_at", str, "when it was written (UTC)"),
+    ),
+    pk=("run_id", "step"),
+    foreign_keys=(("run_id", "runs", "id"),),
+)
+
+PLAN_RUNS = Table(
+    "plan_runs", "Plan runs",
+    "Which run each study plan's (variant, preset, seed) trained or found already trained, with the plan file's path "
+    "and hash.",
+    (
+        Column("plan", str, "the plan's name (study, controls, depth or a plan file's own name)"),
+        Column("variant", str, "the variant's name in that plan"),
+        Column("preset", str, "named recipe the plan ran with"),
+        Column("seed", int, "training seed"),
+        Column("run_id", str, "the run it trained, or found trained (possibly under another variant name)"),
+        Column("plan_path", str, "the plan file"),
+        Column("plan_sha256", str, "SHA-256 of the plan file's bytes"),
+        Column("created_at", str, "when the plan first reached this run (UTC)"),
+        Column("updated_at", str, "when the plan last reached this run (UTC)"),
+    ),
+    pk=("plan", "variant", "preset", "seed"),
+    foreign_keys=(("run_id", "runs", "id"),),
+    facets=("plan", "variant", "preset"),
+    report_sort=("plan", "preset", "seed", "variant"),
+)
+
+TABLES = (RUNS, METRICS, CHECKPOINTS, PLAN_RUNS)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Queries: runs
+
+
+def get_run(db: sqlite_utils.Database, run_id: str) -> dict[str, Any] | None:
+    rows = list(db.query("select * from runs where id = ?", [run_id]))
+    return rows[0] if rows else None
+
+
+def update_run(db: sqlite_utils.Database, run_id: str, **values: Any) -> None:
+    values["updated_at"] = now()
+    with db.atomic():
+        db["runs"].update(run_id, values)
+
+
+def finished_runs(
+    db: sqlite_utils.Database,
+    *,
+    run_ids: Iterable[str] | None = None,
+    archs: Iterable[str] | None = None,
+    preset: str | None = None,
+    bad_selection: type[BenchctlError] = ConfigError,
+    none_left: type[BenchctlError] = CheckpointError,
+    purpose: str = "to use",
+) -> list[dict[str, Any]]:
+    """The finished runs a stage works on (sample, judge, eval), in registry order of architecture, then seed.
+
+    `run_ids` must all exist and be finished, `archs` must all be registered (`bad_selection` otherwise); an empty
+    result is `none_left`. Each command picks the error classes, so their exit codes stay theirs.
+    """
+    import architectures
+
+    run_ids, archs = list(dict.fromkeys(run_ids or [])), list(archs or [])
+    for a in archs:
+        try:
+            architectures.get(a)
+        except architectures.UnknownArchitectureError as e:
+            raise bad_selection(f"--archs: {e}") from None
+    if run_ids:
+        found = {r["id"]: r for r in runs(db, ids=run_ids)}
+        unknown = [r for r in run_ids if r not in found]
+        if unknown:
+            raise bad_selection(f"unknown run id(s): {', '.join(unknown)}; list them with 'benchctl runs'")
+        unfinished = [f"{i} ({found[i]['status']})" for i in run_ids if found[i]["status"] != "done"]
+        if unfinished:
+            raise bad_selection(f"run(s) not finished: {', '.join(unfinished)}; finish them with "
+                                "'benchctl train-all' first")
+    rows = runs(db, status="done", preset=preset, ids=run_ids)
+    if archs:
+        rows = [r for r in rows if r["arch"] in archs]
+    if not rows:
+        scope = ([f"preset '{preset}'"] if preset else []) + ([f"architectures {', '.join(archs)}"] if archs else [])
+        where = f" for {' and '.join(scope)}" if scope else ""
+        raise none_left(f"no finished runs{where} {purpose} in results.db; run 'benchctl train-all' first")
+    order = {n: i for i, n in enumerate(architectures.names())}
+    return sorted(rows, key=lambda r: (order.get(r["arch"], len(order)), r["arch"], r["preset"], r["seed"], r["id"]))
+
+
+def runs(db: sqlite_utils.Database, *, status: str | None = None, preset: str | None = None,
+         ids: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    where, params = [], []
+    if status:
+        where.append("status = ?")
+        params.append(status)
+    if preset:
+        where.append("preset = ?")
+        params.append(preset)
+    ids = list(ids or [])
+    if ids:
+        where.append(f"id in ({','.join('?' * len(ids))})")
+        params += ids
+    sql = "select * from runs" + (" where " + " and ".join(where) if where else "") + " order by created_at, id"
+    return list(db.query(sql, params))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Writes: runs, metrics, checkpoints
+
+
+def start_run(db: sqlite_utils.Database, run: dict[str, Any], *, new: bool, resume_step: int) -> None:
+    """A run starts (or restarts) training: its row marked running, and in the same transaction every metric row
+    past the checkpoint it resumes from deleted (they belong to a future this run recomputes). A run starting from
+    step 0 also forgets any earlier checkpoint rows."""
+    rid, stamp = run["id"], now()
+    values = {**run, "started_at": stamp, "updated_at": stamp}
+    variant = values.pop("variant", None) or run.get("arch")
+    with db.atomic():
+        if new:
+            db["runs"].insert({**values, "variant": variant, "created_at": stamp, "step": 0, "tokens_seen": 0},
+                              alter=True)
+        else:
+            db["runs"].update(rid, values, alter=True)
+            _keep_first_variant(db, rid, variant)
+        _truncate_metrics_after(db, rid, resume_step)
+        if resume_step == 0:
+            db.execute("delete from metrics where run_id = ?", [rid])
+            db.execute("delete from checkpoints where run_id = ?", [rid])
+
+
+def _truncate_metrics_after(db: sqlite_utils.Database, run_id: str, step: int) -> None:
+    db.execute("delete from metrics where run_id = ? and step > ?", [run_id, step])
+
+
+def record_metrics(db: sqlite_utils.Database, rows: list[dict[str, Any]]) -> None:
+    """Metric rows keyed by (run, step, name): rewriting a step after a resume replaces, never duplicates."""
+    if rows:
+        with db.atomic():
+            db["metrics"].upsert_all(rows, pk=("run_id", "step", "name"))
+
+
+def record_initial_loss(db: sqlite_utils.Database, run_id: str, value: float, metrics: list[dict[str, Any]]) -> None:
+    """The step-0 evaluation: its metric rows and the run's initial loss together."""
+    with db.atomic():
+        if metrics:
+            db["metrics"].upsert_all(metrics, pk=("run_id", "step", "name"))
+        db["runs"].update(run_id, {"initial_val_loss": value, "updated_at": now()})
+
+
+def record_checkpoint(db: sqlite_utils.Database, run_id: str, *, step: int, path: str, size: int,
+                      metrics: list[dict[str, Any]], run_values: dict[str, Any]) -> None:
+    """A checkpoint was written: the metrics up to it, its row (one per path: the file is overwritten in place) and
+    the run's progress and telemetry, in one transaction, so a kill never leaves a checkpoint without its rows."""
+    stamp = now()
+    with db.atomic():
+        if metrics:
+            db["metrics"].upsert_all(metrics, pk=("run_id", "step", "name"))
+        db["checkpoints"].delete_where("run_id = ? and path = ?", [run_id, path])
+        db["checkpoints"].insert({"run_id": run_id, "step": step, "path": path, "bytes": size, "created_at": stamp},
+                                 replace=True)
+        db["runs"].update(run_id, {"step": step, "updated_at": stamp, **run_values})
+
+
+def finish_run(db: sqlite_utils.Database, run_id: str, *, final_val_loss: float,
+               initial_val_loss: float | None) -> None:
+    stamp = now()
+    with db.atomic():
+        db["runs"].update(run_id, {
+            "status": "done", "final_val_loss": final_val_loss, "finished_at": stamp, "updated_at": stamp,
+            "initial_val_loss": initial_val_loss, "pid": None,
+        }, alter=True)
+
+
+def fail_run(db: sqlite_utils.Database, run_id: str, error: str) -> None:
+    """The run stopped with an error (or was interrupted): it is no longer owned by a live process."""
+    update_run(db, run_id, status="failed", error=error[:2000], pid=None)
+
+
+def record_gpu_telemetry_note(db: sqlite_utils.Database, run_id: str, note: str | None) -> None:
+    """Why some GPU readings of the run are absent (None: all present, or not a GPU run)."""
+    with db.atomic():
+        db["runs"].update(run_id, {"gpu_telemetry_note": note, "updated_at": now()})
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# ---- retrofit: runs whose weights were converted from a finished run
+
+
+def retrofit_parent(db: sqlite_utils.Database, ref: str, preset: str | None = None) -> dict[str, Any]:
+    """The finished run a retrofit starts from: `ref` is a run id, or an architecture/variant name matched against
+    the finished runs (of `preset` when given), which must then be unique."""
+    row = get_run(db, ref)
+    if row is None:
+        # a variant name (when runs record one) or an architecture name
+        by_variant = "variant" in db["runs"].columns_dict
+        named = "(variant = ? or arch = ?)" if by_variant else "arch = ?"
+        sql = f"select * from runs where status = 'done' and {named}" + (" and preset = ?" if preset else "")
+        params = [ref] * (2 if by_variant else 1) + ([preset] if preset else [])
+        rows = list(db.query(sql + " order by created_at, id", params))
+        if not rows:
+            raise ConfigError(f"--from {ref!r}: no run with that id and no finished run of that name"
+                              + (f" at preset '{preset}'" if preset else "") + "; list them with 'benchctl runs'")
+        if len(rows) > 1:
+            raise ConfigError(f"--from {ref!r} matches {len(rows)} finished runs ({', '.join(r['id'] for r in rows)}); "
+                              "pass one run id")
+        row = rows[0]
+    if row["status"] != "done":
+        raise ConfigError(f"--from {row['id']}: the run is {row['status']}, not done; finish it first")
+    return row
+
+
+def retrofit_runs(db: sqlite_utils.Database) -> list[dict[str, Any]]:
+    """Every run that started from converted weights, oldest first."""
+    return list(db.query("select * from runs where parent_run_id is not null order by created_at, id"))
+
+
+def last_metric(db: sqlite_utils.Database, run_id: str, name: str) -> float | None:
+    """The value of a run's metric at its latest step (None when it never recorded it)."""
+    row = db.execute("select value from metrics where run_id = ? and name = ? order by step desc limit 1",
+                     [run_id, name]).fetchone()
+    return None if row is None else float(row[0])
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# ---- plans: run variants and the runs each plan trained
+
+
+def _keep_first_variant(db: sqlite_utils.Database, run_id: str, variant: str | None) -> None:
+    """A run keeps the variant name it was first trained under; one without a name (an older row) takes this one."""
+    if variant:
+        db.execute("update runs set variant = ? where id = ? and variant is null", [variant, run_id])
+
+
+def record_plan_runs(db: sqlite_utils.Database, rows: list[dict[str, Any]]) -> None:
+    """Which run each (plan, variant, preset, seed) trained, in one transaction. A run reached under a second
+    variant name keeps its first in `runs.variant`; this table is how a plan still finds it under its own name."""
+    if not rows:
+        return
+    stamp = now()
+
+    def write() -> None:
+        with db.atomic():
+            for row in rows:
+                prev = next(iter(db.query(
+                    "select created_at from plan_runs where plan = ? and variant = ? and preset = ? and seed = ?",
+                    [row["plan"], row["variant"], row["preset"], row["seed"]])), None)
+                created = prev["created_at"] if prev else stamp
+                db["plan_runs"].upsert({**row, "created_at": created, "updated_at": stamp},
+                                       pk=("plan", "variant", "preset", "seed"))
+                _keep_first_variant(db, row["run_id"], row["variant"])
+
+    retry_locked(write)
+
+
+def plan_runs(db: sqlite_utils.Database, plan: str | None = None) -> list[dict[str, Any]]:
+    """Every plan_runs row (of one plan), by plan, preset, seed and variant."""
+    where, params = ("where plan = ?", [plan]) if plan else ("", [])
+    return list(db.query(f"select * from plan_runs {where} order by plan, preset, seed, variant", params))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# ---- executors: a run trained into its own file
+
+# Every table training (benchctl.stages.train.engine.train_run) writes, parents first; a new one must be listed here so
+# runs trained on other machines bring it along (a test trains a run and checks).
+RUN_TABLES = ("runs", "metrics", "checkpoints")
+
+
+def copy_run_rows(src: sqlite_utils.Database, dst: sqlite_utils.Database, run_id: str) -> int:
+    """Make `dst` hold exactly `src`'s training rows of `run_id` (RUN_TABLES), in one transaction: how the driver
+    of a Ray study takes in a run a worker trained into its own file, and hands a run's history to the worker that
+    resumes it. The run row is updated in place (rows of other stages that point at it stay), keeping the first
+    variant name `dst` knew it by. Returns the rows copied (0 when `src` does not have the run)."""
+    run = get_run(src, run_id)
+    if run is None:
+        return 0
+    copied = 1
+    with dst.atomic():
+        known = get_run(dst, run_id)
+        if known is not None and known.get("variant"):
+            run["variant"] = known["variant"]
+        dst["runs"].upsert(run, pk="id", alter=True)
+        for table in RUN_TABLES[1:]:
+            rows = list(src[table].rows_where("run_id = ?", [run_id]))
+            dst[table].delete_where("run_id = ?", [run_id])
+            if rows:
+                dst[table].insert_all(rows, alter=True)
+            copied += len(rows)
+    return copied
