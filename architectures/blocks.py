@@ -125,7 +125,7 @@ def project_group(
     # would break the graph
     if len({m.scale for m in loras}) == 1 and not torch.compiler.is_compiling():
         a = torch.cat([m.A for m in loras]) if len(loras) > 1 else loras[0].A
-        bs = [m.B for m in loras]
+        bs: list[torch.Tensor] = [m.B for m in loras]
         if x.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(x.device.type):
             # what autocast does for a linear layer, done before the fused function (whose out= products autocast
             # leaves alone): every operand in the autocast dtype; the casts' backward returns float32 gradients
@@ -159,14 +159,15 @@ class LayerCache:
 
     def update(self, k: torch.Tensor, v: torch.Tensor, pos: int, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         B, H, T, D = k.shape
-        if self.k is None or self.k.shape[0] != B:
-            self.k = k.new_zeros(B, H, max_len, D)
-            self.v = v.new_zeros(B, H, max_len, D)
+        ck, cv = self.k, self.v
+        if ck is None or cv is None or ck.shape[0] != B:
+            ck = self.k = k.new_zeros(B, H, max_len, D)
+            cv = self.v = v.new_zeros(B, H, max_len, D)
         if pos + T > max_len:
             raise ValueError(f"KV cache overflow: position {pos + T} > context {max_len}")
-        self.k[:, :, pos : pos + T] = k
-        self.v[:, :, pos : pos + T] = v
-        return self.k[:, :, : pos + T], self.v[:, :, : pos + T]
+        ck[:, :, pos : pos + T] = k
+        cv[:, :, pos : pos + T] = v
+        return ck[:, :, : pos + T], cv[:, :, : pos + T]
 
 
 class KVCache:

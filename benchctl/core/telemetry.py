@@ -227,8 +227,10 @@ def nvml_target(device: torch.device) -> tuple[str, str | int] | None:
     if uuid is not None:
         text = str(uuid)
         return "uuid", text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
-    if getattr(props, "pci_bus_id", None) is not None:
-        return "pci", f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+    # the PCI fields exist only in some torch builds (and not in its type stubs)
+    domain, bus, dev = (getattr(props, f"pci_{part}_id", None) for part in ("domain", "bus", "device"))
+    if domain is not None and bus is not None and dev is not None:
+        return "pci", f"{domain:08x}:{bus:02x}:{dev:02x}.0"
     if os.environ.get("CUDA_VISIBLE_DEVICES") is None:
         return "index", device.index or 0
     return None
