@@ -258,7 +258,7 @@ class BaseLM(nn.Module):
         """The token embeddings (B, T, d), after dropout. Under torch.compile on a CPU they are looked up outside the
         compiled graph: inductor fuses the embedding's backward into the first norm's with atomic adds, whose order
         between threads varies from run to run, so compiled runs would stop being reproducible (the eager backward
-        accumulates in a fixed order, and is ~0.2% of a paper-preset step)."""
+        accumulates in a fixed order, and is a negligible share of the step)."""
         if tokens.device.type == "cpu" and torch.compiler.is_compiling():
             return _eager_embed(self.tok_embeddings, self.dropout, tokens)
         return self.dropout(self.tok_embeddings(tokens))

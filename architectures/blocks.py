@@ -229,7 +229,7 @@ class Attention(nn.Module):
         H, KV, hd = self.n_heads, self.n_kv_heads, self.head_dim
         if x.device.type == "cpu":
             # three matmuls, as llama2.c (see FeedForward): each output whole, so no splits forward and no
-            # concatenations backward (the study's bf16 attention, forward and backward: 3-9% faster; its step: 2-3%)
+            # concatenations backward, which on a CPU cost more than one wide matmul saves
             q = rotate_pairs(project(self.wq, x, lora, "wq").unflatten(-1, (H, hd)), cos, sin)  # (B, T, H, hd)
             k = rotate_pairs(project(self.wk, x, lora, "wk").unflatten(-1, (KV, hd)), cos, sin)
             v = project(self.wv, x, lora, "wv").unflatten(-1, (KV, hd))
@@ -272,8 +272,8 @@ class FeedForward(nn.Module):
     def forward(self, x: torch.Tensor, lora: Mapping[str, LoRA] | None = None) -> torch.Tensor:
         if x.device.type == "cpu":
             # two matmuls, as llama2.c: the halves of one fused w1|w3 output are strided, and CPU elementwise kernels
-            # ran the gate 1.4-1.6x slower on them than on whole tensors; at the study's sizes two matmuls of half
-            # the width were no slower than the one (bf16, in a paper-preset step: faster)
+            # run the gate markedly slower on strided halves than on whole tensors, while at the study's sizes two
+            # matmuls of half the width cost no more than the one
             gate = F.silu(project(self.w1, x, lora, "w1")) * project(self.w3, x, lora, "w3")
         else:
             h13 = project_group([self.w1, self.w3], x, lora, ["w1", "w3"])  # (B, T, 2h): w1 x | w3 x

@@ -384,13 +384,12 @@ def device_name(device: torch.device) -> str:
 def tune_cpu_allocator() -> str | None:
     """Let glibc's malloc keep freed memory for reuse instead of returning it to the OS after every step.
 
-    A CPU training step allocates and frees its activations (up to ~1.5 GB at the paper preset); with glibc's defaults
-    tensors above its mmap threshold are fresh mappings every step and the heap is trimmed between steps, so every
-    step page-faults and zero-fills its memory again (measured at the paper preset: ~100k page faults and ~0.8 s of
-    system time per step of a recurrent model). Raising the mmap threshold to its maximum (32 MiB) and the trim
-    threshold to 1 GiB removes almost all of it; peak memory is unchanged. Process-wide, once (cached); not applied
-    when the user set MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ or the C library is not glibc. Returns what was
-    set, or None.
+    A CPU training step allocates and frees its activations (over a gigabyte at the paper preset); with glibc's
+    defaults tensors above its mmap threshold are fresh mappings every step and the heap is trimmed between steps, so
+    every step page-faults and zero-fills its memory again, in system time paid on every step. Raising the mmap
+    threshold to its maximum (32 MiB) and the trim threshold to 1 GiB removes almost all of it; peak memory is
+    unchanged. Process-wide, once (cached); not applied when the user set MALLOC_MMAP_THRESHOLD_ /
+    MALLOC_TRIM_THRESHOLD_ or the C library is not glibc. Returns what was set, or None.
     """
     if platform.libc_ver()[0] != "glibc" or any(k in os.environ for k in ("MALLOC_MMAP_THRESHOLD_",
                                                                          "MALLOC_TRIM_THRESHOLD_")):
