@@ -111,6 +111,8 @@ class BaseLM(nn.Module):
     # Inference-only rules for iterations past the trained depth, the default first. They never change what is
     # trained, so they are not arguments (not in the run id); callers pass one to `forward`/`iterate`.
     extrapolate_rules: ClassVar[tuple[str, ...]] = ()
+    rope_cos: torch.Tensor  # buffers (register_buffer in __init__), declared for the type checker
+    rope_sin: torch.Tensor
 
     # ---- class-level hooks used by the config layer ------------------------------------------------------------
 
@@ -256,7 +258,7 @@ class BaseLM(nn.Module):
         """The token embeddings (B, T, d), after dropout. Under torch.compile on a CPU they are looked up outside the
         compiled graph: inductor fuses the embedding's backward into the first norm's with atomic adds, whose order
         between threads varies from run to run, so compiled runs would stop being reproducible (the eager backward
-        accumulates in a fixed order, and is ~0.2% of a paper-preset step)."""
+        accumulates in a fixed order, and is a negligible share of the step)."""
         if tokens.device.type == "cpu" and torch.compiler.is_compiling():
             return _eager_embed(self.tok_embeddings, self.dropout, tokens)
         return self.dropout(self.tok_embeddings(tokens))
@@ -329,27 +331,28 @@ class BaseLM(nn.Module):
         if cache is not None:
             cache.begin()
         s, ctx = self.prelude(self.embed(tokens), cos, sin, cache)
-        checking = exit is not None and exit.threshold > 0
+        checking = exit if exit is not None and exit.threshold > 0 else None  # None: no token ever exits
         coda_slots = _SlotScope(cache)
         depths = torch.full((B, T), n, dtype=torch.long, device=tokens.device)
         active = torch.ones(B, T, dtype=torch.bool, device=tokens.device)
-        prev = None
-        if checking and exit.rule == "kl":  # iteration 1 is compared against the uniform distribution
-            prev = torch.full((B, T, self.args.vocab_size), -math.log(self.args.vocab_size), device=tokens.device)
+        prev: torch.Tensor | None = None
         for t in range(n):
             new = self.core_step(s, ctx, t, cos, sin, cache, rule)
-            if not checking:
+            if checking is None:
                 s = new
                 continue
-            if exit.rule == "kl":
+            if checking.rule == "kl":
                 with coda_slots:
                     cur = F.log_softmax(self.output(self.norm(self.coda(new, cos, sin, cache))).float(), dim=-1)
+                if prev is None:  # iteration 1 is compared against the uniform distribution
+                    prev = torch.full((B, T, self.args.vocab_size), -math.log(self.args.vocab_size),
+                                      device=tokens.device)
                 crit = F.kl_div(cur, prev, log_target=True, reduction="none").sum(-1)  # KL(prev || cur), (B, T)
                 prev = cur
             else:
                 crit = (new - s).float().norm(dim=-1) / new.float().norm(dim=-1).clamp_min(1e-12)
             s = torch.where(active[..., None], new, s)  # frozen tokens keep their state
-            done = active & (crit < exit.threshold)
+            done = active & (crit < checking.threshold)
             depths = torch.where(done, torch.full_like(depths, t + 1), depths)
             active = active & ~done
             if cache is None and not bool(active.any()):

@@ -125,7 +125,7 @@ def project_group(
     # would break the graph
     if len({m.scale for m in loras}) == 1 and not torch.compiler.is_compiling():
         a = torch.cat([m.A for m in loras]) if len(loras) > 1 else loras[0].A
-        bs = [m.B for m in loras]
+        bs: list[torch.Tensor] = [m.B for m in loras]
         if x.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(x.device.type):
             # what autocast does for a linear layer, done before the fused function (whose out= products autocast
             # leaves alone): every operand in the autocast dtype; the casts' backward returns float32 gradients
@@ -159,14 +159,15 @@ class LayerCache:
 
     def update(self, k: torch.Tensor, v: torch.Tensor, pos: int, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         B, H, T, D = k.shape
-        if self.k is None or self.k.shape[0] != B:
-            self.k = k.new_zeros(B, H, max_len, D)
-            self.v = v.new_zeros(B, H, max_len, D)
+        ck, cv = self.k, self.v
+        if ck is None or cv is None or ck.shape[0] != B:
+            ck = self.k = k.new_zeros(B, H, max_len, D)
+            cv = self.v = v.new_zeros(B, H, max_len, D)
         if pos + T > max_len:
             raise ValueError(f"KV cache overflow: position {pos + T} > context {max_len}")
-        self.k[:, :, pos : pos + T] = k
-        self.v[:, :, pos : pos + T] = v
-        return self.k[:, :, : pos + T], self.v[:, :, : pos + T]
+        ck[:, :, pos : pos + T] = k
+        cv[:, :, pos : pos + T] = v
+        return ck[:, :, : pos + T], cv[:, :, : pos + T]
 
 
 class KVCache:
@@ -228,7 +229,7 @@ class Attention(nn.Module):
         H, KV, hd = self.n_heads, self.n_kv_heads, self.head_dim
         if x.device.type == "cpu":
             # three matmuls, as llama2.c (see FeedForward): each output whole, so no splits forward and no
-            # concatenations backward (the study's bf16 attention, forward and backward: 3-9% faster; its step: 2-3%)
+            # concatenations backward, which on a CPU cost more than one wide matmul saves
             q = rotate_pairs(project(self.wq, x, lora, "wq").unflatten(-1, (H, hd)), cos, sin)  # (B, T, H, hd)
             k = rotate_pairs(project(self.wk, x, lora, "wk").unflatten(-1, (KV, hd)), cos, sin)
             v = project(self.wv, x, lora, "wv").unflatten(-1, (KV, hd))
@@ -271,8 +272,8 @@ class FeedForward(nn.Module):
     def forward(self, x: torch.Tensor, lora: Mapping[str, LoRA] | None = None) -> torch.Tensor:
         if x.device.type == "cpu":
             # two matmuls, as llama2.c: the halves of one fused w1|w3 output are strided, and CPU elementwise kernels
-            # ran the gate 1.4-1.6x slower on them than on whole tensors; at the study's sizes two matmuls of half
-            # the width were no slower than the one (bf16, in a paper-preset step: faster)
+            # run the gate markedly slower on strided halves than on whole tensors, while at the study's sizes two
+            # matmuls of half the width cost no more than the one
             gate = F.silu(project(self.w1, x, lora, "w1")) * project(self.w3, x, lora, "w3")
         else:
             h13 = project_group([self.w1, self.w3], x, lora, ["w1", "w3"])  # (B, T, 2h): w1 x | w3 x

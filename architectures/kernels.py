@@ -10,8 +10,8 @@
 - `swiglu`: the feed-forward's gate silu(a) * b, with both halves' gradients written into one tensor (the input's
   layout) instead of concatenated after the fact; the reference is `F.silu(a) * b`.
 - `causal_attention`: causal self-attention over a whole sequence; on a CPU at short sequence lengths written as two
-  batched matmuls and a softmax accumulated in float32, whose backward is several times faster there than the fused
-  kernel's; the reference is `F.scaled_dot_product_attention(q, k, v, is_causal=True)`.
+  batched matmuls and a softmax accumulated in float32, because there PyTorch's fused kernel has a slow backward; the
+  reference is `F.scaled_dot_product_attention(q, k, v, is_causal=True)`.
 
 Each runs exactly the matmuls autograd would (the same FLOPs, counted the same way); the tests compare each with
 its reference. Each change here was measured with `benchctl bench`.
@@ -94,8 +94,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch
 
 
 # On a CPU, RMSNorm works through blocks of rows of about this many float32 bytes, each block's passes (the norm, its
-# products, and backward the four passes of its derivative) running while the block is in cache: measured on the
-# paper preset's (4096, 256) activations, forward and backward took half to two thirds of the whole-tensor time.
+# products, and backward the four passes of its derivative) running while the block is in cache, instead of each pass
+# streaming a whole activation tensor through memory again.
 CPU_NORM_BLOCK_BYTES = 1 << 20
 
 
@@ -187,14 +187,13 @@ class SwiGLU(torch.autograd.Function):
 
 # ---- attention ------------------------------------------------------------------------------------------------------
 
-# On a CPU, attention in bf16 over sequences up to this length runs as explicit matmuls: measured on an AVX512-BF16
-# CPU (forward and backward, the same tokens per call), 2.1-2.5x faster than PyTorch's CPU flash-attention kernel at
-# T = 128, a tie at 256 and slower beyond; in float32 the fused kernel was faster at every length. (In a bf16
-# paper-preset step the fused kernel's backward had been a third of the step.)
+# On a CPU, attention in bf16 over sequences up to this length runs as explicit matmuls: at short lengths they beat
+# PyTorch's CPU flash-attention kernel, forward and backward, while from about twice this length on the fused kernel
+# is as fast or faster, and in float32 it is faster at every length.
 CPU_EXPLICIT_ATTENTION_MAX_T = 128
 # The explicit form works through the (batch x head) rows in chunks whose scores take about this many bytes, so that
-# scores, probabilities and their gradients stay in cache whatever the batch size (at T = 128 in bf16: 32 rows; half
-# or twice as many measured the same).
+# scores, probabilities and their gradients stay in cache whatever the batch size (at T = 128 in bf16: 32 rows; the
+# size is not critical within a factor of two).
 CPU_ATTENTION_CHUNK_BYTES = 1 << 20
 
 
@@ -213,9 +212,8 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=T > 1)
     if torch.compiler.is_compiling():
         # the same two matmuls and softmax written plainly, whole: inductor fuses the scale, the mask and the softmax
-        # around them itself, and the chunked Function's writes into slices would break its graph (measured in a
-        # compiled bf16 paper-preset step: this form beat the fused kernel, which made the compiled step slower than
-        # the eager one)
+        # around them itself, and the chunked Function's writes into slices would break its graph (the fused kernel
+        # there made a compiled bf16 step slower than the eager one; this form does not)
         q, k, v = ((q * hd ** -0.5).reshape(B * H, T, hd), k.reshape(B * H, T, hd), v.reshape(B * H, T, hd))
         probs = torch.softmax(torch.bmm(q, k.transpose(1, 2)) + _future_mask(T, q), dim=-1)
         if dropout_p > 0.0:
@@ -307,8 +305,8 @@ def _linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.
 
 
 # Under torch.compile on a CPU the loss runs as written, between the compiled graphs of the model's body: its chunk
-# loop is already the fast form of the head there (a compiled paper-preset step with it eager was 8-11% faster than
-# the eager step), and its host-side check of the targets would break the graph at the first chunk anyway.
+# loop is already the fast form of the head there (the compiled step with it left eager beats the eager step), and its
+# host-side check of the targets would break the graph at the first chunk anyway.
 _eager_linear_cross_entropy = torch.compiler.disable(_linear_cross_entropy)
 
 
@@ -321,8 +319,8 @@ def compute_dtype(h: torch.Tensor) -> torch.dtype:
 
 
 # On a CPU the float32 softmax of a chunk's logits, and the gradient formed from it, are worked through blocks of rows
-# of about this many bytes, so that each block stays in cache from the softmax to the gradient's write (measured in a
-# bf16 paper-preset step: whole 512-row chunks, 8 MB of float32, spent ~2.4 ns per logit in the softmax alone).
+# of about this many bytes, so that each block stays in cache from the softmax to the gradient's write (a whole
+# chunk's float32 logits, megabytes at the default chunk size, would fall out of cache between the two).
 CPU_LOSS_BLOCK_BYTES = 1 << 20
 
 

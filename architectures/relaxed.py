@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch.nn as nn
 
@@ -69,33 +69,44 @@ class Relaxed(BaseLM):
     def max_n_recur(cls, args: Any) -> int | None:
         return None  # every extrapolation rule defines the passes past R
 
-    @classmethod
-    def resolve_arch_args(cls, arch_args: RelaxedArgs, trunk: Any = None) -> RelaxedArgs:
-        if arch_args.lora_rank is None:
+    @staticmethod
+    def lora_rank_alpha(arch_args: RelaxedArgs, trunk: Any = None) -> tuple[int, float]:
+        """The LoRA rank and alpha with "auto" (None) resolved: the rank by `auto_lora_rank`, alpha = rank."""
+        rank = arch_args.lora_rank
+        if rank is None:
             if trunk is None:  # a bug in the caller: the rule needs the trunk's shapes
                 raise ValueError("model.lora_rank: 'auto' needs the model's trunk arguments to resolve")
-            arch_args = dataclasses.replace(arch_args, lora_rank=auto_lora_rank(trunk))
-        if arch_args.lora_alpha is None:
-            return dataclasses.replace(arch_args, lora_alpha=float(arch_args.lora_rank))
-        return arch_args
+            rank = auto_lora_rank(trunk)
+        return rank, float(rank) if arch_args.lora_alpha is None else arch_args.lora_alpha
+
+    @classmethod
+    def resolve_arch_args(cls, arch_args: RelaxedArgs, trunk: Any = None) -> RelaxedArgs:
+        rank, alpha = cls.lora_rank_alpha(arch_args, trunk)
+        if (rank, alpha) == (arch_args.lora_rank, arch_args.lora_alpha):
+            return arch_args
+        return dataclasses.replace(arch_args, lora_rank=rank, lora_alpha=alpha)
 
     @classmethod
     def validate_args(cls, args: Any) -> None:
-        rank = cls.resolve_arch_args(cls.arch_args_of(args), args).lora_rank
+        rank, _ = cls.lora_rank_alpha(cls.arch_args_of(args), args)
         if rank < 1:
             raise ValueError(f"model.lora_rank: must be >= 1, got {rank}")
 
     def build_extra(self, args: Any) -> None:
         shapes = block_shapes(args)
-        own = self.arch_args = self.resolve_arch_args(self.arch_args, args)
-        # lora[t][l][proj]: one set per (pass t, block l)
+        self.arch_args = self.resolve_arch_args(self.arch_args, args)
+        rank, alpha = self.lora_rank_alpha(self.arch_args)
+        # lora[t][b][proj]: one set per (pass t, block b)
         self.lora = nn.ModuleList(
             nn.ModuleList(
-                nn.ModuleDict({p: LoRA(*shapes[p], own.lora_rank, own.lora_alpha) for p in PROJECTIONS})
-                for _ in range(args.n_layers)
+                nn.ModuleDict({p: LoRA(*shapes[p], rank, alpha) for p in PROJECTIONS}) for _ in range(args.n_layers)
             )
             for _ in range(args.n_recur)
         )
+
+    def lora_at(self, t: int, block: int) -> nn.ModuleDict:
+        """The LoRA set of pass t and block `block` (torch types the nested ModuleLists' items as plain Modules)."""
+        return cast(nn.ModuleDict, cast(nn.ModuleList, self.lora[t])[block])
 
     def init_extra(self, args: Any) -> None:
         for m in self.lora.modules():
@@ -104,15 +115,15 @@ class Relaxed(BaseLM):
 
     def schedule(self, h, cos, sin, n_recur, cache):
         for t in range(n_recur):
-            for l, layer in enumerate(self.layers):
-                h = layer(h, cos, sin, lora=self.lora[t][l], cache=cache)
+            for b, layer in enumerate(self.layers):
+                h = layer(h, cos, sin, lora=self.lora_at(t, b), cache=cache)
         return h
 
     def core_step(self, s, ctx, t, cos, sin, cache, extrapolate):
         R = len(self.lora)
         k = t if t < R else {"cycle": t % R, "last": R - 1}.get(extrapolate)
-        for l, layer in enumerate(self.layers):
-            s = layer(s, cos, sin, lora=None if k is None else self.lora[k][l], cache=cache)
+        for b, layer in enumerate(self.layers):
+            s = layer(s, cos, sin, lora=None if k is None else self.lora_at(k, b), cache=cache)
         return s
 
     def components(self, n_recur):

@@ -26,6 +26,7 @@ from typing import Any, Mapping
 import torch
 import torch.nn as nn
 
+from architectures.base import BaseLM
 from architectures.blocks import PROJECTIONS
 
 Tensor = torch.Tensor
@@ -130,7 +131,7 @@ def check_shapes(parent: StateDict, target: StateDict) -> None:
             )
 
 
-def _base(parent: StateDict, target: nn.Module) -> dict[str, Tensor]:
+def _base(parent: StateDict, target: BaseLM) -> dict[str, Tensor]:
     """The target's own state dict with the trunk (embedding, tied head, final norm) taken from the parent."""
     out = {k: v.detach().clone() for k, v in target.state_dict().items()}
     check_shapes(parent, out)
@@ -145,7 +146,7 @@ def _put_block(out: dict[str, Tensor], index: int, tensors: Mapping[str, Tensor]
         out[f"layers.{index}.{k}"] = v.detach().clone().to(out[f"layers.{index}.{k}"].dtype)
 
 
-def looped_state(parent: StateDict, target: nn.Module, init: str, lora_init: str = "svd") -> dict[str, Tensor]:
+def looped_state(parent: StateDict, target: BaseLM, init: str, lora_init: str = "svd") -> dict[str, Tensor]:
     """A looped target's state dict (control, FraiLT, relaxed: `target.layers` shared over `n_recur` passes).
 
     For the relaxed model (a `lora[t][l][proj]` set per pass and block), `lora_init="svd"` sets each LoRA from the
@@ -160,7 +161,8 @@ def looped_state(parent: StateDict, target: nn.Module, init: str, lora_init: str
     shared = shared_blocks(parent, L, R, init)
     for b, tensors in enumerate(shared):
         _put_block(out, b, tensors)
-    if not hasattr(target, "lora"):
+    lora = getattr(target, "lora", None)  # the relaxed model's lora[t][b][proj]; other looped models have none
+    if lora is None:
         return out
     if lora_init == "svd":
         _require_cycle(n_parent_layers(parent), L, R, "SVD LoRA init")
@@ -173,12 +175,12 @@ def looped_state(parent: StateDict, target: nn.Module, init: str, lora_init: str
                     continue
                 residual = parent[f"layers.{parent_layer_of(L, t, b)}.{rel}"].float() - shared[b][rel].float()
                 rank = out[f"{prefix}.A"].shape[0]
-                A, B = svd_lora(residual, rank, target.lora[t][b][proj].scale)
+                A, B = svd_lora(residual, rank, lora[t][b][proj].scale)
                 out[f"{prefix}.A"], out[f"{prefix}.B"] = A.to(out[f"{prefix}.A"].dtype), B.to(out[f"{prefix}.B"].dtype)
     return out
 
 
-def select_state(parent: StateDict, target: nn.Module) -> dict[str, Tensor]:
+def select_state(parent: StateDict, target: BaseLM) -> dict[str, Tensor]:
     """A prelude / core / coda target's state dict by selection (McLeish et al.).
 
     With P prelude, C core and K coda blocks and a parent of N >= P + C + K layers: the prelude is parent layers
@@ -209,7 +211,8 @@ def select_state(parent: StateDict, target: nn.Module) -> dict[str, Tensor]:
     return out
 
 
-def retrofit_state(parent: StateDict | nn.Module, target: nn.Module, init: str, lora_init: str = "svd") -> dict[str, Tensor]:
+def retrofit_state(parent: StateDict | nn.Module, target: BaseLM, init: str, lora_init: str = "svd"
+                   ) -> dict[str, Tensor]:
     """The target model's initial state dict built from the parent's: `select` for a model with an input-injection
     adapter (three-part), `stepwise` or `average` for looped ones. `target` is a freshly built model of the target
     architecture: it supplies the shapes, the recurrence and the init of whatever the parent cannot provide."""

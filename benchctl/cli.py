@@ -113,16 +113,22 @@ def parse_seeds(value: str | None) -> list[int] | None:
     return seeds
 
 
-@app.callback()
-def root(
-    version: Annotated[bool, typer.Option("--version", help="Print the benchctl version and exit.")] = False,
-) -> None:
-    """Benchmark and compare language-model architectures fairly: train, sample, judge, evaluate, report."""
-    if version:
+def _print_version(value: bool) -> None:
+    if value:
         from benchctl import __version__
 
         console.print(f"benchctl {__version__}")
         raise typer.Exit()
+
+
+@app.callback()
+def root(
+    # eager, handled while the options are parsed: the group's own body runs only before a command, and
+    # `benchctl --version` has none
+    version: Annotated[bool, typer.Option("--version", help="Print the benchctl version and exit.", is_eager=True,
+                                          callback=_print_version)] = False,
+) -> None:
+    """Benchmark and compare language-model architectures fairly: train, sample, judge, evaluate, report."""
 
 
 def _load_commands() -> None:

@@ -5,7 +5,8 @@ optimizer state, step, every RNG state (python, numpy, torch CPU and the trainin
 cumulative telemetry, the hardware and precision its steps ran on, and the resolved config. Files live in
 `<runs dir>/<run id>/` (the runs dir is `<db dir>/runs` unless a study names another, e.g. one every machine of a
 cluster shares), next to a copy of the tokenizer, so a run directory is self-contained. Writes are atomic
-(`benchctl.core.files.atomic_write`): a process killed mid-write never leaves a truncated checkpoint under the real name.
+(`benchctl.core.files.atomic_write`): a process killed mid-write never leaves a truncated checkpoint under the real
+name.
 """
 
 from __future__ import annotations

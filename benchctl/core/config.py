@@ -102,7 +102,8 @@ class DataConfig:
 class LogConfig:
     """Where a run's numbers are mirrored besides results.db (which stays the source of truth)."""
 
-    tensorboard: bool = False  # also write every metric row to <db dir>/tensorboard/<run id> (or $BENCHCTL_TENSORBOARD=1)
+    # also write every metric row to <db dir>/tensorboard/<run id> (or $BENCHCTL_TENSORBOARD=1)
+    tensorboard: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -160,7 +161,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "paper": {},
     # A CPU-scale version of the study: same four architectures, same effective depth 16 for the recurrent ones,
     # same recipe shape (AdamW, warmup + cosine, accumulation, clipping, tied embeddings, llama2.c init).
-    # Tuned so the four-model comparison trains on a 2-core CPU in about 7 minutes (see README).
+    # Sized so the four-model comparison trains on a 2-core CPU in minutes, not hours (README: the time measured).
     "small": {
         "model.dim": 64,
         "model.n_heads": 4,
@@ -503,7 +504,8 @@ def validate(cfg: RunConfig) -> None:
     _require(
         259 <= m.vocab_size <= 65535,
         "model.vocab_size",
-        f"must be in [259, 65535] (byte fallback needs 256 + 3 special tokens; tokens are stored as uint16), got {m.vocab_size}",
+        "must be in [259, 65535] (byte fallback needs 256 + 3 special tokens; tokens are stored as uint16), "
+        f"got {m.vocab_size}",
     )
     _require(m.max_seq_len > 1, "model.max_seq_len", f"must be > 1, got {m.max_seq_len}")
     _require(m.norm_eps > 0, "model.norm_eps", f"must be positive, got {m.norm_eps}")

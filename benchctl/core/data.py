@@ -3,9 +3,10 @@
 Follows karpathy/llama2.c `tinystories.py` (`train_vocab`, `pretokenize`):
 
 - Sources (read by `benchctl.core.sources`). `"hub"` is the Hugging Face dataset `roneneldan/TinyStories` (splits
-  train / validation, field `text`); otherwise a directory holding a train and a valid split as `<|endoftext|>`-separated text (`train.txt`,
-  `valid.txt` / `validation.txt`, or the hub's `TinyStories-train.txt` / `TinyStories-valid.txt`), JSONL with a
-  `text` field, or parquet with a `text` column (also the hub's `data/train-*.parquet` shard layout).
+  train / validation, field `text`); otherwise a directory holding a train and a valid split as
+  `<|endoftext|>`-separated text (`train.txt`, `valid.txt` / `validation.txt`, or the hub's
+  `TinyStories-train.txt` / `TinyStories-valid.txt`), JSONL with a `text` field, or parquet with a `text` column
+  (also the hub's `data/train-*.parquet` shard layout).
   Stories are stripped, empty ones dropped, and `max_train_stories` / `max_valid_stories` keep the first N.
 - Tokenizer. SentencePiece BPE with exactly llama2.c's trainer arguments (`tokenizer_spec`), trained on a seeded
   random sample of the train split. As in llama2.c, which writes one story per line of a text file, SentencePiece
@@ -294,7 +295,9 @@ def load_prepared(dir: Path | str) -> Prepared:
             raise _corrupt(dir, f"{path} contains token id {top} >= vocab size {vocab}")
     return Prepared(
         dir=dir, fingerprint=fingerprint, source=source, vocab_size=vocab, tokenizer_path=dir / TOKENIZER_FILE,
-        train_path=dir / "train.bin", valid_path=dir / "valid.bin", **counts,
+        train_path=dir / "train.bin", valid_path=dir / "valid.bin", n_train_stories=counts["n_train_stories"],
+        n_valid_stories=counts["n_valid_stories"], n_train_tokens=counts["n_train_tokens"],
+        n_valid_tokens=counts["n_valid_tokens"],
     )
 
 
@@ -432,8 +435,8 @@ def _build(tmp: Path, source: _Source, data: DataConfig, vocab_size: int, finger
     with open(tmp / VALID_STORIES_FILE, "w", encoding="utf-8") as f:
         for story in stories["valid"]:
             f.write(json.dumps({"text": story}, ensure_ascii=False) + "\n")
-    files = {name: {"bytes": (tmp / name).stat().st_size}
-             for name in (TOKENIZER_FILE, "train.bin", "valid.bin", VALID_STORIES_FILE)}
+    files: dict[str, dict[str, Any]] = {name: {"bytes": (tmp / name).stat().st_size}
+                                        for name in (TOKENIZER_FILE, "train.bin", "valid.bin", VALID_STORIES_FILE)}
     files[TOKENIZER_FILE]["sha256"] = _sha256_file(tmp / TOKENIZER_FILE)
     manifest = {
         "format_version": FORMAT_VERSION,

@@ -186,11 +186,12 @@ class Progress:
             original(bar, *args, **kw)
 
         ds_bars = _datasets_bars(False)
-        std.tqdm.__init__ = patched
+        # patching the class is the point here (every bar any library makes), hence the two ignores
+        std.tqdm.__init__ = patched  # type: ignore[method-assign,assignment]
         try:
             yield
         finally:
-            std.tqdm.__init__ = saved
+            std.tqdm.__init__ = saved  # type: ignore[method-assign]
             _datasets_bars(ds_bars)
 
 

@@ -73,11 +73,10 @@ def resolve_compile(setting: bool | None, device: torch.device, amp: torch.dtype
                     curriculum: bool, arch: str = "the model") -> CompileChoice:
     """`train.compile`: true or false as set (true checks for the compiler first, and refuses a sampled training depth:
     every sampled depth is a new graph, so it would recompile until its cache limit, then silently fall back to eager,
-    and the step times would measure compilation); None (auto) compiles where it was
-    measured to pay and nothing stands in the way: a bf16-autocast step on a CPU with a C++ compiler, at a fixed
-    depth. There inductor fuses the elementwise work between the matmuls (norms, rotary embedding, gates, casts,
-    residual adds) that eager kernels do pass by pass: the paper-preset control's step ran 8-11% faster (0.74 against
-    0.81 s on a 2-core AVX512-BF16 CPU), for 30-80 s of compilation once in a 25,000-step run. Elsewhere auto stays
+    and the step times would measure compilation); None (auto) compiles where it was measured to pay and nothing
+    stands in the way: a bf16-autocast step on a CPU with a C++ compiler, at a fixed depth. There inductor fuses the
+    elementwise work between the matmuls (norms, rotary embedding, gates, casts, residual adds) that eager kernels do
+    pass by pass, and a study-length run wins back its one-off compilation many times over. Elsewhere auto stays
     eager: on CUDA and in fp32 benchctl has no measurement that compile pays, and a depth that changes during
     training (sampled, or a curriculum) would recompile for every depth. Compilation changes float rounding only,
     never the maths."""
@@ -102,7 +101,7 @@ def resolve_compile(setting: bool | None, device: torch.device, amp: torch.dtype
 # ---- precision --------------------------------------------------------------------------------------------------
 
 # CPU flags (Linux /proc/cpuinfo names) that mean the cores compute bf16 matmuls natively: oneDNN then runs a bf16
-# matmul several times faster than fp32 (measured on an AVX512-BF16 core: ~355 GFLOP/s against 45-90 GFLOP/s).
+# matmul much faster than an fp32 one, which is what makes bf16 the CPU default there.
 CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 
 # Without native bf16 (CUDA compute capability below 8.0: T4, V100) `auto` trains in fp32, not fp16: fp16 would need a

@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, replace
-from typing import Hashable, Iterable, Mapping, Sequence
+from typing import Any, Hashable, Iterable, Mapping, Sequence, TypeGuard, TypeVar
 
 import numpy as np
 from scipy import stats as sps
@@ -133,11 +133,13 @@ def welch(a: Iterable[float | None], b: Iterable[float | None], level: float = L
     """Welch's t-test for mean(a) − mean(b), with the Welch–Satterthwaite CI. Needs n ≥ 2 in each group."""
     xa, xb = _finite(a), _finite(b)
     na, nb = len(xa), len(xb)
-    ma = float(xa.mean()) if na else None
-    mb = float(xb.mean()) if nb else None
-    diff = ma - mb if ma is not None and mb is not None else None
     if na < 2 or nb < 2:
+        ma = float(xa.mean()) if na else None
+        mb = float(xb.mean()) if nb else None
+        diff = ma - mb if ma is not None and mb is not None else None
         return Comparison("welch", na, nb, ma, mb, diff, None, None, None, level, reason=_too_few(na, nb))
+    ma, mb = float(xa.mean()), float(xb.mean())
+    diff = ma - mb
     va, vb = float(xa.var(ddof=1)) / na, float(xb.var(ddof=1)) / nb
     se = math.sqrt(va + vb)
     if se == 0.0:
@@ -158,12 +160,15 @@ def _too_few(na: int, nb: int) -> str:
     return "only one seed of one of the two"
 
 
-def _is_num(v: object) -> bool:
-    return v is not None and math.isfinite(float(v))  # type: ignore[arg-type]
+def _is_num(v: float | None) -> TypeGuard[float]:
+    return v is not None and math.isfinite(float(v))
 
 
-def _sorted_keys(keys: Iterable[Hashable]) -> list[Hashable]:
-    out = list(keys)
+K = TypeVar("K", bound=Hashable)
+
+
+def _sorted_keys(keys: Iterable[K]) -> list[K]:
+    out: list[Any] = list(keys)  # compared as they come; a mix that cannot be is ordered by type and text below
     try:
         out.sort()
     except TypeError:  # keys of mixed types: any fixed order will do
@@ -177,8 +182,8 @@ def compare_seeds(a: Mapping[int, float | None], b: Mapping[int, float | None], 
     Same seeds on both sides: paired t over the seeds (each seed is one data stream both models saw), plus a
     Wilcoxon signed-rank p from MIN_WILCOXON_PAIRS pairs on. Different seeds: Welch over every value.
     """
-    fa = {k: float(v) for k, v in a.items() if _is_num(v)}  # type: ignore[arg-type]
-    fb = {k: float(v) for k, v in b.items() if _is_num(v)}  # type: ignore[arg-type]
+    fa = {k: float(v) for k, v in a.items() if _is_num(v)}
+    fb = {k: float(v) for k, v in b.items() if _is_num(v)}
     if set(fa) != set(fb) or not fa:
         return welch(fa.values(), fb.values(), level)
     keys = _sorted_keys(fa)
@@ -193,7 +198,7 @@ def _paired_t(xa: np.ndarray, xb: np.ndarray, method: str, level: float, *, unit
     n = len(xa)
     ma = float(xa.mean()) if n else None
     mb = float(xb.mean()) if n else None
-    diff = ma - mb if n else None
+    diff = ma - mb if ma is not None and mb is not None else None
     base = Comparison(method, n, n, ma, mb, diff, None, None, None, level, n_prompts=n_prompts, scope=scope)
     if n < 2:
         return replace(base, reason=f"one {unit} per model" if n == 1 else f"no shared {unit}s")
@@ -218,10 +223,13 @@ def compare_judge(a: Mapping[tuple[Hashable, Hashable], float | None],
     Two or more shared seeds: each seed's mean paired difference over its shared prompts, then a one-sample t over
     those seed means (scope "architectures"). One seed: a paired t over its prompts (scope "trained models").
     """
-    shared = [k for k in a if k in b and _is_num(a[k]) and _is_num(b[k])]
+    shared: dict[tuple[Hashable, Hashable], tuple[float, float]] = {}
+    for k, x in a.items():
+        if _is_num(x) and _is_num(y := b.get(k)):
+            shared[k] = float(x), float(y)
     by_seed: dict[Hashable, list[tuple[float, float]]] = {}
     for seed, prompt in _sorted_keys(shared):
-        by_seed.setdefault(seed, []).append((float(a[(seed, prompt)]), float(b[(seed, prompt)])))  # type: ignore
+        by_seed.setdefault(seed, []).append(shared[(seed, prompt)])
     n_prompts = len({p for _, p in shared})
     if len(by_seed) >= 2:
         seeds = _sorted_keys(by_seed)
@@ -239,13 +247,12 @@ def holm(pvalues: Sequence[float | None]) -> list[float | None]:
 
     (scipy has the Benjamini–Hochberg false discovery rate, `false_discovery_control`, but not Holm's
     family-wise control.)"""
-    idx = [i for i, p in enumerate(pvalues) if p is not None]
-    m = len(idx)
-    order = sorted(idx, key=lambda i: (pvalues[i], i))
+    known = sorted((p, i) for i, p in enumerate(pvalues) if p is not None)  # smallest first, ties by position
+    m = len(known)
     out: list[float | None] = [None] * len(pvalues)
     running = 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * float(pvalues[i])))  # type: ignore[arg-type]
+    for rank, (p, i) in enumerate(known):
+        running = max(running, min(1.0, (m - rank) * float(p)))
         out[i] = running
     return out
 
@@ -433,7 +440,7 @@ def length_bias(rows: Iterable[tuple[str, float | None, float | None]]) -> Lengt
     data: dict[str, list[tuple[float, float]]] = {}
     for model, length, grade in rows:
         if _is_num(length) and _is_num(grade):
-            data.setdefault(model, []).append((float(length), float(grade)))  # type: ignore[arg-type]
+            data.setdefault(model, []).append((float(length), float(grade)))
     rho: dict[str, tuple[float | None, float | None, int]] = {}
     for m, xy in data.items():
         x, y = np.array(xy).T if xy else (np.array([]), np.array([]))

@@ -227,8 +227,10 @@ def nvml_target(device: torch.device) -> tuple[str, str | int] | None:
     if uuid is not None:
         text = str(uuid)
         return "uuid", text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
-    if getattr(props, "pci_bus_id", None) is not None:
-        return "pci", f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+    # the PCI fields exist only in some torch builds (and not in its type stubs)
+    domain, bus, dev = (getattr(props, f"pci_{part}_id", None) for part in ("domain", "bus", "device"))
+    if domain is not None and bus is not None and dev is not None:
+        return "pci", f"{domain:08x}:{bus:02x}:{dev:02x}.0"
     if os.environ.get("CUDA_VISIBLE_DEVICES") is None:
         return "index", device.index or 0
     return None
@@ -382,13 +384,12 @@ def device_name(device: torch.device) -> str:
 def tune_cpu_allocator() -> str | None:
     """Let glibc's malloc keep freed memory for reuse instead of returning it to the OS after every step.
 
-    A CPU training step allocates and frees its activations (up to ~1.5 GB at the paper preset); with glibc's defaults
-    tensors above its mmap threshold are fresh mappings every step and the heap is trimmed between steps, so every
-    step page-faults and zero-fills its memory again (measured at the paper preset: ~100k page faults and ~0.8 s of
-    system time per step of a recurrent model). Raising the mmap threshold to its maximum (32 MiB) and the trim
-    threshold to 1 GiB removes almost all of it; peak memory is unchanged. Process-wide, once (cached); not applied
-    when the user set MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ or the C library is not glibc. Returns what was
-    set, or None.
+    A CPU training step allocates and frees its activations (over a gigabyte at the paper preset); with glibc's
+    defaults tensors above its mmap threshold are fresh mappings every step and the heap is trimmed between steps, so
+    every step page-faults and zero-fills its memory again, in system time paid on every step. Raising the mmap
+    threshold to its maximum (32 MiB) and the trim threshold to 1 GiB removes almost all of it; peak memory is
+    unchanged. Process-wide, once (cached); not applied when the user set MALLOC_MMAP_THRESHOLD_ /
+    MALLOC_TRIM_THRESHOLD_ or the C library is not glibc. Returns what was set, or None.
     """
     if platform.libc_ver()[0] != "glibc" or any(k in os.environ for k in ("MALLOC_MMAP_THRESHOLD_",
                                                                          "MALLOC_TRIM_THRESHOLD_")):

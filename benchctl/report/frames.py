@@ -111,7 +111,8 @@ def component_order(per_model: Iterable[list[str]]) -> list[str]:
 
 @functools.lru_cache(maxsize=256)
 def _describe(config_json: str) -> dict[str, Any]:
-    """accounting.describe of a stored config; cached because building even a meta-device model takes ~0.5 s."""
+    """accounting.describe of a stored config; cached because building even a meta-device model is slow, and a
+    report describes the same config once per run."""
     from benchctl.core import accounting
     from benchctl.core.config import RunConfig
 

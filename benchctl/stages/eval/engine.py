@@ -149,7 +149,7 @@ def hub_offline(enabled: bool = True) -> Iterator[None]:
     """Put huggingface_hub and datasets in offline mode (local cache only) for the block, then restore.
 
     Both libraries read HF_HUB_OFFLINE once at import, so the environment variable cannot do it at run time; without
-    it every dataset lookup retries the unreachable hub for ~20 s before failing.
+    it every dataset lookup retries the unreachable hub, for many seconds, before failing.
     """
     if not enabled:
         yield
@@ -172,7 +172,7 @@ def _quiet() -> Iterator[None]:
     logger = logging.getLogger("lm_eval")
     level = logger.level
     logger.setLevel(logging.ERROR)
-    # simple_evaluate ends by collecting environment info for its results dict: torch's collect_env (1-6 s a call:
+    # simple_evaluate ends by collecting environment info for its results dict: torch's collect_env (slow: it runs
     # pip list, nvidia-smi, ...) and `git describe` in the working directory, whose "fatal: not a git repository" goes
     # straight to our stderr outside a checkout. benchctl stores none of it (runs record versions and the commit), so
     # while we evaluate, lm-eval gets a quick, quiet version of both.

@@ -23,8 +23,8 @@ loaded with `TaskManager(include_path=...)`; a YAML that fails to parse is skipp
 bundled task is checked to be found.
 
 Standard lm-eval tasks (hellaswag, lambada_openai, blimp_* ...) are accepted by name or glob, and so are tasks from
-the user's own YAML directories (`include_paths`); lm-eval's ~15,000 task entries are indexed (~20 s) only when a
-name is not found among those.
+the user's own YAML directories (`include_paths`); lm-eval's own task list, many thousands of entries and slow to
+index, is indexed only when a name is not found among those.
 """
 
 from __future__ import annotations
@@ -400,7 +400,7 @@ def check_task_names(standard: Sequence[str]) -> None:
 class TaskIndex:
     """The lm-eval TaskManager for one prepared data directory: the bundled tasks generated into it, the user's
     include paths, and lm-eval's own tasks only when a requested name is not found in those (indexing lm-eval's
-    ~15,000 task entries takes ~20 s)."""
+    many thousands of task entries is slow)."""
 
     def __init__(self, prepared: datamod.Prepared, bundled: list[str], standard: list[str], n_docs: int,
                  include_paths: Sequence[Path]):
