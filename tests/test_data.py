@@ -294,10 +294,10 @@ def test_cache_hit_is_instant_and_keys_follow_content(tmp_path, monkeypatch):
         raise AssertionError("the cache should have been used")
 
     with monkeypatch.context() as m:
+        # a hit neither trains a tokenizer nor encodes a story (what a timing bound would only suggest)
         m.setattr(data, "train_tokenizer", no_rebuild)
-        t0 = time.perf_counter()
+        m.setattr(data, "_pretokenize", no_rebuild)
         again = data.prepare(cfg, VOCAB, progress=False)
-        assert time.perf_counter() - t0 < 0.5
         assert again.cache_hit and again == first
         # the same bytes elsewhere are the same data (content fingerprint, not path)
         moved = make_dir(tmp_path / "elsewhere")
@@ -381,7 +381,8 @@ def test_offline_hub_is_one_clear_error(monkeypatch):
         monkeypatch.setenv(var, "1")
         t0 = time.perf_counter()
         msg = _err(data.prepare, DataConfig(source="hub"), VOCAB)
-        assert time.perf_counter() - t0 < 5
+        # offline fails at once; the bound is loose enough for a loaded machine and still catches retries with backoff
+        assert time.perf_counter() - t0 < 30
         assert "could not reach the Hugging Face hub" in msg and var in msg
         assert "--data DIR" in msg and "BENCHCTL_DATA" in msg
         monkeypatch.delenv(var)
