@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from benchctl.core import db as dbm
-from benchctl import report, stages
+from benchctl import stages
+from benchctl.stages.report import engine as report
 from benchctl.core import telemetry
 from benchctl.core.config import make_config
 from benchctl.core.errors import ConfigError

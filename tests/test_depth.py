@@ -17,7 +17,7 @@ from architectures.blocks import KVCache
 from architectures.generate import generate
 from benchctl.core import db as dbm
 from benchctl.stages.depth import engine as dp
-from benchctl import report
+from benchctl.stages.report import engine as report
 from benchctl.stages.sample import engine as smp
 from benchctl.core.errors import ConfigError
 from fixtures_db import build_fixture_db

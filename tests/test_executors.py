@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from benchctl.core import accounting
 from benchctl.core import db as dbm
-from benchctl import study
+from benchctl.stages.train import sweep
 from benchctl.stages.train import executors
 from benchctl.cli import main
 from benchctl.core.config import make_config
@@ -50,7 +51,7 @@ def _prepared(tmp_path, monkeypatch, tinystories_dir, overrides=SHORT):
     from benchctl.core import data
 
     monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
-    cfgs = study.sweep("tiny", ["control", "frailt"], [0], {**overrides, "data.source": str(tinystories_dir)})
+    cfgs = sweep.sweep("tiny", ["control", "frailt"], [0], {**overrides, "data.source": str(tinystories_dir)})
     return cfgs, data.prepare(cfgs[0].data, cfgs[0].model.vocab_size, progress=False)
 
 
@@ -99,10 +100,10 @@ def test_bad_execution_options_are_one_clear_line(tmp_path, capsys, args, needle
 
 def test_jobs_under_torchrun_are_refused(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
-    cfgs = study.sweep("tiny", ["control"], [0])
+    cfgs = sweep.sweep("tiny", ["control"], [0])
     for execution in (Execution(jobs=2), Execution(executor="ray")):
         with pytest.raises(ConfigError, match="under torchrun"):
-            study.train_all(cfgs, None, Path("unused.db"), execution=execution)
+            sweep.train_all(cfgs, None, Path("unused.db"), execution=execution)
 
 
 # ---- progress lines from the jobs ------------------------------------------------------------------------------------
@@ -152,10 +153,10 @@ def test_two_jobs_give_the_same_runs_as_one(tmp_path, tinystories_dir, monkeypat
     cfgs, prepared = _prepared(tmp_path, monkeypatch, tinystories_dir)
     monkeypatch.setattr(executors, "cpu_cores", lambda: 2)
     one, two = tmp_path / "one" / "results.db", tmp_path / "two" / "results.db"
-    res1 = study.train_all(cfgs, prepared, one, progress=False, log=lambda *_: None)
+    res1 = sweep.train_all(cfgs, prepared, one, progress=False, log=lambda *_: None)
     lines: list[str] = []
     bad = make_config("tiny", "control", 1, {**SHORT, "data.source": str(tinystories_dir), "train.lr": 1e6})
-    res2 = study.train_all([bad, *cfgs], prepared, two, progress=False, log=lines.append,
+    res2 = sweep.train_all([bad, *cfgs], prepared, two, progress=False, log=lines.append,
                            execution=Execution(jobs=2))
     assert sorted(res1.done) == sorted(res2.done) and len(res2.done) == 2
     assert len(res2.failed) == 1 and "training loss became" in res2.failed[0][1]
@@ -164,7 +165,7 @@ def test_two_jobs_give_the_same_runs_as_one(tmp_path, tinystories_dir, monkeypat
     assert lines[0] == "3 run(s), 2 at a time, 1 thread(s) each"
     assert sum("-> job" in ln for ln in lines) == 3
     lines.clear()
-    again = study.train_all(cfgs, prepared, two, progress=False, log=lines.append, execution=Execution(jobs=2))
+    again = sweep.train_all(cfgs, prepared, two, progress=False, log=lines.append, execution=Execution(jobs=2))
     assert sorted(again.skipped) == sorted(res2.done) and not again.done
     assert not any("at a time" in ln for ln in lines)  # finished runs start no process
 
@@ -174,7 +175,7 @@ def test_a_run_dir_of_its_own_is_linked_where_later_stages_look(tmp_path, tinyst
 
     cfgs, prepared = _prepared(tmp_path, monkeypatch, tinystories_dir, {**SHORT, "train.max_steps": 2})
     db_path, runs = tmp_path / "results.db", tmp_path / "shared" / "runs"
-    res = study.train_all(cfgs[:1], prepared, db_path, progress=False, log=lambda *_: None,
+    res = sweep.train_all(cfgs[:1], prepared, db_path, progress=False, log=lambda *_: None,
                           execution=Execution(runs_dir=runs))
     (rid,) = res.done
     assert (runs / rid / ckpt.CKPT_NAME).is_file()
@@ -282,6 +283,6 @@ def test_the_longest_runs_are_handed_out_first(monkeypatch):
     pool = ProcessPool(Execution(jobs=2), prepared=None, db_path=Path("r.db"), db=None, progress=False,
                        log=lambda _: None)
     pool.run(specs, lambda *_: None)
-    flops = [executors.training_flops(s.cfg) for s in handed]
+    flops = [accounting.training_flops(s.cfg) for s in handed]
     assert flops == sorted(flops, reverse=True) and flops[0] > 2 * flops[-1]
     assert [s.variant for s in handed[-2:]] == ["control", "control"] and [s.index for s in handed[-2:]] == [1, 3]

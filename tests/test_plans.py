@@ -11,6 +11,7 @@ from benchctl import plans
 from benchctl.core import accounting
 from benchctl.core import db as dbm
 from benchctl import report
+from benchctl.stages.report import engine as report_engine
 from benchctl.cli import main
 from benchctl.core.config import make_config, run_id
 from benchctl.core.errors import ConfigError
@@ -178,7 +179,7 @@ def plan_db(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def rendered(plan_db):
-    return report.build(plan_db, plan="controls")
+    return report_engine.build(plan_db, plan="controls")
 
 
 def test_report_names_models_by_the_plans_variants(plan_db, rendered):

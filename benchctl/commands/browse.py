@@ -9,7 +9,9 @@ from typing import Annotated
 
 import typer
 
-from benchctl.cli import DbOpt, app, console
+from benchctl.stages.cli import DbOpt, console
+
+app = typer.Typer()
 
 _LOCAL = ("127.0.0.1", "localhost", "::1")
 

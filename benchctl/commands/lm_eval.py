@@ -10,7 +10,9 @@ from typing import Annotated
 
 import typer
 
-from benchctl.cli import DbOpt, app, console
+from benchctl.stages.cli import DbOpt, console
+
+app = typer.Typer()
 
 
 @app.command(

@@ -9,8 +9,10 @@ import typer
 from rich import box
 from rich.table import Table
 
-from benchctl.cli import JsonOpt, PresetOpt, SetOpt, app, console, split_list
+from benchctl.stages.cli import JsonOpt, PresetOpt, SetOpt, console, split_list
 from benchctl.core.config import parse_set
+
+app = typer.Typer()
 
 
 @app.command()

@@ -8,7 +8,9 @@ import typer
 from rich import box
 from rich.table import Table
 
-from benchctl.cli import PresetOpt, app, console, parse_seeds
+from benchctl.stages.cli import PresetOpt, console, parse_seeds
+
+app = typer.Typer()
 
 plans_app = typer.Typer(help="Study plans: which models `benchctl study --plan` trains.", rich_markup_mode=None)
 app.add_typer(plans_app, name="plans")
@@ -41,9 +43,8 @@ def show(
     from benchctl.core import accounting
     from benchctl import plans as pl
     from benchctl.stages.retrofit.engine import has_lora
-    from benchctl.study import planned_runs
 
-    plan, preset_, runs = planned_runs(name, preset, None, parse_seeds(seeds))
+    plan, preset_, runs = pl.planned_runs(name, preset, None, parse_seeds(seeds))
     seeds_ = sorted({r.cfg.seed for r in runs})
     convs = pl.conversions(plan, preset_, seeds_[:1])
     console.print(f"plan {plan.name} ({plan.path}, sha256 {plan.sha256[:12]}): {plan.description}")

@@ -230,6 +230,15 @@ def _datasets_bars(enable: bool | None) -> bool | None:
     return before
 
 
+def format_duration(seconds: float) -> str:
+    """A duration as a person reads it: '45 s', '12 min', '2.5 h'."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 def silent() -> Progress:
     """A reporter that draws no bars and prints messages to stdout (library use, tests)."""
     return Progress(enabled=False)

@@ -262,6 +262,18 @@ def _check_parent(v: Variant, variants: list[Variant], path: Path) -> None:
                           "convert a variant trained from scratch")
 
 
+def planned_runs(
+    plan_name: str, preset: str | None, archs: list[str] | None, seeds: list[int] | None,
+    overrides: dict[str, Any] | None = None,
+) -> tuple[Plan, str, list[PlannedRun]]:
+    """(plan, preset, runs): the plan by name or path, the preset (given, else the plan's, else paper) and every
+    (variant, config) at the seeds (given, else the plan's, else 0, 1, 2), all validated before anything runs."""
+    plan = load(plan_name)
+    preset = preset or plan.preset or "paper"
+    seeds = seeds or list(plan.seeds or DEFAULT_SEEDS)
+    return plan, preset, resolve(plan, preset, seeds, overrides, archs)
+
+
 def train_flops(cfg: RunConfig) -> float:
     """Training FLOPs of a run: the model's FLOPs per token (forward + backward, recurrence and attention included)
     times the tokens it trains on (max_steps x tokens per step)."""
@@ -285,8 +297,9 @@ def resolve(
     overrides: dict[str, Any] | None = None,
     archs: list[str] | None = None,
 ) -> list[PlannedRun]:
-    """Every (variant, seed) run of `plan` trained from scratch, seed-major like `study.sweep`, each config built and
-    validated; the plan's conversions (see `conversions`) are validated too, so nothing starts when one is wrong.
+    """Every (variant, seed) run of `plan` trained from scratch, seed-major like `benchctl.stages.train.sweep.sweep`,
+    each config built and validated; the plan's conversions (see `conversions`) are validated too, so nothing starts
+    when one is wrong.
 
     `overrides` (the command line's --set and --data) apply to every variant, then the variant's own `set` on top
     (it is what makes the variant), then its training length. `archs` keeps only the variants of those

@@ -15,13 +15,14 @@ from __future__ import annotations
 import functools
 import importlib
 import pkgutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from benchctl.stages.train.executors import Execution
+
 if TYPE_CHECKING:
     from benchctl.report.frames import Frames
-    from benchctl.study import StudyOptions, TrainAllResult
 
 Section = Callable[["Frames"], list[str]]  # report frames -> markdown lines (a "## Title" section)
 
@@ -44,6 +45,53 @@ class Stage:
     figures: tuple[str, ...] = ()
     skippable: bool = False
     every_rank: bool = False  # under torchrun: run on every rank (training's DDP); otherwise rank 0 alone
+
+
+def _default_db_path() -> Path:
+    # sqlite_utils loads pandas: kept out of 'benchctl --help', which imports this package
+    from benchctl.core import db as dbm
+
+    return dbm.default_path()
+
+
+@dataclass
+class StudyOptions:
+    """Everything `benchctl study` decides, in one place (the CLI fills it; tests build it directly)."""
+
+    preset: str | None = None  # None: the plan's preset, else paper
+    plan: str = "study"  # a built-in plan's name or a plan file's path
+    archs: list[str] | None = None  # keep only the plan's variants of these architectures
+    seeds: list[int] | None = None  # None: the plan's seeds, else 0, 1, 2
+    overrides: dict[str, Any] = field(default_factory=dict)
+    db_path: Path = field(default_factory=_default_db_path)
+    out_dir: Path = Path("reports")
+    judge_model: str = "gemini-2.5-flash"
+    judge_concurrency: int = 8
+    n_prompts: int | None = None  # None: sample.py's default
+    eval_tasks: list[str] | None = None  # None: the bundled tasks
+    skip: tuple[str, ...] = ()  # names of skippable stages to leave out (sample, judge, eval)
+    yes: bool = False
+    progress: bool = True
+    jobs: int | str = 1  # runs trained, sampled and evaluated at once on this machine (a number or "auto")
+    executor: str = "local"  # local, or ray: every run a task on a Ray cluster
+    ray_address: str | None = None  # the cluster to join (None: $RAY_ADDRESS, else a new local instance)
+    runs_dir: Path | None = None  # where run directories live (None: beside results.db); shared by every machine
+    bench: bool | None = None  # time every model's step (stage bench); None: on for a CPU at tiny/small
+
+    def execution(self) -> Execution:
+        """The executors.Execution these options describe (validated: a bad --jobs is one clear error)."""
+        return Execution(executor=self.executor, jobs=self.jobs, ray_address=self.ray_address,
+                         runs_dir=self.runs_dir)
+
+
+@dataclass
+class TrainAllResult:
+    """The runs a training sweep reached: trained now (`done`), found done (`skipped`), or failed, with the error."""
+
+    done: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    resumed: dict[str, int] = field(default_factory=dict)  # run id -> the checkpoint step it resumed from
 
 
 @dataclass
@@ -80,6 +128,7 @@ class StudyRun:
 
     @functools.cached_property
     def db(self) -> Any:
+        # sqlite_utils loads pandas: kept out of 'benchctl --help', which imports this package
         from benchctl.core import db as dbm
 
         return dbm.connect(self.opts.db_path)

@@ -8,7 +8,9 @@ import typer
 from rich import box
 from rich.table import Table
 
-from benchctl.cli import DbOpt, JsonOpt, PresetOpt, SetOpt, app, console, db_path_of, err_console, split_list
+from benchctl.stages.cli import DbOpt, JsonOpt, PresetOpt, SetOpt, console, db_path_of, err_console, split_list
+
+app = typer.Typer()
 
 
 @app.command()

@@ -50,7 +50,7 @@ def run(study: StudyRun) -> None:
     from benchctl.core import telemetry
     from benchctl.core.config import make_config
     from benchctl.core.runtime import resolve_device
-    from benchctl.study import format_duration
+    from benchctl.core.progress import format_duration
 
     opts = study.opts
     device = resolve_device(study.cfgs[0].train.device)

@@ -12,7 +12,9 @@ import typer
 from rich import box
 from rich.table import Table
 
-from benchctl.cli import DbOpt, app, console, split_list
+from benchctl.stages.cli import DbOpt, console, db_path_of, split_list
+
+app = typer.Typer()
 
 
 @app.command()
@@ -41,7 +43,6 @@ def depth(
     """Loss against inference depth (or per adaptive-exit threshold) for every finished run; reruns skip stored rows."""
     from benchctl.core import db as dbm
     from benchctl.stages.depth import engine as dp
-    from benchctl.cli import db_path_of
     from benchctl.core.progress import Progress
 
     # option errors first, before the database is opened

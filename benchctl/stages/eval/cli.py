@@ -13,7 +13,9 @@ import typer
 from rich import box
 from rich.table import Table
 
-from benchctl.cli import DbOpt, app, console, split_list
+from benchctl.stages.cli import DbOpt, console, db_path_of, split_list
+
+app = typer.Typer()
 
 
 @app.command("eval")
@@ -47,7 +49,6 @@ def eval_(
     """Evaluate finished runs with lm-eval and store every metric in results.db (table eval_results)."""
     from benchctl.core import db as dbm
     from benchctl.stages.eval import api as evaluate
-    from benchctl.cli import db_path_of
     from benchctl.core.progress import Progress
 
     path = db_path_of(db)

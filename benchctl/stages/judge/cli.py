@@ -9,7 +9,9 @@ import typer
 from rich import box
 from rich.table import Table
 
-from benchctl.cli import DbOpt, JsonOpt, ProgressOpt, app, console, err_console, split_list
+from benchctl.stages.cli import DbOpt, JsonOpt, ProgressOpt, console, err_console, split_list
+
+app = typer.Typer()
 
 
 @app.command()

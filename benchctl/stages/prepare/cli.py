@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import time
 
+import typer
 from rich.table import Table
 
-from benchctl.cli import DataOpt, PresetOpt, SetOpt, app, console, make_progress, overrides_with_data
+from benchctl.stages.cli import DataOpt, PresetOpt, SetOpt, console, make_progress, overrides_with_data
+
+app = typer.Typer()
 
 
 @app.command()

@@ -7,7 +7,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from benchctl.cli import DbOpt, app, console
+from benchctl.stages.cli import DbOpt, console
+
+app = typer.Typer()
 
 
 @app.command()
@@ -26,7 +28,7 @@ def report(
 ) -> None:
     """The study's tables and figures, with seeds and statistics, beside the published numbers."""
     from benchctl.core import db as dbmod
-    from benchctl import report as reporting
+    from benchctl.stages.report import engine as reporting
     from benchctl.core.errors import ConfigError
 
     if fmt != "md":

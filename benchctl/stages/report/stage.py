@@ -11,11 +11,11 @@ from benchctl.stages import Stage, StudyRun
 
 
 def run(study: StudyRun) -> None:
-    from benchctl import report
+    from benchctl.stages.report import engine
 
     study.say(f"{study.opts.out_dir}")
     plan = study.plan.name if study.plan is not None else None
-    study.report_path = report.write_report(study.opts.db_path, study.opts.out_dir, study.opts.preset, plan)
+    study.report_path = engine.write_report(study.opts.db_path, study.opts.out_dir, study.opts.preset, plan)
 
 
 STAGE = Stage(name="report", order=100, run=run,

@@ -7,8 +7,20 @@ from typing import Annotated, Optional
 import typer
 
 import architectures
-from benchctl.cli import DataOpt, DbOpt, ProgressOpt, SetOpt, YesOpt, app, console, db_path_of, make_progress, \
-    overrides_with_data
+from benchctl.stages.cli import (
+    DataOpt,
+    DbOpt,
+    ProgressOpt,
+    SetOpt,
+    YesOpt,
+    console,
+    db_path_of,
+    make_progress,
+    overrides_with_data,
+    terminal_confirm,
+)
+
+app = typer.Typer()
 
 
 @app.command()
@@ -30,10 +42,9 @@ def retrofit(
     """Start a recurrent model from a trained control's weights and heal it by training (resumable like train)."""
     from benchctl.core import db as dbm
     from benchctl.stages.retrofit import engine as rf
-    from benchctl.commands.confirm import terminal_confirm
     from benchctl.stages.train.cli import prepare_for, summarize
     from benchctl.core.config import run_id
-    from benchctl.study import confirm_long_run
+    from benchctl.stages.train.sweep import confirm_long_run
 
     path = db_path_of(db)
     handle = dbm.connect(path)

@@ -14,12 +14,11 @@ from __future__ import annotations
 from typing import Any
 
 from benchctl.stages.retrofit.report import FIGURE, retrofit_section
-from benchctl.stages import Stage, StudyRun
+from benchctl.stages import Stage, StudyRun, TrainAllResult
 
 
 def run(study: StudyRun) -> None:
     from benchctl import plans
-    from benchctl.study import TrainAllResult
 
     opts = study.opts
     convs = [] if study.plan is None else plans.conversions(study.plan, opts.preset, list(opts.seeds or [0]),
@@ -66,7 +65,7 @@ def _confirm(study: StudyRun, jobs: list[Any]) -> None:
     """Ask before long healing as the train stage asks before long training (only the runs not done yet count)."""
     from benchctl.core import db as dbm
     from benchctl.core.config import run_id
-    from benchctl.study import confirm_long_run
+    from benchctl.stages.train.sweep import confirm_long_run
 
     fingerprint = study.prepared.fingerprint
     todo = [j.cfg for j in jobs if (dbm.get_run(study.db, run_id(j.cfg, fingerprint)) or {}).get("status") != "done"]

@@ -13,7 +13,9 @@ from rich.table import Table
 from rich.text import Text
 
 from benchctl.stages.sample import engine as smp
-from benchctl.cli import DbOpt, app, console, split_list
+from benchctl.stages.cli import DbOpt, console, db_path_of, split_list
+
+app = typer.Typer()
 
 
 @app.command()
@@ -56,7 +58,6 @@ def sample(
 ) -> None:
     """Complete the same story beginnings with every finished run; rerunning with the same settings adds nothing."""
     from benchctl.core import db as dbm
-    from benchctl.cli import db_path_of
     from benchctl.core.progress import Progress
 
     path = db_path_of(db)

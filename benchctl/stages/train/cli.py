@@ -10,21 +10,23 @@ from rich import box
 from rich.table import Table
 
 import architectures
-from benchctl.cli import (
+from benchctl.stages.cli import (
     DataOpt,
     DbOpt,
     PresetOpt,
     ProgressOpt,
     SetOpt,
     YesOpt,
-    app,
     console,
     db_path_of,
     make_progress,
     overrides_with_data,
     parse_seeds,
     split_list,
+    terminal_confirm,
 )
+
+app = typer.Typer()
 
 
 JobsOpt = Annotated[str, typer.Option(
@@ -72,10 +74,9 @@ def train(
 ) -> None:
     """Train one architecture (resumes an interrupted run; skips a finished one). Works under torchrun for DDP."""
     from benchctl.core import db as dbm
-    from benchctl.commands.confirm import terminal_confirm
     from benchctl.core.config import make_config
     from benchctl.core.runtime import Dist, decide_on_main
-    from benchctl.study import confirm_long_run
+    from benchctl.stages.train.sweep import confirm_long_run
     from benchctl.stages.train.engine import train_run
 
     cfg = make_config(preset, arch, seed, overrides_with_data(set_, data))
@@ -125,9 +126,9 @@ def train_all(
     """Train every (architecture, seed) pair, or every (variant, seed) of a --plan, skipping finished runs and
     resuming interrupted ones."""
     from benchctl.core import db as dbm
-    from benchctl import study
-    from benchctl.commands.confirm import terminal_confirm
+    from benchctl import plans
     from benchctl.core.errors import BenchctlError
+    from benchctl.stages.train import sweep
 
     from benchctl.core.runtime import Dist
 
@@ -135,16 +136,16 @@ def train_all(
     overrides = overrides_with_data(set_, data)
     plan_, variants = None, None
     if plan is None:
-        cfgs = study.sweep(preset or "paper", split_list(archs), parse_seeds(seeds), overrides)
+        cfgs = sweep.sweep(preset or "paper", split_list(archs), parse_seeds(seeds), overrides)
     else:
-        plan_, _, planned = study.planned_runs(plan, preset, split_list(archs), parse_seeds(seeds), overrides)
+        plan_, _, planned = plans.planned_runs(plan, preset, split_list(archs), parse_seeds(seeds), overrides)
         cfgs, variants = [r.cfg for r in planned], [r.variant for r in planned]
         if converted := [v.name for v in plan_.variants if v.parent is not None]:  # they need their parents trained
             console.print(f"plan {plan_.name}: conversions {', '.join(converted)} are made by 'benchctl study'")
     prepared = prepare_for(cfgs[0], progress)
     path = db_path_of(db)
     is_main = Dist.from_env().is_main  # under torchrun every rank trains each run; rank 0 alone reports
-    res = study.train_all(cfgs, prepared, path, progress=progress, log=console.print if is_main else _quiet,
+    res = sweep.train_all(cfgs, prepared, path, progress=progress, log=console.print if is_main else _quiet,
                           yes=yes, confirm=terminal_confirm(), variants=variants, plan=plan_, execution=execution)
     if not is_main:
         return

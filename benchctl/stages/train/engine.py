@@ -34,6 +34,7 @@ import torch
 import torch.nn as nn
 
 import architectures
+from benchctl.core import accounting
 from benchctl.core import checkpoint as ckpt
 from benchctl.stages.train import curriculum
 from benchctl.core import db as dbm
@@ -580,6 +581,4 @@ def estimate_seconds(cfgs: list[RunConfig], prepared: Any) -> float:
             telemetry.sync(device)
             times.append(time.perf_counter() - t0)
         per_flop = min(times) / (model.flops_per_token() * x.numel())
-    from benchctl.stages.train.executors import training_flops
-
-    return sum(per_flop * training_flops(c) for c in cfgs)
+    return sum(per_flop * accounting.training_flops(c) for c in cfgs)

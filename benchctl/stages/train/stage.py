@@ -12,7 +12,7 @@ from benchctl.stages import Stage, StudyRun
 
 
 def run(study: StudyRun) -> None:
-    from benchctl.study import train_all
+    from benchctl.stages.train.sweep import train_all
 
     opts, cfgs = study.opts, study.cfgs
     names = list(dict.fromkeys(study.variants or study.archs))

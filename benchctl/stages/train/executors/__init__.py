@@ -3,9 +3,9 @@ on this machine (`--jobs N`, benchctl.stages.train.executors.local), or as tasks
 benchctl.stages.train.executors.ray).
 
 Every executor gets the same list of `RunSpec`s and reports one `Outcome` per run, in the driver process, through a
-callback; the driver (benchctl.study.train_all) records plan membership and the summary. Training itself is always
-`benchctl.stages.train.engine.train_run`, so skipping finished runs and resuming interrupted ones from their last checkpoint work
-the same way everywhere.
+callback; the driver (benchctl.stages.train.sweep.train_all, which also picks the executor) records plan membership
+and the summary. Training itself is always `benchctl.stages.train.engine.train_run`, so skipping finished runs and
+resuming interrupted ones from their last checkpoint work the same way everywhere.
 
 Threads: a training process uses `threads` intra-op threads (torch, OpenMP, MKL), so N processes on C cores get
 C // N each. A small model gains little from a second thread, which is why `--jobs auto` on a CPU runs one job per
@@ -139,28 +139,6 @@ def plan_slots(jobs: int | str, n_runs: int, device_spec: str = "auto", *, cores
     return Slots(jobs=n, threads=max(1, cores // n), gpus=visible)
 
 
-def training_flops(cfg: RunConfig) -> float:
-    """The FLOPs a run's training spends at its trained depth (forward and backward, every step): how much work it
-    is, for handing the longest runs out first. The model is built on the meta device (shapes only), once per
-    architecture and model config."""
-    import json
-    from dataclasses import asdict
-
-    key = json.dumps([cfg.arch, asdict(cfg.model)], sort_keys=True, default=str)
-    if key not in _FLOPS_PER_TOKEN:
-        import torch
-
-        import architectures
-
-        with torch.device("meta"):
-            model = architectures.build(cfg.arch, cfg.model)
-            _FLOPS_PER_TOKEN[key] = float(model.flops_per_token(cfg.model.max_seq_len))
-    return _FLOPS_PER_TOKEN[key] * cfg.tokens_per_step * cfg.train.max_steps
-
-
-_FLOPS_PER_TOKEN: dict[str, float] = {}  # training_flops' cache: (arch, model config) -> FLOPs per token
-
-
 def split_evenly(items: list[Any], weights: list[float], n: int) -> list[list[Any]]:
     """`items` in `n` groups of nearly equal total weight (each item, heaviest first, joins the lightest group; the
     groups keep the items' order), for parallel jobs that should end at about the same time. No empty groups."""
@@ -209,19 +187,3 @@ def link_run_dir(db_path: Path, runs_dir: Path | None, run_id: str) -> None:
         return  # a real directory from an earlier local run: left alone (the checkpoint in runs_dir is the newer)
     usual.parent.mkdir(parents=True, exist_ok=True)
     usual.symlink_to(actual, target_is_directory=True)
-
-
-def make(execution: Execution, *, prepared: Any, db_path: Path, db: Any, progress: Any,
-         log: Callable[[str], None]) -> Executor:
-    """The executor `execution` names, ready to run specs (`db` is the driver's results.db handle; None on the
-    non-main ranks of torchrun)."""
-    if execution.executor == "ray":
-        from benchctl.stages.train.executors.ray import RayExecutor
-
-        return RayExecutor(execution, prepared=prepared, db_path=db_path, db=db, log=log)
-    from benchctl.stages.train.executors.local import InProcess, ProcessPool
-
-    if execution.in_process:
-        return InProcess(prepared=prepared, db_path=db_path, db=db, progress=progress, log=log,
-                         runs_dir=execution.runs_dir)
-    return ProcessPool(execution, prepared=prepared, db_path=db_path, db=db, progress=progress, log=log)

@@ -26,7 +26,12 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
+
+from benchctl.core import accounting
+from benchctl.core import db as dbm
 from benchctl.core.errors import BenchctlError
+from benchctl.stages.train import engine
 from benchctl.stages.train.executors import (
     Execution,
     OnOutcome,
@@ -37,7 +42,6 @@ from benchctl.stages.train.executors import (
     link_run_dir,
     plan_slots,
     split_evenly,
-    training_flops,
 )
 from benchctl.core.progress import Progress, Task, as_progress
 
@@ -56,13 +60,11 @@ class InProcess:
         self.runs_dir = runs_dir
 
     def run(self, specs: list[RunSpec], on_outcome: OnOutcome) -> None:
-        from benchctl.stages.train.engine import train_run
-
         for spec in specs:
             c = spec.cfg
             self.log(f"[{spec.index}/{len(specs)}] {spec.variant} seed {c.seed} (preset {c.preset})")
             try:
-                r = train_run(c, self.prepared, self.db, self.db_path, progress=self.progress, log=self.log,
+                r = engine.train_run(c, self.prepared, self.db, self.db_path, progress=self.progress, log=self.log,
                               variant=spec.variant, runs_dir=self.runs_dir)
             except BenchctlError as e:
                 on_outcome(spec, Outcome("failed", str(e)))
@@ -98,7 +100,7 @@ class ProcessPool:
         if todo:
             # the longest runs first, so that the last ones to start are short and the jobs end close together
             # (runs keep their numbers in the messages)
-            self._run(sorted(todo, key=lambda spec: -training_flops(spec.cfg)), on_outcome)
+            self._run(sorted(todo, key=lambda spec: -accounting.training_flops(spec.cfg)), on_outcome)
 
     def _run(self, specs: list[RunSpec], on_outcome: OnOutcome) -> None:
         slots = plan_slots(self.execution.jobs, len(specs), specs[0].cfg.train.device)
@@ -256,11 +258,7 @@ def _group_main(number: int, fn: Callable[..., Any], group: dict[str, Any], db_p
     """One group of `in_processes`: its result (or its error) goes back to the parent as the last event."""
     signal.signal(signal.SIGTERM, _raise_terminated)
     _watch_parent(parent)
-    import torch
-
     torch.set_num_threads(threads)
-    from benchctl.core import db as dbm
-
     reporter = _RemoteProgress(events, number, progress)
     try:
         db = dbm.connect(db_path, create=False)
@@ -423,17 +421,12 @@ def _slot_main(number: int, inbox: Any, events: Any, prepared: Any, db_path: str
     """A slot: train each run handed over until told to stop, reporting every outcome."""
     signal.signal(signal.SIGTERM, _raise_terminated)
     _watch_parent(parent)
-    import torch
-
     torch.set_num_threads(threads)
-    from benchctl.core import db as dbm
-    from benchctl.stages.train.engine import train_run
-
     reporter = _RemoteProgress(events, number, progress)
     try:
         db = dbm.connect(db_path)
         while (spec := inbox.get()) is not None:
-            outcome = _train_one(spec, prepared, db, Path(db_path), runs_dir, reporter, train_run)
+            outcome = _train_one(spec, prepared, db, Path(db_path), runs_dir, reporter, engine.train_run)
             events.put(("result", number, spec.index, outcome))
     except KeyboardInterrupt:
         return

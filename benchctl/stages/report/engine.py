@@ -1,16 +1,19 @@
 """The report's top level: header, then every registered stage's sections in study order; save to disk.
 
 Nothing here names a stage or a section: a stage module under benchctl.stages contributes its sections (and the
-figure files they may write), so a new stage appears in the report without touching this module.
+figure files they may write), so a new stage appears in the report without touching this module. The pieces the
+sections are built from (loading, models and colours, frames, formatting, figures) are the benchctl.report package.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from benchctl import stages
+from benchctl.core.errors import ConfigError
 from benchctl.report.context import Context, build_context
 from benchctl.report.figures import save_figure
 from benchctl.report.fmt import need
@@ -28,8 +31,6 @@ class Rendered:
 
 def figure_names() -> tuple[str, ...]:
     """Every figure file a report can contain (the registered stages declare them)."""
-    from benchctl import stages
-
     return stages.figure_names()
 
 
@@ -61,8 +62,6 @@ def _status_rank(s: str) -> tuple[int, str]:
 def render(data: Data, preset: str | None = None, plan: str | None = None) -> Rendered:
     """The whole report as markdown plus figures, from loaded tables. Pure: the same data gives the same output.
     `plan` names models by that plan's variant names first (see build_context)."""
-    from benchctl import stages
-
     ctx = build_context(data.runs, preset, data.plan_runs, plan)
     frames = Frames(ctx, data)
     lines = header(ctx)
@@ -87,10 +86,6 @@ def build(db: str | os.PathLike | Any, preset: str | None = None, plan: str | No
 def plan_only(data: Data, plan: str) -> Data:
     """The data with only the runs `plan` reached; a plan with no runs in the database is a ConfigError naming the
     plans that have some."""
-    from dataclasses import replace
-
-    from benchctl.core.errors import ConfigError
-
     pr = data.plan_runs
     known = sorted(set(pr["plan"])) if not pr.empty else []
     if plan not in known:
