@@ -1,14 +1,22 @@
-"""The import graph of `benchctl` and `architectures`: no cycles, and layers that point one way.
+"""The import graph of `benchctl` and `architectures`: no cycles, layers that point one way, a light command line.
 
 Every import statement counts, wherever it is (module top, inside a function, under TYPE_CHECKING): a function-level
 import is still a dependency, only a later one. Layers, from the top: the framework (benchctl.cli, benchctl.study,
 benchctl.commands, benchctl.browse, benchctl.plans), the stages (benchctl.stages), the report's building blocks the
 stages' sections use (benchctl.report), the core services (benchctl.core), and the models (architectures).
+
+The command line is built from every command module, so `benchctl --help` costs what they import at their top:
+help and the list of plans must not load torch, pandas or the models (each checked in a fresh interpreter).
 """
 
 from __future__ import annotations
 
 import ast
+import json
+import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -162,3 +170,60 @@ def test_a_layer_violation_is_named():
     assert violations(graph) == ["architectures.base imports benchctl.core.config",
                                  "benchctl.core.data imports benchctl.stages.train.engine",
                                  "benchctl.stages.sample.stage imports benchctl.study"]
+
+
+HEAVY = ("torch", "pandas", "architectures", "lm_eval", "datasets", "matplotlib", "google.genai")
+
+
+def _heavy_after(argv_lists: list[list[str]]) -> dict[str, list[str]]:
+    """In a fresh interpreter, run `benchctl ARGS` for each list in turn; the heavy modules loaded after each."""
+    script = textwrap.dedent(f"""
+        import json, sys
+        from benchctl.cli import main
+        seen = {{}}
+        for argv in {argv_lists!r}:
+            try:
+                main(argv)
+            except SystemExit as e:
+                assert not e.code, (argv, e.code)
+            seen[" ".join(argv)] = [m for m in {HEAVY!r} if m in sys.modules]
+        print("HEAVY=" + json.dumps(seen))
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.rsplit("HEAVY=", 1)[1])
+
+
+def _command_paths() -> list[list[str]]:
+    """Every command and subcommand of the root (`plans show` as well as `plans`)."""
+    import typer.main
+
+    from benchctl.cli import app
+
+    def walk(group, prefix):
+        for name, cmd in sorted(group.commands.items()):
+            yield [*prefix, name]
+            if hasattr(cmd, "commands"):
+                yield from walk(cmd, [*prefix, name])
+
+    return list(walk(typer.main.get_command(app), []))
+
+
+def test_help_of_every_command_loads_no_torch_or_pandas():
+    """`benchctl lm-eval --help` is lm-eval's own help (every argument goes to lm-eval), which loads lm-eval."""
+    paths = [p for p in _command_paths() if p != ["lm-eval"]]
+    assert {"train", "study", "sample", "plans", "report"} <= {p[0] for p in paths}
+    seen = _heavy_after([["--help"]] + [[*p, "--help"] for p in paths])
+    assert seen == {k: [] for k in seen}, {k: v for k, v in seen.items() if v}
+
+
+def test_listing_the_plans_loads_no_torch_or_pandas():
+    assert _heavy_after([["plans"]]) == {"plans": []}
+
+
+def test_the_check_sees_a_heavy_import():
+    """`benchctl params` builds models: the same check finds torch there, so the empty lists above mean something."""
+    argv = ["params", "--preset", "tiny", "--arch", "control", "--json"]
+    assert "torch" in _heavy_after([argv])[" ".join(argv)]

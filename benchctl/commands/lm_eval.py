@@ -26,7 +26,7 @@ def lm_eval_(
     db: DbOpt = None,
 ) -> None:
     """Run lm-eval's CLI (every option, every task) with --model benchctl and the bundled TinyStories tasks."""
-    from benchctl.stages.eval import lm_eval_cli
+    from benchctl.stages.eval import lm_eval_cli  # lm_eval, torch: kept out of 'benchctl --help'
 
     args = list(ctx.args)
     if any(a in ("-h", "--help") for a in args):

@@ -23,7 +23,7 @@ def params(
     as_json: JsonOpt = False,
 ) -> None:
     """Parameter accounting per architecture, with the study's published totals beside ours."""
-    from benchctl.core import accounting
+    from benchctl.core import accounting  # torch: kept out of 'benchctl --help'
 
     rows = accounting.table(preset, split_list(arch), parse_set(set_))
     if as_json:

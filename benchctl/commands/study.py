@@ -7,6 +7,9 @@ from typing import Annotated, Optional
 
 import typer
 
+from benchctl import stages
+from benchctl.core.errors import ConfigError
+from benchctl.stages import StudyOptions
 from benchctl.stages.cli import (
     DataOpt,
     DbOpt,
@@ -61,10 +64,8 @@ def study(
 ) -> None:
     """prepare -> train-all -> sample -> judge (with an API key) -> eval -> report, for every variant × seed of a
     plan (default: the study's four models). Rerun to resume any stage."""
-    from benchctl import stages
-    from benchctl.core.errors import ConfigError
+    # torch: kept out of 'benchctl --help'
     from benchctl.core.runtime import Dist
-    from benchctl.stages import StudyOptions
     from benchctl.study import run_study
 
     skipped = tuple(split_list(skip) or ())

@@ -8,6 +8,8 @@ import typer
 from rich import box
 from rich.table import Table
 
+from benchctl.core.config import parse_set
+from benchctl.core.errors import ConfigError
 from benchctl.stages.cli import DbOpt, JsonOpt, PresetOpt, SetOpt, console, db_path_of, err_console, split_list
 
 app = typer.Typer()
@@ -40,11 +42,10 @@ def bench(
     as_json: JsonOpt = False,
 ) -> None:
     """Tokens/s, step time, memory, FLOPs, MFU per architecture, and the speed-up over an eager llama2.c step."""
+    # torch: kept out of 'benchctl --help'
     import torch
 
     from benchctl.stages.bench import engine as B
-    from benchctl.core.config import parse_set
-    from benchctl.core.errors import ConfigError
 
     if threads is not None:
         if threads < 1:

@@ -43,6 +43,7 @@ from typing import Any, Callable
 
 import torch
 import torch.nn as nn
+from torch.profiler import ProfilerActivity, profile
 
 import architectures
 from benchctl.core import db as dbm
@@ -166,8 +167,6 @@ def profile_cpu_step(step: Callable[[], Any]) -> StepProfile:
     """Run `step` once under torch's profiler. Memory: the peak growth of live torch allocations (the CPU analogue of
     CUDA's max_memory_allocated; a process's RSS cannot tell apart models that share it, and glibc keeps freed pages).
     Kernels: how long the step spends in matmuls and attention, the floor under any fp32 implementation of it."""
-    from torch.profiler import ProfilerActivity, profile
-
     t0 = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()

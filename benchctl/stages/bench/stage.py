@@ -14,7 +14,14 @@ import json
 import time
 from typing import Any
 
+from benchctl.core import db as dbm
+from benchctl.core import telemetry
+from benchctl.core.config import make_config, overrides_for
+from benchctl.core.progress import format_duration
+from benchctl.core.runtime import resolve_device
+from benchctl.report.context import model_keys
 from benchctl.stages import Stage, StudyRun
+from benchctl.stages.bench import engine as B
 
 AUTO_PRESETS = ("tiny", "small")  # where `study` benches by default on a CPU
 
@@ -32,26 +39,15 @@ def enabled(study: StudyRun, device_type: str) -> tuple[bool, str]:
 def common_overrides(study: StudyRun, archs: list[str]) -> dict[str, Any]:
     """The study's overrides that apply to every benchmarked architecture (bench takes one set for all of them;
     a model with keys of its own gets no bench ratio in the report, since its config differs)."""
-    from benchctl.core.config import overrides_for
-
     per_arch = [overrides_for(a, study.opts.overrides, archs) for a in archs]
     return {k: v for k, v in per_arch[0].items() if all(p.get(k) == v for p in per_arch[1:])}
 
 
 def _key(config_json: Any) -> str:
-    from benchctl.report.context import model_keys
-
     return json.dumps(model_keys(config_json), sort_keys=True, default=str)
 
 
 def run(study: StudyRun) -> None:
-    from benchctl.stages.bench import engine as B
-    from benchctl.core import db as dbm
-    from benchctl.core import telemetry
-    from benchctl.core.config import make_config
-    from benchctl.core.runtime import resolve_device
-    from benchctl.core.progress import format_duration
-
     opts = study.opts
     device = resolve_device(study.cfgs[0].train.device)
     on, why = enabled(study, device.type)

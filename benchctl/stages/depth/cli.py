@@ -12,6 +12,7 @@ import typer
 from rich import box
 from rich.table import Table
 
+from benchctl.core.progress import Progress
 from benchctl.stages.cli import DbOpt, console, db_path_of, split_list
 
 app = typer.Typer()
@@ -41,9 +42,9 @@ def depth(
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress.")] = True,
 ) -> None:
     """Loss against inference depth (or per adaptive-exit threshold) for every finished run; reruns skip stored rows."""
+    # torch, and sqlite_utils with pandas: kept out of 'benchctl --help'
     from benchctl.core import db as dbm
     from benchctl.stages.depth import engine as dp
-    from benchctl.core.progress import Progress
 
     # option errors first, before the database is opened
     dp.parse_depths(depths)

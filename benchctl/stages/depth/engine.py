@@ -34,9 +34,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
+import architectures
+from architectures.base import ExitRule
+from benchctl.core import checkpoint, data
 from benchctl.core import db as dbm
+from benchctl.core.config import RunConfig
 from benchctl.core.errors import ConfigError, DataError, EvalError
 from benchctl.core.progress import Progress, as_progress, silent
+from benchctl.core.runtime import autocast_dtype, resolve_device
 
 DEFAULT_DEPTHS = (1, 2, 4, 8, 16, 32)
 DEFAULT_THRESHOLDS = (1e-2, 1e-3, 1e-4)
@@ -95,8 +102,6 @@ def parse_thresholds(text: str | Sequence[float] | None) -> list[float]:
 
 def check_exit_rule(rule: str | None) -> str | None:
     if rule is not None and rule not in EXIT_RULES:
-        import architectures
-
         raise ConfigError(f"--exit: unknown rule '{rule}'{architectures.did_you_mean(rule, EXIT_RULES)} "
                           f"choose {' or '.join(EXIT_RULES)}")
     return rule
@@ -104,8 +109,6 @@ def check_exit_rule(rule: str | None) -> str | None:
 
 def check_extrapolate(rule: str | None) -> str | None:
     """A rule no registered architecture knows is an error, even for a selection that would not use it."""
-    import architectures
-
     known = sorted({r for a in architectures.names() for r in architectures.get(a).extrapolate_rules})
     if rule is not None and rule not in known:
         raise ConfigError(f"--extrapolate: unknown rule '{rule}'{architectures.did_you_mean(rule, known)} "
@@ -143,10 +146,6 @@ def flops_at(model: Any, depth: float) -> float:
 def measure(model: Any, windows: Any, batch_size: int, device: Any, amp: Any, seed: int, s: Setting
             ) -> dict[str, Any]:
     """Loss, exit-depth histogram and timing of one setting over the windows (N, T+1)."""
-    import torch
-
-    from architectures.base import ExitRule
-
     model.eval()
     rule = ExitRule(s.exit_rule, s.threshold) if s.exit_rule else None
     total, count = 0.0, 0
@@ -194,10 +193,6 @@ def plan(db, rows: list[dict[str, Any]], *, depths: Sequence[int], exit_rule: st
          thresholds: Sequence[float], max_depth: int | None, extrapolate: str | None, windows: int | None,
          progress: bool = False, with_trained: bool = False) -> tuple[list[_RunPlan], int]:
     """Settings still to measure per run (every check done before any work), and how many are already stored."""
-    import architectures
-    from benchctl.core import data
-    from benchctl.core.config import RunConfig
-
     plans, skipped, prepared_by_key = [], 0, {}
     for row in rows:
         cfg = RunConfig.from_json(row["config_json"])
@@ -227,9 +222,6 @@ def plan(db, rows: list[dict[str, Any]], *, depths: Sequence[int], exit_rule: st
 
 def measure_run(db, db_path: Path, p: _RunPlan, device: Any, on_row: Callable[[dict[str, Any]], None]) -> None:
     """Load one run's model and measure (and store) each of its missing settings."""
-    from benchctl.core import checkpoint
-    from benchctl.core.runtime import autocast_dtype
-
     model, cfg, _ = checkpoint.load_model(checkpoint.run_dir(db_path, p.row["id"]) / checkpoint.CKPT_NAME, device)
     amp = autocast_dtype(cfg, device)
     for s in p.settings:
@@ -261,8 +253,6 @@ def depth_all(
     """Measure every selected finished run at every requested setting; stored rows are skipped (see the docstring).
 
     Without `depths` the default sweep also takes each run's trained depth and twice it."""
-    from benchctl.core.runtime import resolve_device
-
     reporter = as_progress(progress)
     with_trained = depths is None
     depths = parse_depths(depths)
@@ -297,10 +287,6 @@ def estimate_seconds(db, db_path: str | Path, run_ids: Sequence[str], *, depths:
     """Time one batch of one run at depth 1 and scale it to every run, depth and window batch of a default sweep.
 
     Cost grows linearly with depth for the recurrent part, so depth d is estimated as d times the depth-1 batch."""
-    import torch
-
-    from benchctl.core.runtime import resolve_device
-
     rows = dbm.finished_runs(db, run_ids=run_ids, none_left=EvalError, purpose="to measure")
     dev = resolve_device(device, option="--device")
     plans, _ = plan(db, rows[:1], depths=[1], exit_rule=None, thresholds=[], max_depth=None, extrapolate=None,
@@ -308,8 +294,6 @@ def estimate_seconds(db, db_path: str | Path, run_ids: Sequence[str], *, depths:
     if not plans:
         return 0.0
     p = plans[0]
-    from benchctl.core import checkpoint
-
     model, cfg, _ = checkpoint.load_model(checkpoint.run_dir(Path(db_path), p.row["id"]) / checkpoint.CKPT_NAME, dev)
     one = measure(model, p.windows[: cfg.eval.val_batch_size], cfg.eval.val_batch_size, dev, None,
                   cfg.eval.val_seed, Setting(1, "", 0.0, p.settings[0].extrapolate))["seconds"]

@@ -8,6 +8,7 @@ shows whatever rows exist.
 
 from __future__ import annotations
 
+from benchctl.stages.depth import engine as depth
 from benchctl.stages.depth.report import FIGURES, depth_section
 from benchctl.stages import Stage, StudyRun
 
@@ -17,8 +18,6 @@ def run(study: StudyRun) -> None:
     if study.skips("depth") or not ids:
         study.say("skipped" + ("" if ids else " (no finished runs)"))
         return
-    from benchctl.stages.depth import engine as depth
-
     if study.opts.preset == "paper":
         secs = depth.estimate_seconds(study.db, study.opts.db_path, ids)
         study.say(f"off by default on the paper preset (estimated {secs / 60:.0f} min for the fixed-depth sweep on "

@@ -13,6 +13,7 @@ import typer
 from rich import box
 from rich.table import Table
 
+from benchctl.core.progress import Progress
 from benchctl.stages.cli import DbOpt, console, db_path_of, split_list
 
 app = typer.Typer()
@@ -47,9 +48,9 @@ def eval_(
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress.")] = True,
 ) -> None:
     """Evaluate finished runs with lm-eval and store every metric in results.db (table eval_results)."""
+    # lm_eval and torch, and sqlite_utils with pandas: kept out of 'benchctl --help'
     from benchctl.core import db as dbm
     from benchctl.stages.eval import api as evaluate
-    from benchctl.core.progress import Progress
 
     path = db_path_of(db)
     handle = dbm.connect(path, create=False)

@@ -19,18 +19,28 @@ import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+import datasets.config as dconfig
+import huggingface_hub.constants as hconst
 import lm_eval
+import lm_eval.evaluator as evaluator_module
 import torch
 
+import architectures
 from benchctl.core import data as datamod
 from benchctl.core import db as dbm
+from benchctl.core.checkpoint import CKPT_NAME, rng_state, run_dir, set_rng_state
+from benchctl.core.config import RunConfig
 from benchctl.core.errors import EvalError
+from benchctl.core.telemetry import git_commit
 from benchctl.stages.eval.adapter import DEFAULT_BATCH_SIZE, BenchctlLM
 from benchctl.stages.eval.tasks import BUNDLED_TASKS, DEFAULT_DOCS, TaskIndex, check_task_names
+from benchctl.stages.train.executors import parse_jobs
+from benchctl.stages.train.executors.local import in_shares
 from benchctl.core.progress import Progress, as_progress
 
 BOOTSTRAP_ITERS = 1000  # lm-eval stderr for bootstrapped metrics (acc uses the closed form)
@@ -57,8 +67,6 @@ class EvalSummary:
 
 
 def allowed_recurrence(arch: str, model_args: Any) -> str:
-    import architectures
-
     cls = architectures.get(arch)
     top = cls.max_n_recur(model_args)
     if top is None:
@@ -70,8 +78,6 @@ def allowed_recurrence(arch: str, model_args: Any) -> str:
 
 def check_recurrence(run: dict[str, Any], cfg: Any, n_recur: int | None) -> int:
     """The recurrence to evaluate `run` at; an EvalError naming the run and the allowed range if it cannot."""
-    import architectures
-
     if n_recur is None:
         return int(cfg.model.n_recur)
     top = architectures.get(cfg.arch).max_n_recur(cfg.model)
@@ -152,9 +158,6 @@ def hub_offline(enabled: bool = True) -> Iterator[None]:
     if not enabled:
         yield
         return
-    import datasets.config as dconfig
-    import huggingface_hub.constants as hconst
-
     saved = (hconst.HF_HUB_OFFLINE, dconfig.HF_HUB_OFFLINE)
     hconst.HF_HUB_OFFLINE = dconfig.HF_HUB_OFFLINE = True
     try:
@@ -174,10 +177,6 @@ def _quiet() -> Iterator[None]:
     # pip list, nvidia-smi, ...) and `git describe` in the working directory, whose "fatal: not a git repository" goes
     # straight to our stderr outside a checkout. benchctl stores none of it (runs record versions and the commit), so
     # while we evaluate, lm-eval gets a quick, quiet version of both.
-    import lm_eval.evaluator as evaluator_module
-
-    from benchctl.core.telemetry import git_commit
-
     saved_env = {k: evaluator_module.__dict__[k] for k in ("add_env_info", "get_git_commit_hash")
                  if k in evaluator_module.__dict__}
     if "add_env_info" in saved_env:
@@ -194,10 +193,8 @@ def _quiet() -> Iterator[None]:
 
 def _light_env_info(storage: dict[str, Any]) -> None:
     """What lm-eval's add_env_info records that is quick to get (its versions), without torch's collect_env."""
-    from importlib.metadata import version
-
     storage.update({"pretty_env_info": "not collected by benchctl (see the runs table)",
-                    "lm_eval_version": version("lm_eval"), "torch_version": torch.__version__})
+                    "lm_eval_version": metadata.version("lm_eval"), "torch_version": torch.__version__})
 
 
 def _probe_standard(tm, names: list[str], offline: bool) -> dict[str, str]:
@@ -267,9 +264,6 @@ def _plan(db, db_path: Path, opts: _Options, run_ids: Sequence[str] | None, arch
           preset: str | None) -> list[tuple[dict[str, Any], Any, int]]:
     """(run row, config, n_recur to evaluate) per selected run; every run's recurrence and checkpoint are checked
     before any work starts."""
-    from benchctl.core.checkpoint import CKPT_NAME, run_dir
-    from benchctl.core.config import RunConfig
-
     runs = dbm.finished_runs(db, run_ids=run_ids, archs=archs, preset=preset, bad_selection=EvalError,
                              none_left=EvalError, purpose="to evaluate")
     plan = []
@@ -354,8 +348,6 @@ class _Session:
 
     def evaluate(self, run: dict[str, Any], r: int, todo: list[str], index: TaskIndex, label: str) -> None:
         """Run lm-eval on one run's checkpoint and replace its rows for `todo` in one transaction."""
-        from benchctl.core.checkpoint import CKPT_NAME, run_dir
-
         opts, t_run = self.opts, time.perf_counter()
         lm = BenchctlLM(checkpoint=run_dir(self.db_path, run["id"]) / CKPT_NAME, n_recur=r,
                         batch_size=opts.batch_size, device=opts.device, progress=self.progress)
@@ -379,8 +371,6 @@ def _evaluate_in_jobs(db_path: str | os.PathLike, plan: list[tuple[dict[str, Any
     """With more than one job, the runs split into that many shares of about equal work, each evaluated by
     `evaluate_runs` in its own process (benchctl.stages.train.executors.local.in_shares), their summaries merged into
     `summary`. False (nothing done) when everything runs here."""
-    from benchctl.stages.train.executors.local import in_shares
-
     work = [float(run.get("flops_per_token") or 1.0) * r for run, _, r in plan]
     parts = in_shares(evaluate_runs, [run["id"] for run, _, _ in plan], work, knobs, jobs=jobs, db_path=Path(db_path),
                       device_spec=device, progress=reporter, log=log, what="evaluation")
@@ -398,8 +388,6 @@ def _evaluate_in_jobs(db_path: str | os.PathLike, plan: list[tuple[dict[str, Any
 def _preserved(threads: int | None) -> Iterator[None]:
     """Run the block with `threads` torch CPU threads (when given), then restore them and every RNG state that
     lm-eval reseeds (python, numpy, torch, CUDA)."""
-    from benchctl.core.checkpoint import rng_state, set_rng_state
-
     saved_rng = rng_state()
     saved_threads = torch.get_num_threads()
     if threads is not None:
@@ -447,8 +435,6 @@ def evaluate_runs(
     t0 = time.perf_counter()
     reporter = as_progress(progress)
     opts = _options(tasks, n_recur, limit, batch_size, threads, n_docs, include_paths, device, force)
-    from benchctl.stages.train.executors import parse_jobs
-
     parse_jobs(jobs)  # a bad --jobs fails before any work
     plan = _plan(db, Path(db_path), opts, run_ids, archs, preset)
     summary = EvalSummary(tasks=opts.tasks, limit=limit, n_recur=n_recur,

@@ -11,6 +11,7 @@ def run(study: StudyRun) -> None:
     if study.skips("eval") or not ids:
         study.say("skipped")
         return
+    # lm_eval: kept out of 'benchctl report', which loads every stage for its report sections
     from benchctl.stages.eval import api as evaluate
 
     study.say("lm-eval tasks on every finished run")

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from lm_eval.tasks import TaskManager
 
 from architectures import did_you_mean
 from benchctl.core import data as datamod
@@ -404,8 +405,6 @@ class TaskIndex:
 
     def __init__(self, prepared: datamod.Prepared, bundled: list[str], standard: list[str], n_docs: int,
                  include_paths: Sequence[Path]):
-        from lm_eval.tasks import TaskManager
-
         self.bundled = build_bundled_tasks(prepared, bundled, n_docs=n_docs) if bundled else None
         paths = ([str(self.bundled.dir)] if self.bundled else []) + [str(Path(p).resolve()) for p in include_paths]
         self.tm = TaskManager(include_path=paths or None, include_defaults=False)

@@ -9,6 +9,8 @@ import typer
 from rich import box
 from rich.table import Table
 
+from benchctl.core import paper
+from benchctl.core.progress import Progress
 from benchctl.stages.cli import DbOpt, JsonOpt, ProgressOpt, console, err_console, split_list
 
 app = typer.Typer()
@@ -66,9 +68,9 @@ def judge(
     the story before the grades, as the study's grading text asks; `--repeats 2`, a second `--model` or the other
     `--protocol` on the same samples feed the report's judge reliability section.
     """
+    # google.genai, and sqlite_utils with pandas: kept out of 'benchctl --help'
     from benchctl.core import db as dbm
     from benchctl.stages.judge import api as engine
-    from benchctl.core.progress import Progress
 
     if not dry_run:
         engine.require_api_key()  # before opening anything: a missing key costs nothing
@@ -110,8 +112,7 @@ def _half_width(stat) -> str:
 
 
 def print_summary(summary) -> None:
-    from benchctl.core import paper
-    from benchctl.stages.judge.api import CRITERIA
+    from benchctl.stages.judge.api import CRITERIA  # google.genai: kept out of 'benchctl --help'
 
     s = summary
     head = (

@@ -27,6 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pydantic
+from google import genai
+from google.genai import errors as genai_errors
+from google.genai import types
 
 from benchctl.core.errors import JudgeError
 
@@ -279,7 +282,7 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
     """Connection-level failures of whichever HTTP stack the SDK uses (aiohttp, httpx2 or httpx)."""
     errs: list[type[BaseException]] = [asyncio.TimeoutError, ConnectionError]
     try:
-        import aiohttp
+        import aiohttp  # optional: one of the HTTP stacks the SDK may use
 
         errs.append(aiohttp.ClientError)
     except ImportError:
@@ -364,8 +367,6 @@ def request_record(item: WorkItem, s: Settings) -> dict[str, Any]:
 
 
 def _gen_config(s: Settings) -> Any:
-    from google.genai import types
-
     thinking = None if s.thinking_budget is None else types.ThinkingConfig(thinking_budget=s.thinking_budget)
     return types.GenerateContentConfig(
         response_mime_type="application/json",
@@ -377,9 +378,6 @@ def _gen_config(s: Settings) -> Any:
 
 
 def make_client(key: str, base_url: str | None, timeout_s: float) -> Any:
-    from google import genai
-    from google.genai import types
-
     http_options = types.HttpOptions(
         base_url=base_url,  # None -> the SDK uses $GOOGLE_GEMINI_BASE_URL, else the public endpoint
         timeout=int(timeout_s * 1000),  # milliseconds
@@ -409,8 +407,6 @@ class Job:
 
     async def grade(self, item: WorkItem) -> Outcome | None:
         """All attempts for one key; None if the job was refused before this key was sent."""
-        from google.genai import errors as genai_errors
-
         async with self.sem:  # at most `concurrency` keys (hence HTTP requests) in flight
             out = Outcome(item, None, None)
             started = time.monotonic()

@@ -10,6 +10,7 @@ from benchctl.stages import Stage, StudyRun
 
 
 def run(study: StudyRun) -> None:
+    # google.genai: kept out of 'benchctl report', which loads every stage for its report sections
     from benchctl.stages.judge import api as judge
 
     opts, ids = study.opts, study.run_ids

@@ -10,6 +10,7 @@ import time
 import typer
 from rich.table import Table
 
+from benchctl.core.config import make_config
 from benchctl.stages.cli import DataOpt, PresetOpt, SetOpt, console, make_progress, overrides_with_data
 
 app = typer.Typer()
@@ -22,8 +23,7 @@ def prepare(
     set_: SetOpt = None,
 ) -> None:
     """Prepare the data for a preset: stories -> SentencePiece BPE tokenizer -> train.bin / valid.bin (cached)."""
-    from benchctl.core import data as datamod
-    from benchctl.core.config import make_config
+    from benchctl.core import data as datamod  # torch: kept out of 'benchctl --help'
 
     cfg = make_config(preset, "control", overrides=overrides_with_data(set_, data))
     t0 = time.perf_counter()

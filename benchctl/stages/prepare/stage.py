@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+from benchctl.core import data
+from benchctl.core.runtime import Dist, main_first
 from benchctl.stages import Stage, StudyRun
 
 
 def run(study: StudyRun) -> None:
-    from benchctl.core import data
-    from benchctl.core.runtime import Dist, main_first
-
     first = study.cfgs[0]
     study.say(f"data source {first.data.source!r}, vocab {first.model.vocab_size}")
     dist_info = Dist.from_env()  # under torchrun rank 0 fills the cache, then the other ranks read it

@@ -7,7 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from benchctl.stages.cli import DbOpt, console
+from benchctl.core.errors import ConfigError
+from benchctl.stages.cli import DbOpt, console, db_path_of
 
 app = typer.Typer()
 
@@ -27,13 +28,11 @@ def report(
     db: DbOpt = None,
 ) -> None:
     """The study's tables and figures, with seeds and statistics, beside the published numbers."""
-    from benchctl.core import db as dbmod
-    from benchctl.stages.report import engine as reporting
-    from benchctl.core.errors import ConfigError
+    from benchctl.stages.report import engine as reporting  # pandas, matplotlib: kept out of 'benchctl --help'
 
     if fmt != "md":
         raise ConfigError(f"--format {fmt!r} is not supported; the only format is 'md' (markdown with PNG figures)")
-    rendered = reporting.build(db if db is not None else dbmod.default_path(), preset, plan, only_plan=True)
+    rendered = reporting.build(db_path_of(db), preset, plan, only_plan=True)
     path = reporting.save(rendered, out)
     n = len(rendered.figures)
     console.print(f"wrote {path} and {n} figure{'s' if n != 1 else ''} in {path.parent / 'figures'}",

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-import architectures
+from benchctl.core.config import run_id
 from benchctl.stages.cli import (
     DataOpt,
     DbOpt,
@@ -19,6 +19,7 @@ from benchctl.stages.cli import (
     overrides_with_data,
     terminal_confirm,
 )
+from benchctl.stages.train.cli import prepare_for, summarize
 
 app = typer.Typer()
 
@@ -26,7 +27,8 @@ app = typer.Typer()
 @app.command()
 def retrofit(
     from_: Annotated[str, typer.Option("--from", help="The finished parent run: its id, or its name when unique.")],
-    to: Annotated[str, typer.Option("--to", help=f"Target architecture: {', '.join(architectures.names())}.")],
+    to: Annotated[str, typer.Option(
+        "--to", help="Target architecture: a registered one, e.g. relaxed ('benchctl params' lists them all).")],
     init: Annotated[str, typer.Option("--init", help="stepwise | average (looped models) | select (three-part).")],
     lora_init: Annotated[str, typer.Option("--lora-init", help="Relaxed LoRA init: svd (of the residuals) | zero.")]
     = "svd",
@@ -40,10 +42,9 @@ def retrofit(
     progress: ProgressOpt = True,
 ) -> None:
     """Start a recurrent model from a trained control's weights and heal it by training (resumable like train)."""
+    # torch, and sqlite_utils with pandas: kept out of 'benchctl --help'
     from benchctl.core import db as dbm
     from benchctl.stages.retrofit import engine as rf
-    from benchctl.stages.train.cli import prepare_for, summarize
-    from benchctl.core.config import run_id
     from benchctl.stages.train.sweep import confirm_long_run
 
     path = db_path_of(db)

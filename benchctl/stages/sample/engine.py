@@ -60,33 +60,37 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import torch
+
+import architectures
+from architectures.base import ExitRule
+from architectures.generate import Generation, generate
+from benchctl.core import checkpoint, data
 from benchctl.core import db as dbm
+from benchctl.core.config import RunConfig
+from benchctl.core.data import Tokenizer
 from benchctl.core.errors import ConfigError, DataError, EvalError
 from benchctl.core.progress import Progress, as_progress, silent
-
-if TYPE_CHECKING:  # torch is imported where used: the CLI starts without paying its import time
-    import torch
-
-    from architectures.generate import Generation
+from benchctl.core.runtime import precision, resolve_device
+from benchctl.stages.sample.options import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_EXIT_THRESHOLD,
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_N_PROMPTS,
+    DEFAULT_SEED,
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOP_K,
+)
+from benchctl.stages.train.executors import parse_jobs
+from benchctl.stages.train.executors.local import in_shares
 
 RULE = "opening-sentences-v1"
 MIN_PROMPT_WORDS = 16
 MAX_PROMPT_WORDS = 60
 MIN_CONTINUATION_WORDS = 24
 SAMPLER = "benchctl-sample-v1"  # bump when the generation procedure changes what a given seed produces
-
-# Defaults, recorded with every sample. temperature 1.0 / top-k 300: llama2.c's sample.py. 256 new tokens: run.c's
-# default length, and enough for ~85% of TinyStories validation continuations (median ~160 tokens at vocab 4096)
-# to end by themselves. 50 prompts per model: the study's scale for a judged comparison.
-DEFAULT_N_PROMPTS = 50
-DEFAULT_TEMPERATURE = 1.0
-DEFAULT_TOP_K = 300
-DEFAULT_MAX_NEW_TOKENS = 256
-DEFAULT_SEED = 0
-DEFAULT_BATCH_SIZE = 64
-DEFAULT_EXIT_THRESHOLD = 5e-4  # Huginn's default for its KL exit
 
 BOS_ID, EOS_ID = 1, 2  # the ids data.tokenizer_spec fixes; a story ends with BOS (see the module docstring)
 
@@ -242,8 +246,6 @@ class SampleSettings:
         """The generation routine's ExitRule, or None."""
         if self.exit_rule is None:
             return None
-        from architectures.base import ExitRule
-
         return ExitRule(self.exit_rule, float(self.exit_threshold))
 
     def to_json(self) -> str:
@@ -275,15 +277,6 @@ def batch_seed(seed: int, prompt_idxs: Sequence[int]) -> int:
 # Generation
 
 
-def __getattr__(name: str) -> Any:
-    """`Generation` lives with the zoo's generation routine; it is imported on first use, like torch."""
-    if name == "Generation":
-        from architectures.generate import Generation
-
-        return Generation
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def generate_batch(
     model: torch.nn.Module,
     prompts: Sequence[Sequence[int]],
@@ -305,8 +298,6 @@ def generate_batch(
     end-of-story ids BOS and EOS) or after `max_new_tokens` new tokens. `extrapolate` and `exit` (an ExitRule) are
     the test-time depth options of `architectures.generate.generate`.
     """
-    from architectures.generate import generate
-
     return generate(model, prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                     top_p=top_p, stop_ids=stop_ids, n_recur=n_recur, generators=generators,
                     extrapolate=extrapolate, exit=exit)
@@ -338,10 +329,6 @@ def select_runs(
 def _check_n_recur(row: dict[str, Any], cfg, settings: SampleSettings) -> tuple[int, str | None]:
     """(recurrence, extrapolation rule applied or None) this run will sample with; an impossible setting is an
     EvalError, before any work."""
-    import torch
-
-    import architectures
-
     n_recur = settings.n_recur
     with torch.device("meta"):  # no weights needed to ask the architecture what it can run
         model = architectures.build(cfg.arch, cfg.model)
@@ -423,9 +410,6 @@ class SampleSummary:
 def plan(db, rows: list[dict[str, Any]], settings: SampleSettings, n_prompts: int, *, progress: bool = False
          ) -> list[RunPlan]:
     """Prompt sets (stored), resolved recurrences and missing batches for every run — all checks before any work."""
-    from benchctl.core import data
-    from benchctl.core.config import RunConfig
-
     prepared_by_key: dict[str, Any] = {}
     psets: dict[str, PromptSet] = {}
     plans = []
@@ -461,14 +445,7 @@ def sample_run(
     on_batch: Callable[[int], None] = lambda n: None,
 ) -> None:
     """Generate and store the missing batches of one run, one transaction per batch."""
-    import torch
-
-    from benchctl.core import checkpoint
-    from benchctl.core.data import Tokenizer
-
     run_id = p.row["id"]
-    from benchctl.core.runtime import precision
-
     model, cfg, tok_path = checkpoint.load_model(checkpoint.run_dir(db_path, run_id) / checkpoint.CKPT_NAME, device)
     model.float()
     prec = precision(cfg, device)
@@ -543,16 +520,12 @@ def sample_all(
     reporter / none. `jobs` (a number or "auto", as for training): runs sampled at once, each share of the runs in its
     own process with its share of the cores; a sample does not depend on which process drew it (every batch seeds
     its own generators)."""
-    from benchctl.core.runtime import resolve_device
-
     reporter = as_progress(progress)
     settings = SampleSettings(temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens,
                               seed=seed, n_recur=n_recur, batch_size=batch_size, extrapolate=extrapolate,
                               exit_rule=exit_rule, exit_threshold=exit_threshold)
     if n_prompts < 1:
         raise ConfigError(f"--n-prompts must be >= 1, got {n_prompts}")
-    from benchctl.stages.train.executors import parse_jobs
-
     parse_jobs(jobs)  # a bad --jobs fails before any work
     dev = resolve_device(device, option="--device")
     rows = select_runs(db, run_ids=run_ids, archs=archs, preset=preset)
@@ -566,8 +539,6 @@ def sample_all(
     plans_here = [p for p in plans if p.row["id"] not in elsewhere]
     total = sum(len(b) for p in plans_here for b in p.batches)
     bar = reporter.task("sampling", total=total, **{"tok/s": "-"}) if total else silent().task("sampling")
-    import torch
-
     cuda_ids = [dev.index if dev.index is not None else torch.cuda.current_device()] if dev.type == "cuda" else []
     # Model building and the per-batch seeding use the global RNG: keep the caller's streams untouched.
     with torch.random.fork_rng(devices=cuda_ids), bar:
@@ -592,8 +563,6 @@ def _sample_in_jobs(db_path: str | Path, plans: list[RunPlan], jobs: int | str, 
     """With more than one job, the runs that have samples to generate, split into that many shares of about equal
     work, each sampled by `sample_all` in its own process (benchctl.stages.train.executors.local.in_shares): run id -> what
     its process did. Empty when everything runs here."""
-    from benchctl.stages.train.executors.local import in_shares
-
     busy = [p for p in plans if p.batches]
     work = [sum(len(b) for b in p.batches) * float(p.row.get("flops_per_token") or 1.0) * p.n_recur for p in busy]
     summaries = in_shares(sample_all, [p.row["id"] for p in busy], work, knobs, jobs=jobs, db_path=Path(db_path),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from benchctl.stages import Stage, StudyRun
+from benchctl.stages.sample import engine as sample
 
 
 def run(study: StudyRun) -> None:
@@ -10,8 +11,6 @@ def run(study: StudyRun) -> None:
     if study.skips("sample") or not ids:
         study.say("skipped" + ("" if ids else " (no finished runs)"))
         return
-    from benchctl.stages.sample import engine as sample
-
     study.say("story completions from the fixed prompt set")
     kw = {"n_prompts": study.opts.n_prompts} if study.opts.n_prompts else {}
     s = sample.sample_all(study.db, study.opts.db_path, run_ids=ids, progress=study.opts.progress,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -9,7 +10,9 @@ import typer
 from rich import box
 from rich.table import Table
 
-import architectures
+from benchctl import plans
+from benchctl.core.config import make_config, run_id
+from benchctl.core.errors import BenchctlError
 from benchctl.stages.cli import (
     DataOpt,
     DbOpt,
@@ -25,6 +28,7 @@ from benchctl.stages.cli import (
     split_list,
     terminal_confirm,
 )
+from benchctl.stages.train.executors import Execution
 
 app = typer.Typer()
 
@@ -41,16 +45,15 @@ RunsDirOpt = Annotated[Optional[Path], typer.Option(
     "path (default: runs/ beside results.db).")]
 
 
-def execution_of(jobs: str, executor: str, ray_address: str | None, runs_dir: Path | None):
+def execution_of(jobs: str, executor: str, ray_address: str | None, runs_dir: Path | None) -> Execution:
     """The executors.Execution the options name (validated: a bad value is one clear error)."""
-    from benchctl.stages.train.executors import Execution
-
     return Execution(executor=executor, jobs=jobs, ray_address=ray_address, runs_dir=runs_dir)
 
 
 def prepare_for(cfg, progress: bool):
     """Run `prepare` on demand (instant when cached). Under torchrun, rank 0 prepares first, then the others read.
     Preparation messages go to stderr, as they always have, so stdout carries only the command's results."""
+    # torch: kept out of 'benchctl --help'
     from benchctl.core import data
     from benchctl.core.runtime import Dist, init_distributed, main_first, resolve_device
 
@@ -63,7 +66,8 @@ def prepare_for(cfg, progress: bool):
 
 @app.command()
 def train(
-    arch: Annotated[str, typer.Option("--arch", "-a", help=f"Architecture: {', '.join(architectures.names())}.")],
+    arch: Annotated[str, typer.Option(
+        "--arch", "-a", help="Architecture: a registered one, e.g. control ('benchctl params' lists them all).")],
     preset: PresetOpt = "paper",
     seed: Annotated[int, typer.Option("--seed", help="Training seed (weights, batches).")] = 0,
     set_: SetOpt = None,
@@ -73,11 +77,11 @@ def train(
     progress: ProgressOpt = True,
 ) -> None:
     """Train one architecture (resumes an interrupted run; skips a finished one). Works under torchrun for DDP."""
+    # torch, and sqlite_utils with pandas: kept out of 'benchctl --help'
     from benchctl.core import db as dbm
-    from benchctl.core.config import make_config
     from benchctl.core.runtime import Dist, decide_on_main
-    from benchctl.stages.train.sweep import confirm_long_run
     from benchctl.stages.train.engine import train_run
+    from benchctl.stages.train.sweep import confirm_long_run
 
     cfg = make_config(preset, arch, seed, overrides_with_data(set_, data))
     dist_info = Dist.from_env()
@@ -88,8 +92,6 @@ def train(
 
     def confirm_on_main() -> None:
         """Rank 0 asks; under torchrun its answer (go on, or the abort) is every rank's."""
-        from benchctl.core.config import run_id
-
         row = dbm.get_run(handle, run_id(cfg, prepared.fingerprint))
         if row is None or row["status"] != "done":
             confirm_long_run([cfg], prepared, yes=yes, log=log, confirm=terminal_confirm())
@@ -125,12 +127,10 @@ def train_all(
 ) -> None:
     """Train every (architecture, seed) pair, or every (variant, seed) of a --plan, skipping finished runs and
     resuming interrupted ones."""
+    # torch, and sqlite_utils with pandas: kept out of 'benchctl --help'
     from benchctl.core import db as dbm
-    from benchctl import plans
-    from benchctl.core.errors import BenchctlError
-    from benchctl.stages.train import sweep
-
     from benchctl.core.runtime import Dist
+    from benchctl.stages.train import sweep
 
     execution = execution_of(jobs, executor, ray_address, runs_dir)
     overrides = overrides_with_data(set_, data)
@@ -225,9 +225,7 @@ def runs(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """List the runs in results.db."""
-    import json
-
-    from benchctl.core import db as dbm
+    from benchctl.core import db as dbm  # sqlite_utils loads pandas: kept out of 'benchctl --help'
 
     handle = dbm.connect(db_path_of(db), create=False)
     rows = dbm.runs(handle, status=status, preset=preset)

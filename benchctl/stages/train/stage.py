@@ -6,14 +6,13 @@ differ in size or compute, loss against training compute, parameters and trainin
 
 from __future__ import annotations
 
+from benchctl.stages.train.sweep import train_all
 from benchctl.stages.train.report_compute import compute_section, depth_section, params_section
 from benchctl.stages.train.report import cost_section, loss_section, models_section, runs_section
 from benchctl.stages import Stage, StudyRun
 
 
 def run(study: StudyRun) -> None:
-    from benchctl.stages.train.sweep import train_all
-
     opts, cfgs = study.opts, study.cfgs
     names = list(dict.fromkeys(study.variants or study.archs))
     plan = f"plan {study.plan.name}: " if study.plan is not None else ""

@@ -128,7 +128,7 @@ def plan_slots(jobs: int | str, n_runs: int, device_spec: str = "auto", *, cores
     one per GPU. On a CPU, 'auto' runs one per AUTO_THREADS_PER_RUN cores. Either way the cores are shared evenly."""
     cores = cpu_cores() if cores is None else cores
     if gpus is None:
-        import torch
+        import torch  # kept out of 'benchctl --help', which imports this module (the options it checks)
 
         gpus = torch.cuda.device_count() if device_spec in ("auto", "cuda") and torch.cuda.is_available() else 0
     jobs = parse_jobs(jobs)
@@ -161,6 +161,7 @@ def _visible_gpus(count: int) -> tuple[str, ...]:
 def already_done(db: Any, db_path: Path, runs_dir: Path | None, run_id: str) -> bool:
     """results.db has the run as done and its checkpoint is there: no process needs to start for it (train_run
     would skip it the same way)."""
+    # torch (checkpoint), sqlite_utils with pandas: kept out of 'benchctl --help', which imports this module
     from benchctl.core import checkpoint as ckpt
     from benchctl.core import db as dbm
 
@@ -172,7 +173,7 @@ def already_done(db: Any, db_path: Path, runs_dir: Path | None, run_id: str) -> 
 def link_run_dir(db_path: Path, runs_dir: Path | None, run_id: str) -> None:
     """A run trained under another runs dir is linked at `<db dir>/runs/<run id>`, where sample, eval and depth
     look for checkpoints, so the later stages find it without knowing where it was trained."""
-    from benchctl.core import checkpoint as ckpt
+    from benchctl.core import checkpoint as ckpt  # torch: kept out of 'benchctl --help', which imports this module
 
     if runs_dir is None:
         return
