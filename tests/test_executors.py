@@ -20,6 +20,7 @@ from rich.console import Console
 from benchctl.core import accounting
 from benchctl.core import db as dbm
 from benchctl.stages.train import sweep
+from benchctl.stages.train.options import TrainOptions
 from benchctl.stages.train import executors
 from benchctl.cli import main
 from benchctl.core.config import make_config
@@ -101,9 +102,9 @@ def test_bad_execution_options_are_one_clear_line(tmp_path, capsys, args, needle
 def test_jobs_under_torchrun_are_refused(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     cfgs = sweep.sweep("tiny", ["control"], [0])
-    for execution in (Execution(jobs=2), Execution(executor="ray")):
+    for opts in (TrainOptions(jobs=2), TrainOptions(executor="ray")):
         with pytest.raises(ConfigError, match="under torchrun"):
-            sweep.train_all(cfgs, None, Path("unused.db"), execution=execution)
+            sweep.train_all(cfgs, None, Path("unused.db"), opts)
 
 
 # ---- progress lines from the jobs ------------------------------------------------------------------------------------
@@ -157,7 +158,7 @@ def test_two_jobs_give_the_same_runs_as_one(tmp_path, tinystories_dir, monkeypat
     lines: list[str] = []
     bad = make_config("tiny", "control", 1, {**SHORT, "data.source": str(tinystories_dir), "train.lr": 1e6})
     res2 = sweep.train_all([bad, *cfgs], prepared, two, progress=False, log=lines.append,
-                           execution=Execution(jobs=2))
+                           opts=TrainOptions(jobs=2))
     assert sorted(res1.done) == sorted(res2.done) and len(res2.done) == 2
     assert len(res2.failed) == 1 and "training loss became" in res2.failed[0][1]
     losses = _losses(two)
@@ -165,7 +166,7 @@ def test_two_jobs_give_the_same_runs_as_one(tmp_path, tinystories_dir, monkeypat
     assert lines[0] == "3 run(s), 2 at a time, 1 thread(s) each"
     assert sum("-> job" in ln for ln in lines) == 3
     lines.clear()
-    again = sweep.train_all(cfgs, prepared, two, progress=False, log=lines.append, execution=Execution(jobs=2))
+    again = sweep.train_all(cfgs, prepared, two, progress=False, log=lines.append, opts=TrainOptions(jobs=2))
     assert sorted(again.skipped) == sorted(res2.done) and not again.done
     assert not any("at a time" in ln for ln in lines)  # finished runs start no process
 
@@ -176,7 +177,7 @@ def test_a_run_dir_of_its_own_is_linked_where_later_stages_look(tmp_path, tinyst
     cfgs, prepared = _prepared(tmp_path, monkeypatch, tinystories_dir, {**SHORT, "train.max_steps": 2})
     db_path, runs = tmp_path / "results.db", tmp_path / "shared" / "runs"
     res = sweep.train_all(cfgs[:1], prepared, db_path, progress=False, log=lambda *_: None,
-                          execution=Execution(runs_dir=runs))
+                          opts=TrainOptions(runs_dir=runs))
     (rid,) = res.done
     assert (runs / rid / ckpt.CKPT_NAME).is_file()
     usual = ckpt.run_dir(db_path, rid)
@@ -260,15 +261,19 @@ def test_killing_the_parent_leaves_every_run_resumable(tmp_path, tinystories_dir
 def test_a_groups_error_is_raised_after_every_group_has_ended(tmp_path):
     """One share fails with a benchctl error (a run id that does not exist), the other ends normally: the caller
     gets that error, with its own message and class, once both processes are gone."""
+    from benchctl.stages import RunSelection
     from benchctl.stages.sample import engine as smp
+    from benchctl.stages.sample.options import SampleOptions
     from benchctl.stages.train.executors.local import in_processes
 
     db_path = tmp_path / "results.db"
     dbm.connect(db_path)  # an empty results.db
     said: list[str] = []
     with pytest.raises(ConfigError, match="nope"):
-        in_processes(smp.sample_all, [{"run_ids": ["nope"]}, {"run_ids": ["nope-either"]}], db_path=db_path,
-                     device_spec="cpu", progress=Progress(enabled=False), log=said.append, what="sampling")
+        in_processes(smp.sample_all, [{"opts": SampleOptions(select=RunSelection(run_ids=[ids]))}
+                                      for ids in ("nope", "nope-either")],
+                     db_path=db_path, device_spec="cpu", progress=Progress(enabled=False), log=said.append,
+                     what="sampling")
     assert said[0] == "sampling: 2 jobs at once, 1 thread(s) each"
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("benchctl-job")]
 

@@ -16,8 +16,9 @@ import pytest
 
 from benchctl.core import checkpoint as ckpt
 from benchctl.stages.train import sweep
+from benchctl.stages.train.options import TrainOptions
 from benchctl.core.errors import ConfigError
-from benchctl.stages.train.executors import Execution, RunSpec
+from benchctl.stages.train.executors import RunSpec
 from benchctl.stages.train.executors import ray as ray_exec
 
 ray = pytest.importorskip("ray")
@@ -89,7 +90,7 @@ def test_ray_trains_the_same_runs_as_local(cluster, tmp_path, monkeypatch, tinys
     sweep.train_all(cfgs, prepared, local_db, progress=False, log=_quiet)
     lines: list[str] = []
     res = sweep.train_all(cfgs, prepared, ray_db, progress=False, log=lines.append,
-                          execution=Execution(executor="ray"))
+                          opts=TrainOptions(executor="ray"))
     assert len(res.done) == 4 and not res.failed
     assert _runs(ray_db) == _runs(local_db)
     assert all(status == "done" for status, *_ in _runs(ray_db).values())
@@ -99,7 +100,7 @@ def test_ray_trains_the_same_runs_as_local(cluster, tmp_path, monkeypatch, tinys
         assert (ckpt.run_dir(ray_db, rid) / ckpt.CKPT_NAME).is_file()
     assert any("on Ray: 1 CPU(s) each, up to 2 at a time" in ln for ln in lines)
 
-    again = sweep.train_all(cfgs, prepared, ray_db, progress=False, log=_quiet, execution=Execution(executor="ray"))
+    again = sweep.train_all(cfgs, prepared, ray_db, progress=False, log=_quiet, opts=TrainOptions(executor="ray"))
     assert sorted(again.skipped) == sorted(res.done) and not again.done
 
 
@@ -115,7 +116,7 @@ def test_a_killed_worker_is_retried_and_resumes(cluster, tmp_path, monkeypatch, 
     killed: list[int] = []
     threading.Thread(target=_kill_after_checkpoint, args=(ray_db.parent / "runs" / rid / ray_exec.ROWS_DB, killed),
                      daemon=True).start()
-    res = sweep.train_all(cfgs, prepared, ray_db, progress=False, log=_quiet, execution=Execution(executor="ray"))
+    res = sweep.train_all(cfgs, prepared, ray_db, progress=False, log=_quiet, opts=TrainOptions(executor="ray"))
     assert killed, "the worker finished before it could be killed; make the run longer"
     assert res.done == [rid] and res.resumed[rid] >= 5
     assert _runs(ray_db)[rid][:3] == _runs(local_db)[rid][:3]  # status, final and initial loss

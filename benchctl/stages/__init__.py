@@ -8,6 +8,11 @@ stage is adding one folder to this package; neither the study loop nor the repor
 Orders in use: prepare 10, train 20, bench 22, retrofit 25, sample 30, judge 40, eval 50, depth 55, report 100 (the report
 stage closes the report with the comparisons across stages, benchmark rows and provenance). Leave gaps so new stages
 can slot in between.
+
+This package also holds what the stages share: the study's options and state (`StudyOptions`, `StudyRun`,
+`TrainAllResult`), the run selection the stages after training take (`RunSelection`), and the command lines' common
+pieces (`benchctl.stages.cli`). Each stage's own options are one frozen dataclass in `<name>/options.py`, which its
+command builds from the command line, its `stage.py` from the study's options, and its engine takes whole.
 """
 
 from __future__ import annotations
@@ -45,6 +50,22 @@ class Stage:
     figures: tuple[str, ...] = ()
     skippable: bool = False
     every_rank: bool = False  # under torchrun: run on every rank (training's DDP); otherwise rank 0 alone
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSelection:
+    """Which finished runs a stage works on (`--runs`, `--archs`, `--preset`); None is no filter. The stages that
+    work on trained runs (sample, judge, eval, depth) take it in their options; the study selects by run id."""
+
+    run_ids: tuple[str, ...] | None = None
+    archs: tuple[str, ...] | None = None
+    preset: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("run_ids", "archs"):  # lists from the command line, kept as tuples: the options are frozen
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, tuple(value))
 
 
 def _default_db_path() -> Path:

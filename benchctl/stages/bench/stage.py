@@ -22,6 +22,7 @@ from benchctl.core.runtime import resolve_device
 from benchctl.report.context import model_keys
 from benchctl.stages import Stage, StudyRun
 from benchctl.stages.bench import engine as B
+from benchctl.stages.bench.options import BenchOptions
 
 AUTO_PRESETS = ("tiny", "small")  # where `study` benches by default on a CPU
 
@@ -66,8 +67,7 @@ def run(study: StudyRun) -> None:
         return
     study.say(f"timing the training step of {', '.join(archs)} (preset {opts.preset}, steps interleaved)")
     t0 = time.perf_counter()
-    objs = B.run(B.BenchOptions(preset=opts.preset, archs=archs, overrides=overrides, reference=False),
-                 opts.db_path)
+    objs = B.run(BenchOptions(preset=opts.preset, archs=archs, overrides=overrides, reference=False), opts.db_path)
     ratios = ", ".join(f"{o['arch']} {o['cost_ratio']:.2f}" for o in objs if o.get("cost_ratio") is not None)
     study.log(f"   benchmarked in {format_duration(time.perf_counter() - t0)}; cost ratios {ratios}")
 

@@ -8,9 +8,10 @@ shows whatever rows exist.
 
 from __future__ import annotations
 
+from benchctl.stages import RunSelection, Stage, StudyRun
 from benchctl.stages.depth import engine as depth
+from benchctl.stages.depth.options import DepthOptions
 from benchctl.stages.depth.report import FIGURES, depth_section
-from benchctl.stages import Stage, StudyRun
 
 
 def run(study: StudyRun) -> None:
@@ -25,8 +26,8 @@ def run(study: StudyRun) -> None:
         return
     study.say("validation loss against inference depth, and with the adaptive exit")
     for exit_rule in (None, "kl"):
-        s = depth.depth_all(study.db, study.opts.db_path, run_ids=ids, exit_rule=exit_rule,
-                            progress=study.opts.progress)
+        opts = DepthOptions(select=RunSelection(run_ids=ids), exit_rule=exit_rule)
+        s = depth.depth_all(study.db, study.opts.db_path, opts, progress=study.opts.progress)
         study.log(f"   {'exit kl' if exit_rule else 'fixed depths'}: {len(s.rows)} row(s) measured, "
                   f"{s.skipped} already stored")
 

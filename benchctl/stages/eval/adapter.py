@@ -42,8 +42,8 @@ from benchctl.core import data as datamod
 from benchctl.core.checkpoint import load_model
 from benchctl.core.progress import Progress, as_progress
 from benchctl.core.runtime import resolve_device, resolve_precision
+from benchctl.stages.eval.options import DEFAULT_BATCH_SIZE
 
-DEFAULT_BATCH_SIZE = 32
 DEFAULT_SEED = 1234  # seed mixed into every forward (three-part's random initial state)
 
 

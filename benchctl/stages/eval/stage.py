@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from benchctl.stages import RunSelection, Stage, StudyRun
+from benchctl.stages.eval.options import EvalOptions
 from benchctl.stages.eval.report import eval_section
-from benchctl.stages import Stage, StudyRun
 
 
 def run(study: StudyRun) -> None:
@@ -15,8 +16,8 @@ def run(study: StudyRun) -> None:
     from benchctl.stages.eval import api as evaluate
 
     study.say("lm-eval tasks on every finished run")
-    evaluate.evaluate_runs(study.db, study.opts.db_path, tasks=study.opts.eval_tasks, run_ids=ids,
-                           progress=study.opts.progress, log=study.log, jobs=study.opts.jobs)
+    opts = EvalOptions(select=RunSelection(run_ids=ids), tasks=study.opts.eval_tasks, jobs=study.opts.jobs)
+    evaluate.evaluate_runs(study.db, study.opts.db_path, opts, progress=study.opts.progress, log=study.log)
 
 
 STAGE = Stage(name="eval", order=50, run=run, sections=(eval_section,), skippable=True)

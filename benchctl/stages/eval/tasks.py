@@ -46,11 +46,10 @@ from architectures import did_you_mean
 from benchctl.core import data as datamod
 from benchctl.core.errors import EvalError
 from benchctl.core.files import atomic_write
+from benchctl.stages.eval.options import BUNDLED_TASKS, DEFAULT_DOCS
 
-BUNDLED_TASKS = ("tinystories_ppl", "tinystories_ending", "tinystories_names", "tinystories_order")
 TASK_VERSIONS = {"tinystories_ppl": 1, "tinystories_ending": 1, "tinystories_names": 1, "tinystories_order": 1}
 TASK_SEED = 1234  # seed of the document selection and the distractors
-DEFAULT_DOCS = 200  # documents per bundled task
 TEMPLATES = Path(__file__).parent / "task_yaml"  # the bundled task YAMLs, shipped as package data
 TASKS_SUBDIR = "lm_eval_tasks"
 
@@ -388,14 +387,6 @@ def _render_yaml(task: str, data_path: Path, out_dir: Path, seed: int, n_docs: i
 
 # ====================================================================================================================
 # Finding tasks: bundled, the user's include paths, lm-eval's own
-
-
-def check_task_names(standard: Sequence[str]) -> None:
-    """A typo of a bundled name is an EvalError here, before lm-eval's 20-second index is built to look it up."""
-    for name in standard:
-        if name.startswith("tinystories"):
-            hint = did_you_mean(name, BUNDLED_TASKS)
-            raise EvalError(f"unknown task '{name}'{hint} bundled tasks: {', '.join(BUNDLED_TASKS)}")
 
 
 class TaskIndex:

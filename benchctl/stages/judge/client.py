@@ -37,19 +37,9 @@ CRITERIA = ("grammar", "creativity", "consistency", "plot")
 SCORE_MIN, SCORE_MAX = 1, 10
 
 API_KEY_VARS = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
-DEFAULT_MODEL = "gemini-2.5-flash"
-# Temperature 0 by default: each grade is the judge's most likely verdict, so a mean over samples is not blurred by
-# sampling noise; `--repeats` at this temperature measures the service's residual nondeterminism. Pass a higher
-# temperature to study judge variance. The value is stored with every request.
-DEFAULT_TEMPERATURE = 0.0
-AUTO = "auto"
 # Thinking: off (budget 0) on the models that allow turning it off; other models keep their default (not sent).
 # The budget actually sent is stored with every request.
 _THINKING_OFF_MODELS = ("gemini-2.5-flash", "gemini-2.5-flash-lite")
-# Protocols: `json` asks for the four grades only; `assess` (the default, the study's wording) has the judge write its
-# general assessment of the story first, in an `assessment` field ahead of the grades, as the grading text asks.
-PROTOCOLS = ("json", "assess")
-DEFAULT_PROTOCOL = "assess"
 
 # The json answer is ~25 tokens; an assessment adds a paragraph (~100–300 tokens), so its limit leaves several times
 # that. Thinking tokens count towards the output limit, so leave room when thinking is on.

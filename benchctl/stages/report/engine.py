@@ -19,6 +19,7 @@ from benchctl.report.figures import save_figure
 from benchctl.report.fmt import need
 from benchctl.report.frames import Frames
 from benchctl.report.load import Data, read
+from benchctl.stages.report.options import ReportOptions
 
 
 @dataclass
@@ -120,3 +121,10 @@ def write_report(db: str | os.PathLike | Any, out_dir: str | os.PathLike,
     preset=None reports the preset with most finished runs (the report names it and lists the others); `plan`
     names the models by that plan's variant names first, and with `only_plan` the report shows its runs alone."""
     return save(build(db, preset, plan, only_plan), out_dir)
+
+
+def run(db: str | os.PathLike | Any, opts: ReportOptions) -> tuple[Rendered, Path]:
+    """The report `opts` asks for, from results.db (a path, opened read-only, or an open connection), written to
+    `opts.out_dir`: what was rendered, and the path of report.md."""
+    rendered = build(db, opts.preset, opts.plan, opts.only_plan)
+    return rendered, save(rendered, opts.out_dir)

@@ -19,6 +19,7 @@ from benchctl.stages.cli import (
     overrides_with_data,
     terminal_confirm,
 )
+from benchctl.stages.retrofit.options import RetrofitOptions
 from benchctl.stages.train.cli import prepare_for, summarize
 
 app = typer.Typer()
@@ -42,6 +43,8 @@ def retrofit(
     progress: ProgressOpt = True,
 ) -> None:
     """Start a recurrent model from a trained control's weights and heal it by training (resumable like train)."""
+    opts = RetrofitOptions(parent=from_, to=to, init=init, lora_init=lora_init, steps=steps, preset=preset,
+                           overrides=overrides_with_data(set_, data))
     # torch, and sqlite_utils with pandas: kept out of 'benchctl --help'
     from benchctl.core import db as dbm
     from benchctl.stages.retrofit import engine as rf
@@ -49,8 +52,7 @@ def retrofit(
 
     path = db_path_of(db)
     handle = dbm.connect(path)
-    job = rf.plan(handle, from_, to, init, lora_init, steps=steps, overrides=overrides_with_data(set_, data),
-                  preset=preset)
+    job = rf.plan(handle, opts)
     prepared = prepare_for(job.cfg, progress)
     row = dbm.get_run(handle, run_id(job.cfg, prepared.fingerprint))
     if row is None or row["status"] != "done":

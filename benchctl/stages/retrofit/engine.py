@@ -20,11 +20,12 @@ from typing import Any, Callable
 import torch
 
 import architectures
-from architectures.retrofit import INITS, LORA_INITS, describe, retrofit_state
+from architectures.retrofit import describe, retrofit_state
 from benchctl.core import checkpoint as ckpt
 from benchctl.core import db as dbm
 from benchctl.core.config import RunConfig, make_config, run_id
 from benchctl.core.errors import CheckpointError, ConfigError
+from benchctl.stages.retrofit.options import RetrofitOptions
 from benchctl.stages.train import engine as train_engine
 
 # The parent's trunk widths and data carry over to the target (the depth, n_layers and n_recur, does not: the target
@@ -48,20 +49,16 @@ class Retrofit:
         return describe(self.init, self.lora_init)
 
 
-def plan(db: dbm.Database, ref: str, to: str, init: str, lora_init: str = "svd", *, steps: int | None = None,
-         overrides: dict[str, Any] | None = None, preset: str | None = None) -> Retrofit:
-    """Resolve the parent (`ref`: run id or name) and build the target's config; nothing is loaded or trained."""
-    if init not in INITS:
-        raise ConfigError(f"--init must be one of {', '.join(INITS)}, got {init!r}")
-    if lora_init not in LORA_INITS:
-        raise ConfigError(f"--lora-init must be one of {', '.join(LORA_INITS)}, got {lora_init!r}")
-    parent = dbm.retrofit_parent(db, ref, preset)
+def plan(db: dbm.Database, opts: RetrofitOptions) -> Retrofit:
+    """Resolve the parent (`opts.parent`: run id or name) and build the target's config; nothing is loaded or
+    trained."""
+    parent = dbm.retrofit_parent(db, opts.parent, opts.preset)
     if parent["arch"] not in PARENT_ARCHS:
         raise ConfigError(f"--from {parent['id']}: a retrofit converts a plain transformer ({', '.join(PARENT_ARCHS)}),"
                           f" not a {parent['arch']} run")
-    base = {} if steps is None else {"train.max_steps": steps}
-    cfg = target_config(RunConfig.from_json(parent["config_json"]), to, {**base, **(overrides or {})})
-    return attach(cfg, parent, init, lora_init)
+    base = {} if opts.steps is None else {"train.max_steps": opts.steps}
+    cfg = target_config(RunConfig.from_json(parent["config_json"]), opts.to, {**base, **opts.overrides})
+    return attach(cfg, parent, opts.init, opts.lora_init)
 
 
 def target_config(pcfg: RunConfig, to: str, overrides: dict[str, Any] | None = None) -> RunConfig:

@@ -14,6 +14,7 @@ from rich.text import Text
 
 from benchctl.core.progress import Progress
 from benchctl.stages.cli import DbOpt, console, db_path_of, split_list
+from benchctl.stages import RunSelection
 from benchctl.stages.sample import options as opt
 
 app = typer.Typer()
@@ -62,16 +63,15 @@ def sample(
     from benchctl.core import db as dbm
     from benchctl.stages.sample import engine as smp
 
-    path = db_path_of(db)
-    handle = dbm.connect(path, create=False)
-    reporter = Progress(enabled=progress, console=console)
-    s = smp.sample_all(
-        handle, path, n_prompts=n_prompts, temperature=temperature, top_k=top_k, top_p=top_p,
-        max_new_tokens=max_new_tokens, seed=seed, n_recur=n_recur, run_ids=split_list(runs),
-        archs=split_list(archs), preset=preset, device=device, batch_size=batch_size, progress=reporter,
-        extrapolate=extrapolate, exit_rule=exit_rule, exit_threshold=threshold,
+    opts = opt.SampleOptions(
+        select=RunSelection(run_ids=split_list(runs), archs=split_list(archs), preset=preset), n_prompts=n_prompts,
+        temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed, n_recur=n_recur,
+        batch_size=batch_size, extrapolate=extrapolate, exit_rule=exit_rule, exit_threshold=threshold, device=device,
         jobs=jobs,
     )
+    path = db_path_of(db)
+    handle = dbm.connect(path, create=False)
+    s = smp.sample_all(handle, path, opts, progress=Progress(enabled=progress, console=console))
     t = Table(title=f"samples — prompt set {', '.join(s.prompt_sets)}, settings {s.settings_hash}",
               title_justify="left", box=box.SIMPLE_HEAD)
     exiting = s.settings.exit_rule is not None

@@ -28,7 +28,7 @@ from benchctl.stages.cli import (
     split_list,
     terminal_confirm,
 )
-from benchctl.stages.train.executors import Execution
+from benchctl.stages.train.options import TrainOptions
 
 app = typer.Typer()
 
@@ -43,11 +43,6 @@ RayAddressOpt = Annotated[Optional[str], typer.Option(
 RunsDirOpt = Annotated[Optional[Path], typer.Option(
     "--runs-dir", help="Where run directories (checkpoints) live; with Ray, a directory every machine sees at this "
     "path (default: runs/ beside results.db).")]
-
-
-def execution_of(jobs: str, executor: str, ray_address: str | None, runs_dir: Path | None) -> Execution:
-    """The executors.Execution the options name (validated: a bad value is one clear error)."""
-    return Execution(executor=executor, jobs=jobs, ray_address=ray_address, runs_dir=runs_dir)
 
 
 def prepare_for(cfg, progress: bool):
@@ -127,12 +122,12 @@ def train_all(
 ) -> None:
     """Train every (architecture, seed) pair, or every (variant, seed) of a --plan, skipping finished runs and
     resuming interrupted ones."""
+    opts = TrainOptions(yes=yes, jobs=jobs, executor=executor, ray_address=ray_address, runs_dir=runs_dir)
     # torch, and sqlite_utils with pandas: kept out of 'benchctl --help'
     from benchctl.core import db as dbm
     from benchctl.core.runtime import Dist
     from benchctl.stages.train import sweep
 
-    execution = execution_of(jobs, executor, ray_address, runs_dir)
     overrides = overrides_with_data(set_, data)
     plan_, variants = None, None
     if plan is None:
@@ -145,8 +140,8 @@ def train_all(
     prepared = prepare_for(cfgs[0], progress)
     path = db_path_of(db)
     is_main = Dist.from_env().is_main  # under torchrun every rank trains each run; rank 0 alone reports
-    res = sweep.train_all(cfgs, prepared, path, progress=progress, log=console.print if is_main else _quiet,
-                          yes=yes, confirm=terminal_confirm(), variants=variants, plan=plan_, execution=execution)
+    res = sweep.train_all(cfgs, prepared, path, opts, progress=progress, log=console.print if is_main else _quiet,
+                          confirm=terminal_confirm(), variants=variants, plan=plan_)
     if not is_main:
         return
     handle = dbm.connect(path)

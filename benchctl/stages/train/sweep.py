@@ -20,6 +20,7 @@ from benchctl.stages import TrainAllResult
 from benchctl.stages.train import engine, executors
 from benchctl.stages.train.executors.local import InProcess, ProcessPool
 from benchctl.stages.train.executors.ray import RayExecutor
+from benchctl.stages.train.options import TrainOptions
 
 # Ask before starting work estimated to take longer than this on the current device.
 CONFIRM_ABOVE_SECONDS = 3600.0
@@ -63,23 +64,23 @@ def train_all(
     cfgs: list[RunConfig],
     prepared: Any,
     db_path: Path,
+    opts: TrainOptions | None = None,
     *,
     progress: bool = True,
     log: Callable[[str], None] = print,
-    yes: bool = False,
     confirm: Callable[[str], bool] | None = None,
     variants: list[str] | None = None,
     plan: Any = None,
-    execution: executors.Execution | None = None,
 ) -> TrainAllResult:
     """Train every config not yet done (resuming interrupted ones); a failing run is recorded and the rest go on.
 
     `variants` names each config (a plan's variant names; architecture names when None) and `plan` (a
     benchctl.plans.Plan) is recorded with every run it reaches, trained now or before, so its report finds them under
-    its own names. Before starting, work estimated above an hour needs `yes` or a yes from `confirm` (see
-    confirm_long_run). `execution` (None: in this process, one run after another) says where the runs train: N local
-    processes at once, or tasks on a Ray cluster."""
-    execution = execution or executors.Execution()
+    its own names. Before starting, work estimated above an hour needs `opts.yes` or a yes from `confirm` (see
+    confirm_long_run). `opts` (None: the defaults, in this process, one run after another) also says where the runs
+    train: N local processes at once, or tasks on a Ray cluster."""
+    opts = opts or TrainOptions()
+    execution = opts.execution
     dist_info = Dist.from_env()  # under torchrun: one process group for every run; rank 0 asks and writes
     if dist_info.enabled and not execution.in_process:
         raise ConfigError("under torchrun every process trains each run together; --jobs and --executor ray "
@@ -91,7 +92,7 @@ def train_all(
         todo = [c for c in cfgs if (dbm.get_run(db, run_id(c, prepared.fingerprint)) or {}).get("status") != "done"]
         if not execution.in_process:  # they run side by side: the wall time is that of the longest share
             todo = todo[: max(1, -(-len(todo) // _parallel_jobs(execution, len(todo), cfgs[0])))]
-        confirm_long_run(todo, prepared, yes=yes, log=log, confirm=confirm)
+        confirm_long_run(todo, prepared, yes=opts.yes, log=log, confirm=confirm)
 
     decide_on_main(dist_info, confirm_on_main)
     result = TrainAllResult()

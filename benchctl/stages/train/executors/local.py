@@ -183,17 +183,17 @@ class ProcessPool:
             self._relay.handle(event)
 
 
-def in_shares(fn: Callable[..., Any], run_ids: list[str], work: list[float], knobs: dict[str, Any], *, jobs: int | str,
-              db_path: Path, device_spec: str, progress: Progress, log: Callable[[str], None],
-              what: str) -> list[Any] | None:
-    """`run_ids` split into `jobs` shares of about equal `work`, each handled by `fn(..., run_ids=share, **knobs)`
-    in its own process (`in_processes`): their results, or None when one job is all there is (the caller then works
+def in_shares(fn: Callable[..., Any], run_ids: list[str], work: list[float],
+              share: Callable[[list[str]], dict[str, Any]], *, jobs: int | str, db_path: Path, device_spec: str,
+              progress: Progress, log: Callable[[str], None], what: str) -> list[Any] | None:
+    """`run_ids` split into `jobs` shares of about equal `work`, each handled by `fn(..., **share(its run ids))` in
+    its own process (`in_processes`): their results, or None when one job is all there is (the caller then works
     in its own process)."""
     slots = plan_slots(jobs, len(run_ids), device_spec)
     if slots.jobs < 2:
         return None
     groups = split_evenly(run_ids, work, slots.jobs)
-    return in_processes(fn, [{**knobs, "run_ids": ids} for ids in groups], db_path=db_path, device_spec=device_spec,
+    return in_processes(fn, [share(ids) for ids in groups], db_path=db_path, device_spec=device_spec,
                         progress=progress, log=log, what=what)
 
 
