@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import torch
 import torch.nn as nn
+from numpy.polynomial.hermite import hermgauss
 
 from architectures import register
 from architectures.base import ArchArgs, BaseLM
@@ -137,8 +138,6 @@ class ThreePart(BaseLM):
     def depth_distribution(self, tail: float = 1e-12) -> list[tuple[int, float]]:
         """(r, P(r)) of the sampled training depth r = Poisson(tau) + 1, tau ~ LogNormal(ln r_bar - sigma^2/2, sigma),
         integrated over tau by Gauss-Hermite quadrature; r runs until the remaining mass is below `tail`."""
-        from numpy.polynomial.hermite import hermgauss
-
         sigma = self.arch_args.recur_sigma
         mu = math.log(self.args.n_recur) - sigma**2 / 2
         nodes, weights = hermgauss(80)

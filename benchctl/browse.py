@@ -14,12 +14,18 @@ browse databases written by older and newer versions.
 
 from __future__ import annotations
 
+import socket
 import threading
 import webbrowser
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import uvicorn
+from datasette.app import Datasette
+from datasette.database import Database
+
+from benchctl.core import db as dbm
 from benchctl.core.errors import BenchctlError, DatabaseError
 from benchctl.core.tables import Table
 
@@ -67,8 +73,6 @@ def check_database(path: str | Path) -> Served:
     if not p.is_file():
         what = "is a directory, not" if p.is_dir() else "does not exist; expected"
         raise DatabaseError(f"{p} {what} a results database; train something first or pass --db PATH")
-    from benchctl.core import db as dbm
-
     columns = dbm.file_columns(p)
     missing = [t for t in ("meta", "runs") if t not in columns]
     if missing:
@@ -225,8 +229,6 @@ def url(host: str, port: int, served: Served) -> str:
 
 def _check_port(host: str, port: int) -> None:
     """Fail with one line before Datasette starts when the address is taken (uvicorn would log and exit)."""
-    import socket
-
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -236,17 +238,17 @@ def _check_port(host: str, port: int) -> None:
             raise BenchctlError(f"cannot listen on {host}:{port} ({e.strerror or e}); pass another --port") from None
 
 
+class _ReadOnlyDatabase(Database):
+    """results.db as Datasette sees it: the write connection it would hand to plugins is refused."""
+
+    def connect(self, write: bool = False):
+        if write:
+            raise PermissionError("benchctl browse serves results.db read-only")
+        return super().connect(write=False)
+
+
 def app(served: Served):
     """The Datasette instance serving `served` read-only (also what tests can drive without a server)."""
-    from datasette.app import Datasette
-    from datasette.database import Database
-
-    class _ReadOnlyDatabase(Database):
-        def connect(self, write: bool = False):
-            if write:
-                raise PermissionError("benchctl browse serves results.db read-only")
-            return super().connect(write=False)
-
     ds = Datasette(files=[], metadata=metadata(served), settings={"sql_time_limit_ms": 5000})
     ds.remove_database("_memory")  # Datasette adds a scratch database when started without files
     ds.add_database(_ReadOnlyDatabase(ds, path=str(served.path), is_mutable=True), name=served.name)
@@ -256,8 +258,6 @@ def app(served: Served):
 def serve(served: Served, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, open_browser: bool = False,
           on_ready: Callable[[], None] | None = None) -> None:
     """Serve until interrupted. `on_ready` runs once the server accepts connections (then the browser opens)."""
-    import uvicorn
-
     _check_port(host, port)
     ds = app(served)  # Datasette runs its own start-up hooks on the first request
     server = uvicorn.Server(uvicorn.Config(ds.app(), host=host, port=port, log_level="warning", lifespan="on",

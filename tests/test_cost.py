@@ -14,7 +14,8 @@ import torch
 
 from benchctl.stages.bench import tables as bench_tables
 from benchctl.stages.train import tables as train_tables
-from benchctl import report, stages
+from benchctl import stages
+from benchctl.stages.report import engine as report
 from benchctl.core import telemetry
 from benchctl.core.config import make_config
 from benchctl.core.errors import ConfigError

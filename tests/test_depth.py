@@ -18,8 +18,11 @@ from architectures.generate import generate
 from benchctl import stages
 from benchctl.stages.train import tables as train_tables
 from benchctl.stages.depth import engine as dp
-from benchctl import report
+from benchctl.stages.depth.options import DEFAULT_DEPTHS, DepthOptions, check_exit_rule, parse_depths, parse_thresholds
+from benchctl.stages.report import engine as report
+from benchctl.stages import RunSelection
 from benchctl.stages.sample import engine as smp
+from benchctl.stages.sample.options import SampleOptions
 from benchctl.core.errors import ConfigError
 from fixtures_db import build_fixture_db
 
@@ -183,15 +186,21 @@ def test_extrapolation_is_not_part_of_the_run_id():
 
 
 def test_option_parsing():
-    assert dp.parse_depths("8,1,2,2") == [1, 2, 8] and dp.parse_depths(None) == list(dp.DEFAULT_DEPTHS)
-    assert dp.parse_thresholds("1e-3,1e-2") == [1e-2, 1e-3]
+    assert parse_depths("8,1,2,2") == [1, 2, 8] and parse_depths(None) == list(DEFAULT_DEPTHS)
+    assert parse_thresholds("1e-3,1e-2") == [1e-2, 1e-3]
     for bad in ("1,x", "0,2", ""):
         with pytest.raises(ConfigError, match="--depths"):
-            dp.parse_depths(bad)
+            parse_depths(bad)
     with pytest.raises(ConfigError, match="did you mean 'kl'"):
-        dp.check_exit_rule("kll")
+        check_exit_rule("kll")
     with pytest.raises(ConfigError, match="--thresholds"):
-        dp.parse_thresholds("-1")
+        parse_thresholds("-1")
+    opts = DepthOptions(depths="8,1", thresholds="1e-3,1e-2")  # the command line's lists, held parsed
+    assert (opts.depths, opts.thresholds) == ((1, 8), (1e-2, 1e-3)) and DepthOptions().depths is None
+    for bad, says in (({"max_depth": 0}, "--max-depth"), ({"windows": 0}, "--windows"),
+                      ({"extrapolate": "bogus"}, "--extrapolate: unknown rule 'bogus'")):
+        with pytest.raises(ConfigError, match=says):
+            DepthOptions(**bad)
 
 
 @pytest.fixture(scope="module")
@@ -219,7 +228,7 @@ def results(trained, tmp_path, monkeypatch) -> Path:
 
 def test_depth_rows_are_idempotent_and_resumable(results):
     db = stages.connect(results)
-    s = dp.depth_all(db, results, depths="1,4,8", windows=8, progress=False)
+    s = dp.depth_all(db, results, DepthOptions(depths="1,4,8", windows=8), progress=False)
     rows = list(db.query("select d.*, r.arch from depth_results d join runs r on r.id = d.run_id"))
     assert len(s.rows) == len(rows) == 4  # control: one row at its depth; frailt: 1, 4, 8
     frailt = {r["n_recur"]: r for r in rows if r["arch"] == "frailt"}
@@ -227,24 +236,23 @@ def test_depth_rows_are_idempotent_and_resumable(results):
     assert all(r["windows"] == 8 and r["tokens"] == 8 * 32 and r["exit_rule"] == "" for r in rows)
     assert frailt[8]["flops_per_token"] > frailt[4]["flops_per_token"]
     assert json.loads(frailt[4]["depth_hist"]) == {"4": 256}
-    again = dp.depth_all(db, results, depths="1,4,8", windows=8, progress=False)
+    again = dp.depth_all(db, results, DepthOptions(depths="1,4,8", windows=8), progress=False)
     assert (len(again.rows), again.skipped) == (0, 4)
     # resumable: a row lost (a killed call) is measured again, the others are kept
     db.conn.execute("delete from depth_results where n_recur = 8")
     db.conn.commit()
-    resumed = dp.depth_all(db, results, depths="1,4,8", windows=8, progress=False)
+    resumed = dp.depth_all(db, results, DepthOptions(depths="1,4,8", windows=8), progress=False)
     assert len(resumed.rows) == 1 and resumed.rows[0]["val_loss"] == pytest.approx(frailt[8]["val_loss"], abs=0)
-    ex = dp.depth_all(db, results, exit_rule="kl", thresholds="1e-2,1e-3", windows=8, progress=False)
+    ex = dp.depth_all(db, results, DepthOptions(exit_rule="kl", thresholds="1e-2,1e-3", windows=8), progress=False)
     assert {(r["exit_rule"], r["threshold"], r["n_recur"]) for r in ex.rows if r["arch"] == "frailt"} == {
         ("kl", 1e-2, 4), ("kl", 1e-3, 4)}
     assert all(1 <= r["mean_depth"] <= r["n_recur"] for r in ex.rows)
-    # what the paper preset prints
-    assert dp.estimate_seconds(db, results, [r["id"] for r in train_tables.runs(db)]) > 0
+    assert dp.estimate_seconds(db, results, [r["id"] for r in train_tables.runs(db)]) > 0  # what the paper preset prints
 
 
 def test_trained_depth_row_is_the_final_validation_loss(results):
     db = stages.connect(results)
-    dp.depth_all(db, results, depths="4", archs=["frailt"], progress=False)
+    dp.depth_all(db, results, DepthOptions(depths="4", select=RunSelection(archs=["frailt"])), progress=False)
     row = next(iter(db.query("select d.val_loss, r.final_val_loss from depth_results d join runs r on r.id = "
                              "d.run_id where r.arch = 'frailt'")))
     assert row["val_loss"] == pytest.approx(row["final_val_loss"], rel=1e-6)
@@ -265,10 +273,15 @@ def test_cli_errors_are_one_line(results, capsys):
 
 def test_depth_samples_are_tagged(results):
     db = stages.connect(results)
-    small = dict(n_prompts=3, max_new_tokens=6, batch_size=3, progress=False, archs=["frailt"])
-    plain = smp.sample_all(db, results, **small)
-    deep = smp.sample_all(db, results, n_recur=8, **small)
-    exiting = smp.sample_all(db, results, exit_rule="kl", exit_threshold=1e-3, **small)
+    small = dict(n_prompts=3, max_new_tokens=6, batch_size=3)
+
+    def sample(archs=("frailt",), **options):
+        return smp.sample_all(db, results, SampleOptions(select=RunSelection(archs=archs), **small, **options),
+                              progress=False)
+
+    plain = sample()
+    deep = sample(n_recur=8)
+    exiting = sample(exit_rule="kl", exit_threshold=1e-3)
     assert len({plain.settings_hash, deep.settings_hash, exiting.settings_hash}) == 3
     assert "extrapolate" not in plain.settings.to_dict()  # default samples keep their settings hash
     rows = {r["settings_hash"]: r for r in db.query("select * from samples")}
@@ -280,7 +293,7 @@ def test_depth_samples_are_tagged(results):
                               [exiting.settings_hash])))["d"]
     assert exiting.runs[0].mean_depth == pytest.approx(mean)
     with pytest.raises(Exception, match="fixed depth"):
-        smp.sample_all(db, results, exit_rule="kl", **{**small, "archs": ["control"]})
+        sample(archs=["control"], exit_rule="kl")
 
 
 # ---- report ----------------------------------------------------------------------------------------------------------

@@ -37,6 +37,13 @@ from benchctl.core.checkpoint import CKPT_NAME, run_dir
 from benchctl.cli import main
 from benchctl.core.errors import EvalError
 from benchctl.core.progress import Progress
+from benchctl.stages import RunSelection
+
+
+def evaluate_runs(db, db_path, *, progress=True, log=None, run_ids=None, archs=None, preset=None, **options):
+    """`evaluate_runs` with its options as keywords, the run selection among them as on the command line."""
+    opts = ev.EvalOptions(select=RunSelection(run_ids=run_ids, archs=archs, preset=preset), **options)
+    return ev.evaluate_runs(db, db_path, opts, progress=progress, log=log)
 
 
 def run_cli(argv: list[str]) -> None:
@@ -395,7 +402,7 @@ def test_a_trained_model_beats_chance_on_order(trained, tinystories_dir, tmp_pat
     db = tmp_path / "order.db"
     run_cli(["train", "--arch", "control", "--preset", "tiny", "--data", str(tinystories_dir), "--db", str(db),
              "--set", "train.max_steps=250", "--no-progress", "--yes"])
-    s = ev.evaluate_runs(stages.connect(db), db, tasks=["tinystories_order"], threads=1, progress=False,
+    s = evaluate_runs(stages.connect(db), db, tasks=["tinystories_order"], threads=1, progress=False,
                          log=lambda _: None)
     (row,) = s.rows
     n = row["n_samples"]
@@ -456,10 +463,10 @@ def test_eval_end_to_end_stores_rows(trained):
     assert len(rows) == 2 * 8
 
     # a rerun skips everything; --force recomputes the same numbers (deterministic, three-part included)
-    summary = ev.evaluate_runs(db, trained.db, limit=8, batch_size=16, progress=False, log=lambda _: None)
+    summary = evaluate_runs(db, trained.db, limit=8, batch_size=16, progress=False, log=lambda _: None)
     assert summary.evaluated == [] and len(summary.skipped) == 8
     assert len(summary.rows) == 16
-    forced = ev.evaluate_runs(db, trained.db, limit=8, batch_size=16, force=True, progress=False,
+    forced = evaluate_runs(db, trained.db, limit=8, batch_size=16, force=True, progress=False,
                               log=lambda _: None)
     assert len(forced.evaluated) == 8
     again = {(r["run_id"], r["task"], r["metric"]): r["value"] for r in db.query(
@@ -476,15 +483,15 @@ def test_two_jobs_store_the_same_results_as_one(trained):
     """`eval --jobs 2` evaluates each run in its own process and stores the same numbers as one process."""
     db = stages.connect(trained.db)
     quiet = dict(limit=6, batch_size=16, threads=1, progress=False, log=lambda _: None)
-    one = ev.evaluate_runs(db, trained.db, **quiet)
+    one = evaluate_runs(db, trained.db, **quiet)
     serial = {(r["run_id"], r["task"], r["metric"]): r["value"] for r in one.rows}
     said: list[str] = []
-    two = ev.evaluate_runs(db, trained.db, force=True, jobs=2, **{**quiet, "log": said.append})
+    two = evaluate_runs(db, trained.db, force=True, jobs=2, **{**quiet, "log": said.append})
     assert "evaluation: 2 jobs at once, 1 thread(s) each" in said
     assert sorted(two.evaluated) == sorted((rid, t) for rid in trained.runs.values() for t in ev.BUNDLED_TASKS)
     assert {(r["run_id"], r["task"], r["metric"]): r["value"] for r in two.rows} == serial
     assert two.tasks == one.tasks and len(two.rows) == len(one.rows) == 2 * 8
-    assert ev.evaluate_runs(db, trained.db, jobs=2, **quiet).evaluated == []  # a rerun skips in every process
+    assert evaluate_runs(db, trained.db, jobs=2, **quiet).evaluated == []  # a rerun skips in every process
 
 
 def test_lm_eval_environment_info_is_quick_and_quiet(trained, tmp_path, monkeypatch, capfd):
@@ -497,7 +504,7 @@ def test_lm_eval_environment_info_is_quick_and_quiet(trained, tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)  # not a git checkout: git describe would print "fatal: not a git repository"
     originals = (lm_eval.evaluator.add_env_info, lm_eval.evaluator.get_git_commit_hash)
     db = stages.connect(trained.db)
-    summary = ev.evaluate_runs(db, trained.db, tasks=["tinystories_ppl"], limit=4, batch_size=16, force=True,
+    summary = evaluate_runs(db, trained.db, tasks=["tinystories_ppl"], limit=4, batch_size=16, force=True,
                                archs=["frailt"], progress=False, log=lambda _: None)
     assert summary.evaluated and not calls
     assert "fatal" not in capfd.readouterr().err
@@ -514,7 +521,7 @@ def test_recurrence_override_and_rng_restored(trained):
     threads = torch.get_num_threads()
     out = {}
     for r in (7, 14):
-        s = ev.evaluate_runs(db, trained.db, tasks=["tinystories_ppl"], run_ids=[rid], n_recur=r, limit=6,
+        s = evaluate_runs(db, trained.db, tasks=["tinystories_ppl"], run_ids=[rid], n_recur=r, limit=6,
                              threads=threads + 1, progress=False, log=lambda _: None)
         assert torch.get_num_threads() == threads  # restored
         (row,) = [x for x in s.rows if x["metric"] == "bits_per_byte"]
@@ -561,7 +568,7 @@ def test_user_tasks_and_a_task_without_data(trained, tmp_path, monkeypatch):
     db = stages.connect(trained.db)
     logs: list[str] = []
     rid = trained.runs["frailt"]
-    s = ev.evaluate_runs(db, trained.db, tasks=["tinystories_ending", "benchctl_hub_only", "benchctl_local"],
+    s = evaluate_runs(db, trained.db, tasks=["tinystories_ending", "benchctl_hub_only", "benchctl_local"],
                          run_ids=[rid], limit=4, include_paths=[tmp_path], force=True, progress=False,
                          log=logs.append)
     assert list(s.unavailable) == ["benchctl_hub_only"]
@@ -571,7 +578,7 @@ def test_user_tasks_and_a_task_without_data(trained, tmp_path, monkeypatch):
     assert set(local) == {"acc"} and local["acc"]["task_version"] == "2.0" and local["acc"]["n_samples"] == 4
     assert {r["task"] for r in s.rows} == {"tinystories_ending", "benchctl_local"}
     with pytest.raises(EvalError, match="none of the requested tasks"):
-        ev.evaluate_runs(db, trained.db, tasks=["benchctl_hub_only"], run_ids=[rid], include_paths=[tmp_path],
+        evaluate_runs(db, trained.db, tasks=["benchctl_hub_only"], run_ids=[rid], include_paths=[tmp_path],
                          progress=False, log=lambda _: None)
 
 
@@ -580,7 +587,7 @@ def test_progress_off_a_terminal_is_a_few_plain_lines(trained):
     out = io.StringIO()
     reporter = Progress(enabled=True, interactive=False, stream=out, interval=3600.0)
     db = stages.connect(trained.db)
-    s = ev.evaluate_runs(db, trained.db, tasks=["tinystories_ppl"], archs=["frailt"], limit=4, force=True,
+    s = evaluate_runs(db, trained.db, tasks=["tinystories_ppl"], archs=["frailt"], limit=4, force=True,
                          progress=reporter)
     text = out.getvalue()
     assert s.evaluated and "\r" not in text
@@ -589,6 +596,6 @@ def test_progress_off_a_terminal_is_a_few_plain_lines(trained):
     assert any("done in" in line for line in lines)  # messages go to the reporter's log by default
     assert len(lines) < 30
     quiet = io.StringIO()
-    ev.evaluate_runs(db, trained.db, tasks=["tinystories_ppl"], archs=["frailt"], limit=4, force=True,
+    evaluate_runs(db, trained.db, tasks=["tinystories_ppl"], archs=["frailt"], limit=4, force=True,
                      progress=Progress(enabled=False, stream=quiet))
     assert quiet.getvalue() == ""

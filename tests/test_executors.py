@@ -17,9 +17,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from benchctl.core import accounting
 from benchctl import stages
 from benchctl.stages.train import tables as train_tables
-from benchctl import study
+from benchctl.stages.train import sweep
+from benchctl.stages.train.options import TrainOptions
 from benchctl.stages.train import executors
 from benchctl.cli import main
 from benchctl.core.config import make_config
@@ -51,7 +53,7 @@ def _prepared(tmp_path, monkeypatch, tinystories_dir, overrides=SHORT):
     from benchctl.core import data
 
     monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
-    cfgs = study.sweep("tiny", ["control", "frailt"], [0], {**overrides, "data.source": str(tinystories_dir)})
+    cfgs = sweep.sweep("tiny", ["control", "frailt"], [0], {**overrides, "data.source": str(tinystories_dir)})
     return cfgs, data.prepare(cfgs[0].data, cfgs[0].model.vocab_size, progress=False)
 
 
@@ -100,10 +102,10 @@ def test_bad_execution_options_are_one_clear_line(tmp_path, capsys, args, needle
 
 def test_jobs_under_torchrun_are_refused(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
-    cfgs = study.sweep("tiny", ["control"], [0])
-    for execution in (Execution(jobs=2), Execution(executor="ray")):
+    cfgs = sweep.sweep("tiny", ["control"], [0])
+    for opts in (TrainOptions(jobs=2), TrainOptions(executor="ray")):
         with pytest.raises(ConfigError, match="under torchrun"):
-            study.train_all(cfgs, None, Path("unused.db"), execution=execution)
+            sweep.train_all(cfgs, None, Path("unused.db"), opts)
 
 
 # ---- progress lines from the jobs ------------------------------------------------------------------------------------
@@ -153,11 +155,11 @@ def test_two_jobs_give_the_same_runs_as_one(tmp_path, tinystories_dir, monkeypat
     cfgs, prepared = _prepared(tmp_path, monkeypatch, tinystories_dir)
     monkeypatch.setattr(executors, "cpu_cores", lambda: 2)
     one, two = tmp_path / "one" / "results.db", tmp_path / "two" / "results.db"
-    res1 = study.train_all(cfgs, prepared, one, progress=False, log=lambda *_: None)
+    res1 = sweep.train_all(cfgs, prepared, one, progress=False, log=lambda *_: None)
     lines: list[str] = []
     bad = make_config("tiny", "control", 1, {**SHORT, "data.source": str(tinystories_dir), "train.lr": 1e6})
-    res2 = study.train_all([bad, *cfgs], prepared, two, progress=False, log=lines.append,
-                           execution=Execution(jobs=2))
+    res2 = sweep.train_all([bad, *cfgs], prepared, two, progress=False, log=lines.append,
+                           opts=TrainOptions(jobs=2))
     assert sorted(res1.done) == sorted(res2.done) and len(res2.done) == 2
     assert len(res2.failed) == 1 and "training loss became" in res2.failed[0][1]
     losses = _losses(two)
@@ -165,7 +167,7 @@ def test_two_jobs_give_the_same_runs_as_one(tmp_path, tinystories_dir, monkeypat
     assert lines[0] == "3 run(s), 2 at a time, 1 thread(s) each"
     assert sum("-> job" in ln for ln in lines) == 3
     lines.clear()
-    again = study.train_all(cfgs, prepared, two, progress=False, log=lines.append, execution=Execution(jobs=2))
+    again = sweep.train_all(cfgs, prepared, two, progress=False, log=lines.append, opts=TrainOptions(jobs=2))
     assert sorted(again.skipped) == sorted(res2.done) and not again.done
     assert not any("at a time" in ln for ln in lines)  # finished runs start no process
 
@@ -175,8 +177,8 @@ def test_a_run_dir_of_its_own_is_linked_where_later_stages_look(tmp_path, tinyst
 
     cfgs, prepared = _prepared(tmp_path, monkeypatch, tinystories_dir, {**SHORT, "train.max_steps": 2})
     db_path, runs = tmp_path / "results.db", tmp_path / "shared" / "runs"
-    res = study.train_all(cfgs[:1], prepared, db_path, progress=False, log=lambda *_: None,
-                          execution=Execution(runs_dir=runs))
+    res = sweep.train_all(cfgs[:1], prepared, db_path, progress=False, log=lambda *_: None,
+                          opts=TrainOptions(runs_dir=runs))
     (rid,) = res.done
     assert (runs / rid / ckpt.CKPT_NAME).is_file()
     usual = ckpt.run_dir(db_path, rid)
@@ -260,15 +262,19 @@ def test_killing_the_parent_leaves_every_run_resumable(tmp_path, tinystories_dir
 def test_a_groups_error_is_raised_after_every_group_has_ended(tmp_path):
     """One share fails with a benchctl error (a run id that does not exist), the other ends normally: the caller
     gets that error, with its own message and class, once both processes are gone."""
+    from benchctl.stages import RunSelection
     from benchctl.stages.sample import engine as smp
+    from benchctl.stages.sample.options import SampleOptions
     from benchctl.stages.train.executors.local import in_processes
 
     db_path = tmp_path / "results.db"
     stages.connect(db_path)  # an empty results.db
     said: list[str] = []
     with pytest.raises(ConfigError, match="nope"):
-        in_processes(smp.sample_all, [{"run_ids": ["nope"]}, {"run_ids": ["nope-either"]}], db_path=db_path,
-                     device_spec="cpu", progress=Progress(enabled=False), log=said.append, what="sampling")
+        in_processes(smp.sample_all, [{"opts": SampleOptions(select=RunSelection(run_ids=[ids]))}
+                                      for ids in ("nope", "nope-either")],
+                     db_path=db_path, device_spec="cpu", progress=Progress(enabled=False), log=said.append,
+                     what="sampling")
     assert said[0] == "sampling: 2 jobs at once, 1 thread(s) each"
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("benchctl-job")]
 
@@ -283,6 +289,6 @@ def test_the_longest_runs_are_handed_out_first(monkeypatch):
     pool = ProcessPool(Execution(jobs=2), prepared=None, db_path=Path("r.db"), db=None, progress=False,
                        log=lambda _: None)
     pool.run(specs, lambda *_: None)
-    flops = [executors.training_flops(s.cfg) for s in handed]
+    flops = [accounting.training_flops(s.cfg) for s in handed]
     assert flops == sorted(flops, reverse=True) and flops[0] > 2 * flops[-1]
     assert [s.variant for s in handed[-2:]] == ["control", "control"] and [s.index for s in handed[-2:]] == [1, 3]

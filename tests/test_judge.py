@@ -25,12 +25,20 @@ from benchctl.stages.judge import api as judge
 from benchctl.core.config import make_config
 from benchctl.core.errors import ConfigError, JudgeError
 import fake_gemini as fg  # tests/ is on sys.path under pytest (no package __init__)
+from benchctl.stages import RunSelection
 
 # The shipped grading prompt's version. Every stored grade carries it, so an edit to the prompt file starts a new set
 # of grades; change this only together with a deliberate change of the prompt.
 PROMPT_HASH = "e7a999193150"
 # google-genai 3.4 subclasses aiohttp.ClientSession, which aiohttp 3.14 flags; not ours to fix.
 pytestmark = pytest.mark.filterwarnings("ignore:Inheritance class AiohttpClientSession:DeprecationWarning")
+
+
+def judge_all(db, *, progress=True, run_ids=None, **options):
+    """`judge_all` with its options as keywords, the run selection among them as on the command line."""
+    return judge.judge_all(db, judge.JudgeOptions(select=RunSelection(run_ids=run_ids), **options), progress=progress)
+
+
 FAST = dict(base_delay=0.01, max_delay=0.05, progress=False, seed=0, protocol="json")  # the assess tests override it
 ARCHS = ("control", "frailt")
 
@@ -156,7 +164,7 @@ def test_retry_delay_is_read_from_retry_info():
 
 def test_grades_are_stored_with_prompt_hash_tokens_and_the_request(tmp_path, server):
     db = make_db(tmp_path / "r.db")
-    summary = judge.judge_all(db, judge_model="gemini-2.5-flash", base_url=server.url, **FAST)
+    summary = judge_all(db, judge_model="gemini-2.5-flash", base_url=server.url, **FAST)
 
     assert server.count == 6 and summary.n_ok == 6 and summary.n_failed == 0 and summary.n_requests == 6
     req = server.requests[0]
@@ -204,7 +212,7 @@ def test_grades_are_stored_with_prompt_hash_tokens_and_the_request(tmp_path, ser
 def test_thinking_tokens_are_counted_and_priced_as_output(tmp_path, server):
     db = make_db(tmp_path / "r.db", n_prompts=1, archs=("control",))
     server.push(fg.grade(prompt_tokens=100, output_tokens=20, thinking_tokens=300))
-    s = judge.judge_all(db, judge_model="gemini-2.5-pro", base_url=server.url, **FAST)
+    s = judge_all(db, judge_model="gemini-2.5-pro", base_url=server.url, **FAST)
     row = grades(db)[0]
     assert tokens(row) == (100, 20, 300, 420)
     assert s.cost_usd == pytest.approx((100 * 1.25 + 320 * 10.0) / 1e6)
@@ -215,7 +223,7 @@ def test_429_with_retry_delay_is_honoured_then_succeeds(tmp_path, server):
     db = make_db(tmp_path / "r.db", n_prompts=1, archs=("control",))
     server.push(fg.rate_limited("0.3s"))
     t0 = time.monotonic()
-    s = judge.judge_all(db, base_url=server.url, **FAST)
+    s = judge_all(db, base_url=server.url, **FAST)
     assert time.monotonic() - t0 >= 0.3
     assert server.count == 2 and s.n_ok == 1 and s.n_requests == 2
     gap = server.requests[1].received_at - server.requests[0].received_at
@@ -227,7 +235,7 @@ def test_429_with_retry_delay_is_honoured_then_succeeds(tmp_path, server):
 def test_repeated_500s_are_recorded_as_a_failure(tmp_path):
     with fg.FakeGemini(script=lambda r: fg.server_error(500)) as server:
         db = make_db(tmp_path / "r.db", n_prompts=1, archs=("control",))
-        s = judge.judge_all(db, base_url=server.url, max_attempts=4, **FAST)
+        s = judge_all(db, base_url=server.url, max_attempts=4, **FAST)
         assert server.count == 4
     assert s.n_failed == 1 and s.n_ok == 0
     assert "gave up after 4 attempts" in s.failures[0]["error"] and "500" in s.failures[0]["error"]
@@ -243,14 +251,14 @@ def test_repeated_500s_are_recorded_as_a_failure(tmp_path):
 def test_other_4xx_fail_at_once(tmp_path, server):
     db = make_db(tmp_path / "r.db", n_prompts=1, archs=("control",))
     server.push(fg.error(400, "INVALID_ARGUMENT", "Request contains an invalid argument."))
-    s = judge.judge_all(db, base_url=server.url, **FAST)
+    s = judge_all(db, base_url=server.url, **FAST)
     assert server.count == 1 and s.n_failed == 1 and "400" in grades(db)[0]["error"]
 
 
 def test_connection_dropped_is_retried(tmp_path, server):
     db = make_db(tmp_path / "r.db", n_prompts=1, archs=("control",))
     server.push(fg.Reply(drop=True))
-    s = judge.judge_all(db, base_url=server.url, **FAST)
+    s = judge_all(db, base_url=server.url, **FAST)
     assert server.count == 2 and s.n_ok == 1
 
 
@@ -271,7 +279,7 @@ def test_connection_dropped_is_retried(tmp_path, server):
 def test_bad_answers_are_stored_as_failures_with_raw_text_never_as_scores(tmp_path, server, reply, finish, raw, why):
     db = make_db(tmp_path / "r.db", n_prompts=1, archs=("control",))
     server.push(reply)
-    s = judge.judge_all(db, base_url=server.url, **FAST)
+    s = judge_all(db, base_url=server.url, **FAST)
     assert server.count == 1  # a bad answer is not retried within the run (it was paid for)
     row = grades(db)[0]
     assert row["status"] == "failed" and why in row["error"]
@@ -286,11 +294,11 @@ def test_bad_answers_are_stored_as_failures_with_raw_text_never_as_scores(tmp_pa
 def test_second_run_sends_nothing_and_failed_grades_are_retried(tmp_path, server):
     db = make_db(tmp_path / "r.db")
     server.push(fg.text("not json"))
-    first = judge.judge_all(db, base_url=server.url, **FAST)
+    first = judge_all(db, base_url=server.url, **FAST)
     assert first.n_ok == 5 and first.n_failed == 1 and server.count == 6
-    second = judge.judge_all(db, base_url=server.url, **FAST)
+    second = judge_all(db, base_url=server.url, **FAST)
     assert server.count == 7 and second.n_cached == 5 and second.n_todo == 1 and second.n_ok == 1
-    third = judge.judge_all(db, base_url=server.url, **FAST)
+    third = judge_all(db, base_url=server.url, **FAST)
     assert server.count == 7 and third.n_requests == 0 and third.n_cached == 6
     assert len(grades(db, "ok")) == 6 and len(grades(db)) == 6
     # the failed answer's tokens are kept: the retried key was billed twice
@@ -302,20 +310,20 @@ def test_second_run_sends_nothing_and_failed_grades_are_retried(tmp_path, server
 def test_skip_failed_keeps_stored_failures(tmp_path, server):
     db = make_db(tmp_path / "r.db", n_prompts=1, archs=("control",))
     server.push(fg.text("not json"))
-    judge.judge_all(db, base_url=server.url, **FAST)
-    s = judge.judge_all(db, base_url=server.url, retry_failed=False, **FAST)
+    judge_all(db, base_url=server.url, **FAST)
+    s = judge_all(db, base_url=server.url, retry_failed=False, **FAST)
     assert server.count == 1 and s.n_todo == 0 and s.per_arch[0].n_failed == 1
 
 
 def test_repeats_and_limit(tmp_path, server):
     db = make_db(tmp_path / "r.db", n_prompts=3)
-    s = judge.judge_all(db, base_url=server.url, repeats=2, limit=4, **FAST)
+    s = judge_all(db, base_url=server.url, repeats=2, limit=4, **FAST)
     assert server.count == 8 and s.n_samples == 4 and s.n_keys == 8
     rows = grades(db)
     # limit takes the first prompts of every run, not all of one run
     assert {r["sample_id"] for r in rows} == {"s-control-0", "s-control-1", "s-frailt-0", "s-frailt-1"}
     assert sorted({r["repeat"] for r in rows}) == [0, 1]
-    s2 = judge.judge_all(db, base_url=server.url, repeats=2, run_ids=["run-frailt"], **FAST)
+    s2 = judge_all(db, base_url=server.url, repeats=2, run_ids=["run-frailt"], **FAST)
     assert server.count == 10 and s2.n_cached == 4 and [a.arch for a in s2.per_arch] == ["frailt"]
 
 
@@ -327,7 +335,9 @@ def test_interrupted_run_resumes_without_duplicates(tmp_path, server):
     server.push(*(fg.Reply(hang=release) for _ in range(5)))
 
     async def interrupt():
-        task = asyncio.create_task(judge.judge_all_async(db, base_url=server.url, concurrency=1, **FAST))
+        opts = judge.JudgeOptions(base_url=server.url, concurrency=1, base_delay=0.01, max_delay=0.05, seed=0,
+                                  protocol="json")
+        task = asyncio.create_task(judge.judge_all_async(db, opts, progress=False))
         while server.count < 4:  # three answered, the fourth hangs
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.05)
@@ -340,7 +350,7 @@ def test_interrupted_run_resumes_without_duplicates(tmp_path, server):
     assert len(grades(db)) == 3 and server.count == 4
     with server._lock:
         server._queue.clear()
-    s = judge.judge_all(db, base_url=server.url, concurrency=3, **FAST)
+    s = judge_all(db, base_url=server.url, concurrency=3, **FAST)
     assert s.n_cached == 3 and s.n_todo == 5 and server.count == 4 + 5
     rows = grades(db)
     assert len(rows) == 8 and all(r["status"] == "ok" for r in rows)
@@ -361,10 +371,10 @@ def test_rate_limited_run_picks_up_where_it_stopped(tmp_path):
 
     db = make_db(tmp_path / "r.db")
     with fg.FakeGemini(script=flaky) as server:
-        s1 = judge.judge_all(db, base_url=server.url, concurrency=1, max_attempts=2, **FAST)
+        s1 = judge_all(db, base_url=server.url, concurrency=1, max_attempts=2, **FAST)
         assert s1.n_ok == 3 and s1.n_failed == 3 and server.count == 3 + 3 * 2
     with fg.FakeGemini() as server:
-        s2 = judge.judge_all(db, base_url=server.url, **FAST)
+        s2 = judge_all(db, base_url=server.url, **FAST)
         assert server.count == 3 and s2.n_ok == 3 and s2.n_cached == 3
     assert len(grades(db, "ok")) == 6 and len(grades(db)) == 6
 
@@ -372,7 +382,7 @@ def test_rate_limited_run_picks_up_where_it_stopped(tmp_path):
 def test_concurrency_never_exceeds_the_limit(tmp_path):
     db = make_db(tmp_path / "r.db", n_prompts=6)  # 12 requests
     with fg.FakeGemini(latency=0.1) as server:
-        s = judge.judge_all(db, base_url=server.url, concurrency=3, **FAST)
+        s = judge_all(db, base_url=server.url, concurrency=3, **FAST)
         assert server.count == 12 and s.n_ok == 12
         assert server.max_in_flight == 3  # reached, never exceeded
 
@@ -384,7 +394,7 @@ def test_progress_is_reported_through_the_given_reporter(tmp_path, server):
     reporter = Progress(enabled=True, interactive=False, stream=out, interval=0.0)
     db = make_db(tmp_path / "r.db", n_prompts=2)
     server.push(fg.text("not json"))
-    s = judge.judge_all(db, base_url=server.url, **{**FAST, "progress": reporter}, concurrency=1)
+    s = judge_all(db, base_url=server.url, **{**FAST, "progress": reporter}, concurrency=1)
     lines = out.getvalue().splitlines()
     assert s.n_ok == 3 and s.n_failed == 1
     assert lines[0].startswith("gemini-2.5-flash judging: 0/4") and "ok 0 failed 0" in lines[0]
@@ -397,11 +407,11 @@ def test_missing_key_is_a_clean_error_before_any_request(tmp_path, server, monke
     db = make_db(tmp_path / "r.db")
     assert not judge.has_api_key()
     with pytest.raises(JudgeError, match="GEMINI_API_KEY.*GOOGLE_API_KEY"):
-        judge.judge_all(db, base_url=server.url, **FAST)
+        judge_all(db, base_url=server.url, **FAST)
     assert server.count == 0 and grades(db) == []
     monkeypatch.setenv("GOOGLE_API_KEY", "test-key")
     assert judge.has_api_key()
-    judge.judge_all(db, base_url=server.url, **FAST)
+    judge_all(db, base_url=server.url, **FAST)
     assert server.count == 6
 
 
@@ -409,14 +419,14 @@ def test_invalid_key_stops_the_job(tmp_path, server, monkeypatch):
     monkeypatch.setenv("GEMINI_API_KEY", "wrong-key")
     db = make_db(tmp_path / "r.db", n_prompts=5)
     with pytest.raises(JudgeError, match="refused the job.*API key not valid"):
-        judge.judge_all(db, base_url=server.url, concurrency=2, **FAST)
+        judge_all(db, base_url=server.url, concurrency=2, **FAST)
     assert server.count <= 2  # the ones already in flight; nothing after the refusal
 
 
 def test_dry_run_sends_nothing_and_needs_no_key(tmp_path, server, monkeypatch):
     monkeypatch.delenv("GEMINI_API_KEY")
     db = make_db(tmp_path / "r.db")
-    s = judge.judge_all(db, base_url=server.url, dry_run=True, repeats=2, **FAST)
+    s = judge_all(db, base_url=server.url, dry_run=True, repeats=2, **FAST)
     assert server.count == 0 and grades(db) == []
     assert s.n_todo == 12 and s.n_requests == 0
     t = judge.load_template()
@@ -431,9 +441,24 @@ def test_dry_run_sends_nothing_and_needs_no_key(tmp_path, server, monkeypatch):
     assert any("estimate" in n for n in s.notes)
 
 
+def test_options_select_runs_and_name_the_bad_flag(tmp_path, monkeypatch):
+    monkeypatch.delenv("GEMINI_API_KEY")
+    db = make_db(tmp_path / "r.db")
+    assert judge_all(db, dry_run=True, progress=False).n_samples == 6
+    frailt = judge.JudgeOptions(select=RunSelection(archs=["frailt"]), dry_run=True)
+    assert judge.judge_all(db, frailt, progress=False).n_samples == 3
+    with pytest.raises(JudgeError, match="no samples to judge"):  # the runs are of preset tiny
+        judge.judge_all(db, judge.JudgeOptions(select=RunSelection(preset="paper"), dry_run=True), progress=False)
+    for bad, flag in (({"concurrency": 0}, "--concurrency"), ({"repeats": 0}, "--repeats"), ({"limit": 0}, "--limit"),
+                      ({"max_attempts": 0}, "--max-attempts"), ({"protocol": "essay"}, "--protocol"),
+                      ({"judge_model": " "}, "--model")):
+        with pytest.raises(ConfigError, match=flag):
+            judge.JudgeOptions(**bad)
+
+
 def test_unknown_model_has_no_cost(tmp_path, server):
     db = make_db(tmp_path / "r.db", n_prompts=1, archs=("control",))
-    s = judge.judge_all(db, judge_model="gemini-test-model", base_url=server.url, **FAST)
+    s = judge_all(db, judge_model="gemini-test-model", base_url=server.url, **FAST)
     assert server.requests[0].model == "gemini-test-model" and s.n_ok == 1
     assert s.cost_usd is None and s.cost_total_usd is None and any("no price" in n for n in s.notes)
 
@@ -441,10 +466,10 @@ def test_unknown_model_has_no_cost(tmp_path, server):
 def test_no_samples_and_unknown_runs_are_user_errors(tmp_path, server):
     db = stages.connect(tmp_path / "empty.db")
     with pytest.raises(JudgeError, match="benchctl sample"):
-        judge.judge_all(db, base_url=server.url, **FAST)
+        judge_all(db, base_url=server.url, **FAST)
     db = make_db(tmp_path / "r.db")
     with pytest.raises(ConfigError, match="unknown run id"):
-        judge.judge_all(db, base_url=server.url, run_ids=["nope"], **FAST)
+        judge_all(db, base_url=server.url, run_ids=["nope"], **FAST)
     assert server.count == 0
 
 
@@ -487,7 +512,7 @@ def test_summary_averages_repeats_per_sample_then_takes_a_t_interval_over_sample
         db["samples"].insert({"id": "s-small-0", "run_id": "run-small", "prompt_id": "ps1:0",
                               "completion": " The small cat number 0 was happy."})
     with fg.FakeGemini(script=scripted) as server:
-        s = judge.judge_all(db, base_url=server.url, repeats=2, **FAST)
+        s = judge_all(db, base_url=server.url, repeats=2, **FAST)
         assert server.count == 10
     assert [a.label for a in s.per_arch] == ["control (small)", "control (tiny)"]
     tiny = s.per_arch[1]
@@ -503,8 +528,8 @@ def test_summary_averages_repeats_per_sample_then_takes_a_t_interval_over_sample
 
 def test_cached_grades_made_with_other_settings_are_flagged(tmp_path, server):
     db = make_db(tmp_path / "r.db", n_prompts=1, archs=("control",))
-    judge.judge_all(db, base_url=server.url, **FAST)
-    s = judge.judge_all(db, base_url=server.url, temperature=0.7, **FAST)
+    judge_all(db, base_url=server.url, **FAST)
+    s = judge_all(db, base_url=server.url, temperature=0.7, **FAST)
     assert server.count == 1 and s.n_requests == 0  # the key is (model, prompt hash, sample, repeat): not regraded
     assert any("another temperature" in n for n in s.notes)
 
@@ -555,7 +580,7 @@ def test_parse_assess_needs_an_assessment_and_valid_grades(obj, why):
 
 def test_assess_stores_assessments_and_is_cached_apart_from_json(tmp_path, server):
     db = make_db(tmp_path / "r.db")
-    s = judge.judge_all(db, judge_model="gemini-2.5-flash", base_url=server.url, **ASSESS)
+    s = judge_all(db, judge_model="gemini-2.5-flash", base_url=server.url, **ASSESS)
     assert s.n_ok == 6 and s.protocol == "assess" and server.count == 6
     gc = server.requests[0].generation_config
     assert server.requests[0].schema_fields[0] == "assessment"  # written before the grades
@@ -568,10 +593,10 @@ def test_assess_stores_assessments_and_is_cached_apart_from_json(tmp_path, serve
         assert row["assessment"].startswith("Assessment ") and f"plot {row['plot']}." in row["assessment"]
     assert {r["protocol"] for r in db.query("select protocol from judge_requests")} == {"assess"}
     # the json protocol is graded again, never answered from the assess cache; and a rerun of assess sends nothing
-    j = judge.judge_all(db, judge_model="gemini-2.5-flash", base_url=server.url, **FAST)
+    j = judge_all(db, judge_model="gemini-2.5-flash", base_url=server.url, **FAST)
     assert j.n_cached == 0 and j.n_ok == 6 and server.count == 12
     assert {(r["protocol"], r["assessment"]) for r in grades(db) if r["prompt_hash"] == PROMPT_HASH} == {("json", None)}
-    again = judge.judge_all(db, judge_model="gemini-2.5-flash", base_url=server.url, **ASSESS)
+    again = judge_all(db, judge_model="gemini-2.5-flash", base_url=server.url, **ASSESS)
     assert again.n_cached == 6 and server.count == 12
 
 
@@ -583,14 +608,14 @@ def test_assess_survives_errors_and_bad_answers_without_losing_or_inventing_grad
         fg.text("I think this story is lovely. 7/10"),  # not JSON
         fg.grade(),  # grades but no assessment: the protocol was not followed
     )
-    s = judge.judge_all(db, judge_model="gemini-2.5-flash", base_url=server.url, concurrency=1, max_attempts=3,
+    s = judge_all(db, judge_model="gemini-2.5-flash", base_url=server.url, concurrency=1, max_attempts=3,
                         **ASSESS)
     assert s.n_ok + s.n_failed == 3 and s.n_failed == 3
     failed = grades(db, "failed")
     assert len(failed) == 3 and all(r["grammar"] is None and r["assessment"] is None for r in failed)
     assert sorted(r["error"].split(":")[0] for r in failed) == ["no assessment", "truncated", "unparseable JSON"]
     assert sum(r["attempts"] for r in db.query("select attempts from judge_requests")) == 5  # 429 and 503 retried
-    rerun = judge.judge_all(db, judge_model="gemini-2.5-flash", base_url=server.url, **ASSESS)
+    rerun = judge_all(db, judge_model="gemini-2.5-flash", base_url=server.url, **ASSESS)
     assert rerun.n_ok == 3 and len(grades(db, "ok")) == 3 and not grades(db, "failed")
     assert all(r["assessment"] for r in grades(db, "ok"))
 

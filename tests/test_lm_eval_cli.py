@@ -77,8 +77,8 @@ def test_lm_eval_passthrough_prints_its_table_and_records(trained):
                 (trained["run"]["id"], cfg.model.n_recur, 5, 16, version)
             assert r["value"] == pytest.approx(saved["results"]["tinystories_ppl"][f"{r['metric']},none"])
         # The same documents through `benchctl eval` give the same numbers.
-        summary = ev.evaluate_runs(handle, trained["db"], tasks=["tinystories_ppl"], limit=5, batch_size=16,
-                                   device="cpu", force=True, progress=False)
+        opts = ev.EvalOptions(tasks=["tinystories_ppl"], limit=5, batch_size=16, device="cpu", force=True)
+        summary = ev.evaluate_runs(handle, trained["db"], opts, progress=False)
     again = {r["metric"]: r["value"] for r in summary.rows if r["task"] == "tinystories_ppl"}
     for metric, r in rows.items():
         assert again[metric] == pytest.approx(r["value"], rel=1e-5), metric

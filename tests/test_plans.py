@@ -12,6 +12,7 @@ from benchctl.core import accounting
 from benchctl import stages
 from benchctl.stages.train import tables as train_tables
 from benchctl import report
+from benchctl.stages.report import engine as report_engine
 from benchctl.cli import main
 from benchctl.core.config import make_config, run_id
 from benchctl.core.errors import ConfigError
@@ -180,7 +181,7 @@ def plan_db(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def rendered(plan_db):
-    return report.build(plan_db, plan="controls")
+    return report_engine.build(plan_db, plan="controls")
 
 
 def test_report_names_models_by_the_plans_variants(plan_db, rendered):
@@ -188,7 +189,7 @@ def test_report_names_models_by_the_plans_variants(plan_db, rendered):
     for name in ("control-2x", "control-16", "control-iso-flops", "frailt-r1", "three-part-r14"):
         assert f"| {name} |" in md
     assert "control [" not in md and "| frailt-r4 |" not in md  # frailt-r4 is the controls plan's frailt
-    data = report.read(plan_db)
+    data = report.read(plan_db, stages.tables())
     depth = report.build_context(data.runs, "tiny", data.plan_runs, "depth").models
     assert "frailt-r4" in depth and "frailt" not in depth and "three-part-r7" in depth
     stored = report.build_context(data.runs, "tiny").models  # no plan: the names stored with the runs

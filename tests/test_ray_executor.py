@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from benchctl.core import checkpoint as ckpt
-from benchctl import study
+from benchctl.stages.train import sweep
+from benchctl.stages.train.options import TrainOptions
 from benchctl.core.errors import ConfigError
-from benchctl.stages.train.executors import Execution, RunSpec
+from benchctl.stages.train.executors import RunSpec
 from benchctl.stages.train.executors import ray as ray_exec
 
 ray = pytest.importorskip("ray")
@@ -42,7 +43,7 @@ def _setup(tmp_path, monkeypatch, tinystories_dir, archs, seeds, overrides=None)
     from benchctl.core import data
 
     monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
-    cfgs = study.sweep("tiny", archs, seeds, {**(overrides or {}), "data.source": str(tinystories_dir)})
+    cfgs = sweep.sweep("tiny", archs, seeds, {**(overrides or {}), "data.source": str(tinystories_dir)})
     return cfgs, data.prepare(cfgs[0].data, cfgs[0].model.vocab_size, progress=False)
 
 
@@ -86,10 +87,10 @@ def test_ray_trains_the_same_runs_as_local(cluster, tmp_path, monkeypatch, tinys
     same ids, losses and metric rows as the runs trained locally (one thread each in both)."""
     cfgs, prepared = _setup(tmp_path, monkeypatch, tinystories_dir, ["control", "frailt"], [0, 1])
     local_db, ray_db = tmp_path / "local" / "results.db", tmp_path / "ray" / "results.db"
-    study.train_all(cfgs, prepared, local_db, progress=False, log=_quiet)
+    sweep.train_all(cfgs, prepared, local_db, progress=False, log=_quiet)
     lines: list[str] = []
-    res = study.train_all(cfgs, prepared, ray_db, progress=False, log=lines.append,
-                          execution=Execution(executor="ray"))
+    res = sweep.train_all(cfgs, prepared, ray_db, progress=False, log=lines.append,
+                          opts=TrainOptions(executor="ray"))
     assert len(res.done) == 4 and not res.failed
     assert _runs(ray_db) == _runs(local_db)
     assert all(status == "done" for status, *_ in _runs(ray_db).values())
@@ -99,7 +100,7 @@ def test_ray_trains_the_same_runs_as_local(cluster, tmp_path, monkeypatch, tinys
         assert (ckpt.run_dir(ray_db, rid) / ckpt.CKPT_NAME).is_file()
     assert any("on Ray: 1 CPU(s) each, up to 2 at a time" in ln for ln in lines)
 
-    again = study.train_all(cfgs, prepared, ray_db, progress=False, log=_quiet, execution=Execution(executor="ray"))
+    again = sweep.train_all(cfgs, prepared, ray_db, progress=False, log=_quiet, opts=TrainOptions(executor="ray"))
     assert sorted(again.skipped) == sorted(res.done) and not again.done
 
 
@@ -110,12 +111,12 @@ def test_a_killed_worker_is_retried_and_resumes(cluster, tmp_path, monkeypatch, 
     overrides = {"train.max_steps": 60, "train.ckpt_interval": 5, "train.eval_interval": 20}
     cfgs, prepared = _setup(tmp_path, monkeypatch, tinystories_dir, ["control"], [0], overrides)
     local_db, ray_db = tmp_path / "local" / "results.db", tmp_path / "ray" / "results.db"
-    study.train_all(cfgs, prepared, local_db, progress=False, log=_quiet)
+    sweep.train_all(cfgs, prepared, local_db, progress=False, log=_quiet)
     rid = next(iter(_runs(local_db)))
     killed: list[int] = []
     threading.Thread(target=_kill_after_checkpoint, args=(ray_db.parent / "runs" / rid / ray_exec.ROWS_DB, killed),
                      daemon=True).start()
-    res = study.train_all(cfgs, prepared, ray_db, progress=False, log=_quiet, execution=Execution(executor="ray"))
+    res = sweep.train_all(cfgs, prepared, ray_db, progress=False, log=_quiet, opts=TrainOptions(executor="ray"))
     assert killed, "the worker finished before it could be killed; make the run longer"
     assert res.done == [rid] and res.resumed[rid] >= 5
     assert _runs(ray_db)[rid][:3] == _runs(local_db)[rid][:3]  # status, final and initial loss

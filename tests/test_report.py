@@ -14,12 +14,13 @@ import pytest
 from scipy import stats as sps
 from typer.testing import CliRunner
 
-from benchctl import stages
 from benchctl import report
+from benchctl.stages.report import engine as report_engine
 from benchctl.core import paper
 from benchctl.core import stats as bstats
 from benchctl.cli import app, main
 from benchctl.core.errors import ConfigError, DatabaseError
+from benchctl import stages
 from fixtures_db import JUDGE_MODEL, PROMPT_HASH, STUDY_ARCHS, build_fixture_db
 
 SECTIONS = ("Runs", "Models", "Training cost", "Loss", "Judge", "Judge reliability", "lm-eval", "Test-time recurrence",
@@ -96,7 +97,7 @@ def full(tmp_path_factory):
     d = tmp_path_factory.mktemp("full")
     path = build_fixture_db(d / "results.db", judge_repeats=2, bench=True, depth=True)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    out = report.write_report(path, d / "reports")
+    out = report_engine.write_report(path, d / "reports")
     return {"db": path, "out": out, "md": out.read_text(), "digest": digest, "dir": d}
 
 
@@ -204,7 +205,7 @@ def test_models_table_shows_every_component_any_model_reports(tmp_path, monkeypa
     try:
         p = build_fixture_db(tmp_path / "r.db", archs=("control", "frailt"), seeds=(0,), judge=False, evals=False,
                              failed_run=False, running_run=False)
-        acc = tables(section(report.build(p).markdown, "Models"))[0]
+        acc = tables(section(report_engine.build(p).markdown, "Models"))[0]
     finally:
         frames._describe.cache_clear()
     comp_cols = list(acc[0])[1:list(acc[0]).index("unique total")]
@@ -333,7 +334,7 @@ def test_raw_significance_that_holm_removes_is_not_called_a_difference(tmp_path)
                          (base + gap[seed], arch, seed))
     conn.commit()
     conn.close()
-    cmp = section(report.build(p).markdown, "Comparisons")
+    cmp = section(report_engine.build(p).markdown, "Comparisons")
     row = next(r for r in tables(cmp)[0] if (r["a"], r["b"]) == ("frailt", "relaxed"))
     assert float(row["p"]) < 0.05 < float(row["p (Holm)"])
     v = next(l for l in cmp.splitlines() if l.startswith("- frailt's and relaxed's final validation loss"))
@@ -378,7 +379,7 @@ def test_judge_reliability_length_bias_and_a_second_protocol(tmp_path):
                     (select id from samples where prompt_id in ('pset01:0', 'pset01:1', 'pset01:2'))""")
     conn.commit()
     conn.close()
-    md = report.build(p).markdown
+    md = report_engine.build(p).markdown
     sec = section(md, "Judge reliability")
     rows = by_model(tables(sec.split("### Length bias")[1])[0])
     for arch in ("control", "three-part"):
@@ -439,7 +440,7 @@ def _expected_figures() -> list[str]:
     """Every figure a report can hold, but the retrofit one, drawn only when retrofitted runs exist (the fixture has
     none; tests/test_retrofit_cli.py covers it), and loss against training depth, which needs models of one
     architecture that differ only in depth (tests/test_plans.py covers it)."""
-    return [n for n in report.figure_names() if n not in ("retrofit_loss_flops.png", "loss_vs_depth.png")]
+    return [n for n in report_engine.figure_names() if n not in ("retrofit_loss_flops.png", "loss_vs_depth.png")]
 
 
 def test_figures_are_valid_pngs(full):
@@ -460,7 +461,7 @@ def test_figures_are_valid_pngs(full):
 
 
 def test_same_database_same_bytes(full, tmp_path):
-    out2 = report.write_report(full["db"], tmp_path / "again")
+    out2 = report_engine.write_report(full["db"], tmp_path / "again")
     assert out2.read_bytes() == full["out"].read_bytes()
     for name in _expected_figures():
         again = (tmp_path / "again" / "figures" / name).read_bytes()
@@ -481,7 +482,7 @@ def _one_line_sections(md: str, names) -> None:
 def test_empty_database(tmp_path):
     p = tmp_path / "empty.db"
     stages.connect(p).conn.close()
-    out = report.write_report(p, tmp_path / "r")
+    out = report_engine.write_report(p, tmp_path / "r")
     md = out.read_text()
     assert md.startswith("# benchctl report\n")
     assert "no runs yet" in md
@@ -494,13 +495,13 @@ def test_empty_database(tmp_path):
 def test_database_without_tables(tmp_path):
     p = tmp_path / "bare.db"
     sqlite3.connect(p).execute("create table unrelated (x)").connection.close()
-    md = report.write_report(p, tmp_path / "r").read_text()
+    md = report_engine.write_report(p, tmp_path / "r").read_text()
     assert "no runs yet" in md
 
 
 def test_partial_database_runs_only(tmp_path):
     p = build_fixture_db(tmp_path / "r.db", judge=False, evals=False, seeds=(0, 1))
-    md = report.write_report(p, tmp_path / "r").read_text()
+    md = report_engine.write_report(p, tmp_path / "r").read_text()
     _one_line_sections(md, ["Judge", "lm-eval", "Benchmark"])
     assert "`benchctl judge" in section(md, "Judge") and "`benchctl eval`" in section(md, "lm-eval")
     cmp = section(md, "Comparisons")
@@ -523,7 +524,7 @@ def test_no_finished_runs(tmp_path):
                            "config_json": cfg.to_json(), "error": "killed" if status == "failed" else None})
     db.conn.commit()
     db.conn.close()
-    md = report.write_report(p, tmp_path / "r").read_text()
+    md = report_engine.write_report(p, tmp_path / "r").read_text()
     assert "Runs of preset `tiny`: 1 running, 1 failed." in md
     _one_line_sections(md, ["Training cost", "Loss", "Judge", "lm-eval", "Comparisons"])
     assert "| frailt-x | frailt | 0 | failed |" in section(md, "Runs")
@@ -531,7 +532,7 @@ def test_no_finished_runs(tmp_path):
 
 def test_single_seed(tmp_path):
     p = build_fixture_db(tmp_path / "r.db", seeds=(0,), failed_run=False, running_run=False)
-    md = report.write_report(p, tmp_path / "r").read_text()
+    md = report_engine.write_report(p, tmp_path / "r").read_text()
     loss = by_model(tables(section(md, "Loss"))[0])
     for arch in STUDY_ARCHS:
         assert loss[arch]["seeds"] == "1"
@@ -554,16 +555,16 @@ def test_preset_choice_and_other_presets(tmp_path):
                          running_run=False)
     build_fixture_db(p, preset="small", archs=("control", "frailt"), seeds=(0,), judge=False, evals=False,
                      failed_run=False, running_run=False, curves=False)
-    md = report.build(p).markdown
+    md = report_engine.build(p).markdown
     assert md.startswith("# benchctl report: preset `tiny`")
     assert "Other presets in the database: `small` (2 done of 2)" in md
-    small = report.build(p, "small")
+    small = report_engine.build(p, "small")
     assert small.preset == "small" and small.other_presets == [("tiny", 8, 8)]
     assert list(by_model(tables(section(small.markdown, "Loss"))[0])) == ["control", "frailt"]
     with pytest.raises(ConfigError, match="did you mean 'tiny'"):
-        report.build(p, "tiyn")
+        report_engine.build(p, "tiyn")
     # a known preset without runs is a valid report that says so
-    assert "No runs for this preset" in section(report.build(p, "paper").markdown, "Runs")
+    assert "No runs for this preset" in section(report_engine.build(p, "paper").markdown, "Runs")
 
 
 def test_config_variants_are_separate_models(tmp_path):
@@ -571,19 +572,19 @@ def test_config_variants_are_separate_models(tmp_path):
                          evals=False, failed_run=False, running_run=False)
     build_fixture_db(p, archs=("control",), seeds=(0, 1), overrides={"train.max_steps": 20}, judge=False,
                      evals=False, failed_run=False, running_run=False)
-    rendered = report.build(p)
+    rendered = report_engine.build(p)
     loss = by_model(tables(section(rendered.markdown, "Loss"))[0])
     assert list(loss) == ["control", "control [train.max_steps=20]", "three-part"]
     assert loss["control"]["seeds"] == "3" and loss["control [train.max_steps=20]"]["seeds"] == "2"
     assert loss["control [train.max_steps=20]"]["tokens/run"] == "10.2 k"
     assert "- control [train.max_steps=20]: `train.max_steps=20`" in section(rendered.markdown, "Runs")
-    assert len(set(report.build_context(report.load(sqlite3.connect(p)).runs, None).colours.values())) == 3
+    assert len(set(report.build_context(report.load(sqlite3.connect(p), stages.tables()).runs, None).colours.values())) == 3
 
 
 def test_paper_preset_shows_the_study_beside_ours(tmp_path):
     p = build_fixture_db(tmp_path / "r.db", preset="paper", seeds=(0, 1), judge=False, evals=False,
                          failed_run=False, running_run=False, device="cuda")
-    md = report.build(p).markdown
+    md = report_engine.build(p).markdown
     models = by_model(tables(section(md, "Models"))[0])
     for arch, total in paper.TOTAL_PARAMS.items():
         assert models[arch]["study total"] == f"{total:,}" and models[arch]["match"] == "yes"
@@ -639,7 +640,7 @@ def test_cli_bad_format_and_corrupt_file(tmp_path):
     bad = tmp_path / "bad.db"
     bad.write_text("this is not sqlite " * 100)
     with pytest.raises(DatabaseError, match="cannot read results database"):
-        report.write_report(bad, tmp_path / "r")
+        report_engine.write_report(bad, tmp_path / "r")
 
 
 def test_two_judges_are_reported_apart(tmp_path):
@@ -655,7 +656,7 @@ def test_two_judges_are_reported_apart(tmp_path):
                      [(r[0], PROMPT_HASH) for r in rows])
     conn.commit()
     conn.close()
-    md = report.build(p).markdown
+    md = report_engine.build(p).markdown
     judge = section(md, "Judge")
     assert judge.index(f"### {JUDGE_MODEL}") < judge.index("### other-judge")
     assert "(primary: used in Comparisons)" in judge

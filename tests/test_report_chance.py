@@ -9,7 +9,7 @@ import sqlite3
 import pytest
 from scipy import stats as sps
 
-from benchctl import report
+from benchctl.stages.report import engine as report
 from benchctl.core import stats as bstats
 from benchctl.stages.eval import chance as chance_mod
 from fixtures_db import STUDY_ARCHS, build_fixture_db

@@ -109,7 +109,7 @@ def test_init_from_without_retrofit_is_refused(parent, capsys, tinystories_dir):
 
 
 def test_report_has_a_retrofit_section_with_compute_including_the_parent(parent):
-    from benchctl.report.render import build
+    from benchctl.stages.report.engine import build
 
     db_path, pid = parent
     p = _row(db_path, "id = ?", [pid])
@@ -123,7 +123,7 @@ def test_report_has_a_retrofit_section_with_compute_including_the_parent(parent)
 
 
 def test_no_retrofit_section_without_retrofitted_runs(tmp_path):
-    from benchctl.report.render import build
+    from benchctl.stages.report.engine import build
 
     md = build(stages.connect(tmp_path / "empty.db")).markdown
     assert "## Retrofit" not in md

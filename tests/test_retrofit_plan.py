@@ -173,7 +173,7 @@ def test_a_conversion_whose_parent_failed_is_reported_not_run(tmp_path, tinystor
     train = next(s for s in stages.registered() if s.name == "train")
 
     def no_parent(s: stages.StudyRun) -> None:
-        from benchctl.study import TrainAllResult
+        from benchctl.stages import TrainAllResult
 
         s.trained = TrainAllResult(failed=[("deep-id", "diverged")])
 

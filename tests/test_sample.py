@@ -19,7 +19,9 @@ from architectures.generate import sample_next
 from benchctl.core import db as dbm
 from benchctl import stages
 from benchctl.stages.train import tables as train_tables
+from benchctl.stages import RunSelection
 from benchctl.stages.sample import engine as smp
+from benchctl.stages.sample.options import DEFAULT_TOP_K, SAMPLER, SampleOptions
 from benchctl.core.errors import CheckpointError, ConfigError, DataError, EvalError
 
 # ---- the prompt rule -------------------------------------------------------------------------------------------------
@@ -58,16 +60,19 @@ def test_prompt_set_is_deterministic_skips_duplicates_and_is_versioned():
 
 
 def test_settings_are_validated_and_hashed():
-    a = smp.SampleSettings()
-    assert a.to_dict()["top_k"] == smp.DEFAULT_TOP_K and a.to_dict()["sampler"] == smp.SAMPLER
-    assert smp.SampleSettings(seed=1).hash != a.hash
-    assert smp.SampleSettings(batch_size=8).hash != a.hash
-    assert smp.SampleSettings(top_k=0).top_k is None
-    for bad in ({"temperature": -1.0}, {"top_p": 1.5}, {"max_new_tokens": 0}, {"batch_size": 0}, {"top_k": -3}):
+    a = SampleOptions()
+    assert a.to_dict()["top_k"] == DEFAULT_TOP_K and a.to_dict()["sampler"] == SAMPLER
+    assert SampleOptions(seed=1).hash != a.hash
+    assert SampleOptions(batch_size=8).hash != a.hash
+    assert SampleOptions(top_k=0).top_k is None
+    # which runs, how many prompts, where and in how many processes do not change what a sample is
+    assert SampleOptions(n_prompts=3, device="cpu", jobs=2, select=RunSelection(archs=["control"])).hash == a.hash
+    for bad in ({"temperature": -1.0}, {"top_p": 1.5}, {"max_new_tokens": 0}, {"batch_size": 0}, {"top_k": -3},
+                {"n_prompts": 0}, {"jobs": "0"}):
         with pytest.raises(ConfigError):
-            smp.SampleSettings(**bad)
+            SampleOptions(**bad)
     with pytest.raises(EvalError, match="--n-recur must be >= 1"):
-        smp.SampleSettings(n_recur=0)
+        SampleOptions(n_recur=0)
 
 
 # ---- generation against a naive loop ---------------------------------------------------------------------------------
@@ -215,6 +220,12 @@ def results(trained, tmp_path, monkeypatch) -> Path:
 SMALL = dict(n_prompts=5, max_new_tokens=10, batch_size=2, progress=False)
 
 
+def sample_all(db, db_path, *, progress=True, run_ids=None, archs=None, preset=None, **options):
+    """`sample_all` with its options as keywords, the run selection among them as on the command line."""
+    opts = SampleOptions(select=RunSelection(run_ids=run_ids, archs=archs, preset=preset), **options)
+    return smp.sample_all(db, db_path, opts, progress=progress)
+
+
 def _samples(db) -> list[dict]:
     return list(db.query("select * from samples order by run_id, prompt_id, settings_hash"))
 
@@ -222,7 +233,7 @@ def _samples(db) -> list[dict]:
 def test_samples_are_stored_with_every_setting_and_the_same_prompts_for_every_model(results):
     db = stages.connect(results)
     rng_before = torch.get_rng_state()
-    s = smp.sample_all(db, results, **SMALL)
+    s = sample_all(db, results, **SMALL)
     assert torch.equal(torch.get_rng_state(), rng_before)  # seeding happens inside fork_rng
     assert (s.generated, s.skipped) == (10, 0)
     prompts = list(db.query("select * from prompts order by idx"))
@@ -252,36 +263,36 @@ def test_samples_are_stored_with_every_setting_and_the_same_prompts_for_every_mo
 
 def test_rerun_adds_nothing_and_other_settings_add_rows(results):
     db = stages.connect(results)
-    smp.sample_all(db, results, **SMALL)
+    sample_all(db, results, **SMALL)
     before = _samples(db)
-    again = smp.sample_all(db, results, **SMALL)
+    again = sample_all(db, results, **SMALL)
     assert (again.generated, again.skipped) == (0, 10)
     assert _samples(db) == before
     assert db["prompts"].count == 5
-    other = smp.sample_all(db, results, **{**SMALL, "seed": 1})
+    other = sample_all(db, results, **{**SMALL, "seed": 1})
     assert (other.generated, other.skipped) == (10, 0)
     assert db["samples"].count == 20 and db["prompts"].count == 5  # the prompt set is reused
-    more = smp.sample_all(db, results, **{**SMALL, "n_prompts": 6})
+    more = sample_all(db, results, **{**SMALL, "n_prompts": 6})
     assert more.prompt_sets != other.prompt_sets and more.generated == 12
     assert db["prompts"].count == 11
 
 
 def test_a_killed_run_resumes_with_identical_samples(results):
     db = stages.connect(results)
-    s = smp.sample_all(db, results, **SMALL)
+    s = sample_all(db, results, **SMALL)
     full = {r["id"]: r["completion"] for r in _samples(db)}
     three = next(r.run_id for r in s.runs if r.arch == "three-part")
     # as if killed after the first batch (prompts 0-1) of three-part: its later batches are missing
     with db.conn:
         db.execute("delete from samples where run_id = ? and prompt_id not like '%:0' and prompt_id not like '%:1'",
                    [three])
-    resumed = smp.sample_all(db, results, **SMALL)
+    resumed = sample_all(db, results, **SMALL)
     assert (resumed.generated, resumed.skipped) == (3, 7)
     assert {r["id"]: r["completion"] for r in _samples(db)} == full
     # and from scratch, every sample (three-part's random initial states included) comes out the same
     with db.conn:
         db.execute("delete from samples")
-    smp.sample_all(db, results, **SMALL)
+    sample_all(db, results, **SMALL)
     assert {r["id"]: r["completion"] for r in _samples(db)} == full
 
 
@@ -290,22 +301,22 @@ def test_two_jobs_store_the_same_samples_as_one(results, capsys):
     """`--jobs 2` samples each run in its own process: the same rows (three-part's random states included) and the
     same summary, and a bad --jobs fails before any work."""
     db = stages.connect(results)
-    one = smp.sample_all(db, results, **SMALL)
+    one = sample_all(db, results, **SMALL)
     serial = {r["id"]: (r["completion"], r["n_tokens"], r["dtype"]) for r in _samples(db)}
     with db.conn:
         db.execute("delete from samples")
     capsys.readouterr()
-    two = smp.sample_all(db, results, **{**SMALL, "jobs": 2})
+    two = sample_all(db, results, **{**SMALL, "jobs": 2})
     assert "sampling: 2 jobs at once, 1 thread(s) each" in capsys.readouterr().out
     assert {r["id"]: (r["completion"], r["n_tokens"], r["dtype"]) for r in _samples(db)} == serial
     assert (two.generated, two.skipped) == (one.generated, one.skipped) == (10, 0)
     assert [(r.run_id, r.n_samples, r.mean_tokens, r.generated) for r in two.runs] == \
         [(r.run_id, r.n_samples, r.mean_tokens, r.generated) for r in one.runs]
     assert all(r.tokens_per_s for r in two.runs) and two.example == one.example
-    again = smp.sample_all(db, results, **{**SMALL, "jobs": 2})  # nothing to do: no process is started
+    again = sample_all(db, results, **{**SMALL, "jobs": 2})  # nothing to do: no process is started
     assert (again.generated, again.skipped) == (0, 10)
     with pytest.raises(ConfigError, match="--jobs"):
-        smp.sample_all(db, results, **{**SMALL, "jobs": "0"})
+        sample_all(db, results, **{**SMALL, "jobs": "0"})
 
 
 def test_completion_continues_the_prompt_text(results, trained):
@@ -324,9 +335,9 @@ def test_completion_continues_the_prompt_text(results, trained):
 def test_recurrence_override(results):
     db = stages.connect(results)
     with pytest.raises(EvalError, match="--n-recur 3 cannot run on control"):
-        smp.sample_all(db, results, n_recur=3, **SMALL)
+        sample_all(db, results, n_recur=3, **SMALL)
     assert db["samples"].count == 0  # checked before any work
-    s = smp.sample_all(db, results, n_recur=3, archs=["three-part"], **SMALL)
+    s = sample_all(db, results, n_recur=3, archs=["three-part"], **SMALL)
     assert s.generated == 5 and {r["n_recur"] for r in _samples(db)} == {3}
     assert json.loads(_samples(db)[0]["settings_json"])["n_recur"] == 3
 
@@ -334,14 +345,14 @@ def test_recurrence_override(results):
 def test_run_selection_errors(results, tmp_path):
     db = stages.connect(results)
     with pytest.raises(ConfigError, match="did you mean 'three-part'"):
-        smp.sample_all(db, results, archs=["thre-part"], **SMALL)
+        sample_all(db, results, archs=["thre-part"], **SMALL)
     with pytest.raises(ConfigError, match="unknown run id"):
-        smp.sample_all(db, results, run_ids=["nope"], **SMALL)
+        sample_all(db, results, run_ids=["nope"], **SMALL)
     with pytest.raises(CheckpointError, match="benchctl train-all"):
-        smp.sample_all(db, results, preset="paper", **SMALL)
+        sample_all(db, results, preset="paper", **SMALL)
     empty = tmp_path / "empty.db"
     with pytest.raises(CheckpointError, match="no finished runs.*benchctl train-all"):
-        smp.sample_all(stages.connect(empty), empty, **SMALL)
+        sample_all(stages.connect(empty), empty, **SMALL)
 
 
 def test_progress_reports_on_the_given_reporter(results):
@@ -351,7 +362,7 @@ def test_progress_reports_on_the_given_reporter(results):
 
     out = io.StringIO()
     reporter = Progress(enabled=True, interactive=False, stream=out, interval=3600.0)
-    s = smp.sample_all(stages.connect(results), results, **{**SMALL, "archs": ["control"], "progress": reporter})
+    s = sample_all(stages.connect(results), results, **{**SMALL, "archs": ["control"], "progress": reporter})
     lines = out.getvalue().splitlines()
     assert s.generated == 5 and "\r" not in out.getvalue()
     assert lines[0].startswith("sampling: 0/5") and lines[-1].startswith("control s0: 5/5 (100%) tok/s ")
@@ -360,10 +371,10 @@ def test_progress_reports_on_the_given_reporter(results):
 def test_bad_device_is_a_config_error_before_any_work(tmp_path):
     empty = tmp_path / "empty.db"
     with pytest.raises(ConfigError, match="--device must be auto, cpu, cuda, cuda:N or mps; got 'gpu0'"):
-        smp.sample_all(stages.connect(empty), empty, device="gpu0", **SMALL)
+        sample_all(stages.connect(empty), empty, device="gpu0", **SMALL)
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="--device='cuda:0' but CUDA is not available"):
-            smp.sample_all(stages.connect(empty), empty, device="cuda:0", **SMALL)
+            sample_all(stages.connect(empty), empty, device="cuda:0", **SMALL)
 
 
 def test_cli_sample_prints_a_summary_and_an_example(results):

@@ -6,7 +6,9 @@ import types
 
 import pytest
 
-from benchctl import report, stages, study
+from benchctl import stages, study
+from benchctl.stages.report import engine as report
+from benchctl.stages.train import sweep
 from benchctl.cli import main
 from benchctl.core.errors import Aborted, BenchctlError
 from benchctl.study import StudyOptions, run_study
@@ -31,7 +33,7 @@ def test_a_new_stage_runs_in_order_and_adds_its_section(tmp_path, monkeypatch):
             seen.append(name)
             s.say(f"{name} ran")
             if name == "train":
-                s.trained = study.TrainAllResult(done=["r1"])
+                s.trained = stages.TrainAllResult(done=["r1"])
             if name == "report":
                 s.report_path = tmp_path / "report.md"
         return run
@@ -57,7 +59,7 @@ def test_a_new_stage_runs_in_order_and_adds_its_section(tmp_path, monkeypatch):
 
 def test_failed_training_runs_are_reported_after_the_report(tmp_path, monkeypatch):
     def train(s: stages.StudyRun) -> None:
-        s.trained = study.TrainAllResult(done=["ok1"], failed=[("bad1", "diverged")])
+        s.trained = stages.TrainAllResult(done=["ok1"], failed=[("bad1", "diverged")])
 
     def write(s: stages.StudyRun) -> None:
         s.report_path = tmp_path / "report.md"
@@ -94,23 +96,23 @@ def slow_estimate(monkeypatch):
 
     monkeypatch.setattr(train, "estimate_seconds", lambda cfgs, prepared: 7200.0)
     monkeypatch.setattr(train, "resolve_device", lambda device: torch.device("cpu"))
-    return study.sweep("tiny", ["control"], [0])
+    return sweep.sweep("tiny", ["control"], [0])
 
 
 def test_long_run_without_anyone_to_ask_needs_yes(slow_estimate):
     with pytest.raises(Aborted, match=r"would take about 2\.0 h on this CPU \(try --preset small on a CPU\); "
                                       "pass --yes to start anyway"):
-        study.confirm_long_run(slow_estimate, None, yes=False, log=print)
-    study.confirm_long_run(slow_estimate, None, yes=True, log=print)
+        sweep.confirm_long_run(slow_estimate, None, yes=False, log=print)
+    sweep.confirm_long_run(slow_estimate, None, yes=True, log=print)
 
 
 def test_long_run_asks_through_the_callback(slow_estimate):
     asked: list[str] = []
-    study.confirm_long_run(slow_estimate, None, yes=False, log=print, confirm=lambda q: asked.append(q) or True)
+    sweep.confirm_long_run(slow_estimate, None, yes=False, log=print, confirm=lambda q: asked.append(q) or True)
     assert asked == ["1 run(s) of preset 'tiny' would take about 2.0 h on this CPU (try --preset small on a CPU). "
                      "Start?"]
     with pytest.raises(Aborted, match="not started"):
-        study.confirm_long_run(slow_estimate, None, yes=False, log=print, confirm=lambda q: False)
+        sweep.confirm_long_run(slow_estimate, None, yes=False, log=print, confirm=lambda q: False)
 
 
 def test_skip_accepts_only_skippable_stages(tmp_path, capsys):

@@ -369,7 +369,7 @@ def test_migration_adds_a_missing_column_and_backfills_it(tmp_path):
 
 def test_the_report_reads_every_registered_table_by_name(tmp_path):
     stages.connect(tmp_path / "results.db").conn.close()
-    data = report.read(tmp_path / "results.db")
+    data = report.read(tmp_path / "results.db", stages.tables())
     for table in stages.tables():
         frame = data[table.name]
         assert frame is getattr(data, table.name) and frame.empty

@@ -9,7 +9,9 @@ from typing import Annotated
 
 import typer
 
-from benchctl.cli import DbOpt, app, console
+from benchctl.stages.cli import DbOpt, console, db_path_of
+
+app = typer.Typer()
 
 _LOCAL = ("127.0.0.1", "localhost", "::1")
 
@@ -24,10 +26,9 @@ def browse(
         "--open/--no-open", help="Open a web browser on the database page once the server is up.")] = False,
 ) -> None:
     """Browse results.db in Datasette (read-only): every table and column described, canned queries included."""
-    from benchctl import browse as engine
-    from benchctl.core import db as dbm
+    from benchctl import browse as engine  # datasette: kept out of 'benchctl --help'
 
-    served = engine.check_database(db if db is not None else dbm.default_path())
+    served = engine.check_database(db_path_of(db))
     address = engine.url(host, port, served)
     if host not in _LOCAL:
         console.print(f"note: listening on {host}: anyone who can reach this machine can read these results",

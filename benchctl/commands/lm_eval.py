@@ -10,7 +10,9 @@ from typing import Annotated
 
 import typer
 
-from benchctl.cli import DbOpt, app, console
+from benchctl.stages.cli import DbOpt, console
+
+app = typer.Typer()
 
 
 @app.command(
@@ -24,7 +26,7 @@ def lm_eval_(
     db: DbOpt = None,
 ) -> None:
     """Run lm-eval's CLI (every option, every task) with --model benchctl and the bundled TinyStories tasks."""
-    from benchctl.stages.eval import lm_eval_cli
+    from benchctl.stages.eval import lm_eval_cli  # lm_eval, torch: kept out of 'benchctl --help'
 
     args = list(ctx.args)
     if any(a in ("-h", "--help") for a in args):

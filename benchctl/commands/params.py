@@ -9,8 +9,10 @@ import typer
 from rich import box
 from rich.table import Table
 
-from benchctl.cli import JsonOpt, PresetOpt, SetOpt, app, console, split_list
+from benchctl.stages.cli import JsonOpt, PresetOpt, SetOpt, console, split_list
 from benchctl.core.config import parse_set
+
+app = typer.Typer()
 
 
 @app.command()
@@ -21,7 +23,7 @@ def params(
     as_json: JsonOpt = False,
 ) -> None:
     """Parameter accounting per architecture, with the study's published totals beside ours."""
-    from benchctl.core import accounting
+    from benchctl.core import accounting  # torch: kept out of 'benchctl --help'
 
     rows = accounting.table(preset, split_list(arch), parse_set(set_))
     if as_json:

@@ -8,7 +8,10 @@ import typer
 from rich import box
 from rich.table import Table
 
-from benchctl.cli import PresetOpt, app, console, parse_seeds
+from benchctl import plans as pl
+from benchctl.stages.cli import PresetOpt, console, parse_seeds
+
+app = typer.Typer()
 
 plans_app = typer.Typer(help="Study plans: which models `benchctl study --plan` trains.", rich_markup_mode=None)
 app.add_typer(plans_app, name="plans")
@@ -19,12 +22,10 @@ def plans(ctx: typer.Context) -> None:
     """List the built-in plans (name, description, variants); `benchctl plans show NAME` resolves one."""
     if ctx.invoked_subcommand is not None:
         return
-    from benchctl import plans as pl
-
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for head in ("plan", "variants", "description"):
         t.add_column(head, justify="right" if head == "variants" else "left", no_wrap=head != "description")
-    for p in pl.builtin():
+    for p in (pl.read(n) for n in pl.builtin_names()):  # read: listing them needs no models (no torch)
         t.add_row(p.name, str(len(p.variants)), p.description)
     console.print(t)
     console.print(f"default: {pl.DEFAULT_PLAN}. Run one with 'benchctl study --plan NAME' (or a path to a plan file); "
@@ -38,12 +39,11 @@ def show(
     seeds: Annotated[Optional[str], typer.Option("--seeds", help="Comma list or range (default: the plan's).")] = None,
 ) -> None:
     """Resolve a plan at a preset: each variant's architecture, overrides, steps, parameters and training FLOPs."""
+    # torch: kept out of 'benchctl plans' and 'benchctl --help'
     from benchctl.core import accounting
-    from benchctl import plans as pl
     from benchctl.stages.retrofit.engine import has_lora
-    from benchctl.study import planned_runs
 
-    plan, preset_, runs = planned_runs(name, preset, None, parse_seeds(seeds))
+    plan, preset_, runs = pl.planned_runs(name, preset, None, parse_seeds(seeds))
     seeds_ = sorted({r.cfg.seed for r in runs})
     convs = pl.conversions(plan, preset_, seeds_[:1])
     console.print(f"plan {plan.name} ({plan.path}, sha256 {plan.sha256[:12]}): {plan.description}")

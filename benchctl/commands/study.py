@@ -7,9 +7,25 @@ from typing import Annotated, Optional
 
 import typer
 
-from benchctl.cli import DataOpt, DbOpt, ProgressOpt, SetOpt, YesOpt, app, console, parse_seeds, split_list
-from benchctl.cli import db_path_of, overrides_with_data
+from benchctl import stages
+from benchctl.core.errors import ConfigError
+from benchctl.stages import StudyOptions
+from benchctl.stages.cli import (
+    DataOpt,
+    DbOpt,
+    ProgressOpt,
+    SetOpt,
+    YesOpt,
+    console,
+    db_path_of,
+    terminal_confirm,
+    overrides_with_data,
+    parse_seeds,
+    split_list,
+)
 from benchctl.stages.train.cli import ExecutorOpt, RayAddressOpt, RunsDirOpt
+
+app = typer.Typer()
 
 PlanOpt = Annotated[str, typer.Option("--plan", help="A built-in plan (see 'benchctl plans') or a plan file's path.")]
 PlanPresetOpt = Annotated[Optional[str], typer.Option(
@@ -48,11 +64,9 @@ def study(
 ) -> None:
     """prepare -> train-all -> sample -> judge (with an API key) -> eval -> report, for every variant × seed of a
     plan (default: the study's four models). Rerun to resume any stage."""
-    from benchctl import stages
-    from benchctl.commands.confirm import terminal_confirm
-    from benchctl.core.errors import ConfigError
+    # torch: kept out of 'benchctl --help'
     from benchctl.core.runtime import Dist
-    from benchctl.study import StudyOptions, run_study
+    from benchctl.study import run_study
 
     skipped = tuple(split_list(skip) or ())
     bad = [s for s in skipped if s not in stages.skippable()]

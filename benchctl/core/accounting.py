@@ -7,6 +7,8 @@ so a new one is accounted for as soon as it is registered.
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
 from typing import Any, Sequence
 
 import torch
@@ -50,6 +52,21 @@ _ROW_FIELDS = frozenset({
     "arch", "preset", "components", "total_params", "effective_params", "n_recur", "effective_depth",
     "flops_per_token", "seq_len", "paper_total_params", "matches_paper",
 })
+
+
+def training_flops(cfg: RunConfig) -> float:
+    """The FLOPs a run's training spends at its trained depth (forward and backward, every step): how much work it
+    is, for estimating its time and handing the longest runs out first. The model is built on the meta device
+    (shapes only), once per architecture and model config."""
+    key = json.dumps([cfg.arch, asdict(cfg.model)], sort_keys=True, default=str)
+    if key not in _FLOPS_PER_TOKEN:
+        with torch.device("meta"):
+            model = architectures.build(cfg.arch, cfg.model)
+            _FLOPS_PER_TOKEN[key] = float(model.flops_per_token(cfg.model.max_seq_len))
+    return _FLOPS_PER_TOKEN[key] * cfg.tokens_per_step * cfg.train.max_steps
+
+
+_FLOPS_PER_TOKEN: dict[str, float] = {}  # training_flops' cache: (arch, model config) -> FLOPs per token
 
 
 def component_names(rows: Sequence[dict[str, Any]]) -> list[str]:

@@ -18,9 +18,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchctl.core.config import RunConfig
+import architectures
+from benchctl.core.config import RunConfig, identity_diff
 from benchctl.core.errors import CheckpointError
 from benchctl.core.files import atomic_write
+from benchctl.core.telemetry import hardware_name
 
 CKPT_NAME = "ckpt.pt"
 TOKENIZER_NAME = "tokenizer.model"
@@ -76,8 +78,6 @@ def set_rng_state(state: dict[str, Any], device: torch.device | None = None) -> 
 def hardware(device: torch.device, dtype: str, compiled: bool = False) -> dict[str, str]:
     """What a checkpoint's steps were timed on: device type and name, the precision it trained in, and whether the
     step was compiled (a compiled step is another speed, as another device is)."""
-    from benchctl.core.telemetry import hardware_name
-
     return {"device": device.type, "device_name": hardware_name(device), "dtype": dtype,
             "compiled": "yes" if compiled else "no"}
 
@@ -88,8 +88,6 @@ def saved_hardware(state: dict[str, Any]) -> dict[str, str] | None:
     saved = state.get("hardware")
     if not saved or "compiled" in saved:
         return saved
-    from benchctl.core.config import RunConfig
-
     return {**saved, "compiled": "yes" if RunConfig.from_json(state["config"]).train.compile else "no"}
 
 
@@ -127,8 +125,6 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
 
 def check_config(state: dict[str, Any], cfg: RunConfig, path: Path) -> None:
     """A checkpoint written under a different configuration must never be resumed silently."""
-    from benchctl.core.config import identity_diff
-
     diffs = identity_diff(RunConfig.from_json(state["config"]), cfg)
     if diffs:
         raise CheckpointError(
@@ -141,8 +137,6 @@ def load_model(
     ckpt_path: Path, device: str | torch.device = "cpu"
 ) -> tuple[torch.nn.Module, RunConfig, Path]:
     """(model in eval mode, its config, tokenizer path) from a run's checkpoint, for sampling and evaluation."""
-    import architectures
-
     state = load(Path(ckpt_path), map_location="cpu")
     cfg = RunConfig.from_json(state["config"])
     model = architectures.build(cfg.arch, cfg.model)  # (not on meta: to_empty would untie the embedding)

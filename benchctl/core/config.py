@@ -27,7 +27,7 @@ import typing
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
-from benchctl.core.errors import ConfigError
+from benchctl.core.errors import ConfigError, did_you_mean
 
 if typing.TYPE_CHECKING:  # architectures imports torch; the CLI imports this module before it needs torch
     from architectures import BaseLM
@@ -283,7 +283,7 @@ def _parse_scalar(key: str, tp: Any, value: Any) -> Any:
 
 
 def _arch_class(arch: str) -> type[BaseLM]:
-    import architectures
+    import architectures  # torch: kept out of 'benchctl --help' and 'benchctl plans', which import this module
 
     try:
         return architectures.get(arch)
@@ -310,7 +310,7 @@ def all_keys(arch: str = "control") -> list[str]:
 
 def key_owners(key: str) -> list[str]:
     """The registered architectures whose own arguments include `key` ("model.lora_rank" -> ["relaxed"])."""
-    import architectures
+    import architectures  # torch: kept out of 'benchctl --help' and 'benchctl plans', which import this module
 
     if not key.startswith("model."):
         return []
@@ -347,8 +347,6 @@ def choices(arch: str = "control") -> dict[str, tuple[Any, ...]]:
 def _apply(flat: dict[str, Any], overrides: dict[str, Any], arch: str, *, skip_other_archs: bool = False) -> None:
     """Set `overrides` on `flat`. A key of another architecture is skipped (presets, configs stored before the
     architectures owned their keys) or refused with whose it is; any other unknown key suggests the closest one."""
-    import architectures
-
     known = all_keys(arch)
     for key, value in overrides.items():
         if key in known:
@@ -361,7 +359,7 @@ def _apply(flat: dict[str, Any], overrides: dict[str, Any], arch: str, *, skip_o
             whose = " and ".join(f"'{o}'" for o in owners)
             raise ConfigError(f"config key '{key}' belongs to architecture {whose}, not to '{arch}'")
         raise ConfigError(
-            f"unknown config key '{key}'{architectures.did_you_mean(key, known)} valid keys: {', '.join(known)}"
+            f"unknown config key '{key}'{did_you_mean(key, known)} valid keys: {', '.join(known)}"
         )
 
 
@@ -418,10 +416,8 @@ def make_config(
     overrides: dict[str, Any] | None = None,
 ) -> RunConfig:
     """Build, validate and resolve the config for one run: preset -> overrides -> resolve -> validate."""
-    import architectures
-
     if preset not in PRESETS:
-        hint = architectures.did_you_mean(preset, PRESETS)
+        hint = did_you_mean(preset, PRESETS)
         raise ConfigError(f"unknown preset '{preset}'{hint} available: {', '.join(PRESETS)}")
     flat = _flat_defaults(arch)
     _apply(flat, PRESETS[preset], arch, skip_other_archs=True)

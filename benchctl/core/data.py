@@ -39,10 +39,13 @@ import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
+import sentencepiece as spm
+import torch
 
+from benchctl import __version__
 from benchctl.core.config import DataConfig
 from benchctl.core.errors import CheckpointError, ConfigError, DataError
 from benchctl.core.files import atomic_write
@@ -71,9 +74,6 @@ try:  # POSIX advisory locks keep two processes (e.g. DDP ranks) from building t
     import fcntl
 except ImportError:  # pragma: no cover - Windows: concurrent builders race, and the first rename wins
     fcntl = None  # type: ignore[assignment]
-
-if TYPE_CHECKING:
-    import torch  # imported where used: `benchctl prepare` on a warm cache should not pay torch's import time
 
 FORMAT_VERSION = 1  # bump when the layout or the meaning of the cached files changes
 TOKENIZER_SEED = 0  # seed of the random sample of train stories the tokenizer is fitted on
@@ -115,8 +115,6 @@ class Tokenizer:
     """A SentencePiece model file with the few calls benchctl needs."""
 
     def __init__(self, path: Path | str):
-        import sentencepiece as spm
-
         self.path = Path(path)
         if not self.path.is_file():
             raise DataError(f"tokenizer file {self.path} does not exist; rerun `benchctl prepare`")
@@ -182,8 +180,6 @@ def _story_lines(stories: Iterable[str]) -> Iterator[str]:
 def train_tokenizer(stories: Sequence[str], vocab_size: int, out_dir: Path, *, n_sample: int,
                     seed: int = TOKENIZER_SEED, progress: Progress | bool = False) -> Tokenizer:
     """Fit the llama2.c BPE recipe on a seeded random sample of `n_sample` stories; writes out_dir/tokenizer.model."""
-    import sentencepiece as spm
-
     if n_sample < len(stories):
         # Sorted indices: the sample's order follows the split, so it depends only on (stories, n_sample, seed).
         idx = sorted(random.Random(seed).sample(range(len(stories)), n_sample))
@@ -419,10 +415,6 @@ def _pretokenize(stories: Sequence[str], tok: Tokenizer, out: Path, desc: str, p
 
 def _build(tmp: Path, source: _Source, data: DataConfig, vocab_size: int, fingerprint: str, settings: dict[str, Any],
            progress: Progress, t0: float) -> None:
-    import sentencepiece as spm
-
-    from benchctl import __version__
-
     _log(progress, f"preparing {source.description} (vocab {vocab_size}) into {_dir_for(fingerprint, vocab_size)}")
     stories = {
         "train": _read_split(source, "train", data.max_train_stories, progress),
@@ -473,8 +465,6 @@ def _check_length(tokens: np.ndarray, seq_len: int) -> None:
 
 
 def _gather(tokens: np.ndarray, starts: torch.Tensor, width: int) -> torch.Tensor:
-    import torch
-
     idx = starts.numpy()[:, None] + np.arange(width)  # (n, width)
     return torch.from_numpy(np.asarray(tokens[idx]).astype(np.int64))  # (n, width) int64
 
@@ -497,14 +487,10 @@ class WindowSampler:
                               f"processes ({world_size}) so every rank gets the same share of each micro-batch")
         self.tokens, self.seq_len, self.batch_size, self.seed = tokens, seq_len, batch_size, seed
         self.rank, self.world_size = rank, world_size
-        import torch
-
         self.generator = torch.Generator().manual_seed(seed)
         self.batches = 0  # global micro-batches drawn so far
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        import torch
-
         n_starts = len(self.tokens) - self.seq_len  # last valid start leaves seq_len+1 tokens
         starts = torch.randint(0, n_starts, (self.batch_size,), generator=self.generator)  # (B,) global
         self.batches += 1
@@ -536,8 +522,6 @@ def val_windows(tokens: np.ndarray, seq_len: int, n_windows: int, seed: int) -> 
     _check_length(tokens, seq_len)
     if n_windows < 1:
         raise ConfigError(f"eval.val_windows: must be >= 1, got {n_windows}")
-    import torch
-
     g = torch.Generator().manual_seed(seed)  # private generator: independent of torch's global RNG
     starts = torch.randint(0, len(tokens) - seq_len, (n_windows,), generator=g)  # (n,)
     return _gather(tokens, starts, seq_len + 1)  # (n, seq_len+1)

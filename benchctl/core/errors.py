@@ -7,6 +7,9 @@ Anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import difflib
+from typing import Iterable
+
 
 class BenchctlError(Exception):
     """A failure the user can fix; the message says what was wrong and what to do."""
@@ -54,3 +57,11 @@ class Aborted(BenchctlError):
     """The user declined a confirmation prompt."""
 
     exit_code = 130
+
+
+def did_you_mean(word: str, options: Iterable[str]) -> str:
+    """"; did you mean 'x'?" for the closest option to a mistyped word, or "" when nothing is close.
+
+    `architectures` has its own copy (it imports nothing from benchctl); importing that one would load torch."""
+    close = difflib.get_close_matches(word, list(options), n=1)
+    return f"; did you mean '{close[0]}'?" if close else ""

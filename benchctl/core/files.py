@@ -1,6 +1,7 @@
-"""Atomic file writes: a reader (or a process killed half-way) sees the old file or the new one, never a torn one.
+"""Atomic file writes, and where benchctl caches what it derives (prepared data, generated tasks, lm-eval's files).
 
-Used for checkpoints, cached data, generated task files and reports. The temporary file sits next to its target
+A reader (or a process killed half-way) of an atomic write sees the old file or the new one, never a torn one. Used
+for checkpoints, cached data, generated task files and reports. The temporary file sits next to its target
 (same filesystem, so the final rename is atomic), has a unique name (several processes may write the same target:
 parallel runs preparing the same cached data), is fsynced before the rename, and is removed if anything fails.
 """
@@ -31,3 +32,8 @@ def atomic_write(path: str | os.PathLike, data: bytes | str | Callable[[BinaryIO
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def cache_root() -> Path:
+    """$BENCHCTL_CACHE, else results/cache under the working directory (absolute, so manifests can be found later)."""
+    return Path(os.environ.get("BENCHCTL_CACHE") or Path("results") / "cache").expanduser().resolve()

@@ -21,6 +21,11 @@ import threading
 import time
 from typing import Any, Iterator, TextIO
 
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+from rich.progress import Progress as RichProgress
+from tqdm import std
+
 PLAIN_INTERVAL = 10.0  # seconds between plain progress lines when output is not a terminal
 
 
@@ -88,8 +93,6 @@ class Progress:
     def __init__(self, enabled: bool = True, *, console: Any = None, interval: float = PLAIN_INTERVAL,
                  interactive: bool | None = None, stream: TextIO | None = None):
         if console is None:
-            from rich.console import Console
-
             console = Console(file=stream) if stream is not None else Console()
         self.console = console
         self.enabled = enabled
@@ -147,9 +150,6 @@ class Progress:
     def _rich_start(self) -> None:
         if self._rich is not None:
             return
-        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
-        from rich.progress import Progress as RichProgress
-
         self._rich = RichProgress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
             TextColumn("{task.fields[extra]}"), TimeRemainingColumn(), console=self.console, transient=False,
@@ -170,8 +170,6 @@ class Progress:
         if self.enabled and self.interactive:
             yield
             return
-        from tqdm import std
-
         saved = std.tqdm.__dict__["__init__"]  # the class attribute itself (a descriptor in some tqdm versions)
         original = std.tqdm.__init__
         enabled, interval, stream = self.enabled, self.interval, _PlainLines(self.console.file)
@@ -220,7 +218,7 @@ def _fields_text(fields: dict[str, str]) -> str:
 def _datasets_bars(enable: bool | None) -> bool | None:
     """Set Hugging Face datasets' own bars on/off; return what they were (None when datasets is absent)."""
     try:
-        import datasets
+        import datasets  # pandas, pyarrow: kept out of 'benchctl --help', which imports this module
     except ImportError:  # pragma: no cover - a dependency, but the reporter must not need it
         return None
     before = datasets.is_progress_bar_enabled()
@@ -229,6 +227,15 @@ def _datasets_bars(enable: bool | None) -> bool | None:
     elif enable is False:
         datasets.disable_progress_bars()
     return before
+
+
+def format_duration(seconds: float) -> str:
+    """A duration as a person reads it: '45 s', '12 min', '2.5 h'."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def silent() -> Progress:
@@ -242,7 +249,5 @@ def as_progress(progress: bool | Progress, *, stderr: bool = False) -> Progress:
     if isinstance(progress, Progress):
         return progress
     if stderr:
-        from rich.console import Console
-
         return Progress(enabled=bool(progress), console=Console(stderr=True))
     return Progress(enabled=bool(progress))

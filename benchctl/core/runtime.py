@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import atexit
 import functools
+import importlib.util
 import os
+import shutil
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
 import torch
+import torch.distributed as dist
 
 from benchctl.core.config import RunConfig
 from benchctl.core.errors import BenchctlError, ConfigError
@@ -43,16 +46,12 @@ def resolve_device(spec: str, local_rank: int | None = None, *, option: str = "t
 
 
 def _cpp_compiler() -> str | None:
-    import shutil
-
     return shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
 
 
 def check_compile_available(device: torch.device, what: str) -> None:
     """torch.compile's inductor backend generates C++ on the CPU and Triton kernels on CUDA: without them the first
     step would fail deep inside inductor. Fail first, naming the fix."""
-    import importlib.util
-
     if device.type == "cpu" and not _cpp_compiler():
         raise ConfigError(f"{what} on CPU needs a C++ compiler (g++ or clang++) on PATH; install one (e.g. "
                           "apt install g++) or train without compile (it does not change the results)")
@@ -223,8 +222,6 @@ def init_distributed(dist_info: Dist, device: torch.device) -> None:
     """Join torchrun's process group once per process (NCCL on CUDA, gloo on CPU); later calls are no-ops, so the
     runs of one `train-all` or `study` share one group. On CUDA the process's GPU is made current and bound to the
     group first: otherwise NCCL's collectives (and broadcast_object_list) would all start on GPU 0."""
-    import torch.distributed as dist
-
     if not dist_info.enabled or dist.is_initialized():
         return
     if device.type == "cuda":
@@ -236,16 +233,12 @@ def init_distributed(dist_info: Dist, device: torch.device) -> None:
 
 
 def shutdown_distributed() -> None:
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
 
 def barrier(dist_info: Dist) -> None:
     if dist_info.enabled:
-        import torch.distributed as dist
-
         dist.barrier()
 
 
@@ -275,8 +268,6 @@ def decide_on_main(dist_info: Dist, decide: Callable[[], T]) -> T:
     (gloo) or times out (NCCL). Needs the process group (`init_distributed`) when there is more than one process."""
     if not dist_info.enabled:
         return decide()
-    import torch.distributed as dist
-
     box: list[Any] = [None]
     if dist_info.is_main:
         try:

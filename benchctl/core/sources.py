@@ -17,8 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+from huggingface_hub import HfApi
+from huggingface_hub import errors as hf_errors
+
 from benchctl.core.errors import ConfigError, DataError
-from benchctl.core.files import atomic_write
+from benchctl.core.files import atomic_write, cache_root
 from benchctl.core.progress import Progress, as_progress
 
 HUB_REPO = "roneneldan/TinyStories"
@@ -35,15 +40,6 @@ _HINT_LOCAL = (
     "pass --data DIR or set BENCHCTL_DATA=DIR to a directory holding train.txt + valid.txt "
     "(<|endoftext|>-separated), train.jsonl + valid.jsonl or train.parquet + valid.parquet"
 )
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# Cache location
-
-
-def cache_root() -> Path:
-    """$BENCHCTL_CACHE, else results/cache under the working directory (absolute, so manifests can be found later)."""
-    return Path(os.environ.get("BENCHCTL_CACHE") or Path("results") / "cache").expanduser().resolve()
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -159,9 +155,6 @@ def _read_jsonl(path: Path) -> Iterator[str]:
 
 
 def _read_parquet(path: Path) -> Iterator[str]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     try:
         pf = pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as e:
@@ -229,9 +222,6 @@ def _hub_revision() -> str:
     """The commit sha of roneneldan/TinyStories: one quick API call, no retries, so offline fails in a second."""
     if offline := _hub_offline():
         raise _HubUnreachable(f"offline mode is on ({offline})")
-    from huggingface_hub import HfApi
-    from huggingface_hub import errors as hf_errors
-
     # huggingface_hub >= 1.0 raises its HTTP client's errors (HTTPError covers transport and status errors).
     network_errors: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError, OSError)
     if (http_error := getattr(hf_errors, "HTTPError", None)) is not None:
@@ -273,6 +263,8 @@ def _last_hub_revision() -> str | None:
 
 
 def _read_hub_split(split: str, revision: str, limit: int | None, progress: Progress) -> list[str]:
+    # datasets (with its pandas and pyarrow) serves the hub source alone: every training, sampling and evaluation
+    # process reads the prepared cache through this package and would pay for it at start-up
     import datasets
 
     try:

@@ -10,6 +10,7 @@ driver the same fields exist with GPU values None and the process peak RSS is re
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import platform
@@ -24,6 +25,7 @@ from typing import Any
 
 import torch
 
+from benchctl import __version__
 from benchctl.core.errors import ConfigError
 
 PROJECT_DIR = Path(__file__).resolve().parents[2]
@@ -79,7 +81,7 @@ def peak_rss_bytes() -> int | None:
     """Peak resident set size of this process (ru_maxrss is KiB on Linux, bytes on macOS); None where the `resource`
     module does not exist (native Windows)."""
     try:
-        import resource
+        import resource  # POSIX only
     except ImportError:
         return None
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -264,7 +266,7 @@ class NvmlSampler(_Periodic):
         if target is None:
             return
         try:
-            import pynvml
+            import pynvml  # NVIDIA GPUs only; without the package the run has no NVML readings
         except ImportError:
             self.absent["nvml"] = "pynvml is not installed"
             return
@@ -394,8 +396,6 @@ def tune_cpu_allocator() -> str | None:
     if platform.libc_ver()[0] != "glibc" or any(k in os.environ for k in ("MALLOC_MMAP_THRESHOLD_",
                                                                          "MALLOC_TRIM_THRESHOLD_")):
         return None
-    import ctypes
-
     try:
         libc = ctypes.CDLL(None)
         m_trim_threshold, m_mmap_threshold = -1, -3  # malloc.h
@@ -407,8 +407,6 @@ def tune_cpu_allocator() -> str | None:
 
 def environment(device: torch.device, driver_version: str | None = None) -> dict[str, Any]:
     """Device, versions and commit, with the same keys everywhere (GPU values None off CUDA)."""
-    from benchctl import __version__
-
     return {
         "device": device.type,
         "device_name": device_name(device),

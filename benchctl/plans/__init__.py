@@ -45,8 +45,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from benchctl.core.config import RunConfig, make_config, overrides_for, parse_set
-from benchctl.core.errors import ConfigError
+from benchctl.core.config import RunConfig, make_config, overrides_for, parse_set, validate
+from benchctl.core.errors import ConfigError, did_you_mean
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -121,12 +121,20 @@ def builtin() -> list[Plan]:
 
 
 def load(name_or_path: str | Path) -> Plan:
-    """A built-in plan by name, or a plan file by path; parsed and checked for shape (not yet for configs)."""
+    """A built-in plan by name, or a plan file by path: checked as `read` checks it, then against the models (each
+    architecture registered, each conversion's init methods ones the weight surgery has); not yet for configs."""
+    plan = read(name_or_path)
+    _check_models(plan)
+    return plan
+
+
+def read(name_or_path: str | Path) -> Plan:
+    """A built-in plan by name, or a plan file by path, parsed and checked for everything the models are not needed
+    for (keys, types, names and how the variants refer to each other): what `benchctl plans` lists, without the
+    torch that the model registry imports."""
     text = str(name_or_path)
     path = _DIR / f"{text}.toml" if text in builtin_names() else Path(text)
     if not path.is_file():
-        from architectures import did_you_mean
-
         raise ConfigError(f"unknown plan '{text}'{did_you_mean(text, builtin_names())} built-in plans: "
                           f"{', '.join(builtin_names())}; or give the path of a plan file")
     raw_bytes = path.read_bytes()
@@ -138,8 +146,6 @@ def load(name_or_path: str | Path) -> Plan:
 
 
 def _unknown(path: Path, where: str, key: str, allowed: tuple[str, ...]) -> ConfigError:
-    from architectures import did_you_mean
-
     return ConfigError(f"{path}: {where}unknown key '{key}'{did_you_mean(key, allowed)} allowed: {', '.join(allowed)}")
 
 
@@ -176,8 +182,6 @@ def _parse(raw: dict[str, Any], path: Path, sha: str) -> Plan:
         raise ConfigError(f"{path}: variant name '{dup[0]}' is used twice; each variant needs its own name")
     for v in variants:
         if v.match_train_flops is not None and v.match_train_flops not in names:
-            from architectures import did_you_mean
-
             raise ConfigError(f"{path}: variant '{v.name}': match_train_flops names no variant of this plan: "
                               f"'{v.match_train_flops}'{did_you_mean(v.match_train_flops, names)}")
         _check_parent(v, variants, path)
@@ -186,8 +190,6 @@ def _parse(raw: dict[str, Any], path: Path, sha: str) -> Plan:
 
 
 def _variant(t: dict[str, Any], path: Path, i: int) -> Variant:
-    import architectures
-
     label = f"'{t['name']}'" if isinstance(t.get("name"), str) else f"#{i}"
     where = f"variant {label}: "
     for key in t:
@@ -199,10 +201,6 @@ def _variant(t: dict[str, Any], path: Path, i: int) -> Variant:
         _typed(path, where, key, t[key], str, "a string")
     if not t["name"].strip():
         raise ConfigError(f"{path}: {where}'name' must not be empty")
-    try:
-        architectures.get(t["arch"])
-    except architectures.UnknownArchitectureError as e:
-        raise ConfigError(f"{path}: {where}arch: {e}") from None
     items = _typed(path, where, "set", t.get("set", []), list, 'a list of "section.key=value" strings')
     if not all(isinstance(s, str) for s in items):
         raise ConfigError(f'{path}: {where}\'set\' must be a list of "section.key=value" strings, got {items!r}')
@@ -226,22 +224,37 @@ def _variant(t: dict[str, Any], path: Path, i: int) -> Variant:
 
 
 def _conversion_keys(t: dict[str, Any], path: Path, where: str) -> tuple[str | None, str | None, str | None]:
-    """(from, init, lora_init) of a variant table: all None for a model trained from scratch; a conversion needs
-    `from` and `init`, each a known value."""
-    from architectures.retrofit import INITS, LORA_INITS
-
+    """(from, init, lora_init) of a variant table: all None for a model trained from scratch. Which init methods
+    there are is the models' business (`_check_models`)."""
     if "from" not in t:
         for key in ("init", "lora_init"):
             if key in t:
                 raise ConfigError(f"{path}: {where}'{key}' needs 'from' (the variant to convert)")
         return None, None, None
     parent = _typed(path, where, "from", t["from"], str, "a variant name")
-    if "init" not in t:
-        raise ConfigError(f"{path}: {where}a conversion needs 'init' ({', '.join(INITS)})")
-    for key, allowed in (("init", INITS), ("lora_init", LORA_INITS)):
-        if key in t and t[key] not in allowed:
-            raise ConfigError(f"{path}: {where}'{key}' must be one of {', '.join(allowed)}, got {t[key]!r}")
-    return parent, t["init"], t.get("lora_init")
+    return parent, t.get("init"), t.get("lora_init")
+
+
+def _check_models(plan: Plan) -> None:
+    """Each variant's architecture is registered; a conversion has an `init`, and its `init` and `lora_init` are
+    methods the weight surgery has."""
+    # torch: kept out of 'benchctl plans', which lists the plans with `read`
+    import architectures
+    from architectures.retrofit import INITS, LORA_INITS
+
+    for v in plan.variants:
+        where = f"{plan.path}: variant '{v.name}': "
+        try:
+            architectures.get(v.arch)
+        except architectures.UnknownArchitectureError as e:
+            raise ConfigError(f"{where}arch: {e}") from None
+        if v.parent is None:
+            continue
+        if v.init is None:
+            raise ConfigError(f"{where}a conversion needs 'init' ({', '.join(INITS)})")
+        for key, value, allowed in (("init", v.init, INITS), ("lora_init", v.lora_init, LORA_INITS)):
+            if value is not None and value not in allowed:
+                raise ConfigError(f"{where}'{key}' must be one of {', '.join(allowed)}, got {value!r}")
 
 
 def _check_parent(v: Variant, variants: list[Variant], path: Path) -> None:
@@ -249,8 +262,6 @@ def _check_parent(v: Variant, variants: list[Variant], path: Path) -> None:
     trained before any conversion, and conversions cannot form a chain or a circle)."""
     if v.parent is None:
         return
-    from architectures import did_you_mean
-
     by = {o.name: o for o in variants}
     where = f"{path}: variant '{v.name}': from"
     if v.parent not in by:
@@ -262,17 +273,29 @@ def _check_parent(v: Variant, variants: list[Variant], path: Path) -> None:
                           "convert a variant trained from scratch")
 
 
+def planned_runs(
+    plan_name: str, preset: str | None, archs: list[str] | None, seeds: list[int] | None,
+    overrides: dict[str, Any] | None = None,
+) -> tuple[Plan, str, list[PlannedRun]]:
+    """(plan, preset, runs): the plan by name or path, the preset (given, else the plan's, else paper) and every
+    (variant, config) at the seeds (given, else the plan's, else 0, 1, 2), all validated before anything runs."""
+    plan = load(plan_name)
+    preset = preset or plan.preset or "paper"
+    seeds = seeds or list(plan.seeds or DEFAULT_SEEDS)
+    return plan, preset, resolve(plan, preset, seeds, overrides, archs)
+
+
 def train_flops(cfg: RunConfig) -> float:
     """Training FLOPs of a run: the model's FLOPs per token (forward + backward, recurrence and attention included)
     times the tokens it trains on (max_steps x tokens per step)."""
-    from benchctl.core import accounting
+    from benchctl.core import accounting  # torch: kept out of 'benchctl plans'
 
     return float(accounting.describe(cfg)["flops_per_token"]) * cfg.train.max_steps * cfg.tokens_per_step
 
 
 def iso_flop_steps(cfg: RunConfig, target_flops: float) -> int:
     """The optimizer steps at which `cfg` spends `target_flops` training FLOPs (nearest step, at least 1)."""
-    from benchctl.core import accounting
+    from benchctl.core import accounting  # torch: kept out of 'benchctl plans'
 
     per_step = float(accounting.describe(cfg)["flops_per_token"]) * cfg.tokens_per_step
     return max(1, round(target_flops / per_step))
@@ -285,8 +308,9 @@ def resolve(
     overrides: dict[str, Any] | None = None,
     archs: list[str] | None = None,
 ) -> list[PlannedRun]:
-    """Every (variant, seed) run of `plan` trained from scratch, seed-major like `study.sweep`, each config built and
-    validated; the plan's conversions (see `conversions`) are validated too, so nothing starts when one is wrong.
+    """Every (variant, seed) run of `plan` trained from scratch, seed-major like `benchctl.stages.train.sweep.sweep`,
+    each config built and validated; the plan's conversions (see `conversions`) are validated too, so nothing starts
+    when one is wrong.
 
     `overrides` (the command line's --set and --data) apply to every variant, then the variant's own `set` on top
     (it is what makes the variant), then its training length. `archs` keeps only the variants of those
@@ -309,7 +333,7 @@ def conversions(
 
 def _resolve(plan: Plan, preset: str, seeds: list[int], overrides: dict[str, Any] | None,
              archs: list[str] | None) -> tuple[list[PlannedRun], list[PlannedConversion]]:
-    import architectures
+    import architectures  # torch: kept out of 'benchctl plans'
 
     for a in archs or []:
         try:
@@ -344,7 +368,7 @@ def _resolve(plan: Plan, preset: str, seeds: list[int], overrides: dict[str, Any
 
 
 def _lora_init(v: Variant, cfg: RunConfig) -> str | None:
-    from benchctl.stages.retrofit.engine import has_lora
+    from benchctl.stages.retrofit.engine import has_lora  # torch: kept out of 'benchctl plans'
 
     return (v.lora_init or "svd") if has_lora(cfg) else None
 
@@ -353,7 +377,7 @@ def _conversion_config(plan: Plan, v: Variant, parent: RunConfig, overrides: dic
                        scope: list[str]) -> RunConfig:
     """A conversion's config (as `benchctl retrofit` builds it from the parent's), checked by trying the weight
     surgery on shape-only models of the parent and the target."""
-    from benchctl.stages.retrofit import engine as rf
+    from benchctl.stages.retrofit import engine as rf  # torch: kept out of 'benchctl plans'
 
     sets = {**overrides_for(v.arch, overrides, scope), **v.sets}
     try:
@@ -406,8 +430,6 @@ def _with_length(plan: Plan, v: Variant, base: dict[str, RunConfig], done: dict[
 
 
 def _checked(plan: Plan, v: Variant, cfg: RunConfig, key: str) -> RunConfig:
-    from benchctl.core.config import validate
-
     try:
         validate(cfg)
     except ConfigError as e:

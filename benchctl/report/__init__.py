@@ -1,8 +1,9 @@
 """The study's report from results.db: tables and figures with seeds and statistics, beside the published numbers.
 
 A report is a pure function of the database: load (the only SQL, read-only) -> frames (pure DataFrame
-computations) -> sections (markdown) and figures (PNG), with a fixed colour and order per model; render assembles
-the sections the registered stages contribute, and save writes them.
+computations) -> sections (markdown) and figures (PNG), with a fixed colour and order per model. The stages' report
+sections are built from this package; the report stage (benchctl.stages.report.engine) assembles the sections the
+registered stages contribute and writes them.
 
 Rules the output keeps:
 - only runs with status `done` enter the statistics; other runs are listed with their status and error;
@@ -15,10 +16,8 @@ from benchctl.report.context import Context, build_context, choose_preset, colou
 from benchctl.report.figures import FIG_DPI, save_figure
 from benchctl.report.frames import CRITERIA, JUDGE_COLUMNS, N_BOOT, Frames, JudgeGroup
 from benchctl.report.load import Data, load, open_db, read
-from benchctl.report.render import Rendered, build, figure_names, render, save, write_report
 
 __all__ = [
-    "CRITERIA", "FIG_DPI", "JUDGE_COLUMNS", "N_BOOT", "Context", "Data", "Frames", "JudgeGroup", "Rendered", "build",
-    "build_context", "choose_preset", "colours_for", "figure_names", "load", "open_db", "read", "render", "save",
-    "save_figure", "write_report",
+    "CRITERIA", "FIG_DPI", "JUDGE_COLUMNS", "N_BOOT", "Context", "Data", "Frames", "JudgeGroup", "build_context",
+    "choose_preset", "colours_for", "load", "open_db", "read", "save_figure",
 ]

@@ -17,7 +17,9 @@ from typing import Any
 
 import pandas as pd
 
-from benchctl.core.errors import ConfigError
+import architectures
+from benchctl.core.config import make_config, preset_names
+from benchctl.core.errors import ConfigError, did_you_mean
 
 # The study's four architectures keep these colours everywhere (colour-blind safe, control in neutral grey);
 # other architectures and config variants take EXTRA_COLOURS in a fixed order.
@@ -68,12 +70,8 @@ def choose_preset(runs: pd.DataFrame, preset: str | None) -> tuple[str | None, l
             return None, []
         chosen = sorted(counts, key=lambda c: (-c[1], -c[2], c[0]))[0][0]
     else:
-        from benchctl.core.config import preset_names
-
         known = sorted(set(preset_names()) | {c[0] for c in counts})
         if preset not in known:
-            from architectures import did_you_mean
-
             raise ConfigError(f"unknown preset '{preset}'{did_you_mean(preset, known)} known: {', '.join(known)}")
         chosen = preset
     return chosen, [c for c in counts if c[0] != chosen]
@@ -98,8 +96,6 @@ def model_keys(config_json: Any) -> dict[str, Any]:
 
 
 def _preset_defaults(preset: str | None, arch: str) -> dict[str, Any] | None:
-    from benchctl.core.config import make_config
-
     try:
         flat = _flatten(make_config(preset or "", arch).to_dict())
         return {k: v for k, v in flat.items() if k not in _NOT_MODEL_KEYS}
@@ -115,8 +111,6 @@ def _diff(keys: dict[str, Any], base: dict[str, Any]) -> list[str]:
 
 
 def arch_rank(arch: str) -> tuple[int, str]:
-    import architectures
-
     names = architectures.names()
     return (names.index(arch), "") if arch in names else (len(names), arch)
 
@@ -226,8 +220,6 @@ def _name_groups(sel: pd.DataFrame, groups: list[tuple[str, list[int], str, str]
 def colours_for(models: list[str], arch_of: dict[str, str]) -> dict[str, str]:
     """Fixed colours: the study's four keep theirs; other registered architectures take EXTRA_COLOURS by registry
     position; unregistered architectures and config variants take the colours after those, in display order."""
-    import architectures
-
     extra_registered = [n for n in architectures.names() if n not in ARCH_COLOURS]
     out: dict[str, str] = {}
     k = len(extra_registered)

@@ -5,11 +5,16 @@ figure, one fixed colour per model, titles that say what a bar, dot or band mean
 from __future__ import annotations
 
 import math
+import textwrap
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import matplotlib
 import numpy as np
 import pandas as pd
+import seaborn as sns
+from matplotlib.figure import Figure
 
 from benchctl.report.context import CONTROL, Context
 from benchctl.report.fmt import bytes_unit, ftokens, missing, nan, time_unit
@@ -19,23 +24,15 @@ FIG_DPI = 150
 
 
 def _style():
-    import seaborn as sns
-
-    from contextlib import ExitStack
-
     stack = ExitStack()
     stack.enter_context(sns.axes_style("whitegrid"))
     stack.enter_context(sns.plotting_context("paper", font_scale=1.35))
-    import matplotlib
-
     stack.enter_context(matplotlib.rc_context({"font.family": "DejaVu Sans", "svg.hashsalt": "benchctl",
                                                "axes.titleweight": "bold"}))
     return stack
 
 
 def _figure(width: float, height: float):
-    from matplotlib.figure import Figure
-
     return Figure(figsize=(width, height), dpi=FIG_DPI, layout="constrained")
 
 
@@ -45,8 +42,6 @@ def _bar_width(n: int) -> float:
 
 def tick(model: str) -> str:
     """A model name for an axis tick: a variant's overrides go on wrapped lines under the architecture."""
-    import textwrap
-
     if " [" not in model:
         return model
     arch, rest = model.split(" [", 1)
@@ -110,8 +105,6 @@ def fig_cost_bars(ctx: Context, cost: pd.DataFrame, what: str) -> Any:
 
 def _title(ax: Any, main: str, lines: list[str]) -> None:
     """A bold figure title and smaller explanatory lines above the axes, wrapped to the axes' width."""
-    import textwrap
-
     width_in = ax.figure.get_size_inches()[0]
     chars = max(40, int(width_in * 14))
     ax.figure.suptitle(main, fontsize=12.5, fontweight="bold")

@@ -14,8 +14,10 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from benchctl.core import paper
+import architectures
+from benchctl.core import accounting, paper
 from benchctl.core import stats
+from benchctl.core.config import RunConfig
 from benchctl.core.errors import ConfigError
 from benchctl.report.context import CONTROL, Context, arch_rank, model_keys
 from benchctl.report.fmt import py
@@ -90,8 +92,6 @@ def _components_of(described: dict[str, Any]) -> list[str]:
     accounting module's fixed set of components instead."""
     if described.get("components") is not None:
         return [str(c) for c in described["components"]]
-    from benchctl.core import accounting
-
     return [c for c in getattr(accounting, "COMPONENTS", ()) if c in described]
 
 
@@ -113,9 +113,6 @@ def component_order(per_model: Iterable[list[str]]) -> list[str]:
 def _describe(config_json: str) -> dict[str, Any]:
     """accounting.describe of a stored config; cached because building even a meta-device model is slow, and a
     report describes the same config once per run."""
-    from benchctl.core import accounting
-    from benchctl.core.config import RunConfig
-
     return dict(accounting.describe(RunConfig.from_json(config_json)))
 
 
@@ -131,10 +128,6 @@ def paper_accounting_frame() -> pd.DataFrame:
 
 @functools.lru_cache(maxsize=1)
 def _paper_accounting() -> tuple[dict[str, Any], ...]:
-    import architectures
-
-    from benchctl.core import accounting
-
     names = [a for a in architectures.names() if a in paper.TOTAL_PARAMS]
     return tuple(accounting.table("paper", names))
 

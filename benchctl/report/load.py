@@ -63,26 +63,23 @@ def open_db(path: str | os.PathLike) -> sqlite3.Connection:
     return conn
 
 
-def read(db: str | os.PathLike | sqlite3.Connection | Any) -> Data:
-    """The report's tables from results.db: a path (opened read-only, closed after) or an open connection (a
-    sqlite3 connection, or a sqlite_utils.Database, which wraps one)."""
+def read(db: str | os.PathLike | sqlite3.Connection | Any, tables: Sequence[Table]) -> Data:
+    """`tables` from results.db: a path (opened read-only, closed after) or an open connection (a sqlite3
+    connection, or a sqlite_utils.Database, which wraps one)."""
     conn = getattr(db, "conn", db)
     if isinstance(conn, sqlite3.Connection):
-        return load(conn)
+        return load(conn, tables)
     conn = open_db(db)
     try:
-        return load(conn)
+        return load(conn, tables)
     finally:
         conn.close()
 
 
-def load(conn: sqlite3.Connection, tables: Sequence[Table] | None = None) -> Data:
-    """Read `tables` (every registered stage's, by default) into DataFrames with every described column present
-    (older databases get NULLs)."""
-    if tables is None:
-        from benchctl import stages
-
-        tables = stages.tables()
+def load(conn: sqlite3.Connection, tables: Sequence[Table]) -> Data:
+    """Read `tables` (the report stage passes every registered stage's) into DataFrames with every described column
+    present (older databases get NULLs). The tables are given, not looked up: the stages build their report sections
+    from this package, so it cannot import their registry."""
     try:
         have = {r[0] for r in conn.execute("select name from sqlite_master where type = 'table'")}
         if "meta" in have:

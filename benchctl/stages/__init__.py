@@ -9,6 +9,11 @@ stage is adding one folder to this package; neither the study loop nor the repor
 Orders in use: prepare 10, train 20, bench 22, retrofit 25, sample 30, judge 40, eval 50, depth 55, report 100 (the report
 stage closes the report with the comparisons across stages, benchmark rows and provenance). Leave gaps so new stages
 can slot in between.
+
+This package also holds what the stages share: the study's options and state (`StudyOptions`, `StudyRun`,
+`TrainAllResult`), the run selection the stages after training take (`RunSelection`), and the command lines' common
+pieces (`benchctl.stages.cli`). Each stage's own options are one frozen dataclass in `<name>/options.py`, which its
+command builds from the command line, its `stage.py` from the study's options, and its engine takes whole.
 """
 
 from __future__ import annotations
@@ -17,15 +22,16 @@ import functools
 import importlib
 import os
 import pkgutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
+
+from benchctl.stages.train.executors import Execution
 
 if TYPE_CHECKING:
     from benchctl.core.db import Database
     from benchctl.core.tables import Table
     from benchctl.report.frames import Frames
-    from benchctl.study import StudyOptions, TrainAllResult
 
 Section = Callable[["Frames"], list[str]]  # report frames -> markdown lines (a "## Title" section)
 
@@ -51,6 +57,69 @@ class Stage:
     skippable: bool = False
     every_rank: bool = False  # under torchrun: run on every rank (training's DDP); otherwise rank 0 alone
     tables: tuple[Table, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSelection:
+    """Which finished runs a stage works on (`--runs`, `--archs`, `--preset`); None is no filter. The stages that
+    work on trained runs (sample, judge, eval, depth) take it in their options; the study selects by run id."""
+
+    run_ids: tuple[str, ...] | None = None
+    archs: tuple[str, ...] | None = None
+    preset: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("run_ids", "archs"):  # lists from the command line, kept as tuples: the options are frozen
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, tuple(value))
+
+
+def _default_db_path() -> Path:
+    # sqlite_utils loads pandas: kept out of 'benchctl --help', which imports this package
+    from benchctl.core import db as dbm
+
+    return dbm.default_path()
+
+
+@dataclass
+class StudyOptions:
+    """Everything `benchctl study` decides, in one place (the CLI fills it; tests build it directly)."""
+
+    preset: str | None = None  # None: the plan's preset, else paper
+    plan: str = "study"  # a built-in plan's name or a plan file's path
+    archs: list[str] | None = None  # keep only the plan's variants of these architectures
+    seeds: list[int] | None = None  # None: the plan's seeds, else 0, 1, 2
+    overrides: dict[str, Any] = field(default_factory=dict)
+    db_path: Path = field(default_factory=_default_db_path)
+    out_dir: Path = Path("reports")
+    judge_model: str = "gemini-2.5-flash"
+    judge_concurrency: int = 8
+    n_prompts: int | None = None  # None: sample.py's default
+    eval_tasks: list[str] | None = None  # None: the bundled tasks
+    skip: tuple[str, ...] = ()  # names of skippable stages to leave out (sample, judge, eval)
+    yes: bool = False
+    progress: bool = True
+    jobs: int | str = 1  # runs trained, sampled and evaluated at once on this machine (a number or "auto")
+    executor: str = "local"  # local, or ray: every run a task on a Ray cluster
+    ray_address: str | None = None  # the cluster to join (None: $RAY_ADDRESS, else a new local instance)
+    runs_dir: Path | None = None  # where run directories live (None: beside results.db); shared by every machine
+    bench: bool | None = None  # time every model's step (stage bench); None: on for a CPU at tiny/small
+
+    def execution(self) -> Execution:
+        """The executors.Execution these options describe (validated: a bad --jobs is one clear error)."""
+        return Execution(executor=self.executor, jobs=self.jobs, ray_address=self.ray_address,
+                         runs_dir=self.runs_dir)
+
+
+@dataclass
+class TrainAllResult:
+    """The runs a training sweep reached: trained now (`done`), found done (`skipped`), or failed, with the error."""
+
+    done: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    resumed: dict[str, int] = field(default_factory=dict)  # run id -> the checkpoint step it resumed from
 
 
 @dataclass
@@ -139,6 +208,7 @@ def connect(path: str | os.PathLike | None = None, **kw: Any) -> Database:
     """Open results.db (`path`, else $BENCHCTL_DB, else results/results.db) with every registered stage's tables
     created or migrated: how every command, stage and test opens it (`benchctl.core.db.connect` takes the same
     keyword arguments: `create`, `wal`)."""
+    # sqlite_utils loads pandas: kept out of 'benchctl --help', which imports this package
     from benchctl.core import db as dbm
 
     return dbm.connect(path, tables=tables(), **kw)

@@ -8,7 +8,11 @@ import typer
 from rich import box
 from rich.table import Table
 
-from benchctl.cli import DbOpt, JsonOpt, PresetOpt, SetOpt, app, console, db_path_of, err_console, split_list
+from benchctl.core.config import parse_set
+from benchctl.stages.bench.options import BenchOptions
+from benchctl.stages.cli import DbOpt, JsonOpt, PresetOpt, SetOpt, console, db_path_of, err_console, split_list
+
+app = typer.Typer()
 
 
 @app.command()
@@ -38,19 +42,11 @@ def bench(
     as_json: JsonOpt = False,
 ) -> None:
     """Tokens/s, step time, memory, FLOPs, MFU per architecture, and the speed-up over an eager llama2.c step."""
-    import torch
+    opts = BenchOptions(preset=preset, archs=split_list(archs), steps=steps, repeats=repeats, warmup=warmup,
+                        compile=compile_, device=device, overrides=parse_set(set_), reference=reference,
+                        check_steps=check_steps, threads=threads)
+    from benchctl.stages.bench import engine as B  # torch: kept out of 'benchctl --help'
 
-    from benchctl.stages.bench import engine as B
-    from benchctl.core.config import parse_set
-    from benchctl.core.errors import ConfigError
-
-    if threads is not None:
-        if threads < 1:
-            raise ConfigError(f"--threads must be >= 1, got {threads}")
-        torch.set_num_threads(threads)
-    opts = B.BenchOptions(preset=preset, archs=split_list(archs), steps=steps, repeats=repeats, warmup=warmup,
-                          compile=compile_, device=device, overrides=parse_set(set_), reference=reference,
-                          check_steps=check_steps)
     out = err_console if as_json else console  # keep stdout pure JSON with --json
 
     def log(msg: str) -> None:

@@ -43,6 +43,7 @@ from typing import Any, Callable
 
 import torch
 import torch.nn as nn
+from torch.profiler import ProfilerActivity, profile
 
 import architectures
 from benchctl.core import db as dbm
@@ -51,7 +52,7 @@ from benchctl.stages.bench import tables as bench_tables
 from benchctl.stages.train import curriculum
 from benchctl.core import telemetry
 from benchctl.core.config import RunConfig, make_config
-from benchctl.core.errors import ConfigError
+from benchctl.stages.bench.options import BenchOptions
 from benchctl.stages.bench.reference import (  # noqa: F401  (Reference is part of this module's interface)
     Reference,
     build_reference,
@@ -168,8 +169,6 @@ def profile_cpu_step(step: Callable[[], Any]) -> StepProfile:
     """Run `step` once under torch's profiler. Memory: the peak growth of live torch allocations (the CPU analogue of
     CUDA's max_memory_allocated; a process's RSS cannot tell apart models that share it, and glibc keeps freed pages).
     Kernels: how long the step spends in matmuls and attention, the floor under any fp32 implementation of it."""
-    from torch.profiler import ProfilerActivity, profile
-
     t0 = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
@@ -318,21 +317,6 @@ def time_repeat(subjects: list[Subject], device: torch.device, steps: int) -> No
             s.loads.append(load)
 
 
-@dataclass
-class BenchOptions:
-    preset: str = "paper"
-    archs: list[str] | None = None
-    steps: int = 10
-    repeats: int = 3
-    warmup: int = 2
-    compile: bool | None = None  # None -> as train decides (train.compile; auto: runtime.resolve_compile)
-    device: str = "auto"
-    overrides: dict[str, Any] = field(default_factory=dict)
-    reference: bool = True
-    check_steps: int = 0  # > 0: also train control and reference this many seeded steps and compare losses
-    seed: int = 0
-
-
 def run(opts: BenchOptions, db_path: Path | None = None, log: Callable[[str], None] = lambda _m: None
         ) -> list[dict[str, Any]]:
     """Benchmark every architecture of `opts`; write the rows to results.db (when `db_path`) and return them.
@@ -340,9 +324,8 @@ def run(opts: BenchOptions, db_path: Path | None = None, log: Callable[[str], No
     The returned list has one object per architecture (benchctl's step), with the reference's numbers and the
     speed-up folded into the control's object, and each architecture's cost ratio to the control.
     """
-    if opts.steps < 1 or opts.repeats < 1 or opts.warmup < 0:
-        raise ConfigError(f"--steps and --repeats must be >= 1 and warm-up >= 0 (got {opts.steps}, {opts.repeats}, "
-                          f"{opts.warmup})")
+    if opts.threads is not None:
+        torch.set_num_threads(opts.threads)
     names = opts.archs or architectures.names()
     cfgs = [make_config(opts.preset, a, opts.seed, opts.overrides) for a in names]
     device = resolve_device(cfgs[0].train.device if opts.device == "auto" else opts.device)

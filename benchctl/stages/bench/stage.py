@@ -14,7 +14,15 @@ import json
 import time
 from typing import Any
 
+from benchctl.stages.bench import tables as bench_tables
+from benchctl.core import telemetry
+from benchctl.core.config import make_config, overrides_for
+from benchctl.core.progress import format_duration
+from benchctl.core.runtime import resolve_device
+from benchctl.report.context import model_keys
 from benchctl.stages import Stage, StudyRun
+from benchctl.stages.bench import engine as B
+from benchctl.stages.bench.options import BenchOptions
 from benchctl.stages.bench.tables import TABLES
 
 AUTO_PRESETS = ("tiny", "small")  # where `study` benches by default on a CPU
@@ -33,26 +41,15 @@ def enabled(study: StudyRun, device_type: str) -> tuple[bool, str]:
 def common_overrides(study: StudyRun, archs: list[str]) -> dict[str, Any]:
     """The study's overrides that apply to every benchmarked architecture (bench takes one set for all of them;
     a model with keys of its own gets no bench ratio in the report, since its config differs)."""
-    from benchctl.core.config import overrides_for
-
     per_arch = [overrides_for(a, study.opts.overrides, archs) for a in archs]
     return {k: v for k, v in per_arch[0].items() if all(p.get(k) == v for p in per_arch[1:])}
 
 
 def _key(config_json: Any) -> str:
-    from benchctl.report.context import model_keys
-
     return json.dumps(model_keys(config_json), sort_keys=True, default=str)
 
 
 def run(study: StudyRun) -> None:
-    from benchctl.stages.bench import engine as B
-    from benchctl.stages.bench import tables as bench_tables
-    from benchctl.core import telemetry
-    from benchctl.core.config import make_config
-    from benchctl.core.runtime import resolve_device
-    from benchctl.study import format_duration
-
     opts = study.opts
     device = resolve_device(study.cfgs[0].train.device)
     on, why = enabled(study, device.type)
@@ -71,8 +68,7 @@ def run(study: StudyRun) -> None:
         return
     study.say(f"timing the training step of {', '.join(archs)} (preset {opts.preset}, steps interleaved)")
     t0 = time.perf_counter()
-    objs = B.run(B.BenchOptions(preset=opts.preset, archs=archs, overrides=overrides, reference=False),
-                 opts.db_path)
+    objs = B.run(BenchOptions(preset=opts.preset, archs=archs, overrides=overrides, reference=False), opts.db_path)
     ratios = ", ".join(f"{o['arch']} {o['cost_ratio']:.2f}" for o in objs if o.get("cost_ratio") is not None)
     study.log(f"   benchmarked in {format_duration(time.perf_counter() - t0)}; cost ratios {ratios}")
 

@@ -12,7 +12,12 @@ import typer
 from rich import box
 from rich.table import Table
 
-from benchctl.cli import DbOpt, app, console, split_list
+from benchctl.core.progress import Progress
+from benchctl.stages import RunSelection
+from benchctl.stages.cli import DbOpt, console, db_path_of, split_list
+from benchctl.stages.depth.options import DepthOptions
+
+app = typer.Typer()
 
 
 @app.command()
@@ -39,22 +44,17 @@ def depth(
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress.")] = True,
 ) -> None:
     """Loss against inference depth (or per adaptive-exit threshold) for every finished run; reruns skip stored rows."""
+    # option errors first, before the database is opened
+    opts = DepthOptions(select=RunSelection(run_ids=split_list(runs), archs=split_list(archs), preset=preset),
+                        depths=depths, exit_rule=exit_rule, thresholds=thresholds, max_depth=max_depth,
+                        windows=windows, extrapolate=extrapolate, device=device)
+    # torch, and sqlite_utils with pandas: kept out of 'benchctl --help'
     from benchctl import stages
     from benchctl.stages.depth import engine as dp
-    from benchctl.cli import db_path_of
-    from benchctl.core.progress import Progress
 
-    # option errors first, before the database is opened
-    dp.parse_depths(depths)
-    dp.parse_thresholds(thresholds)
-    dp.check_exit_rule(exit_rule)
-    dp.check_extrapolate(extrapolate)
     path = db_path_of(db)
     handle = stages.connect(path, create=False)
-    reporter = Progress(enabled=progress, console=console)
-    s = dp.depth_all(handle, path, run_ids=split_list(runs), archs=split_list(archs), preset=preset, depths=depths,
-                     exit_rule=exit_rule, thresholds=thresholds, max_depth=max_depth, windows=windows,
-                     extrapolate=extrapolate, device=device, progress=reporter)
+    s = dp.depth_all(handle, path, opts, progress=Progress(enabled=progress, console=console))
     t = Table(title="test-time depth (rows measured by this call)", title_justify="left", box=box.SIMPLE_HEAD)
     for head in ("arch", "seed", "trained", "setting", "extrapolate", "val loss", "mean depth", "tok/s", "GFLOP/tok"):
         t.add_column(head, justify="left" if head in ("arch", "setting", "extrapolate") else "right", no_wrap=True)

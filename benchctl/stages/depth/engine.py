@@ -34,14 +34,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
+import architectures
+from architectures.base import ExitRule
+from benchctl.core import checkpoint, data
 from benchctl.stages.depth import tables as depth_tables
 from benchctl.stages.train import tables as train_tables
+from benchctl.core.config import RunConfig
 from benchctl.core.errors import ConfigError, DataError, EvalError
 from benchctl.core.progress import Progress, as_progress, silent
-
-DEFAULT_DEPTHS = (1, 2, 4, 8, 16, 32)
-DEFAULT_THRESHOLDS = (1e-2, 1e-3, 1e-4)
-EXIT_RULES = ("kl", "latent")
+from benchctl.core.runtime import autocast_dtype, resolve_device
+from benchctl.stages.depth.options import DEFAULT_DEPTHS, DepthOptions
 
 
 @dataclass(frozen=True, order=True)
@@ -65,53 +69,6 @@ class DepthSummary:
     rows: list[dict[str, Any]] = field(default_factory=list)  # measured by this call
     skipped: int = 0  # already stored
     seconds: float = 0.0
-
-
-def parse_depths(text: str | Sequence[int] | None, option: str = "--depths") -> list[int]:
-    """"1,2,4" -> [1, 2, 4]: positive integers, duplicates dropped; a ConfigError naming the option otherwise."""
-    if text is None:
-        return list(DEFAULT_DEPTHS)
-    parts = [p.strip() for p in text.split(",")] if isinstance(text, str) else [str(p) for p in text]
-    try:
-        out = [int(p) for p in parts if p]
-    except ValueError:
-        raise ConfigError(f"{option}: expected a comma list of integers >= 1, got {text!r}") from None
-    if not out or any(d < 1 for d in out):
-        raise ConfigError(f"{option}: expected a comma list of integers >= 1, got {text!r}")
-    return sorted(set(out))
-
-
-def parse_thresholds(text: str | Sequence[float] | None) -> list[float]:
-    if text is None:
-        return list(DEFAULT_THRESHOLDS)
-    parts = [p.strip() for p in text.split(",")] if isinstance(text, str) else [str(p) for p in text]
-    try:
-        out = [float(p) for p in parts if p]
-    except ValueError:
-        raise ConfigError(f"--thresholds: expected a comma list of numbers >= 0, got {text!r}") from None
-    if not out or any(not (t >= 0 and math.isfinite(t)) for t in out):
-        raise ConfigError(f"--thresholds: expected a comma list of numbers >= 0, got {text!r}")
-    return sorted(set(out), reverse=True)
-
-
-def check_exit_rule(rule: str | None) -> str | None:
-    if rule is not None and rule not in EXIT_RULES:
-        import architectures
-
-        raise ConfigError(f"--exit: unknown rule '{rule}'{architectures.did_you_mean(rule, EXIT_RULES)} "
-                          f"choose {' or '.join(EXIT_RULES)}")
-    return rule
-
-
-def check_extrapolate(rule: str | None) -> str | None:
-    """A rule no registered architecture knows is an error, even for a selection that would not use it."""
-    import architectures
-
-    known = sorted({r for a in architectures.names() for r in architectures.get(a).extrapolate_rules})
-    if rule is not None and rule not in known:
-        raise ConfigError(f"--extrapolate: unknown rule '{rule}'{architectures.did_you_mean(rule, known)} "
-                          f"known: {', '.join(known)}")
-    return rule
 
 
 def settings_for(arch_cls: Any, trained: int, *, depths: Sequence[int], exit_rule: str | None,
@@ -144,10 +101,6 @@ def flops_at(model: Any, depth: float) -> float:
 def measure(model: Any, windows: Any, batch_size: int, device: Any, amp: Any, seed: int, s: Setting
             ) -> dict[str, Any]:
     """Loss, exit-depth histogram and timing of one setting over the windows (N, T+1)."""
-    import torch
-
-    from architectures.base import ExitRule
-
     model.eval()
     rule = ExitRule(s.exit_rule, s.threshold) if s.exit_rule else None
     total, count = 0.0, 0
@@ -195,10 +148,6 @@ def plan(db, rows: list[dict[str, Any]], *, depths: Sequence[int], exit_rule: st
          thresholds: Sequence[float], max_depth: int | None, extrapolate: str | None, windows: int | None,
          progress: bool = False, with_trained: bool = False) -> tuple[list[_RunPlan], int]:
     """Settings still to measure per run (every check done before any work), and how many are already stored."""
-    import architectures
-    from benchctl.core import data
-    from benchctl.core.config import RunConfig
-
     plans, skipped, prepared_by_key = [], 0, {}
     for row in rows:
         cfg = RunConfig.from_json(row["config_json"])
@@ -228,9 +177,6 @@ def plan(db, rows: list[dict[str, Any]], *, depths: Sequence[int], exit_rule: st
 
 def measure_run(db, db_path: Path, p: _RunPlan, device: Any, on_row: Callable[[dict[str, Any]], None]) -> None:
     """Load one run's model and measure (and store) each of its missing settings."""
-    from benchctl.core import checkpoint
-    from benchctl.core.runtime import autocast_dtype
-
     model, cfg, _ = checkpoint.load_model(checkpoint.run_dir(db_path, p.row["id"]) / checkpoint.CKPT_NAME, device)
     amp = autocast_dtype(cfg, device)
     for s in p.settings:
@@ -243,43 +189,17 @@ def measure_run(db, db_path: Path, p: _RunPlan, device: Any, on_row: Callable[[d
         on_row({**row, "arch": p.row["arch"], "seed": p.row["seed"], "trained_n_recur": int(cfg.model.n_recur)})
 
 
-def depth_all(
-    db,
-    db_path: str | Path,
-    *,
-    run_ids: Sequence[str] | None = None,
-    archs: Sequence[str] | None = None,
-    preset: str | None = None,
-    depths: Sequence[int] | str | None = None,
-    exit_rule: str | None = None,
-    thresholds: Sequence[float] | str | None = None,
-    max_depth: int | None = None,
-    windows: int | None = None,
-    extrapolate: str | None = None,
-    device: str = "auto",
-    progress: bool | Progress = True,
-) -> DepthSummary:
-    """Measure every selected finished run at every requested setting; stored rows are skipped (see the docstring).
-
-    Without `depths` the default sweep also takes each run's trained depth and twice it."""
-    from benchctl.core.runtime import resolve_device
-
+def depth_all(db, db_path: str | Path, opts: DepthOptions, *, progress: bool | Progress = True) -> DepthSummary:
+    """Measure every finished run `opts` selects at every requested setting; stored rows are skipped (see the
+    docstring). Without `opts.depths` the default sweep also takes each run's trained depth and twice it."""
     reporter = as_progress(progress)
-    with_trained = depths is None
-    depths = parse_depths(depths)
-    thresholds = parse_thresholds(thresholds)
-    check_exit_rule(exit_rule)
-    check_extrapolate(extrapolate)
-    if max_depth is not None and max_depth < 1:
-        raise ConfigError(f"--max-depth must be >= 1, got {max_depth}")
-    if windows is not None and windows < 1:
-        raise ConfigError(f"--windows must be >= 1, got {windows}")
-    dev = resolve_device(device, option="--device")
-    rows = train_tables.finished_runs(db, run_ids=run_ids, archs=archs, preset=preset, none_left=EvalError,
+    dev = resolve_device(opts.device, option="--device")
+    sel = opts.select
+    rows = train_tables.finished_runs(db, run_ids=sel.run_ids, archs=sel.archs, preset=sel.preset, none_left=EvalError,
                              purpose="to measure")
-    plans, skipped = plan(db, rows, depths=depths, exit_rule=exit_rule, thresholds=thresholds, max_depth=max_depth,
-                          extrapolate=extrapolate, windows=windows, progress=reporter.enabled,
-                          with_trained=with_trained)
+    plans, skipped = plan(db, rows, depths=opts.depths or DEFAULT_DEPTHS, exit_rule=opts.exit_rule,
+                          thresholds=opts.thresholds, max_depth=opts.max_depth, extrapolate=opts.extrapolate,
+                          windows=opts.windows, progress=reporter.enabled, with_trained=opts.depths is None)
     summary = DepthSummary(skipped=skipped)
     total = sum(len(p.settings) for p in plans)
     bar = reporter.task("depth", total=total) if total else silent().task("depth")
@@ -298,10 +218,6 @@ def estimate_seconds(db, db_path: str | Path, run_ids: Sequence[str], *, depths:
     """Time one batch of one run at depth 1 and scale it to every run, depth and window batch of a default sweep.
 
     Cost grows linearly with depth for the recurrent part, so depth d is estimated as d times the depth-1 batch."""
-    import torch
-
-    from benchctl.core.runtime import resolve_device
-
     rows = train_tables.finished_runs(db, run_ids=run_ids, none_left=EvalError, purpose="to measure")
     dev = resolve_device(device, option="--device")
     plans, _ = plan(db, rows[:1], depths=[1], exit_rule=None, thresholds=[], max_depth=None, extrapolate=None,
@@ -309,8 +225,6 @@ def estimate_seconds(db, db_path: str | Path, run_ids: Sequence[str], *, depths:
     if not plans:
         return 0.0
     p = plans[0]
-    from benchctl.core import checkpoint
-
     model, cfg, _ = checkpoint.load_model(checkpoint.run_dir(Path(db_path), p.row["id"]) / checkpoint.CKPT_NAME, dev)
     one = measure(model, p.windows[: cfg.eval.val_batch_size], cfg.eval.val_batch_size, dev, None,
                   cfg.eval.val_seed, Setting(1, "", 0.0, p.settings[0].extrapolate))["seconds"]

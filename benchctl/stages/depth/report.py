@@ -15,7 +15,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from matplotlib.ticker import ScalarFormatter
 
+import architectures
 from benchctl.core import stats
 from benchctl.report.figures import _figure, _style, tick
 from benchctl.report.fmt import fnum, md_table, need
@@ -46,8 +48,6 @@ def depth_frame(frames: Frames) -> pd.DataFrame:
 
 def _iterable(ctx: Any, g: pd.DataFrame) -> bool:
     """Whether the line's architecture runs at any depth (False: fixed depth, drawn as a reference line)."""
-    import architectures
-
     try:
         return architectures.get(ctx.arch_of.get(g["model"].iloc[0], "")).iterable()
     except architectures.UnknownArchitectureError:
@@ -150,8 +150,6 @@ def fig_frontier(ctx: Any, df: pd.DataFrame) -> Any:
                     ax.annotate(f"{r.threshold:g}", (r.mean_depth, r.mean), fontsize=7, xytext=(4, 4),
                                 textcoords="offset points")
         ax.set_xscale("log", base=2)
-        from matplotlib.ticker import ScalarFormatter
-
         ax.xaxis.set_major_formatter(ScalarFormatter())
         ax.set_xlabel("mean depth per token (iterations; exit: what skipping exited tokens would compute)")
         ax.set_ylabel("validation loss (nats/token)")

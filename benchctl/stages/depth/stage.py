@@ -8,9 +8,11 @@ shows whatever rows exist.
 
 from __future__ import annotations
 
+from benchctl.stages import RunSelection, Stage, StudyRun
+from benchctl.stages.depth import engine as depth
+from benchctl.stages.depth.options import DepthOptions
 from benchctl.stages.depth.report import FIGURES, depth_section
 from benchctl.stages.depth.tables import TABLES
-from benchctl.stages import Stage, StudyRun
 
 
 def run(study: StudyRun) -> None:
@@ -18,8 +20,6 @@ def run(study: StudyRun) -> None:
     if study.skips("depth") or not ids:
         study.say("skipped" + ("" if ids else " (no finished runs)"))
         return
-    from benchctl.stages.depth import engine as depth
-
     if study.opts.preset == "paper":
         secs = depth.estimate_seconds(study.db, study.opts.db_path, ids)
         study.say(f"off by default on the paper preset (estimated {secs / 60:.0f} min for the fixed-depth sweep on "
@@ -27,11 +27,10 @@ def run(study: StudyRun) -> None:
         return
     study.say("validation loss against inference depth, and with the adaptive exit")
     for exit_rule in (None, "kl"):
-        s = depth.depth_all(study.db, study.opts.db_path, run_ids=ids, exit_rule=exit_rule,
-                            progress=study.opts.progress)
+        opts = DepthOptions(select=RunSelection(run_ids=ids), exit_rule=exit_rule)
+        s = depth.depth_all(study.db, study.opts.db_path, opts, progress=study.opts.progress)
         study.log(f"   {'exit kl' if exit_rule else 'fixed depths'}: {len(s.rows)} row(s) measured, "
                   f"{s.skipped} already stored")
 
 
-STAGE = Stage(name="depth", order=55, run=run, tables=TABLES, sections=(depth_section,), figures=FIGURES,
-              skippable=True)
+STAGE = Stage(name="depth", order=55, run=run, tables=TABLES, sections=(depth_section,), figures=FIGURES, skippable=True)

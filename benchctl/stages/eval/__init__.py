@@ -9,6 +9,6 @@ from __future__ import annotations
 
 import os
 
-from benchctl.core import data as _datamod
+from benchctl.core.files import cache_root
 
-os.environ.setdefault("LM_HARNESS_CACHE_PATH", str(_datamod.cache_root() / "lm_eval_requests"))
+os.environ.setdefault("LM_HARNESS_CACHE_PATH", str(cache_root() / "lm_eval_requests"))

@@ -37,10 +37,13 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.utils import Collator, handle_stop_sequences, normalize_gen_kwargs
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
+from architectures.generate import generate
 from benchctl.core import data as datamod
+from benchctl.core.checkpoint import load_model
 from benchctl.core.progress import Progress, as_progress
+from benchctl.core.runtime import resolve_device, resolve_precision
+from benchctl.stages.eval.options import DEFAULT_BATCH_SIZE
 
-DEFAULT_BATCH_SIZE = 32
 DEFAULT_SEED = 1234  # seed mixed into every forward (three-part's random initial state)
 
 
@@ -76,14 +79,10 @@ class BenchctlLM(TemplateLM):
         dtype: str | None = None,
     ) -> None:
         super().__init__()
-        from benchctl.core.runtime import resolve_device
-
         self._device = resolve_device(device or "auto", option="--device")
         if model is None:
             if checkpoint is None:
                 raise ValueError("benchctl model needs checkpoint=PATH (a run's ckpt.pt)")
-            from benchctl.core.checkpoint import load_model
-
             model, cfg, tok_path = load_model(Path(checkpoint), self._device)
             tokenizer = datamod.Tokenizer(tok_path)
             self.arch = cfg.arch
@@ -93,8 +92,6 @@ class BenchctlLM(TemplateLM):
                 raise ValueError("BenchctlLM(model=...) also needs tokenizer=")
             model = model.to(self._device).eval()
             self.arch = getattr(model, "name", type(model).__name__)
-        from benchctl.core.runtime import resolve_precision
-
         # The run's precision rule on this device (bf16 autocast where it is native, as in training); the
         # log-probabilities are computed in fp32 either way. A bare model without a rule runs in fp32.
         self.precision = resolve_precision(dtype or "float32", self._device)
@@ -286,8 +283,6 @@ class BenchctlLM(TemplateLM):
         own stream seeded from the batch content and its index, so a request's text does not depend on what else
         is in its batch's RNG use. A row stops at the end-of-text token (dropped) or once its decoded text contains
         a stop sequence (kept; `generate_until` cuts the text there)."""
-        from architectures.generate import generate
-
         if max_new <= 0:
             return [[] for _ in range(idx.shape[0])]
         base = self._batch_seed(idx)

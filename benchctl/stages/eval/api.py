@@ -11,15 +11,16 @@ Modules:
              generation), seeded so that three-part's random initial state gives reproducible numbers.
 - `tasks`    the bundled tasks: document generators (pure functions of the validation stories), their versions,
              the rendered task YAMLs, and the lm-eval TaskManager that finds them (and standard or user tasks).
-- `runner`   `evaluate_runs`: every finished run x tasks through `lm_eval.simple_evaluate`, rows into results.db,
+- `engine`   `evaluate_runs`: every finished run x tasks through `lm_eval.simple_evaluate`, rows into results.db,
              with the hub-offline, quiet-output and RNG-preserving wrappers lm-eval needs.
+- `options`  `EvalOptions`, what one `benchctl eval` decides (checked when built), and the bundled task names.
 - `summary`  the closing tables of `benchctl eval`.
 """
 
 from __future__ import annotations
 
 
-from benchctl.stages.eval.adapter import DEFAULT_BATCH_SIZE, DEFAULT_SEED, BenchctlLM  # noqa: E402
+from benchctl.stages.eval.adapter import DEFAULT_SEED, BenchctlLM  # noqa: E402
 from benchctl.stages.eval.engine import (  # noqa: E402
     BOOTSTRAP_ITERS,
     HUB_PROBE_TIMEOUT,
@@ -31,10 +32,9 @@ from benchctl.stages.eval.engine import (  # noqa: E402
     hub_reachable,
     result_rows,
 )
+from benchctl.stages.eval.options import BUNDLED_TASKS, DEFAULT_BATCH_SIZE, DEFAULT_DOCS, EvalOptions  # noqa: E402
 from benchctl.stages.eval.summary import summary_tables  # noqa: E402
 from benchctl.stages.eval.tasks import (  # noqa: E402
-    BUNDLED_TASKS,
-    DEFAULT_DOCS,
     GENERATORS,
     NOT_CONTENT,
     NOT_NAMES,
@@ -58,7 +58,7 @@ from benchctl.stages.eval.tasks import (  # noqa: E402
 __all__ = [
     "BOOTSTRAP_ITERS", "BUNDLED_TASKS", "DEFAULT_BATCH_SIZE", "DEFAULT_DOCS", "DEFAULT_SEED", "GENERATORS",
     "HUB_PROBE_TIMEOUT", "NOT_CONTENT", "NOT_NAMES", "SWAP_WORDS", "TASKS_SUBDIR", "TASK_SEED", "TASK_VERSIONS",
-    "TEMPLATES", "BenchctlLM", "BundledTasks", "EvalSummary", "allowed_recurrence", "build_bundled_tasks",
+    "TEMPLATES", "BenchctlLM", "BundledTasks", "EvalOptions", "EvalSummary", "allowed_recurrence", "build_bundled_tasks",
     "check_recurrence", "evaluate_runs", "find_protagonist", "hub_offline", "hub_reachable", "last_sentence_split",
     "make_ending_docs", "make_names_docs", "make_order_docs", "make_ppl_docs", "order_pairs", "result_rows",
     "summary_tables", "swap_words",

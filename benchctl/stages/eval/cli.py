@@ -13,7 +13,12 @@ import typer
 from rich import box
 from rich.table import Table
 
-from benchctl.cli import DbOpt, app, console, split_list
+from benchctl.core.progress import Progress
+from benchctl.stages import RunSelection
+from benchctl.stages.cli import DbOpt, console, db_path_of, split_list
+from benchctl.stages.eval.options import EvalOptions
+
+app = typer.Typer()
 
 
 @app.command("eval")
@@ -45,20 +50,16 @@ def eval_(
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress.")] = True,
 ) -> None:
     """Evaluate finished runs with lm-eval and store every metric in results.db (table eval_results)."""
+    opts = EvalOptions(select=RunSelection(run_ids=split_list(runs), archs=split_list(archs), preset=preset),
+                       tasks=split_list(tasks), n_recur=n_recur, limit=limit, batch_size=batch_size, device=device,
+                       force=force, include_paths=include_path or (), threads=threads, jobs=jobs)
+    # lm_eval and torch, and sqlite_utils with pandas: kept out of 'benchctl --help'
     from benchctl import stages
     from benchctl.stages.eval import api as evaluate
-    from benchctl.cli import db_path_of
-    from benchctl.core.progress import Progress
 
     path = db_path_of(db)
     handle = stages.connect(path, create=False)
-    reporter = Progress(enabled=progress, console=console)
-    summary = evaluate.evaluate_runs(
-        handle, path, tasks=split_list(tasks), run_ids=split_list(runs), archs=split_list(archs),
-        preset=preset, n_recur=n_recur, limit=limit, batch_size=batch_size, device=device, force=force,
-        include_paths=include_path or (), threads=threads, progress=reporter,
-        jobs=jobs,
-    )
+    summary = evaluate.evaluate_runs(handle, path, opts, progress=Progress(enabled=progress, console=console))
     what = f"n_recur {n_recur}" if n_recur is not None else "trained n_recur"
     what += f", first {limit} documents" if limit else ""
     for task, headers, rows in evaluate.summary_tables(summary):

@@ -17,22 +17,33 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+import datasets.config as dconfig
+import huggingface_hub.constants as hconst
 import lm_eval
+import lm_eval.evaluator as evaluator_module
 import torch
 
+import architectures
 from benchctl.core import data as datamod
 from benchctl.core import db as dbm
 from benchctl.stages.eval import tables as eval_tables
 from benchctl.stages.train import tables as train_tables
+from benchctl.core.checkpoint import CKPT_NAME, rng_state, run_dir, set_rng_state
+from benchctl.core.config import RunConfig
 from benchctl.core.errors import EvalError
-from benchctl.stages.eval.adapter import DEFAULT_BATCH_SIZE, BenchctlLM
-from benchctl.stages.eval.tasks import BUNDLED_TASKS, DEFAULT_DOCS, TaskIndex, check_task_names
+from benchctl.core.telemetry import git_commit
+from benchctl.stages import RunSelection
+from benchctl.stages.eval.adapter import BenchctlLM
+from benchctl.stages.eval.options import EvalOptions
+from benchctl.stages.eval.tasks import TaskIndex
+from benchctl.stages.train.executors.local import in_shares
 from benchctl.core.progress import Progress, as_progress
 
 BOOTSTRAP_ITERS = 1000  # lm-eval stderr for bootstrapped metrics (acc uses the closed form)
@@ -59,8 +70,6 @@ class EvalSummary:
 
 
 def allowed_recurrence(arch: str, model_args: Any) -> str:
-    import architectures
-
     cls = architectures.get(arch)
     top = cls.max_n_recur(model_args)
     if top is None:
@@ -72,8 +81,6 @@ def allowed_recurrence(arch: str, model_args: Any) -> str:
 
 def check_recurrence(run: dict[str, Any], cfg: Any, n_recur: int | None) -> int:
     """The recurrence to evaluate `run` at; an EvalError naming the run and the allowed range if it cannot."""
-    import architectures
-
     if n_recur is None:
         return int(cfg.model.n_recur)
     top = architectures.get(cfg.arch).max_n_recur(cfg.model)
@@ -149,14 +156,11 @@ def hub_offline(enabled: bool = True) -> Iterator[None]:
     """Put huggingface_hub and datasets in offline mode (local cache only) for the block, then restore.
 
     Both libraries read HF_HUB_OFFLINE once at import, so the environment variable cannot do it at run time; without
-    it every dataset lookup retries the unreachable hub, for many seconds, before failing.
+    it every dataset lookup retries the unreachable hub for ~20 s before failing.
     """
     if not enabled:
         yield
         return
-    import datasets.config as dconfig
-    import huggingface_hub.constants as hconst
-
     saved = (hconst.HF_HUB_OFFLINE, dconfig.HF_HUB_OFFLINE)
     hconst.HF_HUB_OFFLINE = dconfig.HF_HUB_OFFLINE = True
     try:
@@ -172,14 +176,10 @@ def _quiet() -> Iterator[None]:
     logger = logging.getLogger("lm_eval")
     level = logger.level
     logger.setLevel(logging.ERROR)
-    # simple_evaluate ends by collecting environment info for its results dict: torch's collect_env (slow: it runs
+    # simple_evaluate ends by collecting environment info for its results dict: torch's collect_env (1-6 s a call:
     # pip list, nvidia-smi, ...) and `git describe` in the working directory, whose "fatal: not a git repository" goes
     # straight to our stderr outside a checkout. benchctl stores none of it (runs record versions and the commit), so
     # while we evaluate, lm-eval gets a quick, quiet version of both.
-    import lm_eval.evaluator as evaluator_module
-
-    from benchctl.core.telemetry import git_commit
-
     saved_env = {k: evaluator_module.__dict__[k] for k in ("add_env_info", "get_git_commit_hash")
                  if k in evaluator_module.__dict__}
     if "add_env_info" in saved_env:
@@ -196,10 +196,8 @@ def _quiet() -> Iterator[None]:
 
 def _light_env_info(storage: dict[str, Any]) -> None:
     """What lm-eval's add_env_info records that is quick to get (its versions), without torch's collect_env."""
-    from importlib.metadata import version
-
     storage.update({"pretty_env_info": "not collected by benchctl (see the runs table)",
-                    "lm_eval_version": version("lm_eval"), "torch_version": torch.__version__})
+                    "lm_eval_version": metadata.version("lm_eval"), "torch_version": torch.__version__})
 
 
 def _probe_standard(tm, names: list[str], offline: bool) -> dict[str, str]:
@@ -220,59 +218,11 @@ def _probe_standard(tm, names: list[str], offline: bool) -> dict[str, str]:
 # The runner
 
 
-@dataclass(frozen=True)
-class _Options:
-    """The checked options of one `evaluate_runs` call."""
-
-    tasks: list[str]  # as requested, duplicates dropped
-    bundled: list[str]
-    standard: list[str]  # lm-eval or user task names and globs, as given
-    n_recur: int | None
-    limit: int | None
-    batch_size: int
-    device: str
-    force: bool
-    n_docs: int
-    include_paths: list[Path]
-
-    @property
-    def limit_n(self) -> int:
-        return self.limit or 0  # how eval_results stores "all documents"
-
-
-def _options(tasks: Sequence[str] | None, n_recur: int | None, limit: int | None, batch_size: int,
-             threads: int | None, n_docs: int, include_paths: Sequence[str | os.PathLike], device: str,
-             force: bool) -> _Options:
-    """Every option checked before any work, each error naming its flag."""
-    tasks = list(dict.fromkeys(tasks or BUNDLED_TASKS))
-    for name, value in (("--n-recur", n_recur), ("--limit", limit)):
-        if value is not None and value < 1:
-            raise EvalError(f"{name} must be >= 1, got {value}")
-    if batch_size < 1:
-        raise EvalError(f"--batch-size must be >= 1, got {batch_size}")
-    if threads is not None and threads < 1:
-        raise EvalError(f"--threads must be >= 1, got {threads}")
-    if n_docs < 1:
-        raise EvalError(f"n_docs must be >= 1, got {n_docs}")
-    bundled = [t for t in tasks if t in BUNDLED_TASKS]
-    standard = [t for t in tasks if t not in BUNDLED_TASKS]
-    check_task_names(standard)
-    paths = [Path(p) for p in include_paths]
-    for p in paths:
-        if not p.is_dir():
-            raise EvalError(f"--include-path {p} is not a directory of lm-eval task YAMLs")
-    return _Options(tasks=tasks, bundled=bundled, standard=standard, n_recur=n_recur, limit=limit,
-                    batch_size=batch_size, device=device, force=force, n_docs=n_docs, include_paths=paths)
-
-
-def _plan(db, db_path: Path, opts: _Options, run_ids: Sequence[str] | None, archs: Sequence[str] | None,
-          preset: str | None) -> list[tuple[dict[str, Any], Any, int]]:
+def _plan(db, db_path: Path, opts: EvalOptions) -> list[tuple[dict[str, Any], Any, int]]:
     """(run row, config, n_recur to evaluate) per selected run; every run's recurrence and checkpoint are checked
     before any work starts."""
-    from benchctl.core.checkpoint import CKPT_NAME, run_dir
-    from benchctl.core.config import RunConfig
-
-    runs = train_tables.finished_runs(db, run_ids=run_ids, archs=archs, preset=preset, bad_selection=EvalError,
+    sel = opts.select
+    runs = train_tables.finished_runs(db, run_ids=sel.run_ids, archs=sel.archs, preset=sel.preset, bad_selection=EvalError,
                              none_left=EvalError, purpose="to evaluate")
     plan = []
     for run in runs:
@@ -289,7 +239,7 @@ class _Session:
     """What one `evaluate_runs` call carries from run to run: a task index per prepared data directory (built on
     first use), the standard task names resolved once, and the summary being filled."""
 
-    def __init__(self, db, db_path: Path, opts: _Options, summary: EvalSummary, progress: Progress,
+    def __init__(self, db, db_path: Path, opts: EvalOptions, summary: EvalSummary, progress: Progress,
                  log: Callable[[str], None]):
         self.db, self.db_path, self.opts, self.summary = db, db_path, opts, summary
         self.progress, self.log = progress, log
@@ -356,8 +306,6 @@ class _Session:
 
     def evaluate(self, run: dict[str, Any], r: int, todo: list[str], index: TaskIndex, label: str) -> None:
         """Run lm-eval on one run's checkpoint and replace its rows for `todo` in one transaction."""
-        from benchctl.core.checkpoint import CKPT_NAME, run_dir
-
         opts, t_run = self.opts, time.perf_counter()
         lm = BenchctlLM(checkpoint=run_dir(self.db_path, run["id"]) / CKPT_NAME, n_recur=r,
                         batch_size=opts.batch_size, device=opts.device, progress=self.progress)
@@ -370,23 +318,20 @@ class _Session:
         rows = result_rows(results, run["id"], r, opts.limit, opts.batch_size, index.versions(),
                            dtype=lm.precision.dtype)
         done_tasks = {row["task"] for row in rows}
-        eval_tables.replace_eval_results(self.db, rows, {(run["id"], t) for t in set(todo) | done_tasks}, r,
-                                         opts.limit_n)
+        eval_tables.replace_eval_results(self.db, rows, {(run["id"], t) for t in set(todo) | done_tasks}, r, opts.limit_n)
         self.summary.evaluated += [(run["id"], t) for t in todo]
         self.note(f"{label}: done in {time.perf_counter() - t_run:.1f} s")
 
 
-def _evaluate_in_jobs(db_path: str | os.PathLike, plan: list[tuple[dict[str, Any], Any, int]], jobs: int | str,
-                      device: str, reporter: Progress, log: Callable[[str], None], knobs: dict[str, Any],
-                      summary: EvalSummary) -> bool:
+def _evaluate_in_jobs(db_path: str | os.PathLike, plan: list[tuple[dict[str, Any], Any, int]], opts: EvalOptions,
+                      reporter: Progress, log: Callable[[str], None], summary: EvalSummary) -> bool:
     """With more than one job, the runs split into that many shares of about equal work, each evaluated by
     `evaluate_runs` in its own process (benchctl.stages.train.executors.local.in_shares), their summaries merged into
     `summary`. False (nothing done) when everything runs here."""
-    from benchctl.stages.train.executors.local import in_shares
-
     work = [float(run.get("flops_per_token") or 1.0) * r for run, _, r in plan]
-    parts = in_shares(evaluate_runs, [run["id"] for run, _, _ in plan], work, knobs, jobs=jobs, db_path=Path(db_path),
-                      device_spec=device, progress=reporter, log=log, what="evaluation")
+    parts = in_shares(evaluate_runs, [run["id"] for run, _, _ in plan], work,
+                      lambda ids: {"opts": replace(opts, select=RunSelection(run_ids=ids), jobs=1)}, jobs=opts.jobs,
+                      db_path=Path(db_path), device_spec=opts.device, progress=reporter, log=log, what="evaluation")
     if parts is None:
         return False
     for part in parts:
@@ -401,8 +346,6 @@ def _evaluate_in_jobs(db_path: str | os.PathLike, plan: list[tuple[dict[str, Any
 def _preserved(threads: int | None) -> Iterator[None]:
     """Run the block with `threads` torch CPU threads (when given), then restore them and every RNG state that
     lm-eval reseeds (python, numpy, torch, CUDA)."""
-    from benchctl.core.checkpoint import rng_state, set_rng_state
-
     saved_rng = rng_state()
     saved_threads = torch.get_num_threads()
     if threads is not None:
@@ -414,55 +357,30 @@ def _preserved(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(saved_threads)
 
 
-def evaluate_runs(
-    db,
-    db_path: str | os.PathLike,
-    *,
-    tasks: Sequence[str] | None = None,
-    run_ids: Sequence[str] | None = None,
-    archs: Sequence[str] | None = None,
-    preset: str | None = None,
-    n_recur: int | None = None,
-    limit: int | None = None,
-    batch_size: int = DEFAULT_BATCH_SIZE,
-    device: str = "auto",
-    force: bool = False,
-    n_docs: int = DEFAULT_DOCS,
-    include_paths: Sequence[str | os.PathLike] = (),
-    threads: int | None = None,
-    progress: bool | Progress = True,
-    log: Callable[[str], None] | None = None,
-    jobs: int | str = 1,
-) -> EvalSummary:
-    """Evaluate every finished run (or the selected ones) on `tasks` and store one row per metric in eval_results.
+def evaluate_runs(db, db_path: str | os.PathLike, opts: EvalOptions, *, progress: bool | Progress = True,
+                  log: Callable[[str], None] | None = None) -> EvalSummary:
+    """Evaluate every finished run `opts` selects on `opts.tasks` and store one row per metric in eval_results.
 
-    `tasks`: bundled names, lm-eval task names or globs, or tasks defined by YAMLs under `include_paths`.
-    `n_recur` overrides the recurrence (validated for every run before any work starts); `limit` passes lm-eval's
-    limit (first N documents; stored as limit_n, 0 = all). Skips (run, task, n_recur, limit) already stored with the
-    same task version unless `force`. Tasks whose dataset cannot be loaded (hub unreachable and not cached) are
-    listed in `EvalSummary.unavailable` and left out. `threads` sets torch's CPU threads for the evaluation and
-    restores them after (tiny models gain nothing from several threads and lose a lot on a shared machine). Every
-    RNG state (python, numpy, torch, CUDA) is the same after as before. `progress`: a `Progress` to report on, or
-    True / False for a default reporter / none; `log` receives the messages (default: the reporter's `log`).
-    `jobs` (a number or "auto", as for training): runs evaluated at once, each share of the runs in its own process
-    with its share of the cores (`threads`, when given, per process).
+    `opts.n_recur` overrides the recurrence (validated for every run before any work starts); `opts.limit` passes
+    lm-eval's limit (first N documents; stored as limit_n, 0 = all). Skips (run, task, n_recur, limit) already stored
+    with the same task version unless `opts.force`. Tasks whose dataset cannot be loaded (hub unreachable and not
+    cached) are listed in `EvalSummary.unavailable` and left out. `opts.threads` sets torch's CPU threads for the
+    evaluation and restores them after (tiny models gain nothing from several threads and lose a lot on a shared
+    machine). Every RNG state (python, numpy, torch, CUDA) is the same after as before. `progress`: a `Progress` to
+    report on, or True / False for a default reporter / none; `log` receives the messages (default: the reporter's
+    `log`). `opts.jobs` (a number or "auto", as for training): runs evaluated at once, each share of the runs in its
+    own process with its share of the cores (`threads`, when given, per process).
     """
     t0 = time.perf_counter()
     reporter = as_progress(progress)
-    opts = _options(tasks, n_recur, limit, batch_size, threads, n_docs, include_paths, device, force)
-    from benchctl.stages.train.executors import parse_jobs
-
-    parse_jobs(jobs)  # a bad --jobs fails before any work
-    plan = _plan(db, Path(db_path), opts, run_ids, archs, preset)
-    summary = EvalSummary(tasks=opts.tasks, limit=limit, n_recur=n_recur,
+    plan = _plan(db, Path(db_path), opts)
+    summary = EvalSummary(tasks=list(opts.tasks), limit=opts.limit, n_recur=opts.n_recur,
                           runs=[{"id": r["id"], "arch": r["arch"], "variant": r.get("variant") or r["arch"],
                                  "preset": r["preset"], "seed": r["seed"],
                                  "n_recur": n} for r, _, n in plan])
-    knobs = {"tasks": tasks, "n_recur": n_recur, "limit": limit, "batch_size": batch_size, "device": device,
-             "force": force, "n_docs": n_docs, "include_paths": [str(p) for p in include_paths], "threads": threads}
-    if not _evaluate_in_jobs(db_path, plan, jobs, device, reporter, log or reporter.log, knobs, summary):
+    if not _evaluate_in_jobs(db_path, plan, opts, reporter, log or reporter.log, summary):
         session = _Session(db, Path(db_path), opts, summary, reporter, log or reporter.log)
-        with _preserved(threads), reporter.library_bars():
+        with _preserved(opts.threads), reporter.library_bars():
             for k, (run, cfg, r) in enumerate(plan, 1):
                 session.run(k, len(plan), run, cfg, r)
     wanted = set(summary.tasks)

@@ -27,7 +27,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import lm_eval.evaluator as evaluator
+from lm_eval._cli import HarnessCLI
+from lm_eval.utils import setup_logging
+
+from benchctl.core import checkpoint as ckpt
+from benchctl.core import data as datamod
+from benchctl.core import db as dbm
+from benchctl import stages
+from benchctl.stages.eval import tables as eval_tables
+from benchctl.stages.train import tables as train_tables
+from benchctl.core.config import RunConfig
 from benchctl.core.errors import DatabaseError, EvalError
+from benchctl.stages.eval import api as ev  # importing it registers the "benchctl" model with lm-eval
 
 
 @dataclass
@@ -39,8 +51,6 @@ class _Checkpoint:
 
 def _parse(argv: list[str]):
     """lm-eval's parser and the namespace it makes of `argv` (its own compatibility rule: no subcommand = run)."""
-    from lm_eval._cli import HarnessCLI
-
     cli = HarnessCLI()
     saved = sys.argv
     sys.argv = ["lm-eval", *argv]
@@ -51,12 +61,10 @@ def _parse(argv: list[str]):
 
 
 def _bundled_requested(tasks: list[str] | None) -> list[str]:
-    from benchctl.stages.eval.api import BUNDLED_TASKS
-
     wanted: list[str] = []
     for name in tasks or []:
         for part in str(name).split(","):
-            wanted += [t for t in BUNDLED_TASKS if fnmatch.fnmatchcase(t, part.strip()) and t not in wanted]
+            wanted += [t for t in ev.BUNDLED_TASKS if fnmatch.fnmatchcase(t, part.strip()) and t not in wanted]
     return wanted
 
 
@@ -67,18 +75,12 @@ def _checkpoint(args) -> _Checkpoint | None:
     path = (getattr(args, "model_args", None) or {}).get("checkpoint")
     if not path:
         return None
-    from benchctl.core import checkpoint as ckpt
-    from benchctl.core.config import RunConfig
-
     state = ckpt.load(Path(str(path)), map_location="cpu")
     return _Checkpoint(path=Path(str(path)), run_id=state.get("run_id"), cfg=RunConfig.from_json(state["config"]))
 
 
 def _bundled_tasks(args, source: _Checkpoint | None, log: Callable[[str], None]) -> dict[str, str]:
     """Generate the requested bundled tasks and put their folder on the include path; their versions."""
-    from benchctl.core import data as datamod
-    from benchctl.stages.eval import api as ev
-
     wanted = _bundled_requested(getattr(args, "tasks", None))
     if not wanted:
         return {}
@@ -96,8 +98,6 @@ def _bundled_tasks(args, source: _Checkpoint | None, log: Callable[[str], None])
 @contextlib.contextmanager
 def _captured_results() -> Iterator[dict[str, Any]]:
     """Keep what lm-eval's `simple_evaluate` returns while its CLI runs (the CLI only prints and saves it)."""
-    import lm_eval.evaluator as evaluator
-
     box: dict[str, Any] = {}
     original = evaluator.simple_evaluate
 
@@ -123,9 +123,6 @@ class _Record:
 
 def _prepare_record(args, source: _Checkpoint | None, db_path: Path) -> _Record:
     """Check everything --record needs before lm-eval runs, so a long evaluation is never thrown away."""
-    from benchctl import stages
-    from benchctl.stages.train import tables as train_tables
-
     if getattr(args, "command", None) != "run" or source is None:
         raise EvalError("--record stores the results of a benchctl checkpoint: pass --model benchctl "
                         "--model_args checkpoint=results/runs/<run id>/ckpt.pt")
@@ -149,9 +146,6 @@ def _prepare_record(args, source: _Checkpoint | None, db_path: Path) -> _Record:
 
 
 def _store(rec: _Record, results: dict[str, Any], versions: dict[str, str]) -> int:
-    from benchctl.stages.eval import tables as eval_tables
-    from benchctl.stages.eval import api as ev
-
     config = results.get("config") or {}
     try:
         batch_size = int(config.get("batch_size"))
@@ -166,10 +160,6 @@ def _store(rec: _Record, results: dict[str, Any], versions: dict[str, str]) -> i
 def run(argv: list[str], *, record: bool = False, db_path: str | os.PathLike | None = None,
         log: Callable[[str], None] = print) -> None:
     """Run lm-eval's command line on `argv` (see the module docstring); argparse errors exit as lm-eval's do."""
-    import benchctl.stages.eval.api  # noqa: F401  (registers the "benchctl" model with lm-eval)
-    from benchctl.core import db as dbm
-    from lm_eval.utils import setup_logging
-
     setup_logging()
     cli, args = _parse(argv)
     source = _checkpoint(args) if getattr(args, "command", None) in ("run", "validate") else None

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from benchctl.stages import RunSelection, Stage, StudyRun
+from benchctl.stages.eval.options import EvalOptions
 from benchctl.stages.eval.report import eval_section
 from benchctl.stages.eval.tables import TABLES
-from benchctl.stages import Stage, StudyRun
 
 
 def run(study: StudyRun) -> None:
@@ -12,11 +13,12 @@ def run(study: StudyRun) -> None:
     if study.skips("eval") or not ids:
         study.say("skipped")
         return
+    # lm_eval: kept out of 'benchctl report', which loads every stage for its report sections
     from benchctl.stages.eval import api as evaluate
 
     study.say("lm-eval tasks on every finished run")
-    evaluate.evaluate_runs(study.db, study.opts.db_path, tasks=study.opts.eval_tasks, run_ids=ids,
-                           progress=study.opts.progress, log=study.log, jobs=study.opts.jobs)
+    opts = EvalOptions(select=RunSelection(run_ids=ids), tasks=study.opts.eval_tasks, jobs=study.opts.jobs)
+    evaluate.evaluate_runs(study.db, study.opts.db_path, opts, progress=study.opts.progress, log=study.log)
 
 
 STAGE = Stage(name="eval", order=50, run=run, tables=TABLES, sections=(eval_section,), skippable=True)

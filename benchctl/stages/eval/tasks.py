@@ -40,16 +40,16 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from lm_eval.tasks import TaskManager
 
 from architectures import did_you_mean
 from benchctl.core import data as datamod
 from benchctl.core.errors import EvalError
 from benchctl.core.files import atomic_write
+from benchctl.stages.eval.options import BUNDLED_TASKS, DEFAULT_DOCS
 
-BUNDLED_TASKS = ("tinystories_ppl", "tinystories_ending", "tinystories_names", "tinystories_order")
 TASK_VERSIONS = {"tinystories_ppl": 1, "tinystories_ending": 1, "tinystories_names": 1, "tinystories_order": 1}
 TASK_SEED = 1234  # seed of the document selection and the distractors
-DEFAULT_DOCS = 200  # documents per bundled task
 TEMPLATES = Path(__file__).parent / "task_yaml"  # the bundled task YAMLs, shipped as package data
 TASKS_SUBDIR = "lm_eval_tasks"
 
@@ -389,14 +389,6 @@ def _render_yaml(task: str, data_path: Path, out_dir: Path, seed: int, n_docs: i
 # Finding tasks: bundled, the user's include paths, lm-eval's own
 
 
-def check_task_names(standard: Sequence[str]) -> None:
-    """A typo of a bundled name is an EvalError here, before lm-eval's 20-second index is built to look it up."""
-    for name in standard:
-        if name.startswith("tinystories"):
-            hint = did_you_mean(name, BUNDLED_TASKS)
-            raise EvalError(f"unknown task '{name}'{hint} bundled tasks: {', '.join(BUNDLED_TASKS)}")
-
-
 class TaskIndex:
     """The lm-eval TaskManager for one prepared data directory: the bundled tasks generated into it, the user's
     include paths, and lm-eval's own tasks only when a requested name is not found in those (indexing lm-eval's
@@ -404,8 +396,6 @@ class TaskIndex:
 
     def __init__(self, prepared: datamod.Prepared, bundled: list[str], standard: list[str], n_docs: int,
                  include_paths: Sequence[Path]):
-        from lm_eval.tasks import TaskManager
-
         self.bundled = build_bundled_tasks(prepared, bundled, n_docs=n_docs) if bundled else None
         paths = ([str(self.bundled.dir)] if self.bundled else []) + [str(Path(p).resolve()) for p in include_paths]
         self.tm = TaskManager(include_path=paths or None, include_defaults=False)

@@ -18,15 +18,10 @@ the assessment is stored with the grade; `json` (`judge_prompts/story_grading.md
 
 from benchctl.stages.judge.client import (
     API_KEY_VARS,
-    AUTO,
-    DEFAULT_PROTOCOL,
-    PROTOCOLS,
     AssessedGrade,
     answer_schema,
     CHARS_PER_TOKEN,
     CRITERIA,
-    DEFAULT_MODEL,
-    DEFAULT_TEMPERATURE,
     OUTPUT_TOKENS_ESTIMATE,
     PRICES_USD_PER_M,
     SCORE_MAX,
@@ -54,6 +49,14 @@ from benchctl.stages.judge.prompt import (
     load_template,
 )
 from benchctl.stages.judge.engine import judge_all, judge_all_async
+from benchctl.stages.judge.options import (
+    AUTO,
+    DEFAULT_MODEL,
+    DEFAULT_PROTOCOL,
+    DEFAULT_TEMPERATURE,
+    PROTOCOLS,
+    JudgeOptions,
+)
 from benchctl.stages.judge.storage import select_samples
 from benchctl.stages.judge.summary import ArchSummary, CriterionStat, JudgeSummary, criterion_stat
 
@@ -69,6 +72,7 @@ __all__ = [
     "CRITERIA",
     "DEFAULT_MODEL",
     "DEFAULT_TEMPERATURE",
+    "JudgeOptions",
     "OUTPUT_TOKENS_ESTIMATE",
     "PRICES_USD_PER_M",
     "PROMPT_PATH",

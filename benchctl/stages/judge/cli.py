@@ -9,7 +9,13 @@ import typer
 from rich import box
 from rich.table import Table
 
-from benchctl.cli import DbOpt, JsonOpt, ProgressOpt, app, console, err_console, split_list
+from benchctl.core import paper
+from benchctl.core.progress import Progress
+from benchctl.stages import RunSelection
+from benchctl.stages.cli import DbOpt, JsonOpt, ProgressOpt, console, err_console, split_list
+from benchctl.stages.judge.options import AUTO, JudgeOptions
+
+app = typer.Typer()
 
 
 @app.command()
@@ -64,27 +70,22 @@ def judge(
     the story before the grades, as the study's grading text asks; `--repeats 2`, a second `--model` or the other
     `--protocol` on the same samples feed the report's judge reliability section.
     """
+    opts = JudgeOptions(
+        select=RunSelection(run_ids=split_list(runs)), judge_model=model, concurrency=concurrency, repeats=repeats,
+        limit=limit, dry_run=dry_run, temperature=temperature,
+        thinking_budget=AUTO if thinking_budget is None else thinking_budget, max_attempts=max_attempts,
+        retry_failed=not skip_failed, protocol=protocol,
+    )
+    # google.genai, and sqlite_utils with pandas: kept out of 'benchctl --help'
     from benchctl import stages
     from benchctl.stages.judge import api as engine
-    from benchctl.core.progress import Progress
 
     if not dry_run:
         engine.require_api_key()  # before opening anything: a missing key costs nothing
     database = stages.connect(db, create=False)
     summary = engine.judge_all(
-        database,
-        judge_model=model,
-        concurrency=concurrency,
-        repeats=repeats,
-        limit=limit,
-        run_ids=split_list(runs),
-        dry_run=dry_run,
+        database, opts,
         progress=Progress(enabled=progress and not as_json, console=err_console),  # stderr: stdout is the result
-        temperature=temperature,
-        thinking_budget=engine.AUTO if thinking_budget is None else thinking_budget,
-        max_attempts=max_attempts,
-        retry_failed=not skip_failed,
-        protocol=protocol,
     )
     if as_json:
         print(json.dumps(summary.to_dict(), indent=2, default=str))
@@ -108,8 +109,7 @@ def _half_width(stat) -> str:
 
 
 def print_summary(summary) -> None:
-    from benchctl.core import paper
-    from benchctl.stages.judge.api import CRITERIA
+    from benchctl.stages.judge.api import CRITERIA  # google.genai: kept out of 'benchctl --help'
 
     s = summary
     head = (

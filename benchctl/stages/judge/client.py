@@ -27,6 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pydantic
+from google import genai
+from google.genai import errors as genai_errors
+from google.genai import types
 
 from benchctl.core.errors import JudgeError
 
@@ -34,19 +37,9 @@ CRITERIA = ("grammar", "creativity", "consistency", "plot")
 SCORE_MIN, SCORE_MAX = 1, 10
 
 API_KEY_VARS = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
-DEFAULT_MODEL = "gemini-2.5-flash"
-# Temperature 0 by default: each grade is the judge's most likely verdict, so a mean over samples is not blurred by
-# sampling noise; `--repeats` at this temperature measures the service's residual nondeterminism. Pass a higher
-# temperature to study judge variance. The value is stored with every request.
-DEFAULT_TEMPERATURE = 0.0
-AUTO = "auto"
 # Thinking: off (budget 0) on the models that allow turning it off; other models keep their default (not sent).
 # The budget actually sent is stored with every request.
 _THINKING_OFF_MODELS = ("gemini-2.5-flash", "gemini-2.5-flash-lite")
-# Protocols: `json` asks for the four grades only; `assess` (the default, the study's wording) has the judge write its
-# general assessment of the story first, in an `assessment` field ahead of the grades, as the grading text asks.
-PROTOCOLS = ("json", "assess")
-DEFAULT_PROTOCOL = "assess"
 
 # The json answer is ~25 tokens; an assessment adds a paragraph (~100–300 tokens), so its limit leaves several times
 # that. Thinking tokens count towards the output limit, so leave room when thinking is on.
@@ -279,7 +272,7 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
     """Connection-level failures of whichever HTTP stack the SDK uses (aiohttp, httpx2 or httpx)."""
     errs: list[type[BaseException]] = [asyncio.TimeoutError, ConnectionError]
     try:
-        import aiohttp
+        import aiohttp  # optional: one of the HTTP stacks the SDK may use
 
         errs.append(aiohttp.ClientError)
     except ImportError:
@@ -364,8 +357,6 @@ def request_record(item: WorkItem, s: Settings) -> dict[str, Any]:
 
 
 def _gen_config(s: Settings) -> Any:
-    from google.genai import types
-
     thinking = None if s.thinking_budget is None else types.ThinkingConfig(thinking_budget=s.thinking_budget)
     return types.GenerateContentConfig(
         response_mime_type="application/json",
@@ -377,9 +368,6 @@ def _gen_config(s: Settings) -> Any:
 
 
 def make_client(key: str, base_url: str | None, timeout_s: float) -> Any:
-    from google import genai
-    from google.genai import types
-
     http_options = types.HttpOptions(
         base_url=base_url,  # None -> the SDK uses $GOOGLE_GEMINI_BASE_URL, else the public endpoint
         timeout=int(timeout_s * 1000),  # milliseconds
@@ -409,8 +397,6 @@ class Job:
 
     async def grade(self, item: WorkItem) -> Outcome | None:
         """All attempts for one key; None if the job was refused before this key was sent."""
-        from google.genai import errors as genai_errors
-
         async with self.sem:  # at most `concurrency` keys (hence HTTP requests) in flight
             out = Outcome(item, None, None)
             started = time.monotonic()

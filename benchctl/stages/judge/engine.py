@@ -9,23 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 import time
-from typing import Any, Sequence
+from typing import Any
 
-from benchctl.core.errors import ConfigError, JudgeError
+from benchctl.core.errors import JudgeError
 from benchctl.stages.judge.client import (
     ASSESS_OUTPUT_TOKENS_ESTIMATE,
-    AUTO,
     CHARS_PER_TOKEN,
-    DEFAULT_MODEL,
-    DEFAULT_PROTOCOL,
-    DEFAULT_TEMPERATURE,
     MAX_OUTPUT_ASSESS_NO_THINKING,
     MAX_OUTPUT_NO_THINKING,
     MAX_OUTPUT_THINKING,
     OUTPUT_TOKENS_ESTIMATE,
-    PROTOCOLS,
     Job,
     Settings,
     WorkItem,
@@ -34,26 +28,11 @@ from benchctl.stages.judge.client import (
     make_client,
     require_api_key,
 )
+from benchctl.stages.judge.options import AUTO, JudgeOptions
 from benchctl.stages.judge.prompt import Template, load_template
 from benchctl.stages.judge.storage import Database, existing_status, record, select_samples
 from benchctl.stages.judge.summary import JudgeSummary, summarize
 from benchctl.core.progress import Progress, as_progress
-
-
-def _validate(judge_model: str, concurrency: int, repeats: int, limit: int | None, max_attempts: int,
-              protocol: str) -> None:
-    if not judge_model or not judge_model.strip():
-        raise ConfigError("--model must name a Gemini model, e.g. gemini-2.5-flash")
-    if protocol not in PROTOCOLS:
-        raise ConfigError(f"--protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
-    if concurrency < 1:
-        raise ConfigError(f"--concurrency must be at least 1, got {concurrency}")
-    if repeats < 1:
-        raise ConfigError(f"--repeats must be at least 1, got {repeats}")
-    if limit is not None and limit < 1:
-        raise ConfigError(f"--limit must be at least 1, got {limit}")
-    if max_attempts < 1:
-        raise ConfigError(f"--max-attempts must be at least 1, got {max_attempts}")
 
 
 def reporter(progress: bool | Progress) -> Progress:
@@ -61,72 +40,57 @@ def reporter(progress: bool | Progress) -> Progress:
     return as_progress(progress, stderr=True)
 
 
-async def judge_all_async(
-    db: Database,
-    *,
-    judge_model: str = DEFAULT_MODEL,
-    concurrency: int = 8,
-    repeats: int = 1,
-    limit: int | None = None,
-    run_ids: Sequence[str] | None = None,
-    dry_run: bool = False,
-    base_url: str | None = None,
-    progress: bool | Progress = True,
-    temperature: float = DEFAULT_TEMPERATURE,
-    thinking_budget: int | None | str = AUTO,
-    max_output_tokens: int | None = None,
-    retry_failed: bool = True,
-    max_attempts: int = 6,
-    base_delay: float = 1.0,
-    max_delay: float = 60.0,
-    timeout_s: float = 120.0,
-    prompt_path: str | os.PathLike | None = None,
-    seed: int | None = None,
-    protocol: str = DEFAULT_PROTOCOL,
-) -> JudgeSummary:
+async def judge_all_async(db: Database, opts: JudgeOptions, *, progress: bool | Progress = True) -> JudgeSummary:
     """Async form of `judge_all` (same arguments), for callers that already run an event loop."""
-    _validate(judge_model, concurrency, repeats, limit, max_attempts, protocol)
-    key = None if dry_run else require_api_key()  # before any work, so a missing key never costs a thing
+    key = None if opts.dry_run else require_api_key()  # before any work, so a missing key never costs a thing
     t0 = time.monotonic()
-    template = load_template(prompt_path, protocol)
-    budget = default_thinking_budget(judge_model) if thinking_budget == AUTO else thinking_budget
+    template = load_template(opts.prompt_path, opts.protocol)
+    budget = default_thinking_budget(opts.judge_model) if opts.thinking_budget == AUTO else opts.thinking_budget
+    max_output_tokens = opts.max_output_tokens
     if max_output_tokens is None:
-        no_thinking = MAX_OUTPUT_ASSESS_NO_THINKING if protocol == "assess" else MAX_OUTPUT_NO_THINKING
+        no_thinking = MAX_OUTPUT_ASSESS_NO_THINKING if opts.protocol == "assess" else MAX_OUTPUT_NO_THINKING
         max_output_tokens = no_thinking if budget == 0 else MAX_OUTPUT_THINKING
     s = Settings(
-        judge_model, template.hash, temperature, budget, max_output_tokens, max_attempts, base_delay, max_delay,
-        protocol,
+        opts.judge_model, template.hash, opts.temperature, budget, max_output_tokens, opts.max_attempts,
+        opts.base_delay, opts.max_delay, opts.protocol,
     )
 
-    samples = select_samples(db, run_ids, limit)
+    samples = _selected(select_samples(db, opts.select.run_ids, opts.limit), opts)
     if not samples:
-        scope = f" for run(s) {', '.join(run_ids)}" if run_ids else ""
+        scope = f" for run(s) {', '.join(opts.select.run_ids)}" if opts.select.run_ids else ""
         raise JudgeError(f"no samples to judge{scope}; run 'benchctl sample' first")
-    todo = _todo(db, samples, template, s, repeats, retry_failed)
-    n_keys = len(samples) * repeats
+    todo = _todo(db, samples, template, s, opts.repeats, opts.retry_failed)
+    n_keys = len(samples) * opts.repeats
     summary = JudgeSummary(
-        judge_model=judge_model,
+        judge_model=opts.judge_model,
         prompt_hash=template.hash,
         prompt_path=str(template.path),
-        dry_run=dry_run,
-        temperature=temperature,
+        dry_run=opts.dry_run,
+        temperature=opts.temperature,
         thinking_budget=budget,
-        repeats=repeats,
+        repeats=opts.repeats,
         n_samples=len(samples),
         n_keys=n_keys,
         n_cached=n_keys - len(todo),
         n_todo=len(todo),
-        protocol=protocol,
+        protocol=opts.protocol,
     )
-    if dry_run:
+    if opts.dry_run:
         _estimate(todo, s, summary)
     elif todo:
-        await _run(db, todo, s, summary, key=key, base_url=base_url, timeout_s=timeout_s, concurrency=concurrency,
-                   seed=seed, progress=reporter(progress))
+        await _run(db, todo, s, summary, key=key, base_url=opts.base_url, timeout_s=opts.timeout_s,
+                   concurrency=opts.concurrency, seed=opts.seed, progress=reporter(progress))
 
-    summarize(db, samples, s, repeats, summary)
+    summarize(db, samples, s, opts.repeats, summary)
     summary.elapsed_s = time.monotonic() - t0
     return summary
+
+
+def _selected(samples: list[dict[str, Any]], opts: JudgeOptions) -> list[dict[str, Any]]:
+    """The samples of the runs `opts` selects by architecture and preset (by run id: already in the query)."""
+    sel = opts.select
+    return [r for r in samples if (not sel.archs or r["arch"] in sel.archs)
+            and (sel.preset is None or r["preset"] == sel.preset)]
 
 
 def _todo(db: Database, samples: list[dict[str, Any]], template: Template, s: Settings, repeats: int,
@@ -195,50 +159,11 @@ async def _run(db: Database, todo: list[WorkItem], s: Settings, summary: JudgeSu
         )
 
 
-def judge_all(
-    db: Database,
-    *,
-    judge_model: str = DEFAULT_MODEL,
-    concurrency: int = 8,
-    repeats: int = 1,
-    limit: int | None = None,
-    run_ids: Sequence[str] | None = None,
-    dry_run: bool = False,
-    base_url: str | None = None,
-    progress: bool | Progress = True,
-    temperature: float = DEFAULT_TEMPERATURE,
-    thinking_budget: int | None | str = AUTO,
-    max_output_tokens: int | None = None,
-    retry_failed: bool = True,
-    max_attempts: int = 6,
-    base_delay: float = 1.0,
-    max_delay: float = 60.0,
-    timeout_s: float = 120.0,
-    prompt_path: str | os.PathLike | None = None,
-    seed: int | None = None,
-    protocol: str = DEFAULT_PROTOCOL,
-) -> JudgeSummary:
-    """Grade the samples in `db` (all, those of `run_ids`, or the first `limit`) `repeats` times with `judge_model`.
+def judge_all(db: Database, opts: JudgeOptions, *, progress: bool | Progress = True) -> JudgeSummary:
+    """Grade the samples in `db` as `opts` says (see JudgeOptions); `progress`: a Progress to report through, or True
+    (bars on stderr) / False (silent).
 
-    concurrency: requests in flight at most. thinking_budget: "auto" = 0 on the 2.5-flash models, the model's
-    default elsewhere; None = never send one; an int = that budget. max_output_tokens None = 1024 with thinking off,
-    8192 otherwise. retry_failed: regrade keys whose stored grade failed (True) or keep them (False).
-    max_attempts / base_delay / max_delay (seconds): the retry policy for 429, 5xx and connection errors.
-    base_url: the service root (default: $GOOGLE_GEMINI_BASE_URL, else Google's endpoint). seed: the jitter RNG.
-    protocol: "assess" (the judge writes its general assessment, stored in judge_grades.assessment, then the grades;
-    output limit 2048 with thinking off) or "json" (grades only). Each protocol is its own prompt version (hash), so
-    a grade cached under one is never reused for the other.
-    progress: a Progress to report through, or True (bars on stderr) / False (silent).
-
-    Raises JudgeError without an API key (unless dry_run) before any work, when there are no samples, and when the
+    Raises JudgeError without an API key (unless a dry run) before any work, when there are no samples, and when the
     service refuses the job (bad key, no permission, unknown model) — after storing what was finished.
     """
-    return asyncio.run(
-        judge_all_async(
-            db, judge_model=judge_model, concurrency=concurrency, repeats=repeats, limit=limit, run_ids=run_ids,
-            dry_run=dry_run, base_url=base_url, progress=progress, temperature=temperature,
-            thinking_budget=thinking_budget, max_output_tokens=max_output_tokens, retry_failed=retry_failed,
-            max_attempts=max_attempts, base_delay=base_delay, max_delay=max_delay, timeout_s=timeout_s,
-            prompt_path=prompt_path, seed=seed, protocol=protocol,
-        )
-    )
+    return asyncio.run(judge_all_async(db, opts, progress=progress))

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from benchctl.stages.judge.report import judge_section
 from benchctl.stages.judge.reliability import reliability_section
+from benchctl.stages import RunSelection, Stage, StudyRun
+from benchctl.stages.judge.options import JudgeOptions
 from benchctl.stages.judge.tables import TABLES
-from benchctl.stages import Stage, StudyRun
 
 
 def run(study: StudyRun) -> None:
+    # google.genai: kept out of 'benchctl report', which loads every stage for its report sections
     from benchctl.stages.judge import api as judge
 
     opts, ids = study.opts, study.run_ids
@@ -21,8 +23,8 @@ def run(study: StudyRun) -> None:
                   f"'benchctl study' (or 'benchctl judge --model {opts.judge_model}') to grade the stories")
     else:
         study.say(f"grading with {opts.judge_model}")
-        js = judge.judge_all(study.db, judge_model=opts.judge_model, concurrency=opts.judge_concurrency,
-                             run_ids=ids, progress=opts.progress)
+        js = judge.judge_all(study.db, JudgeOptions(select=RunSelection(run_ids=ids), judge_model=opts.judge_model,
+                                                    concurrency=opts.judge_concurrency), progress=opts.progress)
         study.log(f"   {js.n_ok} graded, {js.n_failed} failed, {js.n_cached} already graded")
 
 

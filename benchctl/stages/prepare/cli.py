@@ -7,9 +7,14 @@ from __future__ import annotations
 
 import time
 
+import typer
 from rich.table import Table
 
-from benchctl.cli import DataOpt, PresetOpt, SetOpt, app, console, make_progress, overrides_with_data
+from benchctl.core.config import make_config
+from benchctl.stages.prepare.options import PrepareOptions
+from benchctl.stages.cli import DataOpt, PresetOpt, SetOpt, console, make_progress, overrides_with_data
+
+app = typer.Typer()
 
 
 @app.command()
@@ -19,12 +24,12 @@ def prepare(
     set_: SetOpt = None,
 ) -> None:
     """Prepare the data for a preset: stories -> SentencePiece BPE tokenizer -> train.bin / valid.bin (cached)."""
-    from benchctl.core import data as datamod
-    from benchctl.core.config import make_config
+    from benchctl.stages.prepare import engine  # torch: kept out of 'benchctl --help'
 
     cfg = make_config(preset, "control", overrides=overrides_with_data(set_, data))
+    opts = PrepareOptions(data=cfg.data, vocab_size=cfg.model.vocab_size)
     t0 = time.perf_counter()
-    p = datamod.prepare(cfg.data, cfg.model.vocab_size, progress=make_progress(True, stderr=True))
+    p = engine.prepare(opts, progress=make_progress(True, stderr=True))
     seconds = time.perf_counter() - t0
 
     summary = Table.grid(padding=(0, 2))

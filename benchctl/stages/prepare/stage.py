@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+from benchctl.core.runtime import Dist, main_first
 from benchctl.stages import Stage, StudyRun
+from benchctl.stages.prepare import engine
+from benchctl.stages.prepare.options import PrepareOptions
 
 
 def run(study: StudyRun) -> None:
-    from benchctl.core import data
-    from benchctl.core.runtime import Dist, main_first
-
     first = study.cfgs[0]
     study.say(f"data source {first.data.source!r}, vocab {first.model.vocab_size}")
     dist_info = Dist.from_env()  # under torchrun rank 0 fills the cache, then the other ranks read it
-    study.prepared = main_first(dist_info, lambda: data.prepare(
-        first.data, first.model.vocab_size, progress=study.opts.progress and dist_info.is_main))
+    opts = PrepareOptions(data=first.data, vocab_size=first.model.vocab_size)
+    study.prepared = main_first(dist_info, lambda: engine.prepare(
+        opts, progress=study.opts.progress and dist_info.is_main))
 
 
 STAGE = Stage(name="prepare", order=10, run=run, every_rank=True)

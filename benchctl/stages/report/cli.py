@@ -7,7 +7,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from benchctl.cli import DbOpt, app, console
+from benchctl.stages.cli import DbOpt, console, db_path_of
+from benchctl.stages.report.options import ReportOptions
+
+app = typer.Typer()
 
 
 @app.command()
@@ -25,14 +28,10 @@ def report(
     db: DbOpt = None,
 ) -> None:
     """The study's tables and figures, with seeds and statistics, beside the published numbers."""
-    from benchctl.core import db as dbmod
-    from benchctl import report as reporting
-    from benchctl.core.errors import ConfigError
+    opts = ReportOptions(out_dir=out, preset=preset, plan=plan, only_plan=True, format=fmt)
+    from benchctl.stages.report import engine as reporting  # pandas, matplotlib: kept out of 'benchctl --help'
 
-    if fmt != "md":
-        raise ConfigError(f"--format {fmt!r} is not supported; the only format is 'md' (markdown with PNG figures)")
-    rendered = reporting.build(db if db is not None else dbmod.default_path(), preset, plan, only_plan=True)
-    path = reporting.save(rendered, out)
+    rendered, path = reporting.run(db_path_of(db), opts)
     n = len(rendered.figures)
     console.print(f"wrote {path} and {n} figure{'s' if n != 1 else ''} in {path.parent / 'figures'}",
                   highlight=False, soft_wrap=True)

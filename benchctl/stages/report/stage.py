@@ -5,17 +5,18 @@ benchmark rows from `benchctl bench`, and the provenance of every run."""
 
 from __future__ import annotations
 
+from benchctl.stages.report import engine
+from benchctl.stages.report.options import ReportOptions
 from benchctl.stages.report.fair import fair_section, plan_section
 from benchctl.stages.report.summary import bench_section, comparisons_section, provenance_section
 from benchctl.stages import Stage, StudyRun
 
 
 def run(study: StudyRun) -> None:
-    from benchctl import report
-
     study.say(f"{study.opts.out_dir}")
-    plan = study.plan.name if study.plan is not None else None
-    study.report_path = report.write_report(study.opts.db_path, study.opts.out_dir, study.opts.preset, plan)
+    opts = ReportOptions(out_dir=study.opts.out_dir, preset=study.opts.preset,
+                         plan=study.plan.name if study.plan is not None else None)
+    study.report_path = engine.run(study.opts.db_path, opts)[1]
 
 
 STAGE = Stage(name="report", order=100, run=run,

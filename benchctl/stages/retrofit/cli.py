@@ -6,15 +6,30 @@ from typing import Annotated, Optional
 
 import typer
 
-import architectures
-from benchctl.cli import DataOpt, DbOpt, ProgressOpt, SetOpt, YesOpt, app, console, db_path_of, make_progress, \
-    overrides_with_data
+from benchctl.core.config import run_id
+from benchctl.stages.cli import (
+    DataOpt,
+    DbOpt,
+    ProgressOpt,
+    SetOpt,
+    YesOpt,
+    console,
+    db_path_of,
+    make_progress,
+    overrides_with_data,
+    terminal_confirm,
+)
+from benchctl.stages.retrofit.options import RetrofitOptions
+from benchctl.stages.train.cli import prepare_for, summarize
+
+app = typer.Typer()
 
 
 @app.command()
 def retrofit(
     from_: Annotated[str, typer.Option("--from", help="The finished parent run: its id, or its name when unique.")],
-    to: Annotated[str, typer.Option("--to", help=f"Target architecture: {', '.join(architectures.names())}.")],
+    to: Annotated[str, typer.Option(
+        "--to", help="Target architecture: a registered one, e.g. relaxed ('benchctl params' lists them all).")],
     init: Annotated[str, typer.Option("--init", help="stepwise | average (looped models) | select (three-part).")],
     lora_init: Annotated[str, typer.Option("--lora-init", help="Relaxed LoRA init: svd (of the residuals) | zero.")]
     = "svd",
@@ -28,18 +43,17 @@ def retrofit(
     progress: ProgressOpt = True,
 ) -> None:
     """Start a recurrent model from a trained control's weights and heal it by training (resumable like train)."""
+    opts = RetrofitOptions(parent=from_, to=to, init=init, lora_init=lora_init, steps=steps, preset=preset,
+                           overrides=overrides_with_data(set_, data))
+    # torch, and sqlite_utils with pandas: kept out of 'benchctl --help'
     from benchctl import stages
     from benchctl.stages.train import tables as train_tables
     from benchctl.stages.retrofit import engine as rf
-    from benchctl.commands.confirm import terminal_confirm
-    from benchctl.stages.train.cli import prepare_for, summarize
-    from benchctl.core.config import run_id
-    from benchctl.study import confirm_long_run
+    from benchctl.stages.train.sweep import confirm_long_run
 
     path = db_path_of(db)
     handle = stages.connect(path)
-    job = rf.plan(handle, from_, to, init, lora_init, steps=steps, overrides=overrides_with_data(set_, data),
-                  preset=preset)
+    job = rf.plan(handle, opts)
     prepared = prepare_for(job.cfg, progress)
     row = train_tables.get_run(handle, run_id(job.cfg, prepared.fingerprint))
     if row is None or row["status"] != "done":

@@ -12,14 +12,22 @@ every run measures, is here the loss right after conversion, before any healing 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
+
+import architectures
+from architectures.retrofit import describe, retrofit_state
+from benchctl.core import checkpoint as ckpt
 from benchctl.core import db as dbm
 from benchctl.stages.train import tables as train_tables
 from benchctl.core.config import RunConfig, make_config, run_id
 from benchctl.core.errors import CheckpointError, ConfigError
+from benchctl.stages.retrofit.options import RetrofitOptions
+from benchctl.stages.train import engine as train_engine
 
 # The parent's trunk widths and data carry over to the target (the depth, n_layers and n_recur, does not: the target
 # takes its preset's, or --set). Everything else comes from the preset and --set as for any run.
@@ -39,27 +47,19 @@ class Retrofit:
 
     @property
     def method(self) -> str:
-        from architectures.retrofit import describe
-
         return describe(self.init, self.lora_init)
 
 
-def plan(db: dbm.Database, ref: str, to: str, init: str, lora_init: str = "svd", *, steps: int | None = None,
-         overrides: dict[str, Any] | None = None, preset: str | None = None) -> Retrofit:
-    """Resolve the parent (`ref`: run id or name) and build the target's config; nothing is loaded or trained."""
-    from architectures.retrofit import INITS, LORA_INITS
-
-    if init not in INITS:
-        raise ConfigError(f"--init must be one of {', '.join(INITS)}, got {init!r}")
-    if lora_init not in LORA_INITS:
-        raise ConfigError(f"--lora-init must be one of {', '.join(LORA_INITS)}, got {lora_init!r}")
-    parent = train_tables.retrofit_parent(db, ref, preset)
+def plan(db: dbm.Database, opts: RetrofitOptions) -> Retrofit:
+    """Resolve the parent (`opts.parent`: run id or name) and build the target's config; nothing is loaded or
+    trained."""
+    parent = train_tables.retrofit_parent(db, opts.parent, opts.preset)
     if parent["arch"] not in PARENT_ARCHS:
         raise ConfigError(f"--from {parent['id']}: a retrofit converts a plain transformer ({', '.join(PARENT_ARCHS)}),"
                           f" not a {parent['arch']} run")
-    base = {} if steps is None else {"train.max_steps": steps}
-    cfg = target_config(RunConfig.from_json(parent["config_json"]), to, {**base, **(overrides or {})})
-    return attach(cfg, parent, init, lora_init)
+    base = {} if opts.steps is None else {"train.max_steps": opts.steps}
+    cfg = target_config(RunConfig.from_json(parent["config_json"]), opts.to, {**base, **opts.overrides})
+    return attach(cfg, parent, opts.init, opts.lora_init)
 
 
 def target_config(pcfg: RunConfig, to: str, overrides: dict[str, Any] | None = None) -> RunConfig:
@@ -79,8 +79,6 @@ def has_lora(cfg: RunConfig) -> bool:
 def with_parent(cfg: RunConfig, parent_id: str, init: str, lora_init: str | None) -> RunConfig:
     """`cfg` recording the run it starts from: part of the run's identity, so a converted model is never the same
     run as that architecture trained from scratch, nor as another conversion of the same parent."""
-    from architectures.retrofit import describe
-
     method = describe(init, lora_init if has_lora(cfg) else None)
     return replace(cfg, train=replace(cfg.train, init_from=f"{parent_id}:{method}"))
 
@@ -95,10 +93,6 @@ def check_conversion(pcfg: RunConfig, cfg: RunConfig, init: str, lora_init: str 
     """Refuse a conversion that cannot be made (an init the target architecture does not take, too few parent layers,
     different widths) before anything is trained: the weight surgery is run on models built on the meta device, which
     have shapes but no data, so it costs no memory and the error is the one the real conversion would raise."""
-    import torch
-
-    from architectures.retrofit import retrofit_state
-
     if pcfg.arch not in PARENT_ARCHS:
         raise ConfigError(f"a retrofit converts a plain transformer ({', '.join(PARENT_ARCHS)}), not {pcfg.arch}")
     key = (_model_key(pcfg), _model_key(cfg), init, lora_init)
@@ -118,20 +112,14 @@ _META_MODELS: dict[str, Any] = {}
 
 
 def _model_key(cfg: RunConfig) -> str:
-    import json
-
     return json.dumps([cfg.arch, cfg.to_dict()["model"]], sort_keys=True)
 
 
 def _meta_model(cfg: RunConfig) -> Any:
     """A shape-only model of `cfg`'s architecture, kept per model config: building one still runs every weight
     init (slowly, through PyTorch's reference kernels), and a plan's conversions share a few parents and targets."""
-    import architectures
-
     key = _model_key(cfg)
     if key not in _META_MODELS:
-        import torch
-
         if len(_META_MODELS) >= 16:
             _META_MODELS.clear()
         with torch.device("meta"):
@@ -152,12 +140,6 @@ def parent_flops(db: dbm.Database, parent: dict[str, Any]) -> float | None:
 
 def convert(job: Retrofit, db_path: Path) -> dict[str, Any]:
     """The target's initial state dict, converted from the parent's checkpoint."""
-    import torch
-
-    import architectures
-    from architectures.retrofit import retrofit_state
-    from benchctl.core import checkpoint as ckpt
-
     path = ckpt.run_dir(db_path, job.parent["id"]) / ckpt.CKPT_NAME
     if not path.exists():
         raise CheckpointError(f"--from {job.parent['id']}: its checkpoint {path} is missing")
@@ -175,9 +157,6 @@ def convert(job: Retrofit, db_path: Path) -> dict[str, Any]:
 def run(job: Retrofit, prepared: Any, db: dbm.Database, db_path: Path, *, progress: Any = True,
         log: Callable[[str], None] = print, variant: str | None = None) -> Any:
     """Convert and train the retrofitted run (resume it when it has a checkpoint; skip it when done)."""
-    from benchctl.core import checkpoint as ckpt
-    from benchctl.stages.train.engine import train_run
-
     if job.parent.get("data_fingerprint") and job.parent["data_fingerprint"] != prepared.fingerprint:
         raise ConfigError(f"--from {job.parent['id']}: the parent was trained on other data "
                           f"({job.parent['data_fingerprint']}, here {prepared.fingerprint}); its tokenizer would not fit")
@@ -186,5 +165,5 @@ def run(job: Retrofit, prepared: Any, db: dbm.Database, db_path: Path, *, progre
     state = None if started else convert(job, db_path)
     values = {"parent_run_id": job.parent["id"], "init_method": job.method,
               "parent_tokens": job.parent.get("tokens_seen"), "parent_flops": parent_flops(db, job.parent)}
-    return train_run(job.cfg, prepared, db, db_path, progress=progress, log=log, init_state=state, run_values=values,
-                     variant=variant)
+    return train_engine.train_run(job.cfg, prepared, db, db_path, progress=progress, log=log, init_state=state,
+                                  run_values=values, variant=variant)

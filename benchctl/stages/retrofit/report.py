@@ -13,10 +13,14 @@ from __future__ import annotations
 from typing import Any
 
 import pandas as pd
+import torch
 
+import architectures
+from benchctl.core.config import RunConfig
 from benchctl.report.figures import _figure, _style, tick
 from benchctl.report.fmt import fnum, md_table, missing
 from benchctl.report.frames import Frames
+from benchctl.stages.train import curriculum
 
 FIGURE = "retrofit_loss_flops.png"
 
@@ -30,12 +34,6 @@ def _is_retrofit(runs: pd.DataFrame) -> pd.Series:
 def _flops_at(config_json: str, steps: list[int]) -> list[float]:
     """Training FLOPs spent after each of `steps` optimizer steps of a run with this config (the depth curriculum's
     actual depths included), counted on a model built on the meta device (no memory, no weights)."""
-    import torch
-
-    import architectures
-    from benchctl.stages.train import curriculum
-    from benchctl.core.config import RunConfig
-
     cfg = RunConfig.from_json(config_json)
     with torch.device("meta"):
         model = architectures.build(cfg.arch, cfg.model)

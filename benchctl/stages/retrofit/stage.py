@@ -13,14 +13,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from benchctl import plans
+from benchctl.stages.train import tables as train_tables
+from benchctl.core.config import run_id
+from benchctl.core.errors import BenchctlError
+from benchctl.stages import Stage, StudyRun, TrainAllResult
+from benchctl.stages.retrofit import engine as rf
 from benchctl.stages.retrofit.report import FIGURE, retrofit_section
-from benchctl.stages import Stage, StudyRun
+from benchctl.stages.train.sweep import confirm_long_run
 
 
 def run(study: StudyRun) -> None:
-    from benchctl import plans
-    from benchctl.study import TrainAllResult
-
     opts = study.opts
     convs = [] if study.plan is None else plans.conversions(study.plan, opts.preset, list(opts.seeds or [0]),
                                                             opts.overrides, opts.archs)
@@ -42,10 +45,6 @@ def run(study: StudyRun) -> None:
 def _jobs(study: StudyRun, convs: list[Any]) -> list[tuple[Any, Any]]:
     """Each conversion with its parent's finished run attached; one whose parent did not finish training is a
     failure of its own (the study goes on and reports it), since there are no weights to convert."""
-    from benchctl.stages.train import tables as train_tables
-    from benchctl.stages.retrofit import engine as rf
-    from benchctl.core.config import run_id
-
     fingerprint = study.prepared.fingerprint
     out = []
     for conv in convs:
@@ -64,22 +63,12 @@ def _jobs(study: StudyRun, convs: list[Any]) -> list[tuple[Any, Any]]:
 
 def _confirm(study: StudyRun, jobs: list[Any]) -> None:
     """Ask before long healing as the train stage asks before long training (only the runs not done yet count)."""
-    from benchctl.stages.train import tables as train_tables
-    from benchctl.core.config import run_id
-    from benchctl.study import confirm_long_run
-
     fingerprint = study.prepared.fingerprint
-    todo = [j.cfg for j in jobs
-            if (train_tables.get_run(study.db, run_id(j.cfg, fingerprint)) or {}).get("status") != "done"]
+    todo = [j.cfg for j in jobs if (train_tables.get_run(study.db, run_id(j.cfg, fingerprint)) or {}).get("status") != "done"]
     confirm_long_run(todo, study.prepared, yes=study.opts.yes, log=study.log, confirm=study.confirm)
 
 
 def _convert_and_train(study: StudyRun, conv: Any, job: Any) -> None:
-    from benchctl.stages.train import tables as train_tables
-    from benchctl.stages.retrofit import engine as rf
-    from benchctl.core.config import run_id
-    from benchctl.core.errors import BenchctlError
-
     opts, trained = study.opts, study.trained
     rid = run_id(job.cfg, study.prepared.fingerprint)
     try:

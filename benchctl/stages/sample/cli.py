@@ -12,24 +12,28 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from benchctl.stages.sample import engine as smp
-from benchctl.cli import DbOpt, app, console, split_list
+from benchctl.core.progress import Progress
+from benchctl.stages.cli import DbOpt, console, db_path_of, split_list
+from benchctl.stages import RunSelection
+from benchctl.stages.sample import options as opt
+
+app = typer.Typer()
 
 
 @app.command()
 def sample(
-    n_prompts: Annotated[int, typer.Option("--n-prompts", help="Story beginnings per model.")] = smp.DEFAULT_N_PROMPTS,
+    n_prompts: Annotated[int, typer.Option("--n-prompts", help="Story beginnings per model.")] = opt.DEFAULT_N_PROMPTS,
     temperature: Annotated[
         float, typer.Option("--temperature", help="Sampling temperature (0 = greedy).")
-    ] = smp.DEFAULT_TEMPERATURE,
-    top_k: Annotated[int, typer.Option("--top-k", help="Keep the k most likely tokens (0 = off).")] = smp.DEFAULT_TOP_K,
+    ] = opt.DEFAULT_TEMPERATURE,
+    top_k: Annotated[int, typer.Option("--top-k", help="Keep the k most likely tokens (0 = off).")] = opt.DEFAULT_TOP_K,
     top_p: Annotated[
         Optional[float], typer.Option("--top-p", help="Nucleus sampling: keep the smallest set with this mass.")
     ] = None,
     max_new_tokens: Annotated[
         int, typer.Option("--max-new-tokens", help="Token limit of a completion.")
-    ] = smp.DEFAULT_MAX_NEW_TOKENS,
-    seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = smp.DEFAULT_SEED,
+    ] = opt.DEFAULT_MAX_NEW_TOKENS,
+    seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = opt.DEFAULT_SEED,
     runs: Annotated[Optional[str], typer.Option("--runs", help="Only these run ids (comma list).")] = None,
     archs: Annotated[Optional[str], typer.Option("--archs", help="Only these architectures (comma list).")] = None,
     preset: Annotated[Optional[str], typer.Option("--preset", "-p", help="Only runs of this preset.")] = None,
@@ -43,10 +47,10 @@ def sample(
     exit_rule: Annotated[Optional[str], typer.Option(
         "--exit", help="Per-token adaptive exit: kl (next-token distributions) or latent (state change).")] = None,
     threshold: Annotated[Optional[float], typer.Option(
-        "--threshold", help=f"Exit threshold (default {smp.DEFAULT_EXIT_THRESHOLD:g}).")] = None,
+        "--threshold", help=f"Exit threshold (default {opt.DEFAULT_EXIT_THRESHOLD:g}).")] = None,
     batch_size: Annotated[
         int, typer.Option("--batch-size", help="Prompts generated together (recorded: it fixes three-part's noise).")
-    ] = smp.DEFAULT_BATCH_SIZE,
+    ] = opt.DEFAULT_BATCH_SIZE,
     device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda, cuda:N or mps.")] = "auto",
     jobs: Annotated[str, typer.Option(
         "--jobs", "-j", help="Runs sampled at once, each share in its own process with its share of the cores: a "
@@ -55,20 +59,19 @@ def sample(
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a live progress bar.")] = True,
 ) -> None:
     """Complete the same story beginnings with every finished run; rerunning with the same settings adds nothing."""
+    # torch, and sqlite_utils with pandas: kept out of 'benchctl --help'
     from benchctl import stages
-    from benchctl.cli import db_path_of
-    from benchctl.core.progress import Progress
+    from benchctl.stages.sample import engine as smp
 
-    path = db_path_of(db)
-    handle = stages.connect(path, create=False)
-    reporter = Progress(enabled=progress, console=console)
-    s = smp.sample_all(
-        handle, path, n_prompts=n_prompts, temperature=temperature, top_k=top_k, top_p=top_p,
-        max_new_tokens=max_new_tokens, seed=seed, n_recur=n_recur, run_ids=split_list(runs),
-        archs=split_list(archs), preset=preset, device=device, batch_size=batch_size, progress=reporter,
-        extrapolate=extrapolate, exit_rule=exit_rule, exit_threshold=threshold,
+    opts = opt.SampleOptions(
+        select=RunSelection(run_ids=split_list(runs), archs=split_list(archs), preset=preset), n_prompts=n_prompts,
+        temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed, n_recur=n_recur,
+        batch_size=batch_size, extrapolate=extrapolate, exit_rule=exit_rule, exit_threshold=threshold, device=device,
         jobs=jobs,
     )
+    path = db_path_of(db)
+    handle = stages.connect(path, create=False)
+    s = smp.sample_all(handle, path, opts, progress=Progress(enabled=progress, console=console))
     t = Table(title=f"samples — prompt set {', '.join(s.prompt_sets)}, settings {s.settings_hash}",
               title_justify="left", box=box.SIMPLE_HEAD)
     exiting = s.settings.exit_rule is not None

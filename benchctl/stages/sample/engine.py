@@ -58,37 +58,32 @@ import json
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import torch
+
+import architectures
+from architectures.base import ExitRule
+from architectures.generate import Generation, generate
+from benchctl.core import checkpoint, data
 from benchctl.core import db as dbm
 from benchctl.stages.sample import tables as sample_tables
 from benchctl.stages.train import tables as train_tables
+from benchctl.core.config import RunConfig
+from benchctl.core.data import Tokenizer
 from benchctl.core.errors import ConfigError, DataError, EvalError
 from benchctl.core.progress import Progress, as_progress, silent
-
-if TYPE_CHECKING:  # torch is imported where used: the CLI starts without paying its import time
-    import torch
-
-    from architectures.generate import Generation
+from benchctl.core.runtime import precision, resolve_device
+from benchctl.stages import RunSelection
+from benchctl.stages.sample.options import DEFAULT_TEMPERATURE, SampleOptions
+from benchctl.stages.train.executors.local import in_shares
 
 RULE = "opening-sentences-v1"
 MIN_PROMPT_WORDS = 16
 MAX_PROMPT_WORDS = 60
 MIN_CONTINUATION_WORDS = 24
-SAMPLER = "benchctl-sample-v1"  # bump when the generation procedure changes what a given seed produces
-
-# Defaults, recorded with every sample. temperature 1.0 / top-k 300: llama2.c's sample.py. 256 new tokens: run.c's
-# default length, and enough for ~85% of TinyStories validation continuations (median ~160 tokens at vocab 4096)
-# to end by themselves. 50 prompts per model: the study's scale for a judged comparison.
-DEFAULT_N_PROMPTS = 50
-DEFAULT_TEMPERATURE = 1.0
-DEFAULT_TOP_K = 300
-DEFAULT_MAX_NEW_TOKENS = 256
-DEFAULT_SEED = 0
-DEFAULT_BATCH_SIZE = 64
-DEFAULT_EXIT_THRESHOLD = 5e-4  # Huginn's default for its KL exit
 
 BOS_ID, EOS_ID = 1, 2  # the ids data.tokenizer_spec fixes; a story ends with BOS (see the module docstring)
 
@@ -187,75 +182,6 @@ def store_prompt_set(db, pset: PromptSet) -> int:
     ])
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Settings
-
-
-@dataclass(frozen=True, kw_only=True)
-class SampleSettings:
-    """Everything that decides what a sample is, besides the run and the prompt."""
-
-    temperature: float = DEFAULT_TEMPERATURE
-    top_k: int | None = DEFAULT_TOP_K  # None (or 0) = no top-k filter
-    top_p: float | None = None  # None = no nucleus filter
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
-    seed: int = DEFAULT_SEED
-    n_recur: int | None = None  # None = each run's trained recurrence
-    batch_size: int = DEFAULT_BATCH_SIZE
-    extrapolate: str | None = None  # None = each architecture's default rule past the trained depth
-    exit_rule: str | None = None  # kl | latent: per-token adaptive exit, n_recur = maximum depth
-    exit_threshold: float | None = None  # None with an exit rule = DEFAULT_EXIT_THRESHOLD
-
-    def __post_init__(self) -> None:
-        if self.exit_rule is not None and self.exit_threshold is None:
-            object.__setattr__(self, "exit_threshold", DEFAULT_EXIT_THRESHOLD)
-        if self.top_k == 0:
-            object.__setattr__(self, "top_k", None)
-        if not (self.temperature >= 0 and self.temperature < float("inf")):
-            raise ConfigError(f"--temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if self.top_k is not None and self.top_k < 0:
-            raise ConfigError(f"--top-k must be >= 1 (or 0 for no top-k filter), got {self.top_k}")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise ConfigError(f"--top-p must be in (0, 1], got {self.top_p}")
-        if self.max_new_tokens < 1:
-            raise ConfigError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
-        if self.seed < 0:
-            raise ConfigError(f"--seed must be >= 0, got {self.seed}")
-        if self.batch_size < 1:
-            raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
-        if self.n_recur is not None and self.n_recur < 1:
-            raise EvalError(f"--n-recur must be >= 1, got {self.n_recur}")
-        if self.exit_rule is not None and self.exit_rule not in ("kl", "latent"):
-            raise ConfigError(f"--exit: unknown rule '{self.exit_rule}'; choose kl or latent")
-        if self.exit_threshold is not None and self.exit_rule is None:
-            raise ConfigError("--threshold needs --exit kl or --exit latent")
-        if self.exit_threshold is not None and not self.exit_threshold >= 0:
-            raise ConfigError(f"--threshold must be >= 0, got {self.exit_threshold}")
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        for k in ("extrapolate", "exit_rule", "exit_threshold"):  # only when set: default samples keep their hash
-            if d[k] is None:
-                del d[k]
-        return {**d, "stop": "bos,eos", "sampler": SAMPLER}
-
-    @property
-    def exit(self) -> Any:
-        """The generation routine's ExitRule, or None."""
-        if self.exit_rule is None:
-            return None
-        from architectures.base import ExitRule
-
-        return ExitRule(self.exit_rule, float(self.exit_threshold))
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True)
-
-    @property
-    def hash(self) -> str:
-        return hashlib.sha256(self.to_json().encode()).hexdigest()[:12]
-
-
 def sample_id(run_id: str, prompt_id: str, settings_hash: str) -> str:
     return hashlib.sha256(f"{run_id}|{prompt_id}|{settings_hash}".encode()).hexdigest()[:20]
 
@@ -275,15 +201,6 @@ def batch_seed(seed: int, prompt_idxs: Sequence[int]) -> int:
 
 # --------------------------------------------------------------------------------------------------------------------
 # Generation
-
-
-def __getattr__(name: str) -> Any:
-    """`Generation` lives with the zoo's generation routine; it is imported on first use, like torch."""
-    if name == "Generation":
-        from architectures.generate import Generation
-
-        return Generation
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def generate_batch(
@@ -307,11 +224,16 @@ def generate_batch(
     end-of-story ids BOS and EOS) or after `max_new_tokens` new tokens. `extrapolate` and `exit` (an ExitRule) are
     the test-time depth options of `architectures.generate.generate`.
     """
-    from architectures.generate import generate
-
     return generate(model, prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                     top_p=top_p, stop_ids=stop_ids, n_recur=n_recur, generators=generators,
                     extrapolate=extrapolate, exit=exit)
+
+
+def exit_rule(settings: SampleOptions) -> ExitRule | None:
+    """The generation routine's per-token exit for these options, or None."""
+    if settings.exit_rule is None:
+        return None
+    return ExitRule(settings.exit_rule, float(settings.exit_threshold))
 
 
 def decode_completion(tok, prompt_ids: Sequence[int], new_ids: Sequence[int]) -> str:
@@ -330,20 +252,14 @@ def decode_completion(tok, prompt_ids: Sequence[int], new_ids: Sequence[int]) ->
 # Runs and the pipeline
 
 
-def select_runs(
-    db, *, run_ids: Sequence[str] | None = None, archs: Sequence[str] | None = None, preset: str | None = None
-) -> list[dict[str, Any]]:
+def select_runs(db, select: RunSelection) -> list[dict[str, Any]]:
     """The finished runs to sample, in architecture order then seed; clear errors for unknown or unfinished ones."""
-    return train_tables.finished_runs(db, run_ids=run_ids, archs=archs, preset=preset, purpose="to sample")
+    return train_tables.finished_runs(db, run_ids=select.run_ids, archs=select.archs, preset=select.preset, purpose="to sample")
 
 
-def _check_n_recur(row: dict[str, Any], cfg, settings: SampleSettings) -> tuple[int, str | None]:
+def _check_n_recur(row: dict[str, Any], cfg, settings: SampleOptions) -> tuple[int, str | None]:
     """(recurrence, extrapolation rule applied or None) this run will sample with; an impossible setting is an
     EvalError, before any work."""
-    import torch
-
-    import architectures
-
     n_recur = settings.n_recur
     with torch.device("meta"):  # no weights needed to ask the architecture what it can run
         model = architectures.build(cfg.arch, cfg.model)
@@ -401,7 +317,7 @@ class RunSamples:
 
 @dataclass
 class SampleSummary:
-    settings: SampleSettings
+    settings: SampleOptions  # the options sampled with (their `to_dict` is what each sample records)
     settings_hash: str
     device: str
     prompt_sets: list[str]
@@ -422,12 +338,9 @@ class SampleSummary:
         return sum(r.new_tokens for r in self.runs) / secs if secs > 0 else None
 
 
-def plan(db, rows: list[dict[str, Any]], settings: SampleSettings, n_prompts: int, *, progress: bool = False
+def plan(db, rows: list[dict[str, Any]], settings: SampleOptions, n_prompts: int, *, progress: bool = False
          ) -> list[RunPlan]:
     """Prompt sets (stored), resolved recurrences and missing batches for every run — all checks before any work."""
-    from benchctl.core import data
-    from benchctl.core.config import RunConfig
-
     prepared_by_key: dict[str, Any] = {}
     psets: dict[str, PromptSet] = {}
     plans = []
@@ -459,18 +372,11 @@ def plan(db, rows: list[dict[str, Any]], settings: SampleSettings, n_prompts: in
 
 
 def sample_run(
-    db, db_path: Path, p: RunPlan, settings: SampleSettings, device: torch.device, result: RunSamples,
+    db, db_path: Path, p: RunPlan, settings: SampleOptions, device: torch.device, result: RunSamples,
     on_batch: Callable[[int], None] = lambda n: None,
 ) -> None:
     """Generate and store the missing batches of one run, one transaction per batch."""
-    import torch
-
-    from benchctl.core import checkpoint
-    from benchctl.core.data import Tokenizer
-
     run_id = p.row["id"]
-    from benchctl.core.runtime import precision
-
     model, cfg, tok_path = checkpoint.load_model(checkpoint.run_dir(db_path, run_id) / checkpoint.CKPT_NAME, device)
     model.float()
     prec = precision(cfg, device)
@@ -492,7 +398,7 @@ def sample_run(
             outs = generate_batch(
                 model, encoded, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
                 top_k=settings.top_k, top_p=settings.top_p, stop_ids=stop_ids, n_recur=p.n_recur, generators=gens,
-                extrapolate=p.extrapolate, exit=settings.exit,
+                extrapolate=p.extrapolate, exit=exit_rule(settings),
             )
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -517,59 +423,23 @@ def sample_run(
         on_batch(len(batch))
 
 
-def sample_all(
-    db,
-    db_path: str | Path,
-    *,
-    n_prompts: int = DEFAULT_N_PROMPTS,
-    temperature: float = DEFAULT_TEMPERATURE,
-    top_k: int | None = DEFAULT_TOP_K,
-    top_p: float | None = None,
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-    seed: int = DEFAULT_SEED,
-    n_recur: int | None = None,
-    run_ids: Sequence[str] | None = None,
-    archs: Sequence[str] | None = None,
-    preset: str | None = None,
-    device: str = "auto",
-    batch_size: int = DEFAULT_BATCH_SIZE,
-    progress: bool | Progress = True,
-    extrapolate: str | None = None,
-    exit_rule: str | None = None,
-    exit_threshold: float | None = None,
-    jobs: int | str = 1,
-) -> SampleSummary:
-    """Complete the prompt set with every selected finished run; stored samples are skipped. See the docstring.
+def sample_all(db, db_path: str | Path, opts: SampleOptions, *, progress: bool | Progress = True) -> SampleSummary:
+    """Complete the prompt set with every finished run `opts` selects; stored samples are skipped. See the docstring.
 
     `progress`: a `Progress` to report on (one task over every sample to generate), or True / False for a default
-    reporter / none. `jobs` (a number or "auto", as for training): runs sampled at once, each share of the runs in its
-    own process with its share of the cores; a sample does not depend on which process drew it (every batch seeds
-    its own generators)."""
-    from benchctl.core.runtime import resolve_device
-
+    reporter / none. `opts.jobs` (a number or "auto", as for training): runs sampled at once, each share of the runs
+    in its own process with its share of the cores; a sample does not depend on which process drew it (every batch
+    seeds its own generators)."""
     reporter = as_progress(progress)
-    settings = SampleSettings(temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens,
-                              seed=seed, n_recur=n_recur, batch_size=batch_size, extrapolate=extrapolate,
-                              exit_rule=exit_rule, exit_threshold=exit_threshold)
-    if n_prompts < 1:
-        raise ConfigError(f"--n-prompts must be >= 1, got {n_prompts}")
-    from benchctl.stages.train.executors import parse_jobs
-
-    parse_jobs(jobs)  # a bad --jobs fails before any work
-    dev = resolve_device(device, option="--device")
-    rows = select_runs(db, run_ids=run_ids, archs=archs, preset=preset)
-    plans = plan(db, rows, settings, n_prompts, progress=reporter.enabled)
+    settings = opts  # the options' sample settings (`to_dict`, `hash`) are what every sample records
+    dev = resolve_device(opts.device, option="--device")
+    rows = select_runs(db, opts.select)
+    plans = plan(db, rows, settings, opts.n_prompts, progress=reporter.enabled)
     summary = SampleSummary(settings, settings.hash, dev.type, sorted({p.pset.id for p in plans}))
-    knobs = {"n_prompts": n_prompts, "temperature": temperature, "top_k": top_k, "top_p": top_p,
-             "max_new_tokens": max_new_tokens, "seed": seed, "n_recur": n_recur, "device": device,
-             "batch_size": batch_size, "extrapolate": extrapolate, "exit_rule": exit_rule,
-             "exit_threshold": exit_threshold}
-    elsewhere = _sample_in_jobs(db_path, plans, jobs, device, reporter, knobs)
+    elsewhere = _sample_in_jobs(db_path, plans, opts, reporter)
     plans_here = [p for p in plans if p.row["id"] not in elsewhere]
     total = sum(len(b) for p in plans_here for b in p.batches)
     bar = reporter.task("sampling", total=total, **{"tok/s": "-"}) if total else silent().task("sampling")
-    import torch
-
     cuda_ids = [dev.index if dev.index is not None else torch.cuda.current_device()] if dev.type == "cuda" else []
     # Model building and the per-batch seeding use the global RNG: keep the caller's streams untouched.
     with torch.random.fork_rng(devices=cuda_ids), bar:
@@ -583,24 +453,23 @@ def sample_all(
                 sample_run(db, Path(db_path), p, settings, dev, res,
                            on_batch=lambda n, label=label, res=res: bar.update(
                                advance=n, description=label, **{"tok/s": _rate(res.tokens_per_s)}))
-            res.n_samples, res.mean_tokens, res.eos_share = sample_tables.sample_stats(db, r["id"], p.pset.id,
-                                                                                       settings.hash)
+            res.n_samples, res.mean_tokens, res.eos_share = sample_tables.sample_stats(db, r["id"], p.pset.id, settings.hash)
             res.mean_depth = sample_tables.sample_mean_depth(db, r["id"], p.pset.id, settings.hash)
     summary.example = _example(db, plans[0], settings)
     return summary
 
 
-def _sample_in_jobs(db_path: str | Path, plans: list[RunPlan], jobs: int | str, device: str, reporter: Progress,
-                    knobs: dict[str, Any]) -> dict[str, RunSamples]:
+def _sample_in_jobs(db_path: str | Path, plans: list[RunPlan], opts: SampleOptions,
+                    reporter: Progress) -> dict[str, RunSamples]:
     """With more than one job, the runs that have samples to generate, split into that many shares of about equal
-    work, each sampled by `sample_all` in its own process (benchctl.stages.train.executors.local.in_shares): run id -> what
-    its process did. Empty when everything runs here."""
-    from benchctl.stages.train.executors.local import in_shares
-
+    work, each sampled by `sample_all` in its own process (benchctl.stages.train.executors.local.in_shares): run id ->
+    what its process did. Empty when everything runs here."""
     busy = [p for p in plans if p.batches]
     work = [sum(len(b) for b in p.batches) * float(p.row.get("flops_per_token") or 1.0) * p.n_recur for p in busy]
-    summaries = in_shares(sample_all, [p.row["id"] for p in busy], work, knobs, jobs=jobs, db_path=Path(db_path),
-                          device_spec=device, progress=reporter, log=reporter.log, what="sampling")
+    summaries = in_shares(sample_all, [p.row["id"] for p in busy], work,
+                          lambda ids: {"opts": replace(opts, select=RunSelection(run_ids=ids), jobs=1)},
+                          jobs=opts.jobs, db_path=Path(db_path), device_spec=opts.device, progress=reporter,
+                          log=reporter.log, what="sampling")
     if summaries is None:
         return {}
     return {r.run_id: r for s in summaries for r in s.runs}
@@ -610,7 +479,7 @@ def _rate(tokens_per_s: float | None) -> str:
     return f"{tokens_per_s:,.0f}" if tokens_per_s else "-"
 
 
-def _example(db, first: RunPlan, settings: SampleSettings) -> dict[str, Any] | None:
+def _example(db, first: RunPlan, settings: SampleOptions) -> dict[str, Any] | None:
     """The first run's completion of the first prompt, for the closing output."""
     ex = sample_tables.first_sample(db, first.row["id"], settings.hash, first.pset.id)
     if ex is None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from benchctl.stages import Stage, StudyRun
+from benchctl.stages import RunSelection, Stage, StudyRun
+from benchctl.stages.sample import engine as sample
+from benchctl.stages.sample.options import DEFAULT_N_PROMPTS, SampleOptions
 from benchctl.stages.sample.tables import TABLES
 
 
@@ -11,12 +13,10 @@ def run(study: StudyRun) -> None:
     if study.skips("sample") or not ids:
         study.say("skipped" + ("" if ids else " (no finished runs)"))
         return
-    from benchctl.stages.sample import engine as sample
-
     study.say("story completions from the fixed prompt set")
-    kw = {"n_prompts": study.opts.n_prompts} if study.opts.n_prompts else {}
-    s = sample.sample_all(study.db, study.opts.db_path, run_ids=ids, progress=study.opts.progress,
-                          jobs=study.opts.jobs, **kw)
+    opts = SampleOptions(select=RunSelection(run_ids=ids), n_prompts=study.opts.n_prompts or DEFAULT_N_PROMPTS,
+                         jobs=study.opts.jobs)
+    s = sample.sample_all(study.db, study.opts.db_path, opts, progress=study.opts.progress)
     study.log(f"   {s.generated} new sample(s), {s.skipped} already stored")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -9,22 +10,27 @@ import typer
 from rich import box
 from rich.table import Table
 
-import architectures
-from benchctl.cli import (
+from benchctl import plans
+from benchctl.core.config import make_config, run_id
+from benchctl.core.errors import BenchctlError
+from benchctl.stages.cli import (
     DataOpt,
     DbOpt,
     PresetOpt,
     ProgressOpt,
     SetOpt,
     YesOpt,
-    app,
     console,
     db_path_of,
     make_progress,
     overrides_with_data,
     parse_seeds,
     split_list,
+    terminal_confirm,
 )
+from benchctl.stages.train.options import TrainOptions
+
+app = typer.Typer()
 
 
 JobsOpt = Annotated[str, typer.Option(
@@ -39,16 +45,10 @@ RunsDirOpt = Annotated[Optional[Path], typer.Option(
     "path (default: runs/ beside results.db).")]
 
 
-def execution_of(jobs: str, executor: str, ray_address: str | None, runs_dir: Path | None):
-    """The executors.Execution the options name (validated: a bad value is one clear error)."""
-    from benchctl.stages.train.executors import Execution
-
-    return Execution(executor=executor, jobs=jobs, ray_address=ray_address, runs_dir=runs_dir)
-
-
 def prepare_for(cfg, progress: bool):
     """Run `prepare` on demand (instant when cached). Under torchrun, rank 0 prepares first, then the others read.
     Preparation messages go to stderr, as they always have, so stdout carries only the command's results."""
+    # torch: kept out of 'benchctl --help'
     from benchctl.core import data
     from benchctl.core.runtime import Dist, init_distributed, main_first, resolve_device
 
@@ -61,7 +61,8 @@ def prepare_for(cfg, progress: bool):
 
 @app.command()
 def train(
-    arch: Annotated[str, typer.Option("--arch", "-a", help=f"Architecture: {', '.join(architectures.names())}.")],
+    arch: Annotated[str, typer.Option(
+        "--arch", "-a", help="Architecture: a registered one, e.g. control ('benchctl params' lists them all).")],
     preset: PresetOpt = "paper",
     seed: Annotated[int, typer.Option("--seed", help="Training seed (weights, batches).")] = 0,
     set_: SetOpt = None,
@@ -71,13 +72,12 @@ def train(
     progress: ProgressOpt = True,
 ) -> None:
     """Train one architecture (resumes an interrupted run; skips a finished one). Works under torchrun for DDP."""
+    # torch, and sqlite_utils with pandas: kept out of 'benchctl --help'
     from benchctl import stages
     from benchctl.stages.train import tables as train_tables
-    from benchctl.commands.confirm import terminal_confirm
-    from benchctl.core.config import make_config
     from benchctl.core.runtime import Dist, decide_on_main
-    from benchctl.study import confirm_long_run
     from benchctl.stages.train.engine import train_run
+    from benchctl.stages.train.sweep import confirm_long_run
 
     cfg = make_config(preset, arch, seed, overrides_with_data(set_, data))
     dist_info = Dist.from_env()
@@ -88,8 +88,6 @@ def train(
 
     def confirm_on_main() -> None:
         """Rank 0 asks; under torchrun its answer (go on, or the abort) is every rank's."""
-        from benchctl.core.config import run_id
-
         row = train_tables.get_run(handle, run_id(cfg, prepared.fingerprint))
         if row is None or row["status"] != "done":
             confirm_long_run([cfg], prepared, yes=yes, log=log, confirm=terminal_confirm())
@@ -125,29 +123,27 @@ def train_all(
 ) -> None:
     """Train every (architecture, seed) pair, or every (variant, seed) of a --plan, skipping finished runs and
     resuming interrupted ones."""
+    opts = TrainOptions(yes=yes, jobs=jobs, executor=executor, ray_address=ray_address, runs_dir=runs_dir)
+    # torch, and sqlite_utils with pandas: kept out of 'benchctl --help'
     from benchctl import stages
     from benchctl.stages.train import tables as train_tables
-    from benchctl import study
-    from benchctl.commands.confirm import terminal_confirm
-    from benchctl.core.errors import BenchctlError
-
     from benchctl.core.runtime import Dist
+    from benchctl.stages.train import sweep
 
-    execution = execution_of(jobs, executor, ray_address, runs_dir)
     overrides = overrides_with_data(set_, data)
     plan_, variants = None, None
     if plan is None:
-        cfgs = study.sweep(preset or "paper", split_list(archs), parse_seeds(seeds), overrides)
+        cfgs = sweep.sweep(preset or "paper", split_list(archs), parse_seeds(seeds), overrides)
     else:
-        plan_, _, planned = study.planned_runs(plan, preset, split_list(archs), parse_seeds(seeds), overrides)
+        plan_, _, planned = plans.planned_runs(plan, preset, split_list(archs), parse_seeds(seeds), overrides)
         cfgs, variants = [r.cfg for r in planned], [r.variant for r in planned]
         if converted := [v.name for v in plan_.variants if v.parent is not None]:  # they need their parents trained
             console.print(f"plan {plan_.name}: conversions {', '.join(converted)} are made by 'benchctl study'")
     prepared = prepare_for(cfgs[0], progress)
     path = db_path_of(db)
     is_main = Dist.from_env().is_main  # under torchrun every rank trains each run; rank 0 alone reports
-    res = study.train_all(cfgs, prepared, path, progress=progress, log=console.print if is_main else _quiet,
-                          yes=yes, confirm=terminal_confirm(), variants=variants, plan=plan_, execution=execution)
+    res = sweep.train_all(cfgs, prepared, path, opts, progress=progress, log=console.print if is_main else _quiet,
+                          confirm=terminal_confirm(), variants=variants, plan=plan_)
     if not is_main:
         return
     handle = stages.connect(path)
@@ -226,8 +222,7 @@ def runs(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """List the runs in results.db."""
-    import json
-
+    # sqlite_utils loads pandas: kept out of 'benchctl --help'
     from benchctl import stages
     from benchctl.stages.train import tables as train_tables
 

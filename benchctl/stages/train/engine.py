@@ -22,6 +22,7 @@ import math
 import os
 import random
 import shutil
+import socket
 import statistics
 import time
 from contextlib import nullcontext
@@ -31,9 +32,12 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 import architectures
+from benchctl.core import accounting
 from benchctl.core import checkpoint as ckpt
 from benchctl.stages.train import curriculum
 from benchctl.core import db as dbm
@@ -41,6 +45,7 @@ from benchctl.stages.train import tables as train_tables
 from benchctl.stages.train import tblog
 from benchctl.core import telemetry
 from benchctl.core.config import RunConfig, run_id
+from benchctl.core.data import WindowSampler, val_windows
 from benchctl.core.errors import BenchctlError, ConfigError
 from benchctl.stages.train.optim import make_optimizer  # noqa: F401  (re-exported: bench and older imports find it here)
 from benchctl.core.progress import Progress
@@ -102,8 +107,6 @@ def evaluate(
             total[0] += loss.double() * y.numel()
             total[1] += y.numel()
     if dist_info.enabled:
-        import torch.distributed as dist
-
         dist.all_reduce(total)
     model.train(was_training)
     return float(total[0] / total[1])
@@ -257,8 +260,6 @@ class _Trainer:
                                        curriculum.enabled(cfg), cfg.arch)
         self.optimizer = make_optimizer(self.model, cfg, self.device)
 
-        from benchctl.core.data import WindowSampler, val_windows
-
         self.sampler = WindowSampler(prepared.train_tokens(), cfg.model.max_seq_len, cfg.train.batch_size,
                                      seed=cfg.seed, rank=dist_info.rank, world_size=dist_info.world_size)
         self.windows = val_windows(prepared.valid_tokens(), cfg.model.max_seq_len, cfg.eval.val_windows,
@@ -359,8 +360,6 @@ class _Trainer:
         """DDP around the model, then torch.compile around that (compiling inside DDP would hide the gradient
         buckets from DDP's communication hooks, which compile then splits the graph around)."""
         if self.dist.enabled:
-            from torch.nn.parallel import DistributedDataParallel as DDP
-
             device_ids = [self.device.index] if self.device.type == "cuda" else None
             self.train_model = DDP(self.model, device_ids=device_ids)
         if self.compile.on:
@@ -448,8 +447,6 @@ class _Trainer:
     def _log_step(self, task: Any, loss_sum: torch.Tensor, grad_norm: torch.Tensor | None, lr: float) -> None:
         train_loss = float(loss_sum)
         if self.dist.enabled:
-            import torch.distributed as dist
-
             ls = loss_sum.clone()
             dist.all_reduce(ls)
             train_loss = float(ls) / self.dist.world_size
@@ -556,8 +553,6 @@ class _Trainer:
 
 
 def _hostname() -> str:
-    import socket
-
     return socket.gethostname()
 
 
@@ -582,6 +577,4 @@ def estimate_seconds(cfgs: list[RunConfig], prepared: Any) -> float:
             telemetry.sync(device)
             times.append(time.perf_counter() - t0)
         per_flop = min(times) / (model.flops_per_token() * x.numel())
-    from benchctl.stages.train.executors import training_flops
-
-    return sum(per_flop * training_flops(c) for c in cfgs)
+    return sum(per_flop * accounting.training_flops(c) for c in cfgs)

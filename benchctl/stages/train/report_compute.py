@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from matplotlib.ticker import EngFormatter, LogLocator, NullFormatter
 
 from benchctl.core import stats
-from benchctl.report.context import CONTROL, Context, model_keys
+from benchctl.report.context import ARCH_COLOURS, CONTROL, Context, model_keys
 from benchctl.report.figures import _figure, _style, _title, tick
 from benchctl.report.fmt import fint, fnum, md_table
 from benchctl.report.frames import Frames, accounting_frame, curve_frame, vals
@@ -230,8 +231,6 @@ def _scatter_panel(ax: Any, ctx: Context, runs: pd.DataFrame, per: pd.DataFrame,
 def _log_x(ax: Any) -> None:
     """Log x labelled at 1, 2 and 5 times each power of ten in short engineering form (70k, 2M, 5G), so a range
     narrower than a decade still has labels and neighbouring labels never overlap."""
-    from matplotlib.ticker import EngFormatter, LogLocator, NullFormatter
-
     ax.set_xscale("log")
     ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     ax.xaxis.set_major_formatter(EngFormatter(sep=""))
@@ -284,8 +283,6 @@ def fig_loss_vs_params(ctx: Context, runs: pd.DataFrame, per: pd.DataFrame) -> A
 
 
 def fig_loss_vs_depth(ctx: Context, per: pd.DataFrame, fams: dict[str, list[str]]) -> Any:
-    from benchctl.report.context import ARCH_COLOURS
-
     with _style():
         fig = _figure(8.0, 5.0)
         ax = fig.add_subplot()
@@ -301,8 +298,6 @@ def fig_loss_vs_depth(ctx: Context, per: pd.DataFrame, fams: dict[str, list[str]
             for m, row in g.iterrows():
                 ax.annotate(m, (row["depth"], row["final"]), xytext=(4, 4), textcoords="offset points", fontsize=7.5,
                             color="#333333")
-        from matplotlib.ticker import NullFormatter
-
         ax.set_xscale("log", base=2)
         depths = sorted({float(d) for models in fams.values() for d in per.set_index("model").loc[models, "depth"]})
         ax.set_xticks(depths, _spaced_labels(depths))
@@ -320,8 +315,6 @@ def fig_loss_vs_depth(ctx: Context, per: pd.DataFrame, fams: dict[str, list[str]
 def _spaced_labels(ticks: list[float], min_log2_gap: float = 0.2) -> list[str]:
     """Tick labels on a log2 axis, blank where a tick sits too close to the previous labelled one (30 and 32 block
     applications would print as one unreadable '3032'); the point's own annotation still names it."""
-    import math
-
     out, last = [], -math.inf
     for t in ticks:
         x = math.log2(t) if t > 0 else -math.inf

@@ -6,6 +6,8 @@ differ in size or compute, loss against training compute, parameters and trainin
 
 from __future__ import annotations
 
+from benchctl.stages.train.options import TrainOptions
+from benchctl.stages.train.sweep import train_all
 from benchctl.stages.train.report_compute import compute_section, depth_section, params_section
 from benchctl.stages.train.report import cost_section, loss_section, models_section, runs_section
 from benchctl.stages.train.tables import TABLES
@@ -13,15 +15,14 @@ from benchctl.stages import Stage, StudyRun
 
 
 def run(study: StudyRun) -> None:
-    from benchctl.study import train_all
-
     opts, cfgs = study.opts, study.cfgs
     names = list(dict.fromkeys(study.variants or study.archs))
     plan = f"plan {study.plan.name}: " if study.plan is not None else ""
     study.say(f"{plan}{len(cfgs)} run(s) — {', '.join(names)} × seeds {sorted({c.seed for c in cfgs})}")
-    study.trained = train_all(cfgs, study.prepared, opts.db_path, progress=opts.progress, log=study.log,
-                              yes=opts.yes, confirm=study.confirm, variants=study.variants, plan=study.plan,
-                              execution=opts.execution())
+    train_opts = TrainOptions(yes=opts.yes, jobs=opts.jobs, executor=opts.executor, ray_address=opts.ray_address,
+                              runs_dir=opts.runs_dir)
+    study.trained = train_all(cfgs, study.prepared, opts.db_path, train_opts, progress=opts.progress, log=study.log,
+                              confirm=study.confirm, variants=study.variants, plan=study.plan)
 
 
 STAGE = Stage(

@@ -80,7 +80,7 @@ class TensorBoardMirror:
         if purge_step < 0:
             raise ValueError(f"purge_step must be >= 0, got {purge_step}")
         try:
-            from torch.utils.tensorboard import SummaryWriter
+            from torch.utils.tensorboard import SummaryWriter  # optional: pip install 'benchctl[tensorboard]'
         except ImportError:  # torch raises this when the tensorboard package is missing
             raise ConfigError("TensorBoard logging is on but the tensorboard package is not installed; "
                               "pip install tensorboard, or turn log.tensorboard / $BENCHCTL_TENSORBOARD off") from None

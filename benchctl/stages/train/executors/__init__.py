@@ -3,9 +3,9 @@ on this machine (`--jobs N`, benchctl.stages.train.executors.local), or as tasks
 benchctl.stages.train.executors.ray).
 
 Every executor gets the same list of `RunSpec`s and reports one `Outcome` per run, in the driver process, through a
-callback; the driver (benchctl.study.train_all) records plan membership and the summary. Training itself is always
-`benchctl.stages.train.engine.train_run`, so skipping finished runs and resuming interrupted ones from their last checkpoint work
-the same way everywhere.
+callback; the driver (benchctl.stages.train.sweep.train_all, which also picks the executor) records plan membership
+and the summary. Training itself is always `benchctl.stages.train.engine.train_run`, so skipping finished runs and
+resuming interrupted ones from their last checkpoint work the same way everywhere.
 
 Threads: a training process uses `threads` intra-op threads (torch, OpenMP, MKL), so N processes on C cores get
 C // N each. A small model gains little from a second thread, which is why `--jobs auto` on a CPU runs one job per
@@ -128,7 +128,7 @@ def plan_slots(jobs: int | str, n_runs: int, device_spec: str = "auto", *, cores
     one per GPU. On a CPU, 'auto' runs one per AUTO_THREADS_PER_RUN cores. Either way the cores are shared evenly."""
     cores = cpu_cores() if cores is None else cores
     if gpus is None:
-        import torch
+        import torch  # kept out of 'benchctl --help', which imports this module (the options it checks)
 
         gpus = torch.cuda.device_count() if device_spec in ("auto", "cuda") and torch.cuda.is_available() else 0
     jobs = parse_jobs(jobs)
@@ -137,28 +137,6 @@ def plan_slots(jobs: int | str, n_runs: int, device_spec: str = "auto", *, cores
     n = max(1, min(int(jobs), n_runs))
     visible = _visible_gpus(gpus) if gpus else None
     return Slots(jobs=n, threads=max(1, cores // n), gpus=visible)
-
-
-def training_flops(cfg: RunConfig) -> float:
-    """The FLOPs a run's training spends at its trained depth (forward and backward, every step): how much work it
-    is, for handing the longest runs out first. The model is built on the meta device (shapes only), once per
-    architecture and model config."""
-    import json
-    from dataclasses import asdict
-
-    key = json.dumps([cfg.arch, asdict(cfg.model)], sort_keys=True, default=str)
-    if key not in _FLOPS_PER_TOKEN:
-        import torch
-
-        import architectures
-
-        with torch.device("meta"):
-            model = architectures.build(cfg.arch, cfg.model)
-            _FLOPS_PER_TOKEN[key] = float(model.flops_per_token(cfg.model.max_seq_len))
-    return _FLOPS_PER_TOKEN[key] * cfg.tokens_per_step * cfg.train.max_steps
-
-
-_FLOPS_PER_TOKEN: dict[str, float] = {}  # training_flops' cache: (arch, model config) -> FLOPs per token
 
 
 def split_evenly(items: list[Any], weights: list[float], n: int) -> list[list[Any]]:
@@ -183,6 +161,7 @@ def _visible_gpus(count: int) -> tuple[str, ...]:
 def already_done(db: Any, db_path: Path, runs_dir: Path | None, run_id: str) -> bool:
     """results.db has the run as done and its checkpoint is there: no process needs to start for it (train_run
     would skip it the same way)."""
+    # torch (checkpoint), sqlite_utils with pandas: kept out of 'benchctl --help', which imports this module
     from benchctl.core import checkpoint as ckpt
     from benchctl.stages.train import tables as train_tables
 
@@ -194,7 +173,7 @@ def already_done(db: Any, db_path: Path, runs_dir: Path | None, run_id: str) -> 
 def link_run_dir(db_path: Path, runs_dir: Path | None, run_id: str) -> None:
     """A run trained under another runs dir is linked at `<db dir>/runs/<run id>`, where sample, eval and depth
     look for checkpoints, so the later stages find it without knowing where it was trained."""
-    from benchctl.core import checkpoint as ckpt
+    from benchctl.core import checkpoint as ckpt  # torch: kept out of 'benchctl --help', which imports this module
 
     if runs_dir is None:
         return
@@ -209,19 +188,3 @@ def link_run_dir(db_path: Path, runs_dir: Path | None, run_id: str) -> None:
         return  # a real directory from an earlier local run: left alone (the checkpoint in runs_dir is the newer)
     usual.parent.mkdir(parents=True, exist_ok=True)
     usual.symlink_to(actual, target_is_directory=True)
-
-
-def make(execution: Execution, *, prepared: Any, db_path: Path, db: Any, progress: Any,
-         log: Callable[[str], None]) -> Executor:
-    """The executor `execution` names, ready to run specs (`db` is the driver's results.db handle; None on the
-    non-main ranks of torchrun)."""
-    if execution.executor == "ray":
-        from benchctl.stages.train.executors.ray import RayExecutor
-
-        return RayExecutor(execution, prepared=prepared, db_path=db_path, db=db, log=log)
-    from benchctl.stages.train.executors.local import InProcess, ProcessPool
-
-    if execution.in_process:
-        return InProcess(prepared=prepared, db_path=db_path, db=db, progress=progress, log=log,
-                         runs_dir=execution.runs_dir)
-    return ProcessPool(execution, prepared=prepared, db_path=db_path, db=db, progress=progress, log=log)

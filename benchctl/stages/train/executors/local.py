@@ -5,7 +5,7 @@ The processes are started with `spawn`, not `fork`: a forked copy of a process t
 pools (and possibly CUDA) can deadlock. Each is one long-lived "slot" that trains the runs it is handed one after
 another, with its share of the cores (and its own GPU on a GPU machine), so torch is imported once per slot, not
 once per run. Every slot writes to the same results.db: WAL mode, a busy timeout and one transaction per event
-(benchctl.core.db, benchctl.stages.train.tables) make that safe.
+(benchctl.core.db) make that safe.
 
 Interruption: Ctrl-C reaches every process of the terminal's group; each training process records its run as
 interrupted (its last checkpoint stays), and the parent waits for them briefly before terminating what is left. A
@@ -26,7 +26,12 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
+
+from benchctl.core import accounting
+from benchctl import stages
 from benchctl.core.errors import BenchctlError
+from benchctl.stages.train import engine
 from benchctl.stages.train.executors import (
     Execution,
     OnOutcome,
@@ -37,7 +42,6 @@ from benchctl.stages.train.executors import (
     link_run_dir,
     plan_slots,
     split_evenly,
-    training_flops,
 )
 from benchctl.core.progress import Progress, Task, as_progress
 
@@ -56,13 +60,11 @@ class InProcess:
         self.runs_dir = runs_dir
 
     def run(self, specs: list[RunSpec], on_outcome: OnOutcome) -> None:
-        from benchctl.stages.train.engine import train_run
-
         for spec in specs:
             c = spec.cfg
             self.log(f"[{spec.index}/{len(specs)}] {spec.variant} seed {c.seed} (preset {c.preset})")
             try:
-                r = train_run(c, self.prepared, self.db, self.db_path, progress=self.progress, log=self.log,
+                r = engine.train_run(c, self.prepared, self.db, self.db_path, progress=self.progress, log=self.log,
                               variant=spec.variant, runs_dir=self.runs_dir)
             except BenchctlError as e:
                 on_outcome(spec, Outcome("failed", str(e)))
@@ -98,7 +100,7 @@ class ProcessPool:
         if todo:
             # the longest runs first, so that the last ones to start are short and the jobs end close together
             # (runs keep their numbers in the messages)
-            self._run(sorted(todo, key=lambda spec: -training_flops(spec.cfg)), on_outcome)
+            self._run(sorted(todo, key=lambda spec: -accounting.training_flops(spec.cfg)), on_outcome)
 
     def _run(self, specs: list[RunSpec], on_outcome: OnOutcome) -> None:
         slots = plan_slots(self.execution.jobs, len(specs), specs[0].cfg.train.device)
@@ -181,17 +183,17 @@ class ProcessPool:
             self._relay.handle(event)
 
 
-def in_shares(fn: Callable[..., Any], run_ids: list[str], work: list[float], knobs: dict[str, Any], *, jobs: int | str,
-              db_path: Path, device_spec: str, progress: Progress, log: Callable[[str], None],
-              what: str) -> list[Any] | None:
-    """`run_ids` split into `jobs` shares of about equal `work`, each handled by `fn(..., run_ids=share, **knobs)`
-    in its own process (`in_processes`): their results, or None when one job is all there is (the caller then works
+def in_shares(fn: Callable[..., Any], run_ids: list[str], work: list[float],
+              share: Callable[[list[str]], dict[str, Any]], *, jobs: int | str, db_path: Path, device_spec: str,
+              progress: Progress, log: Callable[[str], None], what: str) -> list[Any] | None:
+    """`run_ids` split into `jobs` shares of about equal `work`, each handled by `fn(..., **share(its run ids))` in
+    its own process (`in_processes`): their results, or None when one job is all there is (the caller then works
     in its own process)."""
     slots = plan_slots(jobs, len(run_ids), device_spec)
     if slots.jobs < 2:
         return None
     groups = split_evenly(run_ids, work, slots.jobs)
-    return in_processes(fn, [{**knobs, "run_ids": ids} for ids in groups], db_path=db_path, device_spec=device_spec,
+    return in_processes(fn, [share(ids) for ids in groups], db_path=db_path, device_spec=device_spec,
                         progress=progress, log=log, what=what)
 
 
@@ -256,11 +258,7 @@ def _group_main(number: int, fn: Callable[..., Any], group: dict[str, Any], db_p
     """One group of `in_processes`: its result (or its error) goes back to the parent as the last event."""
     signal.signal(signal.SIGTERM, _raise_terminated)
     _watch_parent(parent)
-    import torch
-
     torch.set_num_threads(threads)
-    from benchctl import stages
-
     reporter = _RemoteProgress(events, number, progress)
     try:
         db = stages.connect(db_path, create=False)
@@ -423,17 +421,12 @@ def _slot_main(number: int, inbox: Any, events: Any, prepared: Any, db_path: str
     """A slot: train each run handed over until told to stop, reporting every outcome."""
     signal.signal(signal.SIGTERM, _raise_terminated)
     _watch_parent(parent)
-    import torch
-
     torch.set_num_threads(threads)
-    from benchctl import stages
-    from benchctl.stages.train.engine import train_run
-
     reporter = _RemoteProgress(events, number, progress)
     try:
         db = stages.connect(db_path)
         while (spec := inbox.get()) is not None:
-            outcome = _train_one(spec, prepared, db, Path(db_path), runs_dir, reporter, train_run)
+            outcome = _train_one(spec, prepared, db, Path(db_path), runs_dir, reporter, engine.train_run)
             events.put(("result", number, spec.index, outcome))
     except KeyboardInterrupt:
         return

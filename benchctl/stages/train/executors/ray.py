@@ -3,8 +3,7 @@
 Workers never open results.db: a SQLite file shared by several machines over a network filesystem is not safe
 to write. A worker trains with the ordinary engine (benchctl.stages.train.engine.train_run) into a per-run SQLite file,
 `<runs dir>/<run id>/rows.db` (the same schema), next to the run's checkpoint; when the task ends, the driver copies
-that run's rows into results.db in one transaction (benchctl.stages.train.tables.copy_run_rows). The driver alone
-writes results.db.
+that run's rows into results.db in one transaction (benchctl.core.db.copy_run_rows). The driver alone writes results.db.
 
 The runs dir must be one directory every machine sees at the same path (a shared filesystem). The driver writes a
 marker file with a fresh token into it; a worker that cannot read that token is on a machine without the share,
@@ -23,11 +22,15 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
+
 from benchctl.core import checkpoint as ckpt
+from benchctl.core import data
 from benchctl.core import db as dbm
 from benchctl import stages
 from benchctl.stages.train import tables as train_tables
-from benchctl.core.errors import BenchctlError, ConfigError
+from benchctl.core.errors import BenchctlError, ConfigError, DataError
+from benchctl.stages.train import engine
 from benchctl.stages.train.executors import (
     ENV_JOBS,
     ENV_THREADS,
@@ -37,6 +40,7 @@ from benchctl.stages.train.executors import (
     RunSpec,
     already_done,
     link_run_dir,
+    parse_jobs,
 )
 
 ROWS_DB = "rows.db"
@@ -48,7 +52,7 @@ WAIT_SECONDS = 5.0
 def import_ray() -> Any:
     """Ray, imported only when asked for (it is an optional extra)."""
     try:
-        import ray
+        import ray  # optional: pip install 'benchctl[ray]'
     except ImportError:
         raise ConfigError("--executor ray needs Ray: pip install 'benchctl[ray]'") from None
     return ray
@@ -111,8 +115,6 @@ class RayExecutor:
     def _resources(self, ray: Any, n_runs: int, cfg: Any) -> tuple[int, int, float]:
         """(runs at once, CPUs per run, GPUs per run): a GPU each when the cluster has GPUs (and the config may use
         them); otherwise the cluster's CPUs shared out, never more than the smallest node has."""
-        from benchctl.stages.train.executors import parse_jobs
-
         total = ray.cluster_resources()
         if total.get("GPU", 0) >= 1 and cfg.train.device in ("auto", "cuda"):
             gpus = int(total["GPU"])
@@ -194,19 +196,15 @@ def train_in_worker(spec: RunSpec, prepared: Any, runs_dir: str, token: str, thr
     if seen != token:
         return Outcome("failed", f"worker on {host} cannot see the runs dir {runs} the driver prepared; mount the "
                                  "same shared directory at that path on every machine (or pass --runs-dir)")
-    import torch
-
     os.environ.update({ENV_JOBS: str(at_once), ENV_THREADS: str(threads), "OMP_NUM_THREADS": str(threads),
                        "MKL_NUM_THREADS": str(threads)})
     torch.set_num_threads(threads)
-    from benchctl.stages.train.engine import train_run
-
     path = rows_path(runs, spec.run_id)
     try:
         here = _prepared_here(spec, prepared)
         db = open_rows(path)
         try:
-            r = train_run(spec.cfg, here, db, path, progress=False, log=print, variant=spec.variant,
+            r = engine.train_run(spec.cfg, here, db, path, progress=False, log=print, variant=spec.variant,
                           runs_dir=runs)
         finally:
             db.close()
@@ -220,9 +218,6 @@ def _prepared_here(spec: RunSpec, prepared: Any) -> Any:
     which must give the same data (its fingerprint is part of the run id)."""
     if Path(prepared.dir).is_dir():
         return prepared
-    from benchctl.core import data
-    from benchctl.core.errors import DataError
-
     here = data.prepare(spec.cfg.data, spec.cfg.model.vocab_size, progress=False)
     if here.fingerprint != prepared.fingerprint:
         raise DataError(f"the data prepared on {socket.gethostname()} ({here.fingerprint[:12]}) differs from the "

@@ -1,7 +1,8 @@
 """The report's top level: header, then every registered stage's sections in study order; save to disk.
 
 Nothing here names a stage or a section: a stage module under benchctl.stages contributes its sections (and the
-figure files they may write), so a new stage appears in the report without touching this module.
+figure files they may write), so a new stage appears in the report without touching this module. The pieces the
+sections are built from (loading, models and colours, frames, formatting, figures) are the benchctl.report package.
 """
 
 from __future__ import annotations
@@ -11,11 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchctl import stages
+from benchctl.core.errors import ConfigError
 from benchctl.report.context import Context, build_context
 from benchctl.report.figures import save_figure
 from benchctl.report.fmt import need
 from benchctl.report.frames import Frames
 from benchctl.report.load import Data, read
+from benchctl.stages.report.options import ReportOptions
 
 
 @dataclass
@@ -28,8 +32,6 @@ class Rendered:
 
 def figure_names() -> tuple[str, ...]:
     """Every figure file a report can contain (the registered stages declare them)."""
-    from benchctl import stages
-
     return stages.figure_names()
 
 
@@ -61,8 +63,6 @@ def _status_rank(s: str) -> tuple[int, str]:
 def render(data: Data, preset: str | None = None, plan: str | None = None) -> Rendered:
     """The whole report as markdown plus figures, from loaded tables. Pure: the same data gives the same output.
     `plan` names models by that plan's variant names first (see build_context)."""
-    from benchctl import stages
-
     ctx = build_context(data.runs, preset, data.plan_runs, plan)
     frames = Frames(ctx, data)
     lines = header(ctx)
@@ -78,7 +78,7 @@ def build(db: str | os.PathLike | Any, preset: str | None = None, plan: str | No
           only_plan: bool = False) -> Rendered:
     """Read results.db (a path, opened read-only, or an open connection) and render the report in memory.
     `only_plan` keeps just the runs `plan` reached (a database often holds several plans' runs of one preset)."""
-    data = read(db)
+    data = read(db, stages.tables())
     if only_plan and plan is not None:
         data = plan_only(data, plan)
     return render(data, preset, plan)
@@ -87,8 +87,6 @@ def build(db: str | os.PathLike | Any, preset: str | None = None, plan: str | No
 def plan_only(data: Data, plan: str) -> Data:
     """The data with only the runs `plan` reached; a plan with no runs in the database is a ConfigError naming the
     plans that have some."""
-    from benchctl.core.errors import ConfigError
-
     pr = data.plan_runs
     known = sorted(set(pr["plan"])) if not pr.empty else []
     if plan not in known:
@@ -123,3 +121,10 @@ def write_report(db: str | os.PathLike | Any, out_dir: str | os.PathLike,
     preset=None reports the preset with most finished runs (the report names it and lists the others); `plan`
     names the models by that plan's variant names first, and with `only_plan` the report shows its runs alone."""
     return save(build(db, preset, plan, only_plan), out_dir)
+
+
+def run(db: str | os.PathLike | Any, opts: ReportOptions) -> tuple[Rendered, Path]:
+    """The report `opts` asks for, from results.db (a path, opened read-only, or an open connection), written to
+    `opts.out_dir`: what was rendered, and the path of report.md."""
+    rendered = build(db, opts.preset, opts.plan, opts.only_plan)
+    return rendered, save(rendered, opts.out_dir)

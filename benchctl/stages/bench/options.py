@@ -1,0 +1,37 @@
+"""What `benchctl bench` (and the study's bench stage) can be asked for: one frozen `BenchOptions`, checked when
+built, each error naming its flag.
+
+Cheap to import: the command line is built from it (`benchctl --help`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from benchctl.core.errors import ConfigError
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchOptions:
+    """Everything one `benchctl bench` decides: which architectures' training steps are timed, how, and where."""
+
+    preset: str = "paper"
+    archs: list[str] | None = None  # None: every registered architecture
+    steps: int = 10  # timed optimizer steps per repeat
+    repeats: int = 3
+    warmup: int = 2  # untimed steps first (compilation happens there)
+    compile: bool | None = None  # None -> as train decides (train.compile; auto: runtime.resolve_compile)
+    device: str = "auto"
+    overrides: dict[str, Any] = field(default_factory=dict)
+    reference: bool = True  # time the eager llama2.c reference beside the control
+    check_steps: int = 0  # > 0: also train control and reference this many seeded steps and compare losses
+    seed: int = 0
+    threads: int | None = None  # torch's intra-op threads for the measurement (None: torch's own choice)
+
+    def __post_init__(self) -> None:
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"--threads must be >= 1, got {self.threads}")
+        if self.steps < 1 or self.repeats < 1 or self.warmup < 0:
+            raise ConfigError(f"--steps and --repeats must be >= 1 and warm-up >= 0 (got {self.steps}, "
+                              f"{self.repeats}, {self.warmup})")

@@ -1,0 +1,109 @@
+"""What every command line shares: the consoles, the options many commands take (--preset, --set, --db, ...) and
+how they are read, and the terminal's yes/no question.
+
+Each command module (a stage's `cli.py`, or a module of `benchctl/commands/`) declares its commands on a Typer of its
+own, named `app`; the `benchctl` root (benchctl.cli) gathers them. So a command needs nothing above this module, and
+the engines below never see Typer. Everything here is cheap to import: building the command line for `benchctl
+--help` loads every command module, so they import their engines (torch, pandas) inside the command functions.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Callable, Optional
+
+import typer
+from rich.console import Console
+
+from benchctl.core.config import parse_set
+from benchctl.core.errors import ConfigError
+from benchctl.core.progress import Progress
+
+console = Console()
+err_console = Console(stderr=True)
+
+# Options shared by many commands, declared once.
+PresetOpt = Annotated[str, typer.Option("--preset", "-p", help="Named preset: paper, small or tiny.")]
+SetOpt = Annotated[
+    Optional[list[str]],
+    typer.Option("--set", "-s", help="Override a config key, e.g. --set train.lr=3e-4 (repeatable)."),
+]
+DbOpt = Annotated[
+    Optional[Path],
+    typer.Option("--db", help="results database [env BENCHCTL_DB; default results/results.db]."),
+]
+DataOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--data",
+        help="Data source: 'hub' (roneneldan/TinyStories) or a path (directory with train.txt/valid.txt, .jsonl, "
+        ".parquet) [env BENCHCTL_DATA].",
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before a run estimated to take over an hour.")]
+ProgressOpt = Annotated[bool, typer.Option("--progress/--no-progress", help="Show live progress bars.")]
+
+
+def data_source(data: str | None) -> str | None:
+    """--data, else $BENCHCTL_DATA, else None (the preset's default)."""
+    return data or os.environ.get("BENCHCTL_DATA") or None
+
+
+def db_path_of(db: Path | None) -> Path:
+    """--db, else $BENCHCTL_DB, else results/results.db."""
+    if db is not None:
+        return Path(db)
+    # sqlite_utils loads pandas: kept out of 'benchctl --help'
+    from benchctl.core import db as dbm
+
+    return dbm.default_path()
+
+
+def overrides_with_data(set_: list[str] | None, data: str | None) -> dict[str, Any]:
+    """The --set overrides, with --data (or $BENCHCTL_DATA) as `data.source` when given."""
+    overrides: dict[str, Any] = parse_set(set_)
+    src = data_source(data)
+    if src is not None:
+        overrides["data.source"] = src
+    return overrides
+
+
+def make_progress(enabled: bool, *, stderr: bool = False) -> Progress:
+    """The progress reporter a command hands to the engine, drawing on the command line's console."""
+    return Progress(enabled=enabled, console=err_console if stderr else console)
+
+
+def split_list(value: str | None) -> list[str] | None:
+    """'a,b, c' -> ['a', 'b', 'c']; None stays None."""
+    if value is None:
+        return None
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def parse_seeds(value: str | None) -> list[int] | None:
+    items = split_list(value)
+    if items is None:
+        return None
+    seeds: list[int] = []
+    for item in items:
+        if "-" in item and not item.startswith("-"):  # a range like 0-4
+            lo, hi = item.split("-", 1)
+            if lo.isdigit() and hi.isdigit() and int(lo) <= int(hi):
+                seeds += list(range(int(lo), int(hi) + 1))
+                continue
+        if not item.isdigit():
+            raise ConfigError(f"--seeds expects non-negative integers like 0,1,2 or 0-4, got {item!r}")
+        seeds.append(int(item))
+    return seeds
+
+
+def terminal_confirm() -> Callable[[str], bool] | None:
+    """How a command lets the engine ask the user a yes/no question (e.g. before hours of training): on the
+    terminal (default no) when stdin is one; None when it is not, so the engine asks for --yes. The engine takes
+    this callback and never touches the terminal itself."""
+    if not sys.stdin.isatty():
+        return None
+    return lambda question: typer.confirm(question, default=False)

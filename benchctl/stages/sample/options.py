@@ -1,0 +1,97 @@
+"""What `benchctl sample` (and the study's sample stage) can be asked for: one frozen `SampleOptions`, its defaults,
+and the part of it that decides what a sample is (`to_dict`, hashed into every sample's id).
+
+Cheap to import: the command line reads the defaults when it is built (`benchctl --help`), long before any model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from benchctl.core.errors import ConfigError, EvalError
+from benchctl.stages import RunSelection
+from benchctl.stages.train.executors import parse_jobs
+
+SAMPLER = "benchctl-sample-v1"  # bump when the generation procedure changes what a given seed produces
+
+# Defaults, recorded with every sample. temperature 1.0 / top-k 300: llama2.c's sample.py. 256 new tokens: run.c's
+# default length, and enough for ~85% of TinyStories validation continuations (median ~160 tokens at vocab 4096)
+# to end by themselves. 50 prompts per model: the study's scale for a judged comparison.
+DEFAULT_N_PROMPTS = 50
+DEFAULT_TEMPERATURE = 1.0
+DEFAULT_TOP_K = 300
+DEFAULT_MAX_NEW_TOKENS = 256
+DEFAULT_SEED = 0
+DEFAULT_BATCH_SIZE = 64
+DEFAULT_EXIT_THRESHOLD = 5e-4  # Huginn's default for its KL exit
+
+# The options that decide what a sample is, besides the run and the prompt: recorded with every sample (its
+# settings_json) and hashed into its id. The others (which runs, how many prompts, where, how many processes) do not
+# change a sample's text.
+SETTINGS = ("temperature", "top_k", "top_p", "max_new_tokens", "seed", "n_recur", "batch_size", "extrapolate",
+            "exit_rule", "exit_threshold")
+_ONLY_WHEN_SET = ("extrapolate", "exit_rule", "exit_threshold")  # absent when None: default samples keep their hash
+
+
+@dataclass(frozen=True, kw_only=True)
+class SampleOptions:
+    """Everything one `benchctl sample` decides; checked when built, each error naming its flag."""
+
+    select: RunSelection = field(default_factory=RunSelection)
+    n_prompts: int = DEFAULT_N_PROMPTS
+    temperature: float = DEFAULT_TEMPERATURE
+    top_k: int | None = DEFAULT_TOP_K  # None (or 0) = no top-k filter
+    top_p: float | None = None  # None = no nucleus filter
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    seed: int = DEFAULT_SEED
+    n_recur: int | None = None  # None = each run's trained recurrence
+    batch_size: int = DEFAULT_BATCH_SIZE
+    extrapolate: str | None = None  # None = each architecture's default rule past the trained depth
+    exit_rule: str | None = None  # kl | latent: per-token adaptive exit, n_recur = maximum depth
+    exit_threshold: float | None = None  # None with an exit rule = DEFAULT_EXIT_THRESHOLD
+    device: str = "auto"
+    jobs: int | str = 1  # runs sampled at once, each share in its own process (a number or "auto")
+
+    def __post_init__(self) -> None:
+        if self.exit_rule is not None and self.exit_threshold is None:
+            object.__setattr__(self, "exit_threshold", DEFAULT_EXIT_THRESHOLD)
+        if self.top_k == 0:
+            object.__setattr__(self, "top_k", None)
+        if not (self.temperature >= 0 and self.temperature < float("inf")):
+            raise ConfigError(f"--temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if self.top_k is not None and self.top_k < 0:
+            raise ConfigError(f"--top-k must be >= 1 (or 0 for no top-k filter), got {self.top_k}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ConfigError(f"--top-p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        if self.seed < 0:
+            raise ConfigError(f"--seed must be >= 0, got {self.seed}")
+        if self.batch_size < 1:
+            raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if self.n_recur is not None and self.n_recur < 1:
+            raise EvalError(f"--n-recur must be >= 1, got {self.n_recur}")
+        if self.exit_rule is not None and self.exit_rule not in ("kl", "latent"):
+            raise ConfigError(f"--exit: unknown rule '{self.exit_rule}'; choose kl or latent")
+        if self.exit_threshold is not None and self.exit_rule is None:
+            raise ConfigError("--threshold needs --exit kl or --exit latent")
+        if self.exit_threshold is not None and not self.exit_threshold >= 0:
+            raise ConfigError(f"--threshold must be >= 0, got {self.exit_threshold}")
+        if self.n_prompts < 1:
+            raise ConfigError(f"--n-prompts must be >= 1, got {self.n_prompts}")
+        parse_jobs(self.jobs)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings a sample records (see SETTINGS), with the stop rule and the sampler's version."""
+        d = {k: getattr(self, k) for k in SETTINGS if not (k in _ONLY_WHEN_SET and getattr(self, k) is None)}
+        return {**d, "stop": "bos,eos", "sampler": SAMPLER}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @property
+    def hash(self) -> str:
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:12]
