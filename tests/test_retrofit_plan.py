@@ -8,7 +8,7 @@ import sqlite3
 
 import pytest
 
-from benchctl import plans
+from benchctl import plans, stages
 from benchctl.cli import main
 from benchctl.core.errors import ConfigError
 from benchctl.study import StudyOptions, run_study
@@ -128,7 +128,7 @@ def test_study_converts_the_parent_resumes_a_stopped_conversion_and_a_rerun_trai
     monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
     opts = StudyOptions(preset="tiny", plan=str(write(tmp_path, PLAN)), seeds=[0], db_path=tmp_path / "r.db",
                         out_dir=tmp_path / "reports", overrides={"data.source": str(tinystories_dir), **FAST},
-                        skip=("sample", "judge", "eval", "depth"), progress=False, bench=False)
+                        skip=tuple(stages.skippable()), progress=False, bench=False)
     real = train.train_run
 
     def stopping(cfg, *args, **kw):  # the conversion stops after its first step, as if the study were killed there
@@ -137,7 +137,9 @@ def test_study_converts_the_parent_resumes_a_stopped_conversion_and_a_rerun_trai
     monkeypatch.setattr(train, "train_run", stopping)
     lines: list[str] = []
     run_study(opts, log=lines.append)
-    assert "== 4/9 retrofit: plan mini-retrofit: 1 conversion(s) — rx × seeds [0]" in lines
+    ran = [s.name for s in stages.registered() if s.run is not None]
+    assert f"== {ran.index('retrofit') + 1}/{len(ran)} retrofit: plan mini-retrofit: 1 conversion(s) — rx × seeds [0]" \
+        in lines
     stopped = {r["variant"]: r for r in _rows(opts.db_path, "select * from runs")}["rx"]
     assert stopped["status"] == "running" and stopped["step"] == 1
     monkeypatch.setattr(train, "train_run", real)
@@ -166,7 +168,6 @@ def test_study_converts_the_parent_resumes_a_stopped_conversion_and_a_rerun_trai
 
 
 def test_a_conversion_whose_parent_failed_is_reported_not_run(tmp_path, tinystories_dir, monkeypatch):
-    from benchctl import stages
     from benchctl.core.errors import BenchctlError
 
     monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
@@ -182,7 +183,7 @@ def test_a_conversion_whose_parent_failed_is_reported_not_run(tmp_path, tinystor
     monkeypatch.setattr(stages, "registered", lambda: tuple(sorted(keep + (fake,), key=lambda s: s.order)))
     opts = StudyOptions(preset="tiny", plan=str(write(tmp_path, PLAN)), seeds=[0], db_path=tmp_path / "r.db",
                         out_dir=tmp_path / "reports", overrides={"data.source": str(tinystories_dir), **FAST},
-                        skip=("sample", "judge", "eval", "depth"), progress=False, bench=False)
+                        skip=tuple(stages.skippable()), progress=False, bench=False)
     with pytest.raises(BenchctlError, match="2 training run\\(s\\) failed: .*rx seed 0: its parent deep .* is not "
                                             "trained, so there is nothing to convert"):
         run_study(opts, log=lambda _: None)
