@@ -514,6 +514,10 @@ class _Trainer:
         c, device, sw, add, peak = self.carried, self.device, self.sw, telemetry.add, telemetry.max_of
         peaks = telemetry.torch_peaks(device)
         rss = telemetry.run_peak_rss_bytes()
+        if rss is not None and self.baseline_rss is not None:
+            # the kernel's high-water mark is kept in per-thread counters folded in lazily, so it can read a few
+            # pages below the RSS taken just after it was reset; a peak is never below that baseline
+            rss = max(rss, self.baseline_rss)
         return {
             "train_seconds": c["train_seconds"] + sw.total,
             "warmup_seconds": c["warmup_seconds"] + self.warmup_compile,
