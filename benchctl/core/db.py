@@ -88,7 +88,7 @@ def migrate(db: sqlite_utils.Database, tables: Sequence[Table]) -> None:
                     "upgrade benchctl or use another --db"
                 )
         for spec in tables:
-            table = db[spec.name]
+            table = db.table(spec.name)  # a Table (db[name] may also be a View, which cannot be migrated)
             if not table.exists():
                 table.create(
                     {c.name: c.type for c in spec.columns},
@@ -105,10 +105,10 @@ def migrate(db: sqlite_utils.Database, tables: Sequence[Table]) -> None:
                         table.add_column(col.name, col.type)
                         if col.name in spec.backfill:
                             db.execute(spec.backfill[col.name])
-        db["meta"].upsert({"key": "schema_version", "value": str(SCHEMA_VERSION)}, pk="key")
+        db.table("meta").upsert({"key": "schema_version", "value": str(SCHEMA_VERSION)}, pk="key")
     for spec in tables:
         for cols in spec.indexes:
-            db[spec.name].create_index(list(cols), if_not_exists=True)
+            db.table(spec.name).create_index(list(cols), if_not_exists=True)
 
 
 def file_columns(path: str | os.PathLike) -> dict[str, list[str]]:
