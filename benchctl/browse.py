@@ -7,9 +7,9 @@ its description (a test checks that none is empty), nor a description outlive it
 
 The database is served read-only but live: Datasette opens it with `mode=ro`, which, unlike `immutable=1`, reads the
 WAL, so a run still training shows its latest rows; and the write connection Datasette would hand to plugins is
-refused (`_ReadOnlyDatabase`), so nothing reachable from a web page can change results.db. Canned queries are built
-from the columns the served file actually has (a `variant` column, a `depth_results` table), so one benchctl can
-browse databases written by older and newer versions.
+refused (`_ReadOnlyDatabase`), so nothing reachable from a web page can change results.db. Canned queries come from
+the stages that own the tables they read, built from the columns the served file actually has (a `variant` column,
+a `depth_results` table), so one benchctl can browse databases written by older and newer versions.
 """
 
 from __future__ import annotations
@@ -86,107 +86,11 @@ def check_database(path: str | Path) -> Served:
 
 
 def canned_queries(served: Served) -> dict[str, dict[str, Any]]:
-    """Datasette canned queries over the tables the file has, keyed by their URL name."""
-    cols = served.columns
-    # Runs are labelled by their variant where the schema has one (several variants can share an architecture).
-    label = "coalesce(r.variant, r.arch)" if "variant" in cols["runs"] else "r.arch"
-    queries = _run_queries(label)
-    queries.update(_stage_queries(cols, label))
-    queries["unfinished_runs"] = {
-        "title": "Runs not finished",
-        "description": "Runs still running, pending or failed, with their progress and error.",
-        "sql": """select r.id, r.arch, r.preset, r.seed, r.status, r.step, r.max_steps, r.error, r.hostname,
-  r.updated_at from runs r where r.status != 'done' order by r.status, r.updated_at desc""",
-    }
-    if "depth_results" in cols:
-        queries["depth_results"] = _depth_query(cols["depth_results"], label)
-    return queries
+    """Datasette canned queries over the tables the file has, keyed by their URL name: each registered stage's
+    queries over its own tables (`Stage.queries`), in stage order."""
+    from benchctl import stages
 
-
-def _run_queries(label: str) -> dict[str, dict[str, Any]]:
-    """Queries over the runs and metrics tables, which every results database has."""
-    return {
-        "final_losses": {
-            "title": "Final validation loss by model",
-            "description": "Finished runs grouped by model and preset: seeds, mean, best and worst final "
-                           "validation loss (nats/token), and each seed's loss.",
-            "sql": f"""select {label} as model, r.preset, count(*) as n_seeds,
-  group_concat(r.seed, ',') as seeds,
-  avg(r.final_val_loss) as mean_final_val_loss, min(r.final_val_loss) as best_final_val_loss,
-  max(r.final_val_loss) as worst_final_val_loss, avg(r.initial_val_loss) as mean_initial_val_loss,
-  group_concat(r.seed || ': ' || printf('%.4f', r.final_val_loss), '; ') as final_val_loss_per_seed
-from runs r where r.status = 'done'
-group by model, r.preset order by r.preset, mean_final_val_loss""",
-        },
-        "validation_curve": {
-            "title": "Validation curve of one run",
-            "description": "val_loss (nats/token) of one run by step, with tokens seen and training time: one row "
-                           "per point, ready to chart. Run ids are in the runs table.",
-            "sql": """select m.step, m.tokens, m.wall_seconds, m.value as val_loss
-from metrics m where m.run_id = :run_id and m.name = 'val_loss' order by m.step""",
-        },
-        "cost_per_model": {
-            "title": "Cost per model",
-            "description": "Finished runs grouped by model and preset: training time (s), throughput (tokens/s), "
-                           "peak memory (bytes), parameters and training FLOPs/token.",
-            "sql": f"""select {label} as model, r.preset, count(*) as n_runs,
-  avg(r.train_seconds) as mean_train_seconds, avg(r.tokens_per_s) as mean_tokens_per_s,
-  avg(r.step_seconds) as mean_step_seconds, max(r.peak_rss_bytes) as max_peak_rss_bytes,
-  max(r.peak_gpu_mem_bytes) as max_peak_gpu_mem_bytes, max(r.n_params) as n_params,
-  max(r.effective_params) as effective_params, max(r.flops_per_token) as flops_per_token,
-  group_concat(distinct r.device_name) as devices
-from runs r where r.status = 'done'
-group by model, r.preset order by r.preset, mean_train_seconds""",
-        },
-    }
-
-
-def _stage_queries(cols: dict[str, list[str]], label: str) -> dict[str, dict[str, Any]]:
-    """Queries over what the later stages wrote (judge, eval, bench), for the tables the file has."""
-    queries: dict[str, dict[str, Any]] = {}
-    if "judge_grades" in cols and "samples" in cols:
-        queries["judge_grades_by_model"] = {
-            "title": "Judge grades by model and criterion",
-            "description": "Mean grade (1-10) per criterion for each model, judge model and judge prompt; failed "
-                           "gradings are counted, never scored.",
-            "sql": f"""select {label} as model, r.preset, g.judge_model, g.prompt_hash,
-  count(distinct r.seed) as n_seeds, sum(g.status = 'ok') as n_graded, sum(g.status != 'ok') as n_failed,
-  avg(g.grammar) as grammar, avg(g.creativity) as creativity, avg(g.consistency) as consistency,
-  avg(g.plot) as plot, avg(g.average) as average
-from judge_grades g join samples s on s.id = g.sample_id join runs r on r.id = s.run_id
-group by model, r.preset, g.judge_model, g.prompt_hash order by g.judge_model, r.preset, average desc""",
-        }
-    if "eval_results" in cols:
-        queries["eval_results_by_model"] = {
-            "title": "lm-eval results by model",
-            "description": "Mean over seeds of every lm-eval metric per model, task, test-time recurrence and "
-                           "document limit (0 = all), with the mean standard error.",
-            "sql": f"""select {label} as model, r.preset, e.task, e.metric, e.n_recur, e.limit_n,
-  count(*) as n_runs, avg(e.value) as mean_value, avg(e.stderr) as mean_stderr, max(e.n_samples) as n_samples
-from eval_results e join runs r on r.id = e.run_id
-group by model, r.preset, e.task, e.metric, e.n_recur, e.limit_n
-order by e.task, e.metric, r.preset, model, e.n_recur""",
-        }
-    if "bench" in cols:
-        queries["bench_history"] = {
-            "title": "Speed benchmark history",
-            "description": "Every `benchctl bench` measurement, newest first: throughput (tokens/s), step time "
-                           "(s), MFU and peak memory (bytes), with the commit and device they were measured on.",
-            "sql": """select b.created_at, b.bench_id, b.arch, b.preset, b.impl, b.compiled, b.device_name,
-  b.tokens_per_s, b.step_seconds, b.mfu, b.peak_mem_bytes, b.threads, b.load_avg, b.git_commit, b.torch_version
-from bench b order by b.created_at desc, b.bench_id, b.arch, b.impl""",
-        }
-    return queries
-
-
-def _depth_query(columns: list[str], label: str) -> dict[str, Any]:
-    """Every depth_results row, labelled with its run's model and seed when the table is keyed by run."""
-    if "run_id" in columns:
-        sql = (f"select {label} as model, r.preset, r.seed, d.* from depth_results d "
-               "left join runs r on r.id = d.run_id order by model, r.preset, r.seed")
-    else:
-        sql = "select d.* from depth_results d"
-    return {"title": "Depth results", "description": "Results at each test-time depth, per run.", "sql": sql}
+    return stages.canned_queries(served.columns)
 
 
 # ====================================================================================================================

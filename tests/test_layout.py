@@ -7,6 +7,9 @@ stages' sections use (benchctl.report), the core services (benchctl.core), and t
 
 The command line is built from every command module, so `benchctl --help` costs what they import at their top:
 help and the list of plans must not load torch, pandas or the models (each checked in a fresh interpreter).
+
+The framework (study, cli, browse and the report library) names no stage: it imports the stages' registry, never a
+stage's own modules, and browse's SQL names no stage's table.
 """
 
 from __future__ import annotations
@@ -170,6 +173,48 @@ def test_a_layer_violation_is_named():
     assert violations(graph) == ["architectures.base imports benchctl.core.config",
                                  "benchctl.core.data imports benchctl.stages.train.engine",
                                  "benchctl.stages.sample.stage imports benchctl.study"]
+
+
+# The framework picks the stages up from their registry: it may import the registry (benchctl.stages) and the
+# command lines' shared pieces (benchctl.stages.cli), never one stage's modules, so adding a stage is one new folder.
+FRAMEWORK = ("benchctl.study", "benchctl.cli", "benchctl.browse", "benchctl.report")
+STAGE_MODULES_ALLOWED = ("benchctl.stages", "benchctl.stages.cli")
+
+
+def stage_imports(graph: dict[str, set[str]]) -> list[str]:
+    def under(name: str, prefix: str) -> bool:
+        return name == prefix or name.startswith(prefix + ".")
+
+    return [f"{m} imports {t}" for m, targets in sorted(graph.items()) if any(under(m, f) for f in FRAMEWORK)
+            for t in sorted(targets) if under(t, "benchctl.stages") and t not in STAGE_MODULES_ALLOWED]
+
+
+def test_the_framework_imports_no_stage():
+    found = stage_imports(import_graph())
+    assert not found, "the framework imports a stage's module:\n" + "\n".join(found)
+
+
+def test_a_framework_import_of_a_stage_is_named():
+    graph = {"benchctl.browse": {"benchctl.stages", "benchctl.stages.judge.tables"},
+             "benchctl.report.frames": {"benchctl.stages.cli", "benchctl.core.stats"},
+             "benchctl.stages.report.summary": {"benchctl.stages.judge.frames"}}
+    assert stage_imports(graph) == ["benchctl.browse imports benchctl.stages.judge.tables"]
+
+
+def test_browse_names_no_stage_table_in_its_sql_or_code():
+    """Canned queries belong to the stages that own their tables: browse.py's SQL and identifiers name none of them
+    (`runs` alone is checked by name, in check_database: it is what makes a file a results database)."""
+    from benchctl import stages
+
+    tree = ast.parse((REPO / "benchctl" / "browse.py").read_text(encoding="utf-8"))
+    tables = {t.name for t in stages.tables()}
+    sql = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+           and "select " in n.value.lower()]
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | {
+        n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)} | {
+        n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    words = {w for text in sql for w in text.replace(",", " ").replace("(", " ").replace(")", " ").split()}
+    assert not (words | names) & tables, sorted((words | names) & tables)
 
 
 HEAVY = ("torch", "pandas", "architectures", "lm_eval", "datasets", "matplotlib", "google.genai")

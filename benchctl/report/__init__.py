@@ -14,10 +14,10 @@ Rules the output keeps:
 
 from benchctl.report.context import Context, build_context, choose_preset, colours_for
 from benchctl.report.figures import FIG_DPI, save_figure
-from benchctl.report.frames import CRITERIA, JUDGE_COLUMNS, N_BOOT, Frames, JudgeGroup
+from benchctl.report.frames import Frames
 from benchctl.report.load import Data, load, open_db, read
 
 __all__ = [
-    "CRITERIA", "FIG_DPI", "JUDGE_COLUMNS", "N_BOOT", "Context", "Data", "Frames", "JudgeGroup", "build_context",
-    "choose_preset", "colours_for", "load", "open_db", "read", "save_figure",
+    "FIG_DPI", "Context", "Data", "Frames", "build_context", "choose_preset", "colours_for", "load", "open_db", "read",
+    "save_figure",
 ]

@@ -16,9 +16,9 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 
-from benchctl.report.context import CONTROL, Context
-from benchctl.report.fmt import bytes_unit, ftokens, missing, nan, time_unit
-from benchctl.report.frames import JUDGE_COLUMNS, JudgeGroup, vals
+from benchctl.report.context import Context
+from benchctl.report.fmt import ftokens, missing
+from benchctl.report.frames import vals
 
 FIG_DPI = 150
 
@@ -56,53 +56,6 @@ def _x_labels(ax, models: list[str]) -> None:
                        fontsize=9 if any("\n" in t for t in ticks) or crowded else None)
 
 
-def fig_cost_bars(ctx: Context, cost: pd.DataFrame, what: str) -> Any:
-    """Figures 1–2 of the study: training time or peak memory per model; bar = mean, one dot per seed, labelled
-    with the mean and its ratio to the control."""
-    q = "time" if what == "time" else "mem"
-    df = cost[cost[f"{q}_mean"].notna()]
-    if df.empty:
-        return None
-    models = list(df["model"])
-    if q == "time":
-        scale, unit = time_unit(float(df["time_mean"].max()))
-        col = "train_seconds"
-        ylabel = f"training time ({unit})"
-        title = "Training time per model"
-    else:
-        scale, unit = bytes_unit(float(df["mem_mean"].max()))
-        gpu = df["memory_kind"].iloc[0] == "gpu"
-        col = "peak_gpu_mem_bytes" if gpu else "peak_rss_bytes"
-        ylabel = f"{'peak GPU memory allocated' if gpu else 'peak process RSS'} ({unit})"
-        title = "Peak GPU memory per model" if gpu else "Peak memory per model (process RSS, no GPU)"
-    with _style():
-        fig = _figure(_bar_width(len(models)), 4.6)
-        ax = fig.add_subplot()
-        for i, row in enumerate(df.itertuples()):
-            m = row.model
-            mean = getattr(row, f"{q}_mean") / scale
-            ax.bar(i, mean, width=0.65, color=ctx.colours[m], edgecolor="black", linewidth=0.6, zorder=2)
-            seeds = vals(ctx.done[ctx.done["model"] == m], col)
-            if len(seeds) > 1:
-                offs = np.linspace(-0.18, 0.18, len(seeds))
-                ax.scatter(i + offs, np.array(seeds) / scale, s=18, color="white", edgecolor="black",
-                           linewidth=0.8, zorder=4)
-            ratio = getattr(row, f"{q}_ratio")
-            top = max([mean] + [v / scale for v in seeds])
-            label = f"{mean:.{1 if mean < 100 else 0}f} {unit}"
-            if not missing(ratio) and m != CONTROL:
-                label += f"\n{ratio:.2f}× control"
-            ax.annotate(label, (i, top), xytext=(0, 4), textcoords="offset points", ha="center", va="bottom",
-                        fontsize=9)
-        _x_labels(ax, models)
-        ax.set_ylabel(ylabel)
-        ax.set_xlabel("model")
-        ax.set_ylim(0, ax.get_ylim()[1] * 1.18)
-        _title(ax, title, [hardware_line(ctx), f"preset {ctx.preset} · {_seed_line(df)}"])
-        ax.grid(axis="x", visible=False)
-    return fig
-
-
 def _title(ax: Any, main: str, lines: list[str]) -> None:
     """A bold figure title and smaller explanatory lines above the axes, wrapped to the axes' width."""
     width_in = ax.figure.get_size_inches()[0]
@@ -110,12 +63,6 @@ def _title(ax: Any, main: str, lines: list[str]) -> None:
     ax.figure.suptitle(main, fontsize=12.5, fontweight="bold")
     ax.set_title("\n".join(textwrap.fill(line, chars) for line in lines if line), fontsize=9.5, color="#333333",
                  fontweight="normal")
-
-
-def _seed_line(df: pd.DataFrame) -> str:
-    n = sorted({int(v) for v in df["seeds"]})
-    s = f"{n[0]}" if len(n) == 1 else f"{n[0]}–{n[-1]}"
-    return f"{s} seed{'s' if n[-1] != 1 else ''} per model, bar = mean" + (", dots = seeds" if n[-1] > 1 else "")
 
 
 def hardware_line(ctx: Context) -> str:
@@ -202,43 +149,6 @@ def fig_final_loss(ctx: Context, loss: pd.DataFrame) -> Any:
         _title(ax, "Final validation loss per model",
                [f"preset {ctx.preset} · {ftokens(df['tokens'].max())} tokens per run · dots = seeds, "
                 + ("diamond = mean ± 95% CI" if df["final_n"].max() > 1 else "diamond = mean (one seed: no CI)")])
-        ax.grid(axis="x", visible=False)
-    return fig
-
-
-def fig_judge(ctx: Context, jg: JudgeGroup) -> Any:
-    """Table 4 of the study as a figure: mean grade per criterion and model, 95% CI over graded samples."""
-    t = jg.table[jg.table["average_n"] > 0]
-    if t.empty:
-        return None
-    models = list(t["model"])
-    k = len(models)
-    width = 0.8 / k
-    with _style():
-        fig = _figure(max(8.5, 0.9 * len(JUDGE_COLUMNS) + 0.45 * k + 3.0), 4.6)
-        ax = fig.add_subplot()
-        for j, row in enumerate(t.itertuples()):
-            x = np.arange(len(JUDGE_COLUMNS)) + (j - (k - 1) / 2) * width
-            means = np.array([getattr(row, f"{c}_mean") for c in JUDGE_COLUMNS], dtype=float)
-            los = np.array([nan(getattr(row, f"{c}_lo")) for c in JUDGE_COLUMNS])
-            his = np.array([nan(getattr(row, f"{c}_hi")) for c in JUDGE_COLUMNS])
-            ax.bar(x, means, width=width * 0.95, color=ctx.colours[row.model], edgecolor="black", linewidth=0.5,
-                   label=f"{row.model} ({row.average_n})", zorder=2)
-            ok = ~np.isnan(los)
-            if ok.any():
-                ax.errorbar(x[ok], means[ok], yerr=[means[ok] - los[ok], his[ok] - means[ok]], fmt="none",
-                            color="black", capsize=3, linewidth=1, zorder=3)
-        ax.set_xticks(range(len(JUDGE_COLUMNS)))
-        ax.set_xticklabels([c if c != "average" else "average" for c in JUDGE_COLUMNS])
-        ax.set_ylabel("judge grade (1–10)")
-        ax.set_xlabel("criterion")
-        top = max(float(v) for r in t.itertuples() for c in JUDGE_COLUMNS
-                  for v in (getattr(r, f"{c}_hi"), getattr(r, f"{c}_mean")) if not missing(v))
-        ax.set_ylim(0, min(10.0, math.ceil(top) + 1.0))  # bars start at 0; the top follows the data (scale 1–10)
-        ax.legend(fontsize=9, frameon=True, title="model (n = graded samples)", title_fontsize=9,
-                  loc="upper left", bbox_to_anchor=(1.01, 1.0))
-        _title(ax, "Judge grades per criterion",
-               [f"judge {jg.judge_model} · preset {ctx.preset} · bar = mean over graded samples, error bar = 95% CI"])
         ax.grid(axis="x", visible=False)
     return fig
 

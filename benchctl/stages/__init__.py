@@ -47,7 +47,9 @@ class Stage:
     `every_rank` stages (preparing the data, training) run on every process; the study's other ranks stop after
     the last of them and rank 0 alone runs the rest, which needs no process group. `tables` are the tables of
     results.db the stage owns, from its `tables.py` (`TABLES`), which alone writes them: every connection creates
-    and migrates them (`connect` below)."""
+    and migrates them (`connect` below). `queries` gives the Datasette canned queries `benchctl browse` offers over
+    them: from the columns of the file being served (table -> columns), the queries its tables can answer, by URL
+    name (a file written by an older benchctl may lack a table or a column the query needs)."""
 
     name: str
     order: int
@@ -57,6 +59,7 @@ class Stage:
     skippable: bool = False
     every_rank: bool = False  # under torchrun: run on every rank (training's DDP); otherwise rank 0 alone
     tables: tuple[Table, ...] = ()
+    queries: Callable[[dict[str, list[str]]], dict[str, dict[str, Any]]] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -201,6 +204,18 @@ def tables() -> tuple[Table, ...]:
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         raise RuntimeError(f"tables owned by two stages: {', '.join(twice)}")
+    return found
+
+
+def canned_queries(columns: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
+    """Every registered stage's Datasette canned queries for a file with these tables and columns, in stage order.
+    A query name two stages use is a programming error."""
+    found: dict[str, dict[str, Any]] = {}
+    for s in registered():
+        for name, query in (s.queries(columns) if s.queries is not None else {}).items():
+            if name in found:
+                raise RuntimeError(f"canned query {name!r} is defined twice (the second by stage {s.name})")
+            found[name] = query
     return found
 
 

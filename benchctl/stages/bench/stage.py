@@ -23,7 +23,7 @@ from benchctl.report.context import model_keys
 from benchctl.stages import Stage, StudyRun
 from benchctl.stages.bench import engine as B
 from benchctl.stages.bench.options import BenchOptions
-from benchctl.stages.bench.tables import TABLES
+from benchctl.stages.bench.tables import TABLES, browse_queries
 
 AUTO_PRESETS = ("tiny", "small")  # where `study` benches by default on a CPU
 
@@ -73,4 +73,4 @@ def run(study: StudyRun) -> None:
     study.log(f"   benchmarked in {format_duration(time.perf_counter() - t0)}; cost ratios {ratios}")
 
 
-STAGE = Stage(name="bench", order=22, run=run, tables=TABLES)
+STAGE = Stage(name="bench", order=22, run=run, tables=TABLES, queries=browse_queries)

@@ -57,6 +57,20 @@ BENCH = Table(
 TABLES = (BENCH,)
 
 
+def browse_queries(columns: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
+    """`benchctl browse`'s query over the benchmarks, for a file that has them."""
+    if "bench" not in columns:
+        return {}
+    return {"bench_history": {
+        "title": "Speed benchmark history",
+        "description": "Every `benchctl bench` measurement, newest first: throughput (tokens/s), step time "
+                       "(s), MFU and peak memory (bytes), with the commit and device they were measured on.",
+        "sql": """select b.created_at, b.bench_id, b.arch, b.preset, b.impl, b.compiled, b.device_name,
+  b.tokens_per_s, b.step_seconds, b.mfu, b.peak_mem_bytes, b.threads, b.load_avg, b.git_commit, b.torch_version
+from bench b order by b.created_at desc, b.bench_id, b.arch, b.impl""",
+    }}
+
+
 def record_bench_rows(db: sqlite_utils.Database, rows: list[dict[str, Any]]) -> None:
     """One `benchctl bench` invocation's rows, all or none."""
     with db.atomic():

@@ -12,7 +12,7 @@ from benchctl.stages import RunSelection, Stage, StudyRun
 from benchctl.stages.depth import engine as depth
 from benchctl.stages.depth.options import DepthOptions
 from benchctl.stages.depth.report import FIGURES, depth_section
-from benchctl.stages.depth.tables import TABLES
+from benchctl.stages.depth.tables import TABLES, browse_queries
 
 
 def run(study: StudyRun) -> None:
@@ -33,4 +33,5 @@ def run(study: StudyRun) -> None:
                   f"{s.skipped} already stored")
 
 
-STAGE = Stage(name="depth", order=55, run=run, tables=TABLES, sections=(depth_section,), figures=FIGURES, skippable=True)
+STAGE = Stage(name="depth", order=55, run=run, tables=TABLES, queries=browse_queries, sections=(depth_section,),
+              figures=FIGURES, skippable=True)

@@ -8,6 +8,7 @@ import sqlite_utils
 
 from benchctl.core.db import now, retry_locked
 from benchctl.core.tables import Column, Table
+from benchctl.stages.train.tables import model_label
 
 DEPTH_RESULTS = Table(
     "depth_results", "Test-time depth",
@@ -36,6 +37,20 @@ DEPTH_RESULTS = Table(
 )
 
 TABLES = (DEPTH_RESULTS,)
+
+
+def browse_queries(columns: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
+    """`benchctl browse`'s query: every depth_results row, labelled with its run's model and seed when the file's
+    table is keyed by run."""
+    if "depth_results" not in columns:
+        return {}
+    if "run_id" in columns["depth_results"]:
+        sql = (f"select {model_label(columns)} as model, r.preset, r.seed, d.* from depth_results d "
+               "left join runs r on r.id = d.run_id order by model, r.preset, r.seed")
+    else:
+        sql = "select d.* from depth_results d"
+    return {"depth_results": {"title": "Depth results", "description": "Results at each test-time depth, per run.",
+                              "sql": sql}}
 
 _DEPTH_PK = DEPTH_RESULTS.pk
 

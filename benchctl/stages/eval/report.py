@@ -6,11 +6,40 @@ from __future__ import annotations
 import pandas as pd
 
 from benchctl.stages.eval.chance import ALPHA, chance_frame, chance_levels, fraction, task_verdicts
-from benchctl.report.fmt import fnum, fp, md_table, missing, need
-from benchctl.report.frames import Frames, eval_frame
+from benchctl.report.fmt import fnum, fp, md_table, missing, need, py
+from benchctl.report.context import Context, model_keys
+from benchctl.report.frames import Frames
 
 ABOVE = "✓"  # the mark of an accuracy above chance
 AT_CHANCE = "(chance)"  # the mark of one not distinguishable from chance
+
+
+def eval_frame(ctx: Context, evals: pd.DataFrame) -> pd.DataFrame:
+    """lm-eval results per (model, n_recur, limit, task, metric): mean over seeds, mean stderr, seed count."""
+    cols = ["model", "n_recur", "trained_n_recur", "limit_n", "task", "metric", "value", "stderr", "seeds"]
+    if ctx.done.empty or evals.empty:
+        return pd.DataFrame(columns=cols)
+    runs = ctx.done[["id", "model", "config_json"]].rename(columns={"id": "run_id"})
+    df = evals.merge(runs, on="run_id", how="inner")
+    if df.empty:
+        return pd.DataFrame(columns=cols)
+    df["trained_n_recur"] = df["config_json"].map(lambda c: model_keys(c).get("model.n_recur"))
+    for c in ("value", "stderr", "n_recur", "limit_n"):
+        df[c] = pd.to_numeric(df[c], errors="coerce")
+    df["n_recur"] = df["n_recur"].fillna(df["trained_n_recur"])
+    df["limit_n"] = df["limit_n"].fillna(0)
+    rows = []
+    for (m, r, lim, task, metric), g in df.groupby(["model", "n_recur", "limit_n", "task", "metric"], sort=True):
+        se = g["stderr"].dropna()
+        rows.append({
+            "model": m, "n_recur": int(r), "trained_n_recur": py(g["trained_n_recur"].iloc[0]), "limit_n": int(lim),
+            "task": str(task), "metric": str(metric), "value": float(g["value"].mean()),
+            "stderr": float(se.mean()) if not se.empty else None, "seeds": int(g["run_id"].nunique()),
+        })
+    out = pd.DataFrame(rows, columns=cols)
+    order = {m: i for i, m in enumerate(ctx.models)}
+    out["_o"] = out["model"].map(order)
+    return out.sort_values(["_o", "n_recur", "limit_n", "task", "metric"]).drop(columns="_o").reset_index(drop=True)
 
 
 def _keys(ev: pd.DataFrame) -> list[tuple[str, int, int]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from benchctl.stages import RunSelection, Stage, StudyRun
 from benchctl.stages.eval.options import EvalOptions
 from benchctl.stages.eval.report import eval_section
-from benchctl.stages.eval.tables import TABLES
+from benchctl.stages.eval.tables import TABLES, browse_queries
 
 
 def run(study: StudyRun) -> None:
@@ -21,4 +21,4 @@ def run(study: StudyRun) -> None:
     evaluate.evaluate_runs(study.db, study.opts.db_path, opts, progress=study.opts.progress, log=study.log)
 
 
-STAGE = Stage(name="eval", order=50, run=run, tables=TABLES, sections=(eval_section,), skippable=True)
+STAGE = Stage(name="eval", order=50, run=run, tables=TABLES, queries=browse_queries, sections=(eval_section,), skippable=True)

@@ -8,6 +8,7 @@ import sqlite_utils
 
 from benchctl.core.db import retry_locked
 from benchctl.core.tables import Column, Table
+from benchctl.stages.train.tables import model_label
 
 EVAL_RESULTS = Table(
     "eval_results", "lm-eval results", "One row per (run, task, metric, test-time recurrence, document limit).",
@@ -33,6 +34,22 @@ EVAL_RESULTS = Table(
 )
 
 TABLES = (EVAL_RESULTS,)
+
+
+def browse_queries(columns: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
+    """`benchctl browse`'s query over the lm-eval results, for a file that has them."""
+    if "eval_results" not in columns:
+        return {}
+    return {"eval_results_by_model": {
+        "title": "lm-eval results by model",
+        "description": "Mean over seeds of every lm-eval metric per model, task, test-time recurrence and "
+                       "document limit (0 = all), with the mean standard error.",
+        "sql": f"""select {model_label(columns)} as model, r.preset, e.task, e.metric, e.n_recur, e.limit_n,
+  count(*) as n_runs, avg(e.value) as mean_value, avg(e.stderr) as mean_stderr, max(e.n_samples) as n_samples
+from eval_results e join runs r on r.id = e.run_id
+group by model, r.preset, e.task, e.metric, e.n_recur, e.limit_n
+order by e.task, e.metric, r.preset, model, e.n_recur""",
+    }}
 
 
 def replace_eval_results(db: sqlite_utils.Database, rows: list[dict[str, Any]], keys: set[tuple[str, str]],

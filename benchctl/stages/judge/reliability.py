@@ -15,7 +15,8 @@ import pandas as pd
 
 from benchctl.core import stats
 from benchctl.report.fmt import fnum, fp, md_table, need
-from benchctl.report.frames import JUDGE_COLUMNS, N_BOOT, Frames, JudgeGroup
+from benchctl.report.frames import Frames
+from benchctl.stages.judge.frames import JUDGE_COLUMNS, N_BOOT, JudgeGroup, judge_groups_of, primary_judge
 
 # Conventional reading of alpha (Krippendorff 2004): >= 0.8 reliable, >= 0.667 enough for tentative conclusions.
 ALPHA_RELIABLE, ALPHA_TENTATIVE = 0.8, 0.667
@@ -166,7 +167,7 @@ def _trust_lines(rep: dict[str, stats.Agreement] | None, cross: list[Any], lb: s
 
 
 def reliability_section(frames: Frames) -> list[str]:
-    primary, groups = frames.primary_judge, frames.judge_groups
+    primary, groups = primary_judge(frames), judge_groups_of(frames)
     out = ["## Judge reliability", ""]
     if primary is None:
         return out + need("No judge grades: `benchctl judge --repeats 2` grades every sample twice and measures "

@@ -4,11 +4,54 @@ never pooled: a different protocol or prompt version is a different set of grade
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
+import numpy as np
+
 from benchctl.core import paper
-from benchctl.report.context import study_order
-from benchctl.report.figures import fig_judge
-from benchctl.report.fmt import fnum, fpm, md_table, need
-from benchctl.report.frames import JUDGE_COLUMNS, Frames, JudgeGroup
+from benchctl.report.context import Context, study_order
+from benchctl.report.figures import _figure, _style, _title
+from benchctl.report.fmt import fnum, fpm, md_table, missing, nan, need
+from benchctl.report.frames import Frames
+from benchctl.stages.judge.frames import JUDGE_COLUMNS, JudgeGroup, judge_groups_of
+
+
+def fig_judge(ctx: Context, jg: JudgeGroup) -> Any:
+    """Table 4 of the study as a figure: mean grade per criterion and model, 95% CI over graded samples."""
+    t = jg.table[jg.table["average_n"] > 0]
+    if t.empty:
+        return None
+    models = list(t["model"])
+    k = len(models)
+    width = 0.8 / k
+    with _style():
+        fig = _figure(max(8.5, 0.9 * len(JUDGE_COLUMNS) + 0.45 * k + 3.0), 4.6)
+        ax = fig.add_subplot()
+        for j, row in enumerate(t.itertuples()):
+            x = np.arange(len(JUDGE_COLUMNS)) + (j - (k - 1) / 2) * width
+            means = np.array([getattr(row, f"{c}_mean") for c in JUDGE_COLUMNS], dtype=float)
+            los = np.array([nan(getattr(row, f"{c}_lo")) for c in JUDGE_COLUMNS])
+            his = np.array([nan(getattr(row, f"{c}_hi")) for c in JUDGE_COLUMNS])
+            ax.bar(x, means, width=width * 0.95, color=ctx.colours[row.model], edgecolor="black", linewidth=0.5,
+                   label=f"{row.model} ({row.average_n})", zorder=2)
+            ok = ~np.isnan(los)
+            if ok.any():
+                ax.errorbar(x[ok], means[ok], yerr=[means[ok] - los[ok], his[ok] - means[ok]], fmt="none",
+                            color="black", capsize=3, linewidth=1, zorder=3)
+        ax.set_xticks(range(len(JUDGE_COLUMNS)))
+        ax.set_xticklabels([c if c != "average" else "average" for c in JUDGE_COLUMNS])
+        ax.set_ylabel("judge grade (1–10)")
+        ax.set_xlabel("criterion")
+        top = max(float(v) for r in t.itertuples() for c in JUDGE_COLUMNS
+                  for v in (getattr(r, f"{c}_hi"), getattr(r, f"{c}_mean")) if not missing(v))
+        ax.set_ylim(0, min(10.0, math.ceil(top) + 1.0))  # bars start at 0; the top follows the data (scale 1–10)
+        ax.legend(fontsize=9, frameon=True, title="model (n = graded samples)", title_fontsize=9,
+                  loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        _title(ax, "Judge grades per criterion",
+               [f"judge {jg.judge_model} · preset {ctx.preset} · bar = mean over graded samples, error bar = 95% CI"])
+        ax.grid(axis="x", visible=False)
+    return fig
 
 
 def _ci_words(jg: JudgeGroup) -> str:
@@ -26,7 +69,7 @@ def _ci_words(jg: JudgeGroup) -> str:
 
 
 def judge_section(frames: Frames) -> list[str]:
-    ctx, groups = frames.ctx, frames.judge_groups
+    ctx, groups = frames.ctx, judge_groups_of(frames)
     out = ["## Judge", ""]
     if not groups:
         return out + need("No judge grades: `benchctl sample` then `benchctl judge --model gemini-2.5-flash` "

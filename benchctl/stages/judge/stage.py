@@ -8,7 +8,7 @@ from benchctl.stages.judge.report import judge_section
 from benchctl.stages.judge.reliability import reliability_section
 from benchctl.stages import RunSelection, Stage, StudyRun
 from benchctl.stages.judge.options import JudgeOptions
-from benchctl.stages.judge.tables import TABLES
+from benchctl.stages.judge.tables import TABLES, browse_queries
 
 
 def run(study: StudyRun) -> None:
@@ -28,5 +28,5 @@ def run(study: StudyRun) -> None:
         study.log(f"   {js.n_ok} graded, {js.n_failed} failed, {js.n_cached} already graded")
 
 
-STAGE = Stage(name="judge", order=40, run=run, tables=TABLES, sections=(judge_section, reliability_section),
+STAGE = Stage(name="judge", order=40, run=run, tables=TABLES, queries=browse_queries, sections=(judge_section, reliability_section),
               figures=("judge_grades.png",), skippable=True)

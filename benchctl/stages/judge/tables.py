@@ -11,6 +11,7 @@ import sqlite_utils
 
 from benchctl.core.db import now, retry_locked
 from benchctl.core.tables import Column, Table
+from benchctl.stages.train.tables import model_label
 
 _PROTOCOL = "json (grades only) or assess (a general assessment first); empty: made before protocols existed, i.e. json"
 
@@ -85,6 +86,23 @@ JUDGE_GRADES = Table(
 )
 
 TABLES = (JUDGE_REQUESTS, JUDGE_GRADES)
+
+
+def browse_queries(columns: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
+    """`benchctl browse`'s query over the grades, for a file that has them and the samples they grade."""
+    if "judge_grades" not in columns or "samples" not in columns:
+        return {}
+    return {"judge_grades_by_model": {
+        "title": "Judge grades by model and criterion",
+        "description": "Mean grade (1-10) per criterion for each model, judge model and judge prompt; failed "
+                       "gradings are counted, never scored.",
+        "sql": f"""select {model_label(columns)} as model, r.preset, g.judge_model, g.prompt_hash,
+  count(distinct r.seed) as n_seeds, sum(g.status = 'ok') as n_graded, sum(g.status != 'ok') as n_failed,
+  avg(g.grammar) as grammar, avg(g.creativity) as creativity, avg(g.consistency) as consistency,
+  avg(g.plot) as plot, avg(g.average) as average
+from judge_grades g join samples s on s.id = g.sample_id join runs r on r.id = s.run_id
+group by model, r.preset, g.judge_model, g.prompt_hash order by g.judge_model, r.preset, average desc""",
+    }}
 
 _JUDGE_GRADE_PK = ("sample_id", "judge_model", "prompt_hash", "repeat")
 # judge_requests columns that add up over every run that called the service for a key, so retrying a failed key

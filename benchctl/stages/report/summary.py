@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from benchctl.report.context import CONTROL
 from benchctl.report.fmt import counts, date, fnum, fp, md_table, max_str, min_str, missing, need, py, scaled
-from benchctl.report.frames import LOSS, Frames, bench_frame, comparison_frame
+from benchctl.report.frames import Frames
+from benchctl.stages.bench.frames import bench_frame
+from benchctl.stages.judge.frames import judge_groups_of, primary_judge
+from benchctl.stages.report.frames import LOSS, comparison_frame
 
 
 _TESTS = {"paired-t": "paired t over shared seeds", "welch": "Welch t over seeds",
@@ -13,7 +16,7 @@ _TESTS = {"paired-t": "paired t over shared seeds", "welch": "Welch t over seeds
 
 
 def comparisons_section(frames: Frames) -> list[str]:
-    ctx, primary = frames.ctx, frames.primary_judge
+    ctx, primary = frames.ctx, primary_judge(frames)
     out = ["## Comparisons", ""]
     if len(ctx.done_models) < 2:
         return out + need("Needs finished runs of at least two models: `benchctl train-all` produces them.")
@@ -44,7 +47,7 @@ def comparisons_section(frames: Frames) -> list[str]:
     if primary is None:
         out += need("Judge comparisons need grades: `benchctl sample` then `benchctl judge`.")
     else:
-        others = [g for g in frames.judge_groups if g is not primary]
+        others = [g for g in judge_groups_of(frames) if g is not primary]
         line = (f"Judge comparisons use one set of grades: judge `{primary.judge_model}`, protocol "
                 f"`{primary.protocol}`, prompt `{primary.prompt_hash}` ({primary.n_ok} ok grades, the most complete)")
         if others:
@@ -111,7 +114,7 @@ def bench_section(frames: Frames) -> list[str]:
 
 
 def provenance_section(frames: Frames) -> list[str]:
-    ctx, data, groups = frames.ctx, frames.data, frames.judge_groups
+    ctx, data, groups = frames.ctx, frames.data, judge_groups_of(frames)
     out = ["## Provenance", ""]
     if ctx.runs.empty:
         return out + need("No runs: `benchctl train-all` records versions, commits, data and devices.")

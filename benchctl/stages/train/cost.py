@@ -24,8 +24,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from benchctl.core import stats
 from benchctl.report.context import CONTROL, Context, model_keys
 from benchctl.report.fmt import missing
+from benchctl.report.frames import ci_cols, vals
 
 # Slack over the core count before a run's load counts as contention: the kernel's and other daemons' brief wake-ups
 # lift a quiet machine's load average by a few tenths, and a run that keeps every core busy by itself reads ~cores.
@@ -189,3 +191,50 @@ def warnings(ctx: Context, t: pd.DataFrame) -> list[str]:
                        f"above {SEED_SPREAD_LIMIT}×): its wall time is not a cost measure here; trust "
                        f"{trust(r['model'])} instead.")
     return out
+
+
+def _memory_kind(done: pd.DataFrame) -> str:
+    """'gpu' when every done run has torch's peak GPU memory, else 'rss' (process peak resident set size)."""
+    if done.empty:
+        return "rss"
+    gpu = pd.to_numeric(done["peak_gpu_mem_bytes"], errors="coerce")
+    return "gpu" if gpu.notna().all() else "rss"
+
+
+def cost_frame(ctx: Context) -> pd.DataFrame:
+    """Training time, throughput and peak memory per model (done runs), with ratios to the control."""
+    kind = _memory_kind(ctx.done)
+    mem_col = "peak_gpu_mem_bytes" if kind == "gpu" else "peak_rss_bytes"
+    rows = []
+    for m in ctx.done_models:
+        g = ctx.done[ctx.done["model"] == m]
+        row: dict[str, Any] = {"model": m, "seeds": len(g), "memory_kind": kind}
+        row["devices"] = ", ".join(sorted({str(d) for d in g["device_name"].dropna()})) or "unknown"
+        # Cost is shown as mean and min–max over seeds: a t-interval from 2–3 timings (t = 12.7 at n = 2) is wide
+        # enough to go below zero, which says nothing about a duration that is positive by construction.
+        for q, col in (("time", "train_seconds"), ("mem", mem_col)):
+            v = vals(g, col)
+            row.update(ci_cols(q, stats.mean_ci(v)))
+            row[f"{q}_min"], row[f"{q}_max"] = (min(v), max(v)) if v else (None, None)
+        for c, name in (("tokens_per_s", "tokens_per_s"), ("step_seconds", "step_seconds"),
+                        ("peak_gpu_reserved_bytes", "reserved"), ("peak_nvml_mem_bytes", "nvml"),
+                        ("peak_rss_bytes", "rss"), ("tokens_seen", "tokens")):
+            v = vals(g, c)
+            row[name] = float(np.mean(v)) if v else None
+        # the model's own share of the peak RSS: peak minus the process's RSS before the model was built
+        own = [float(p) - float(b) for p, b in zip(pd.to_numeric(g["peak_rss_bytes"], errors="coerce"),
+                                                   pd.to_numeric(g["baseline_rss_bytes"], errors="coerce"))
+               if pd.notna(p) and pd.notna(b)]
+        row["own"] = float(np.mean(own)) if own else None
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return df
+    ctrl = df[df["model"] == CONTROL]
+    for q in ("time", "mem"):
+        base = ctrl[f"{q}_mean"].iloc[0] if not ctrl.empty else None
+        df[f"{q}_ratio"] = [
+            (v / base) if (base is not None and pd.notna(base) and base > 0 and v is not None and pd.notna(v)) else None
+            for v in df[f"{q}_mean"]
+        ]
+    return df

@@ -4,22 +4,80 @@
 from __future__ import annotations
 
 import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
 
 from benchctl.core import paper
-from benchctl.report.context import CONTROL, model_keys, study_order
-from benchctl.stages.train.cost import benched_models, headline, timing_frame, warnings
-from benchctl.report.figures import fig_cost_bars, fig_final_loss, fig_loss_curves, hardware_line
+from benchctl.report.context import CONTROL, Context, model_keys, study_order
+from benchctl.stages.train.cost import benched_models, cost_frame, headline, timing_frame, warnings
+from benchctl.report.figures import (
+    _bar_width, _figure, _style, _title, _x_labels, fig_final_loss, fig_loss_curves, hardware_line,
+)
 from benchctl.report.fmt import (
     bytes_unit, fci, fint, fnum, ftokens, md_table, missing, need, scaled, time_unit, value_range,
 )
 from benchctl.report.frames import (
-    Frames, accounting_frame, component_order, cost_frame, curve_frame, loss_frame, paper_accounting_frame,
-    status_frame,
+    Frames, accounting_frame, component_order, curve_frame, loss_frame, paper_accounting_frame, status_frame, vals,
 )
 
 # Short column headers for the components the study's architectures have; any other component is shown by name.
 _COMPONENT_NAMES = {"depth_encoding": "depth enc.", "recurrent_norm": "rec. norm", "lora": "LoRA",
                     "final_norm": "final norm"}
+
+
+def fig_cost_bars(ctx: Context, cost: pd.DataFrame, what: str) -> Any:
+    """Figures 1–2 of the study: training time or peak memory per model; bar = mean, one dot per seed, labelled
+    with the mean and its ratio to the control."""
+    q = "time" if what == "time" else "mem"
+    df = cost[cost[f"{q}_mean"].notna()]
+    if df.empty:
+        return None
+    models = list(df["model"])
+    if q == "time":
+        scale, unit = time_unit(float(df["time_mean"].max()))
+        col = "train_seconds"
+        ylabel = f"training time ({unit})"
+        title = "Training time per model"
+    else:
+        scale, unit = bytes_unit(float(df["mem_mean"].max()))
+        gpu = df["memory_kind"].iloc[0] == "gpu"
+        col = "peak_gpu_mem_bytes" if gpu else "peak_rss_bytes"
+        ylabel = f"{'peak GPU memory allocated' if gpu else 'peak process RSS'} ({unit})"
+        title = "Peak GPU memory per model" if gpu else "Peak memory per model (process RSS, no GPU)"
+    with _style():
+        fig = _figure(_bar_width(len(models)), 4.6)
+        ax = fig.add_subplot()
+        for i, row in enumerate(df.itertuples()):
+            m = row.model
+            mean = getattr(row, f"{q}_mean") / scale
+            ax.bar(i, mean, width=0.65, color=ctx.colours[m], edgecolor="black", linewidth=0.6, zorder=2)
+            seeds = vals(ctx.done[ctx.done["model"] == m], col)
+            if len(seeds) > 1:
+                offs = np.linspace(-0.18, 0.18, len(seeds))
+                ax.scatter(i + offs, np.array(seeds) / scale, s=18, color="white", edgecolor="black",
+                           linewidth=0.8, zorder=4)
+            ratio = getattr(row, f"{q}_ratio")
+            top = max([mean] + [v / scale for v in seeds])
+            label = f"{mean:.{1 if mean < 100 else 0}f} {unit}"
+            if not missing(ratio) and m != CONTROL:
+                label += f"\n{ratio:.2f}× control"
+            ax.annotate(label, (i, top), xytext=(0, 4), textcoords="offset points", ha="center", va="bottom",
+                        fontsize=9)
+        _x_labels(ax, models)
+        ax.set_ylabel(ylabel)
+        ax.set_xlabel("model")
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.18)
+        _title(ax, title, [hardware_line(ctx), f"preset {ctx.preset} · {_seed_line(df)}"])
+        ax.grid(axis="x", visible=False)
+    return fig
+
+
+def _seed_line(df: pd.DataFrame) -> str:
+    n = sorted({int(v) for v in df["seeds"]})
+    s = f"{n[0]}" if len(n) == 1 else f"{n[0]}–{n[-1]}"
+    return f"{s} seed{'s' if n[-1] != 1 else ''} per model, bar = mean" + (", dots = seeds" if n[-1] > 1 else "")
 
 
 def runs_section(frames: Frames) -> list[str]:

@@ -10,7 +10,7 @@ from benchctl.stages.train.options import TrainOptions
 from benchctl.stages.train.sweep import train_all
 from benchctl.stages.train.report_compute import compute_section, depth_section, params_section
 from benchctl.stages.train.report import cost_section, loss_section, models_section, runs_section
-from benchctl.stages.train.tables import TABLES
+from benchctl.stages.train.tables import TABLES, browse_queries
 from benchctl.stages import Stage, StudyRun
 
 
@@ -26,7 +26,7 @@ def run(study: StudyRun) -> None:
 
 
 STAGE = Stage(
-    name="train", order=20, run=run, tables=TABLES,
+    name="train", order=20, run=run, tables=TABLES, queries=browse_queries,
     sections=(runs_section, models_section, cost_section, loss_section, compute_section, params_section,
               depth_section),
     every_rank=True,

@@ -167,6 +167,63 @@ TABLES = (RUNS, METRICS, CHECKPOINTS, PLAN_RUNS)
 
 
 # --------------------------------------------------------------------------------------------------------------------
+# Canned queries (`benchctl browse`)
+
+
+def model_label(columns: dict[str, list[str]]) -> str:
+    """SQL naming the model of a run `r` in a canned query: its variant where the file's runs table has one (several
+    variants can share an architecture), else its architecture."""
+    return "coalesce(r.variant, r.arch)" if "variant" in columns.get("runs", ()) else "r.arch"
+
+
+def browse_queries(columns: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
+    """Queries over the runs and metrics tables, which every results database has."""
+    if "runs" not in columns:
+        return {}
+    label = model_label(columns)
+    return {
+        "final_losses": {
+            "title": "Final validation loss by model",
+            "description": "Finished runs grouped by model and preset: seeds, mean, best and worst final "
+                           "validation loss (nats/token), and each seed's loss.",
+            "sql": f"""select {label} as model, r.preset, count(*) as n_seeds,
+  group_concat(r.seed, ',') as seeds,
+  avg(r.final_val_loss) as mean_final_val_loss, min(r.final_val_loss) as best_final_val_loss,
+  max(r.final_val_loss) as worst_final_val_loss, avg(r.initial_val_loss) as mean_initial_val_loss,
+  group_concat(r.seed || ': ' || printf('%.4f', r.final_val_loss), '; ') as final_val_loss_per_seed
+from runs r where r.status = 'done'
+group by model, r.preset order by r.preset, mean_final_val_loss""",
+        },
+        "validation_curve": {
+            "title": "Validation curve of one run",
+            "description": "val_loss (nats/token) of one run by step, with tokens seen and training time: one row "
+                           "per point, ready to chart. Run ids are in the runs table.",
+            "sql": """select m.step, m.tokens, m.wall_seconds, m.value as val_loss
+from metrics m where m.run_id = :run_id and m.name = 'val_loss' order by m.step""",
+        },
+        "cost_per_model": {
+            "title": "Cost per model",
+            "description": "Finished runs grouped by model and preset: training time (s), throughput (tokens/s), "
+                           "peak memory (bytes), parameters and training FLOPs/token.",
+            "sql": f"""select {label} as model, r.preset, count(*) as n_runs,
+  avg(r.train_seconds) as mean_train_seconds, avg(r.tokens_per_s) as mean_tokens_per_s,
+  avg(r.step_seconds) as mean_step_seconds, max(r.peak_rss_bytes) as max_peak_rss_bytes,
+  max(r.peak_gpu_mem_bytes) as max_peak_gpu_mem_bytes, max(r.n_params) as n_params,
+  max(r.effective_params) as effective_params, max(r.flops_per_token) as flops_per_token,
+  group_concat(distinct r.device_name) as devices
+from runs r where r.status = 'done'
+group by model, r.preset order by r.preset, mean_train_seconds""",
+        },
+        "unfinished_runs": {
+            "title": "Runs not finished",
+            "description": "Runs still running, pending or failed, with their progress and error.",
+            "sql": """select r.id, r.arch, r.preset, r.seed, r.status, r.step, r.max_steps, r.error, r.hostname,
+  r.updated_at from runs r where r.status != 'done' order by r.status, r.updated_at desc""",
+        },
+    }
+
+
+# --------------------------------------------------------------------------------------------------------------------
 # Queries: runs
 
 
