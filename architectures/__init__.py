@@ -18,13 +18,21 @@ import dataclasses
 import difflib
 import importlib
 import pkgutil
-from typing import Any, Callable, Iterable, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from architectures.base import ArchArgs, BaseLM, RecurrenceError
 
 __all__ = [
-    "ArchArgs", "BaseLM", "RecurrenceError", "UnknownArchitectureError",
-    "register", "build", "get", "names", "did_you_mean",
+    "ArchArgs",
+    "BaseLM",
+    "RecurrenceError",
+    "UnknownArchitectureError",
+    "register",
+    "build",
+    "get",
+    "names",
+    "did_you_mean",
 ]
 
 _REGISTRY: dict[str, type[BaseLM]] = {}
@@ -35,7 +43,7 @@ T = TypeVar("T", bound=type[BaseLM])
 
 
 def did_you_mean(word: str, options: Iterable[str]) -> str:
-    """"; did you mean 'x'?" for the closest option to a mistyped word, or "" when nothing is close."""
+    """ "; did you mean 'x'?" for the closest option to a mistyped word, or "" when nothing is close."""
     close = difflib.get_close_matches(word, list(options), n=1)
     return f"; did you mean '{close[0]}'?" if close else ""
 
@@ -56,8 +64,12 @@ def register(name: str, args: type[ArchArgs] | None = None) -> Callable[[T], T]:
     config must stay immutable and hashable once resolved).
     """
     args_cls = ArchArgs if args is None else args
-    if not (isinstance(args_cls, type) and issubclass(args_cls, ArchArgs) and dataclasses.is_dataclass(args_cls)
-            and args_cls.__dataclass_params__.frozen):  # type: ignore[attr-defined]
+    if not (
+        isinstance(args_cls, type)
+        and issubclass(args_cls, ArchArgs)
+        and dataclasses.is_dataclass(args_cls)
+        and getattr(args_cls, "__dataclass_params__").frozen  # noqa: B009 (not in the dataclass type's stubs)
+    ):
         raise TypeError(f"@register('{name}', args=...) expects a frozen ArchArgs dataclass, got {args!r}")
 
     def deco(cls: T) -> T:

@@ -23,8 +23,9 @@ does not implement the hooks runs at its fixed depth only.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterable, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 import torch.nn as nn
@@ -158,8 +159,9 @@ class BaseLM(nn.Module):
         if rule is None:
             return cls.extrapolate_rules[0]
         if rule not in cls.extrapolate_rules:
-            raise RecurrenceError(f"{cls.name}: extrapolate must be one of {', '.join(cls.extrapolate_rules)}; "
-                                  f"got {rule!r}")
+            raise RecurrenceError(
+                f"{cls.name}: extrapolate must be one of {', '.join(cls.extrapolate_rules)}; got {rule!r}"
+            )
         return rule
 
     # ---- construction ----------------------------------------------------------------------------------------------
@@ -236,8 +238,9 @@ class BaseLM(nn.Module):
         """
         n = self.resolve_n_recur(n_recur)
         if n > self.args.n_recur and self.extrapolate_rules:
-            out = self.iterate(tokens, targets, n_recur=n, cache=cache, return_logits=return_logits,
-                               extrapolate=extrapolate)
+            out = self.iterate(
+                tokens, targets, n_recur=n, cache=cache, return_logits=return_logits, extrapolate=extrapolate
+            )
             return out.logits, out.loss
         if extrapolate is not None:
             self.resolve_extrapolate(extrapolate)  # a bad rule is an error even where it would not apply
@@ -263,8 +266,9 @@ class BaseLM(nn.Module):
             return _eager_embed(self.tok_embeddings, self.dropout, tokens)
         return self.dropout(self.tok_embeddings(tokens))
 
-    def _head(self, h: torch.Tensor, targets: torch.Tensor | None, return_logits: bool
-              ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def _head(
+        self, h: torch.Tensor, targets: torch.Tensor | None, return_logits: bool
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Normed hidden states (B, T, d) -> (logits or None, mean cross-entropy or None)."""
         B, T, _ = h.shape
         if targets is not None and not return_logits:
@@ -272,20 +276,30 @@ class BaseLM(nn.Module):
         logits = self.output(h)  # (B, T, V)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1),
-                                   ignore_index=IGNORE_INDEX)
+            loss = F.cross_entropy(
+                logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=IGNORE_INDEX
+            )
         return logits, loss
 
     # ---- iteration hooks (test-time recurrence) --------------------------------------------------------------------
 
-    def prelude(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None
-                ) -> tuple[torch.Tensor, Any]:
+    def prelude(
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None
+    ) -> tuple[torch.Tensor, Any]:
         """Embedded tokens (B, T, d) -> (initial recurrent state s0, context every step reads). Looped models:
         (h, None)."""
         return h, None
 
-    def core_step(self, s: torch.Tensor, ctx: Any, t: int, cos: torch.Tensor, sin: torch.Tensor,
-                  cache: KVCache | None, extrapolate: str | None) -> torch.Tensor:
+    def core_step(
+        self,
+        s: torch.Tensor,
+        ctx: Any,
+        t: int,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache | None,
+        extrapolate: str | None,
+    ) -> torch.Tensor:
         """Iteration t (0-based) of the recurrence: state (B, T, d) -> next state. `extrapolate` (resolved) says
         what iterations t >= the trained depth use in place of depth-specific parameters."""
         raise NotImplementedError(f"{self.name} does not expose its recurrence (fixed depth)")
@@ -345,8 +359,9 @@ class BaseLM(nn.Module):
                 with coda_slots:
                     cur = F.log_softmax(self.output(self.norm(self.coda(new, cos, sin, cache))).float(), dim=-1)
                 if prev is None:  # iteration 1 is compared against the uniform distribution
-                    prev = torch.full((B, T, self.args.vocab_size), -math.log(self.args.vocab_size),
-                                      device=tokens.device)
+                    prev = torch.full(
+                        (B, T, self.args.vocab_size), -math.log(self.args.vocab_size), device=tokens.device
+                    )
                 crit = F.kl_div(cur, prev, log_target=True, reduction="none").sum(-1)  # KL(prev || cur), (B, T)
                 prev = cur
             else:

@@ -21,7 +21,8 @@ are in kernels.py; where this file calls them, the reference maths is next to th
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn as nn

@@ -69,4 +69,3 @@ class FraiLT(BaseLM):
 
     def components(self, n_recur):
         return [("blocks", self.layers, n_recur), ("depth_encoding", self.iter_emb, 1)]
-

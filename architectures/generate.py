@@ -131,8 +131,9 @@ class _Decoder:
         if self.exit is None:
             extra = {} if self.extrapolate is None else {"extrapolate": self.extrapolate}
             return self.model(tokens, n_recur=self.n_recur, cache=cache, **extra)[0]
-        out = self.model.iterate(tokens, n_recur=self.n_recur, cache=cache, extrapolate=self.extrapolate,
-                                 exit=self.exit)
+        out = self.model.iterate(
+            tokens, n_recur=self.n_recur, cache=cache, extrapolate=self.extrapolate, exit=self.exit
+        )
         self.depth_sum += out.depths.sum(-1).double()
         self.depth_n += out.depths.shape[-1]
         return out.logits
@@ -186,8 +187,9 @@ class _Decoder:
             dropped = bool(is_stop[r]) and bool(torch.isin(self.seq[r, self.T], stop))  # a stop id is not kept
             end = self.T + (0 if dropped else 1)
             depth = float(self.depth_sum[r] / self.depth_n[r]) if self.exit is not None else None
-            self.results[self.rows[r]] = Generation(self.seq[r, start:end].tolist(),
-                                                    "eos" if bool(is_stop[r]) else "length", depth)
+            self.results[self.rows[r]] = Generation(
+                self.seq[r, start:end].tolist(), "eos" if bool(is_stop[r]) else "length", depth
+            )
         keep = (~finished).nonzero().flatten()  # (b',)
         if keep.numel() == 0:
             return False

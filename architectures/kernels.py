@@ -37,8 +37,9 @@ class LoRAProjection(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, a: torch.Tensor, scale: float,
-                *bs: torch.Tensor) -> torch.Tensor:
+    def forward(
+        ctx: Any, x: torch.Tensor, w: torch.Tensor, a: torch.Tensor, scale: float, *bs: torch.Tensor
+    ) -> torch.Tensor:
         r = bs[0].shape[1]
         u = torch.mm(x, a.t())  # (N, n r)
         if scale != 1.0:
@@ -137,8 +138,12 @@ class RMSNormFunction(torch.autograd.Function):
             if dx is not None:
                 dot = (gxhat * xhat[b]).mean(-1, keepdim=True)
                 torch.addcmul(gxhat, xhat[b], dot, value=-1, out=dx[b]).mul_(rstd[b])
-        return (dx.view(gy.shape) if dx is not None else None,
-                dw.to(weight.dtype) if dw is not None else None, None, None)
+        return (
+            dx.view(gy.shape) if dx is not None else None,
+            dw.to(weight.dtype) if dw is not None else None,
+            None,
+            None,
+        )
 
 
 def _norm_block_rows(x2: torch.Tensor) -> int:
@@ -206,15 +211,16 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_
     matmuls round them anyway (outputs and gradients agree with the fused kernel's to within bf16 rounding: tests).
     Under torch.compile the same form, written whole for inductor to fuse."""
     B, H, T, hd = q.shape
-    explicit = (q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
-                and 1 < T <= CPU_EXPLICIT_ATTENTION_MAX_T)
+    explicit = (
+        q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16) and 1 < T <= CPU_EXPLICIT_ATTENTION_MAX_T
+    )
     if not explicit:
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=T > 1)
     if torch.compiler.is_compiling():
         # the same two matmuls and softmax written plainly, whole: inductor fuses the scale, the mask and the softmax
         # around them itself, and the chunked Function's writes into slices would break its graph (the fused kernel
         # there made a compiled bf16 step slower than the eager one; this form does not)
-        q, k, v = ((q * hd ** -0.5).reshape(B * H, T, hd), k.reshape(B * H, T, hd), v.reshape(B * H, T, hd))
+        q, k, v = ((q * hd**-0.5).reshape(B * H, T, hd), k.reshape(B * H, T, hd), v.reshape(B * H, T, hd))
         probs = torch.softmax(torch.bmm(q, k.transpose(1, 2)) + _future_mask(T, q), dim=-1)
         if dropout_p > 0.0:
             probs = torch.nn.functional.dropout(probs, dropout_p)
@@ -224,7 +230,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_
     # probabilities the second matmul needs. Its backward then runs in one pass too, where float32 scores took four
     # (casts both ways, the softmax's backward, the scale).
     rows = max(1, CPU_ATTENTION_CHUNK_BYTES // (q.element_size() * T * T))
-    q, k, v = ((q * hd ** -0.5).reshape(B * H, T, hd), k.reshape(B * H, T, hd), v.reshape(B * H, T, hd))
+    q, k, v = ((q * hd**-0.5).reshape(B * H, T, hd), k.reshape(B * H, T, hd), v.reshape(B * H, T, hd))
     if dropout_p == 0.0:
         return ChunkedCausalAttention.apply(q, k, v, rows).view(B, H, T, hd)
     future = _future_mask(T, q)
@@ -277,8 +283,9 @@ class ChunkedCausalAttention(torch.autograd.Function):
 # ---- the head and its loss ------------------------------------------------------------------------------------------
 
 
-def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                         chunk: int | None = None) -> torch.Tensor:
+def linear_cross_entropy(
+    h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int | None = None
+) -> torch.Tensor:
     """Mean cross-entropy of the logits h W^T (N, V) against targets (N,), without ever holding all the logits.
 
     The same function as `F.cross_entropy(F.linear(h, weight).float(), targets, ignore_index=-1)`, evaluated `chunk`
@@ -293,8 +300,9 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
     return _linear_cross_entropy(h, weight, targets, chunk)
 
 
-def _linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                          chunk: int | None = None) -> torch.Tensor:
+def _linear_cross_entropy(
+    h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int | None = None
+) -> torch.Tensor:
     """`linear_cross_entropy` itself (which decides only whether torch.compile may trace it)."""
     if chunk is None:
         chunk = max(128, (1 << 21) // weight.shape[0])
@@ -325,8 +333,12 @@ CPU_LOSS_BLOCK_BYTES = 1 << 20
 
 
 def _chunked_cross_entropy(
-    h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int,
-    grad_h: torch.Tensor | None, grad_w: torch.Tensor | None,
+    h: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    chunk: int,
+    grad_h: torch.Tensor | None,
+    grad_w: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(summed loss, number of counted targets); with grad_h (N, d) / grad_w (V, d) given, also fills them with the
     gradient of the *summed* loss (the caller scales by 1 / n_valid)."""
@@ -378,8 +390,9 @@ def _chunked_cross_entropy(
 _TINY_PROB = 1e-30
 
 
-def softmax_and_target_logp(logits: torch.Tensor, idx: torch.Tensor, check_tiny: bool | None = None,
-                            out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def softmax_and_target_logp(
+    logits: torch.Tensor, idx: torch.Tensor, check_tiny: bool | None = None, out: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(logits) (n, V) and log_softmax(logits)[i, idx[i]] (n,), for float32 logits (n, V) and idx (n, 1);
     the softmax is written into `out` (float32, (n, V)) when given.
 
@@ -411,8 +424,7 @@ class LinearCrossEntropy(torch.autograd.Function):
     """Forward of `linear_cross_entropy` that also computes its gradients (see there); backward only scales them."""
 
     @staticmethod
-    def forward(ctx: Any, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                chunk: int) -> torch.Tensor:
+    def forward(ctx: Any, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int) -> torch.Tensor:
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h = torch.empty(h.shape, dtype=compute_dtype(h), device=h.device) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None

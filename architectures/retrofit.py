@@ -21,7 +21,8 @@ no knowledge of benchctl.
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -36,8 +37,9 @@ INITS = ("stepwise", "average", "select")
 LORA_INITS = ("svd", "zero")
 
 # Every tensor of one block, relative to `layers.<i>.`: the seven projections and the two norms.
-_PROJ_KEYS = {p: f"attention.{p}.weight" if p in ("wq", "wk", "wv", "wo") else f"feed_forward.{p}.weight"
-              for p in PROJECTIONS}
+_PROJ_KEYS = {
+    p: f"attention.{p}.weight" if p in ("wq", "wk", "wv", "wo") else f"feed_forward.{p}.weight" for p in PROJECTIONS
+}
 _NORM_KEYS = ("attention_norm.weight", "ffn_norm.weight")
 BLOCK_KEYS = tuple(_PROJ_KEYS.values()) + _NORM_KEYS
 _TRUNK_KEYS = ("tok_embeddings.weight", "output.weight", "norm.weight")
@@ -54,8 +56,9 @@ def n_parent_layers(parent: StateDict) -> int:
 def stepwise_indices(n_parent: int, n_target: int) -> list[int]:
     """`n_target` parent layer indices at even intervals over 0..n_parent-1, always the first and the last."""
     if n_target > n_parent:
-        raise ValueError(f"stepwise needs at least {n_target} parent layers (one per target block), "
-                         f"the parent has {n_parent}")
+        raise ValueError(
+            f"stepwise needs at least {n_target} parent layers (one per target block), the parent has {n_parent}"
+        )
     if n_target == 1:
         return [0]
     return [round(i * (n_parent - 1) / (n_target - 1)) for i in range(n_target)]
@@ -80,15 +83,17 @@ def shared_blocks(parent: StateDict, n_blocks: int, n_passes: int, init: str) ->
     """
     n_parent = n_parent_layers(parent)
     if init == "stepwise":
-        return [{k: v.clone() for k, v in block_tensors(parent, i).items()}
-                for i in stepwise_indices(n_parent, n_blocks)]
+        return [
+            {k: v.clone() for k, v in block_tensors(parent, i).items()} for i in stepwise_indices(n_parent, n_blocks)
+        ]
     if init == "average":
         _require_cycle(n_parent, n_blocks, n_passes, "average")
         out = []
         for b in range(n_blocks):
             layers = [block_tensors(parent, i) for i in cycle_indices(n_blocks, n_passes, b)]
-            out.append({k: torch.stack([t[k].float() for t in layers]).mean(0).to(layers[0][k].dtype)
-                        for k in BLOCK_KEYS})
+            out.append(
+                {k: torch.stack([t[k].float() for t in layers]).mean(0).to(layers[0][k].dtype) for k in BLOCK_KEYS}
+            )
         return out
     raise ValueError(f"a looped model takes --init stepwise or average, got {init!r}")
 
@@ -196,8 +201,10 @@ def select_state(parent: StateDict, target: BaseLM) -> dict[str, Tensor]:
     C = n_layers - P - K
     N = n_parent_layers(parent)
     if N < n_layers:
-        raise ValueError(f"select needs at least {n_layers} parent layers ({P} prelude + {C} core + {K} coda "
-                         f"blocks), the parent has {N}")
+        raise ValueError(
+            f"select needs at least {n_layers} parent layers ({P} prelude + {C} core + {K} coda "
+            f"blocks), the parent has {N}"
+        )
     out = _base(parent, target)
     picks = list(range(P)) + list(range(N - K - C, N))
     for b, layer in enumerate(picks):
@@ -211,8 +218,9 @@ def select_state(parent: StateDict, target: BaseLM) -> dict[str, Tensor]:
     return out
 
 
-def retrofit_state(parent: StateDict | nn.Module, target: BaseLM, init: str, lora_init: str = "svd"
-                   ) -> dict[str, Tensor]:
+def retrofit_state(
+    parent: StateDict | nn.Module, target: BaseLM, init: str, lora_init: str = "svd"
+) -> dict[str, Tensor]:
     """The target model's initial state dict built from the parent's: `select` for a model with an input-injection
     adapter (three-part), `stepwise` or `average` for looped ones. `target` is a freshly built model of the target
     architecture: it supplies the shapes, the recurrence and the init of whatever the parent cannot provide."""
@@ -222,8 +230,10 @@ def retrofit_state(parent: StateDict | nn.Module, target: BaseLM, init: str, lor
     has_adapter = hasattr(target, "adapter")
     if init == "select":
         if not has_adapter:
-            raise ValueError(f"select builds a prelude / core / coda model; {type(target).__name__} is a looped "
-                             "model: use stepwise or average")
+            raise ValueError(
+                f"select builds a prelude / core / coda model; {type(target).__name__} is a looped "
+                "model: use stepwise or average"
+            )
         return select_state(parent, target)
     if has_adapter:
         raise ValueError(f"{type(target).__name__} is a prelude / core / coda model: use select, not {init}")

@@ -63,9 +63,11 @@ class ThreePart(BaseLM):
                 f"model.n_prelude ({a.n_prelude}) + model.n_coda ({a.n_coda}) must leave at least one of "
                 f"model.n_layers={args.n_layers} blocks for the recurrent core"
             )
-        for key, ok, need in (("state_init_std", a.state_init_std >= 0, ">= 0"),
-                              ("recur_sigma", a.recur_sigma > 0, "positive"),
-                              ("backprop_depth", a.backprop_depth >= 0, ">= 0 (0 = full)")):
+        for key, ok, need in (
+            ("state_init_std", a.state_init_std >= 0, ">= 0"),
+            ("recur_sigma", a.recur_sigma > 0, "positive"),
+            ("backprop_depth", a.backprop_depth >= 0, ">= 0 (0 = full)"),
+        ):
             if not ok:
                 raise ValueError(f"model.{key}: must be {need}, got {getattr(a, key)}")
 
@@ -156,8 +158,9 @@ class ThreePart(BaseLM):
         r_bar + 1, truncation applied per depth); otherwise, and for any given n_recur, the fixed-depth count."""
         if not (training and n_recur is None and self.arch_args.recur_sampling == "poisson-lognormal"):
             return super().flops_per_token(seq_len, n_recur, training)
-        return float(sum(p * super(ThreePart, self).flops_per_token(seq_len, r, training)
-                         for r, p in self.depth_distribution()))
+        return float(
+            sum(p * super(ThreePart, self).flops_per_token(seq_len, r, training) for r, p in self.depth_distribution())
+        )
 
     def flop_terms(self, n_recur, seq_len):
         a = self.args

@@ -17,9 +17,10 @@ from __future__ import annotations
 import socket
 import threading
 import webbrowser
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import uvicorn
 from datasette.app import Datasette
@@ -76,8 +77,10 @@ def check_database(path: str | Path) -> Served:
     columns = dbm.file_columns(p)
     missing = [t for t in ("meta", "runs") if t not in columns]
     if missing:
-        raise DatabaseError(f"{p} is an SQLite file but not a benchctl results database (no "
-                            f"{' or '.join(missing)} table); pass the results.db that benchctl wrote")
+        raise DatabaseError(
+            f"{p} is an SQLite file but not a benchctl results database (no "
+            f"{' or '.join(missing)} table); pass the results.db that benchctl wrote"
+        )
     return Served(path=p.resolve(), name=p.stem, columns=columns)
 
 
@@ -108,8 +111,9 @@ def metadata(served: Served) -> dict[str, Any]:
             entry["title"], entry["description"] = spec.title, spec.description
         described = {c: describe(table, c) for c in cols}
         entry["columns"] = {c: d for c, d in described.items() if d}
-        units = {} if spec is None else {c.name: _PINT[c.unit] for c in spec.columns
-                                         if c.name in cols and c.unit in _PINT}
+        units = (
+            {} if spec is None else {c.name: _PINT[c.unit] for c in spec.columns if c.name in cols and c.unit in _PINT}
+        )
         if units:
             entry["units"] = units
         if spec is not None and spec.facets:
@@ -119,8 +123,8 @@ def metadata(served: Served) -> dict[str, Any]:
     return {
         "title": TITLE,
         "description": "Every number benchctl measured: runs, training curves, samples, judge grades, lm-eval "
-                       "results and benchmarks. Read-only. Column headers show descriptions and units; the "
-                       "canned queries below the tables answer the usual questions.",
+        "results and benchmarks. Read-only. Column headers show descriptions and units; the "
+        "canned queries below the tables answer the usual questions.",
         "custom_units": CUSTOM_UNITS,
         "databases": {served.name: {"tables": tables, "queries": canned_queries(served)}},
     }
@@ -159,13 +163,20 @@ def app(served: Served):
     return ds
 
 
-def serve(served: Served, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, open_browser: bool = False,
-          on_ready: Callable[[], None] | None = None) -> None:
+def serve(
+    served: Served,
+    *,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    open_browser: bool = False,
+    on_ready: Callable[[], None] | None = None,
+) -> None:
     """Serve until interrupted. `on_ready` runs once the server accepts connections (then the browser opens)."""
     _check_port(host, port)
     ds = app(served)  # Datasette runs its own start-up hooks on the first request
-    server = uvicorn.Server(uvicorn.Config(ds.app(), host=host, port=port, log_level="warning", lifespan="on",
-                                           workers=1))
+    server = uvicorn.Server(
+        uvicorn.Config(ds.app(), host=host, port=port, log_level="warning", lifespan="on", workers=1)
+    )
 
     def when_started() -> None:
         while not server.started and not server.should_exit:

@@ -44,8 +44,10 @@ def _print_version(value: bool) -> None:
 def root(
     # eager, handled while the options are parsed: the group's own body runs only before a command, and
     # `benchctl --version` has none
-    version: Annotated[bool, typer.Option("--version", help="Print the benchctl version and exit.", is_eager=True,
-                                          callback=_print_version)] = False,
+    version: Annotated[
+        bool,
+        typer.Option("--version", help="Print the benchctl version and exit.", is_eager=True, callback=_print_version),
+    ] = False,
 ) -> None:
     """Benchmark and compare language-model architectures fairly: train, sample, judge, evaluate, report."""
 
@@ -53,11 +55,14 @@ def root(
 def command_modules() -> list[ModuleType]:
     """Every command module: the stages' own (`benchctl/stages/<name>/cli.py`) and those that are not a stage
     (`benchctl/commands/`)."""
-    found = [importlib.import_module(f"benchctl.stages.{mod.name}.cli")
-             for mod in pkgutil.iter_modules(stages.__path__)
-             if mod.ispkg and (Path(stages.__path__[0]) / mod.name / "cli.py").exists()]
-    return found + [importlib.import_module(f"benchctl.commands.{mod.name}")
-                    for mod in pkgutil.iter_modules(commands.__path__)]
+    found = [
+        importlib.import_module(f"benchctl.stages.{mod.name}.cli")
+        for mod in pkgutil.iter_modules(stages.__path__)
+        if mod.ispkg and (Path(stages.__path__[0]) / mod.name / "cli.py").exists()
+    ]
+    return found + [
+        importlib.import_module(f"benchctl.commands.{mod.name}") for mod in pkgutil.iter_modules(commands.__path__)
+    ]
 
 
 def _gather() -> None:

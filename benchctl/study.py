@@ -8,9 +8,10 @@ and data (the variant name is only a label), so rerunning any stage skips what i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import architectures
 from benchctl import plans, stages
@@ -45,8 +46,9 @@ def run_study(
     opts = replace(opts, preset=preset, seeds=sorted({r.cfg.seed for r in runs}))
     cfgs = [r.cfg for r in runs]
     archs = sorted({c.arch for c in cfgs}, key=lambda a: architectures.names().index(a))
-    study = stages.StudyRun(opts=opts, cfgs=cfgs, archs=archs, variants=[r.variant for r in runs], plan=plan,
-                            log=log, confirm=confirm)
+    study = stages.StudyRun(
+        opts=opts, cfgs=cfgs, archs=archs, variants=[r.variant for r in runs], plan=plan, log=log, confirm=confirm
+    )
     todo = [s for s in stages.registered() if s.run is not None]
     dist_info = _join_group(cfgs)
     for i, stage in enumerate(todo, 1):

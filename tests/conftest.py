@@ -12,8 +12,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
@@ -21,10 +22,10 @@ import torch
 import architectures
 from benchctl.core.config import ModelArgs, make_config
 
-
 # The stages benchctl ships, in study order. Tests that pin a list of stages (or their tables and figures) pin these:
 # CI runs the suite a second time with the extension guide's example stage added, which must change nothing else.
 BUILTIN_STAGES = ("prepare", "train", "bench", "retrofit", "sample", "judge", "eval", "depth", "report")
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
@@ -100,13 +101,17 @@ def synthetic_stories(n: int, seed: int) -> list[str]:
         n_sent = rng.randint(3, 7)
         sents = [f"Once upon a time, there was a little {rng.choice(['girl', 'boy'])} named {name}."]
         for _ in range(n_sent):
-            sents.append(rng.choice([
-                f"{name} went to the {place} with {friend}.",
-                f"One day, {name} {verb} a {rng.choice(_FEEL)} {thing} near the {rng.choice(_PLACES)}.",
-                f"{friend} said, \"Can we play with the {thing}?\"",
-                f"{name} felt {feel} and smiled at {friend}.",
-                f"They {rng.choice(_VERBS)} the {rng.choice(_THINGS)} together {rng.randint(2, 9)} times.",
-            ]))
+            sents.append(
+                rng.choice(
+                    [
+                        f"{name} went to the {place} with {friend}.",
+                        f"One day, {name} {verb} a {rng.choice(_FEEL)} {thing} near the {rng.choice(_PLACES)}.",
+                        f'{friend} said, "Can we play with the {thing}?"',
+                        f"{name} felt {feel} and smiled at {friend}.",
+                        f"They {rng.choice(_VERBS)} the {rng.choice(_THINGS)} together {rng.randint(2, 9)} times.",
+                    ]
+                )
+            )
         sents.append(f"In the end, {name} and {friend} were {rng.choice(_FEEL)}.")
         out.append(" ".join(sents))
     return out

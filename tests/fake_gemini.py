@@ -28,9 +28,10 @@ import json
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 
 _PATH = re.compile(r"^/(v1|v1beta)/models/([^/:]+):generateContent$")
 
@@ -124,12 +125,23 @@ def grade(
 
 
 def assessed(
-    assessment: Any = "A simple story with a clear ending.", grammar: Any = 7, creativity: Any = 6,
-    consistency: Any = 5, plot: Any = 4, *, delay: float = 0.0, **kw: Any
+    assessment: Any = "A simple story with a clear ending.",
+    grammar: Any = 7,
+    creativity: Any = 6,
+    consistency: Any = 5,
+    plot: Any = 4,
+    *,
+    delay: float = 0.0,
+    **kw: Any,
 ) -> Reply:
     """A well-formed answer of the `assess` protocol: the assessment first, then the grades."""
-    obj = {"assessment": assessment, "grammar": grammar, "creativity": creativity, "consistency": consistency,
-           "plot": plot}
+    obj = {
+        "assessment": assessment,
+        "grammar": grammar,
+        "creativity": creativity,
+        "consistency": consistency,
+        "plot": plot,
+    }
     return text(json.dumps(obj), delay=delay, output_tokens=90, **kw)
 
 
@@ -166,8 +178,9 @@ def default_grade(request: Request) -> Reply:
     h = hashlib.sha256(request.prompt.encode()).digest()
     g, c, k, p = (1 + b % 10 for b in h[:4])
     if request.wants_assessment:
-        return assessed(f"Assessment {h[:4].hex()}: grammar {g}, creativity {c}, consistency {k}, plot {p}.",
-                        g, c, k, p)
+        return assessed(
+            f"Assessment {h[:4].hex()}: grammar {g}, creativity {c}, consistency {k}, plot {p}.", g, c, k, p
+        )
     return grade(g, c, k, p)
 
 
@@ -342,8 +355,9 @@ def main(argv: list[str] | None = None) -> None:
         if args.garbage_every and n % args.garbage_every == 0:
             return text("Sorry, I cannot grade this story.")
         body = json.loads(default_grade(request).body["candidates"][0]["content"]["parts"][0]["text"])
-        g, c, k, p = (min(10, max(1, body[f] + j)) for f, j in zip(("grammar", "creativity", "consistency", "plot"),
-                                                                    jitter))
+        g, c, k, p = (
+            min(10, max(1, body[f] + j)) for f, j in zip(("grammar", "creativity", "consistency", "plot"), jitter)
+        )
         return assessed(body["assessment"], g, c, k, p) if request.wants_assessment else grade(g, c, k, p)
 
     server = FakeGemini(script, api_key=args.api_key, port=args.port)

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 import numpy as np
 
-from benchctl.core import accounting
 from benchctl import stages
-from benchctl.stages.train import tables as train_tables
+from benchctl.core import accounting
 from benchctl.core.config import make_config, run_id
+from benchctl.stages.train import tables as train_tables
 
 STUDY_ARCHS = ("control", "frailt", "three-part", "relaxed")
 # Per-architecture effects: final-loss offset, training-time multiple of the control, memory multiple, judge effect.
@@ -85,8 +85,14 @@ def build_fixture_db(
     archs, seeds = list(archs), list(seeds)
     runs, metrics, samples, grades, evals_rows, depth_rows = [], [], [], [], [], []
     prompts = [
-        {"id": f"{PROMPT_SET}:{i}", "prompt_set": PROMPT_SET, "idx": i, "text": f"Once upon a time, story {i}",
-         "source_story": 10 * i, "created_at": _ts(1, 0)}
+        {
+            "id": f"{PROMPT_SET}:{i}",
+            "prompt_set": PROMPT_SET,
+            "idx": i,
+            "text": f"Once upon a time, story {i}",
+            "source_story": 10 * i,
+            "created_at": _ts(1, 0),
+        }
         for i in range(n_prompts)
     ]
     extra = []
@@ -109,36 +115,74 @@ def build_fixture_db(
         tps = cfg.tokens_per_step
         train_s = 12.0 * time_mul * (1 + 0.03 * r.standard_normal())
         row = {
-            "id": rid, "arch": arch, "variant": variant or arch, "preset": preset, "seed": seed, "status": status,
-            "config_json": cfg.to_json(), "data_fingerprint": FINGERPRINT, "data_source": DATA_SOURCE,
-            "n_params": acc["total_params"], "effective_params": acc["effective_params"],
-            "flops_per_token": acc["flops_per_token"], "max_steps": max_steps,
-            "initial_val_loss": initial, "device": device, "device_name": DEVICE_NAME if device == "cpu" else
-            "NVIDIA GeForce RTX 3070 Laptop GPU", "device_count": 1, "world_size": 1,
-            "torch_version": "2.13.0+cpu", "python_version": "3.11.7", "benchctl_version": "0.1.0",
-            "git_commit": "abc1234", "hostname": "host", "created_at": _ts(2, t), "started_at": _ts(2, t + 1),
+            "id": rid,
+            "arch": arch,
+            "variant": variant or arch,
+            "preset": preset,
+            "seed": seed,
+            "status": status,
+            "config_json": cfg.to_json(),
+            "data_fingerprint": FINGERPRINT,
+            "data_source": DATA_SOURCE,
+            "n_params": acc["total_params"],
+            "effective_params": acc["effective_params"],
+            "flops_per_token": acc["flops_per_token"],
+            "max_steps": max_steps,
+            "initial_val_loss": initial,
+            "device": device,
+            "device_name": DEVICE_NAME if device == "cpu" else "NVIDIA GeForce RTX 3070 Laptop GPU",
+            "device_count": 1,
+            "world_size": 1,
+            "torch_version": "2.13.0+cpu",
+            "python_version": "3.11.7",
+            "benchctl_version": "0.1.0",
+            "git_commit": "abc1234",
+            "hostname": "host",
+            "created_at": _ts(2, t),
+            "started_at": _ts(2, t + 1),
         }
         last = max_steps if status == "done" else (max_steps // 3 if status == "running" else max_steps // 2)
         if status == "done":
-            row.update({
-                "step": max_steps, "tokens_seen": max_steps * tps, "final_val_loss": final,
-                "train_seconds": train_s, "warmup_seconds": 0.5, "eval_seconds": 1.5,
-                "tokens_per_s": max_steps * tps / train_s, "step_seconds": train_s / max_steps,
-                "peak_rss_bytes": int(450e6 * mem_mul * (1 + 0.01 * r.standard_normal())),
-                "finished_at": _ts(2, t + int(train_s) + 5),
-                "cpu_seconds": 1.9 * train_s, "timed_steps": max_steps, "threads": 2, "concurrent_jobs": 1,
-                "load_avg": 1.9, "baseline_rss_bytes": 300_000_000,
-            })
+            row.update(
+                {
+                    "step": max_steps,
+                    "tokens_seen": max_steps * tps,
+                    "final_val_loss": final,
+                    "train_seconds": train_s,
+                    "warmup_seconds": 0.5,
+                    "eval_seconds": 1.5,
+                    "tokens_per_s": max_steps * tps / train_s,
+                    "step_seconds": train_s / max_steps,
+                    "peak_rss_bytes": int(450e6 * mem_mul * (1 + 0.01 * r.standard_normal())),
+                    "finished_at": _ts(2, t + int(train_s) + 5),
+                    "cpu_seconds": 1.9 * train_s,
+                    "timed_steps": max_steps,
+                    "threads": 2,
+                    "concurrent_jobs": 1,
+                    "load_avg": 1.9,
+                    "baseline_rss_bytes": 300_000_000,
+                }
+            )
             if run_extra is not None:
                 row.update(run_extra(arch, seed))
             if device == "cuda":
-                row.update({
-                    "peak_gpu_mem_bytes": int(1.5e9 * mem_mul), "peak_gpu_reserved_bytes": int(1.7e9 * mem_mul),
-                    "peak_nvml_mem_bytes": int(2.0e9 * mem_mul), "driver_version": "550.54", "cuda_version": "12.4",
-                })
+                row.update(
+                    {
+                        "peak_gpu_mem_bytes": int(1.5e9 * mem_mul),
+                        "peak_gpu_reserved_bytes": int(1.7e9 * mem_mul),
+                        "peak_nvml_mem_bytes": int(2.0e9 * mem_mul),
+                        "driver_version": "550.54",
+                        "cuda_version": "12.4",
+                    }
+                )
         elif status == "failed":
-            row.update({"step": last, "error": "RuntimeError: loss is NaN at step 15 | check train.lr",
-                        "finished_at": _ts(2, t + 9)})
+            row.update(
+                {
+                    "step": last,
+                    "error": "RuntimeError: loss is NaN at step 15 | check train.lr",
+                    "finished_at": _ts(2, t + 9),
+                }
+            )
         else:
             row.update({"step": last})
         runs.append(row)
@@ -153,34 +197,76 @@ def build_fixture_db(
                 else:
                     frac = st / max_steps
                     v = final + (initial - final) * math.exp(-4.0 * frac) + 0.01 * r.standard_normal()
-                metrics.append({"run_id": rid, "step": st, "name": "val_loss", "value": v, "tokens": st * tps,
-                                "wall_seconds": st * train_s / max_steps})
+                metrics.append(
+                    {
+                        "run_id": rid,
+                        "step": st,
+                        "name": "val_loss",
+                        "value": v,
+                        "tokens": st * tps,
+                        "wall_seconds": st * train_s / max_steps,
+                    }
+                )
                 if st > 0:
-                    metrics.append({"run_id": rid, "step": st, "name": "train_loss", "value": v + 0.05,
-                                    "tokens": st * tps, "wall_seconds": st * train_s / max_steps})
+                    metrics.append(
+                        {
+                            "run_id": rid,
+                            "step": st,
+                            "name": "train_loss",
+                            "value": v + 0.05,
+                            "tokens": st * tps,
+                            "wall_seconds": st * train_s / max_steps,
+                        }
+                    )
         if status != "done":
             continue
         if judge:
             for p in prompts:
                 sid = hashlib.sha256(f"{rid}|{p['id']}".encode()).hexdigest()[:16]
-                samples.append({
-                    "id": sid, "run_id": rid, "prompt_id": p["id"], "prompt_set": PROMPT_SET,
-                    "completion": f"... and they lived happily ever after ({arch} {seed} {p['idx']}).",
-                    "settings_json": '{"temperature": 1.0, "top_k": 50}', "settings_hash": "set01",
-                    "temperature": 1.0, "top_k": 50, "top_p": 1.0, "max_new_tokens": 64, "seed": 0,
-                    "n_recur": cfg.model.n_recur, "n_tokens": 40, "finish_reason": "eos", "created_at": _ts(3, t),
-                })
+                samples.append(
+                    {
+                        "id": sid,
+                        "run_id": rid,
+                        "prompt_id": p["id"],
+                        "prompt_set": PROMPT_SET,
+                        "completion": f"... and they lived happily ever after ({arch} {seed} {p['idx']}).",
+                        "settings_json": '{"temperature": 1.0, "top_k": 50}',
+                        "settings_hash": "set01",
+                        "temperature": 1.0,
+                        "top_k": 50,
+                        "top_p": 1.0,
+                        "max_new_tokens": 64,
+                        "seed": 0,
+                        "n_recur": cfg.model.n_recur,
+                        "n_tokens": 40,
+                        "finish_reason": "eos",
+                        "created_at": _ts(3, t),
+                    }
+                )
                 prompt_eff = 0.8 * math.sin(p["idx"])  # some prompts are easier for every model
                 for rep in range(judge_repeats):
                     g = _rng("grade", rid, p["id"], rep)
-                    crit = {c: int(np.clip(round(3.0 + judge_eff + prompt_eff + g.normal(0, 0.8) + k), 1, 10))
-                            for k, c in zip((0.2, 0.3, -0.4, -0.7), ("grammar", "creativity", "consistency", "plot"))}
-                    grades.append({
-                        "sample_id": sid, "judge_model": JUDGE_MODEL, "prompt_hash": PROMPT_HASH, "repeat": rep,
-                        "status": "ok", **crit, "average": sum(crit.values()) / 4, "finish_reason": "STOP",
-                        "raw_text": "{...}", "prompt_tokens": 300, "output_tokens": 30, "thinking_tokens": 0,
-                        "created_at": _ts(4, t),
-                    })
+                    crit = {
+                        c: int(np.clip(round(3.0 + judge_eff + prompt_eff + g.normal(0, 0.8) + k), 1, 10))
+                        for k, c in zip((0.2, 0.3, -0.4, -0.7), ("grammar", "creativity", "consistency", "plot"))
+                    }
+                    grades.append(
+                        {
+                            "sample_id": sid,
+                            "judge_model": JUDGE_MODEL,
+                            "prompt_hash": PROMPT_HASH,
+                            "repeat": rep,
+                            "status": "ok",
+                            **crit,
+                            "average": sum(crit.values()) / 4,
+                            "finish_reason": "STOP",
+                            "raw_text": "{...}",
+                            "prompt_tokens": 300,
+                            "output_tokens": 30,
+                            "thinking_tokens": 0,
+                            "created_at": _ts(4, t),
+                        }
+                    )
         if depth:
             depth_rows += _depth_rows(rid, arch, cfg.model.n_recur, final, seed)
         if evals:
@@ -190,19 +276,40 @@ def build_fixture_db(
                 ("tinystories_ending", "acc_norm", 0.42 - loss_off + 0.02 * e.standard_normal(), 0.021),
                 ("tinystories_ppl", "bits_per_byte", 1.30 + loss_off + 0.01 * e.standard_normal(), None),
             ):
-                evals_rows.append({
-                    "run_id": rid, "task": task, "metric": metric, "n_recur": cfg.model.n_recur, "limit_n": 0,
-                    "value": value, "stderr": stderr, "n_samples": 200, "task_version": "1.0", "batch_size": 16,
-                    "lm_eval_version": "0.4.13", "created_at": _ts(5, t),
-                })
+                evals_rows.append(
+                    {
+                        "run_id": rid,
+                        "task": task,
+                        "metric": metric,
+                        "n_recur": cfg.model.n_recur,
+                        "limit_n": 0,
+                        "value": value,
+                        "stderr": stderr,
+                        "n_samples": 200,
+                        "task_version": "1.0",
+                        "batch_size": 16,
+                        "lm_eval_version": "0.4.13",
+                        "created_at": _ts(5, t),
+                    }
+                )
             if ladder:
                 evals_rows += _ladder_rows(rid, cfg.model.n_recur, e, _ts(5, t))
     # Failures: the judge's answer could not be parsed; stored, never scored.
     if judge and grades:
         ok = [g for g in grades if g["repeat"] == 0]
         for g in ok[1 : 1 + 7 * n_judge_failures : 7]:
-            g.update({"status": "failed", "grammar": None, "creativity": None, "consistency": None, "plot": None,
-                      "average": None, "finish_reason": "MAX_TOKENS", "error": "unparseable answer"})
+            g.update(
+                {
+                    "status": "failed",
+                    "grammar": None,
+                    "creativity": None,
+                    "consistency": None,
+                    "plot": None,
+                    "average": None,
+                    "finish_reason": "MAX_TOKENS",
+                    "error": "unparseable answer",
+                }
+            )
     with db.conn:
         db["runs"].insert_all(runs, pk="id", replace=True)
         if metrics:
@@ -210,16 +317,19 @@ def build_fixture_db(
         if judge and samples:
             db["prompts"].insert_all(prompts, pk="id", replace=True)
             db["samples"].insert_all(samples, pk="id", replace=True)
-            db["judge_grades"].insert_all(grades, pk=("sample_id", "judge_model", "prompt_hash", "repeat"),
-                                          replace=True)
+            db["judge_grades"].insert_all(
+                grades, pk=("sample_id", "judge_model", "prompt_hash", "repeat"), replace=True
+            )
         if evals_rows:
-            db["eval_results"].insert_all(evals_rows, pk=("run_id", "task", "metric", "n_recur", "limit_n"),
-                                          replace=True)
+            db["eval_results"].insert_all(
+                evals_rows, pk=("run_id", "task", "metric", "n_recur", "limit_n"), replace=True
+            )
         if bench:
             db["bench"].insert_all(_bench_rows(preset, archs), pk="id")
         if depth_rows:
-            db["depth_results"].insert_all(depth_rows, pk=("run_id", "n_recur", "exit_rule", "threshold",
-                                                           "extrapolate", "windows"), replace=True)
+            db["depth_results"].insert_all(
+                depth_rows, pk=("run_id", "n_recur", "exit_rule", "threshold", "extrapolate", "windows"), replace=True
+            )
     db.conn.close()
     return path
 
@@ -233,11 +343,22 @@ def _ladder_rows(rid: str, n_recur: int, e: np.random.Generator, created: str) -
         ("tinystories_names", "acc_norm", int(e.integers(45, 56))),
     ):
         acc = correct / n
-        rows.append({
-            "run_id": rid, "task": task, "metric": metric, "n_recur": n_recur, "limit_n": 0, "value": acc,
-            "stderr": math.sqrt(acc * (1 - acc) / (n - 1)), "n_samples": n, "task_version": "1+0123456789ab",
-            "batch_size": 16, "lm_eval_version": "0.4.13", "created_at": created,
-        })
+        rows.append(
+            {
+                "run_id": rid,
+                "task": task,
+                "metric": metric,
+                "n_recur": n_recur,
+                "limit_n": 0,
+                "value": acc,
+                "stderr": math.sqrt(acc * (1 - acc) / (n - 1)),
+                "n_samples": n,
+                "task_version": "1+0123456789ab",
+                "batch_size": 16,
+                "lm_eval_version": "0.4.13",
+                "created_at": created,
+            }
+        )
     return rows
 
 
@@ -252,24 +373,59 @@ def _depth_rows(rid: str, arch: str, trained: int, final: float, seed: int) -> l
 
     r = _rng("depth", rid)
     final = 3.2  # the same base for every seed: the verdicts then rest on the small per-depth noise only
-    base = {"run_id": rid, "exit_rule": "", "threshold": 0.0, "windows": 32, "tokens": 1024, "seconds": 0.5,
-            "created_at": _ts(6, seed)}
+    base = {
+        "run_id": rid,
+        "exit_rule": "",
+        "threshold": 0.0,
+        "windows": 32,
+        "tokens": 1024,
+        "seconds": 0.5,
+        "created_at": _ts(6, seed),
+    }
     if arch not in _PAST_TRAINED:
-        return [{**base, "n_recur": trained, "extrapolate": "", "val_loss": final, "mean_depth": float(trained),
-                 "flops_per_token": 1e6, "depth_hist": json.dumps({str(trained): 1024})}]
+        return [
+            {
+                **base,
+                "n_recur": trained,
+                "extrapolate": "",
+                "val_loss": final,
+                "mean_depth": float(trained),
+                "flops_per_token": 1e6,
+                "depth_hist": json.dumps({str(trained): 1024}),
+            }
+        ]
     ext = {"frailt": "last", "relaxed": "cycle"}.get(arch, "")
     rows = []
     for d in sorted({1, 2, 4, 8, 16, 32, trained, 2 * trained}):
         steps = math.log2(d / trained)
         loss = final + (0.3 * -steps if steps < 0 else _PAST_TRAINED[arch] * steps) + 0.001 * r.standard_normal()
-        rows.append({**base, "n_recur": d, "extrapolate": ext, "val_loss": loss, "mean_depth": float(d),
-                     "flops_per_token": 1e6 * d, "depth_hist": json.dumps({str(d): 1024})})
+        rows.append(
+            {
+                **base,
+                "n_recur": d,
+                "extrapolate": ext,
+                "val_loss": loss,
+                "mean_depth": float(d),
+                "flops_per_token": 1e6 * d,
+                "depth_hist": json.dumps({str(d): 1024}),
+            }
+        )
     for thr, mean in ((1e-2, 0.4), (1e-3, 0.7), (1e-4, 0.95)):
         m = mean * trained
         hist = {str(k): int(1024 / trained) for k in range(1, trained + 1)}
-        rows.append({**base, "n_recur": trained, "exit_rule": "kl", "threshold": thr, "extrapolate": ext,
-                     "val_loss": final + 0.2 * (1 - mean), "mean_depth": max(1.0, m), "flops_per_token": 1e6 * m,
-                     "depth_hist": json.dumps(hist)})
+        rows.append(
+            {
+                **base,
+                "n_recur": trained,
+                "exit_rule": "kl",
+                "threshold": thr,
+                "extrapolate": ext,
+                "val_loss": final + 0.2 * (1 - mean),
+                "mean_depth": max(1.0, m),
+                "flops_per_token": 1e6 * m,
+                "depth_hist": json.dumps(hist),
+            }
+        )
     return rows
 
 
@@ -278,25 +434,48 @@ def _bench_rows(preset: str, archs: list[str]) -> list[dict]:
     for i, arch in enumerate(archs):
         for impl in ("benchctl", "reference") if arch == "control" else ("benchctl",):
             tps = (9000.0 if impl == "benchctl" else 6000.0) / _EFFECTS.get(arch, (0, 2.0, 0, 0))[1]
-            rows.append({
-                "bench_id": "b1", "arch": arch, "preset": preset, "impl": impl, "compiled": 0, "device": "cpu",
-                "device_name": DEVICE_NAME, "steps": 20, "repeats": 3, "tokens_per_step": 512,
-                "tokens_per_s": tps, "tokens_per_s_min": tps * 0.97, "tokens_per_s_max": tps * 1.02,
-                "step_seconds": 512 / tps, "flops_per_token": 1e6 * (i + 1), "achieved_flops": tps * 1e6 * (i + 1),
-                "peak_flops": 1e11, "peak_flops_source": "measured fp32 matmul", "mfu": tps * 1e6 * (i + 1) / 1e11,
-                "peak_mem_bytes": 300_000_000, "torch_version": "2.13.0+cpu", "git_commit": "abc1234",
-                "kernel_seconds": 0.8 * 512 / tps if impl == "benchctl" else 0.5 * 512 / tps,
-                "step_cpu_seconds": 1.9 * 512 / tps, "config_json": make_config(preset, arch, 0).to_json(),
-                "created_at": _ts(6, 0),
-            })
+            rows.append(
+                {
+                    "bench_id": "b1",
+                    "arch": arch,
+                    "preset": preset,
+                    "impl": impl,
+                    "compiled": 0,
+                    "device": "cpu",
+                    "device_name": DEVICE_NAME,
+                    "steps": 20,
+                    "repeats": 3,
+                    "tokens_per_step": 512,
+                    "tokens_per_s": tps,
+                    "tokens_per_s_min": tps * 0.97,
+                    "tokens_per_s_max": tps * 1.02,
+                    "step_seconds": 512 / tps,
+                    "flops_per_token": 1e6 * (i + 1),
+                    "achieved_flops": tps * 1e6 * (i + 1),
+                    "peak_flops": 1e11,
+                    "peak_flops_source": "measured fp32 matmul",
+                    "mfu": tps * 1e6 * (i + 1) / 1e11,
+                    "peak_mem_bytes": 300_000_000,
+                    "torch_version": "2.13.0+cpu",
+                    "git_commit": "abc1234",
+                    "kernel_seconds": 0.8 * 512 / tps if impl == "benchctl" else 0.5 * 512 / tps,
+                    "step_cpu_seconds": 1.9 * 512 / tps,
+                    "config_json": make_config(preset, arch, 0).to_json(),
+                    "created_at": _ts(6, 0),
+                }
+            )
     return rows
 
 
 # The `controls` plan's variants as (name, arch, overrides): the study's four plus three controls.
 CONTROLS_VARIANTS = (
-    ("control", "control", {}), ("frailt", "frailt", {}), ("three-part", "three-part", {}),
-    ("relaxed", "relaxed", {}), ("control-2x", "control", {"model.n_layers": 8}),
-    ("control-16", "control", {"model.n_layers": 16}), ("control-iso-flops", "control", {"train.max_steps": 101}),
+    ("control", "control", {}),
+    ("frailt", "frailt", {}),
+    ("three-part", "three-part", {}),
+    ("relaxed", "relaxed", {}),
+    ("control-2x", "control", {"model.n_layers": 8}),
+    ("control-16", "control", {"model.n_layers": 16}),
+    ("control-iso-flops", "control", {"train.max_steps": 101}),
 )
 # The `depth` plan's frailt and three-part variants.
 DEPTH_VARIANTS = tuple(
@@ -327,11 +506,22 @@ def build_plan_fixture_db(
     for name, arch, overrides in variants:
         ids = [run_id(make_config(preset, arch, s, overrides=overrides or None), FINGERPRINT) for s in seeds]
         if not set(ids) <= seen:
-            build_fixture_db(path, preset=preset, archs=[arch], seeds=seeds, overrides=overrides or None,
-                             variant=name, **opts)
+            build_fixture_db(
+                path, preset=preset, archs=[arch], seeds=seeds, overrides=overrides or None, variant=name, **opts
+            )
         seen |= set(ids)
-        rows += [{"plan": plan, "variant": name, "preset": preset, "seed": s, "run_id": rid,
-                  "plan_path": f"/plans/{plan}.toml", "plan_sha256": "ab" * 32} for s, rid in zip(seeds, ids)]
+        rows += [
+            {
+                "plan": plan,
+                "variant": name,
+                "preset": preset,
+                "seed": s,
+                "run_id": rid,
+                "plan_path": f"/plans/{plan}.toml",
+                "plan_sha256": "ab" * 32,
+            }
+            for s, rid in zip(seeds, ids)
+        ]
     if record_plan:
         db = stages.connect(path)
         train_tables.record_plan_runs(db, rows)

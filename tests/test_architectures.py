@@ -1,4 +1,5 @@
-"""Tests of the model zoo (architectures/): the registry, exact parameter accounting (the study's totals), FLOPs per token
+"""Tests of the model zoo (architectures/): the registry, exact parameter accounting (the study's totals), FLOPs per
+token
 checked against torch.utils.flop_counter, and the behaviour every architecture promises — causality, seeding,
 KV-cached decoding, generation, the reductions to simpler models (FraiLT with one zero-encoded pass is the control;
 relaxed with zero LoRA is the plain looped model), recurrence overrides and their bounds, Huginn's sampled depth and
@@ -23,6 +24,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import architectures
 from architectures import BaseLM, RecurrenceError, UnknownArchitectureError, kernels
 from architectures.blocks import PROJECTIONS, KVCache
+from architectures.generate import Generation, generate, sample_next
 from architectures.kernels import (
     CPU_EXPLICIT_ATTENTION_MAX_T,
     causal_attention,
@@ -31,7 +33,6 @@ from architectures.kernels import (
     softmax_and_target_logp,
     swiglu,
 )
-from architectures.generate import Generation, generate, sample_next
 from benchctl.core.config import make_config
 
 NAMES = architectures.names()
@@ -405,8 +406,15 @@ def test_generate_draws_like_the_single_row_sampler(tiny_model):
     # One row, one generator: the same draws as sampling token by token with `sample_next` on full forwards.
     model = tiny_model("frailt")
     prompt = tokens(1, 5, seed=7)
-    out = generate(model, prompt.tolist(), max_new_tokens=8, temperature=0.9, top_k=40, top_p=0.95,
-                   generators=[torch.Generator().manual_seed(5)])
+    out = generate(
+        model,
+        prompt.tolist(),
+        max_new_tokens=8,
+        temperature=0.9,
+        top_k=40,
+        top_p=0.95,
+        generators=[torch.Generator().manual_seed(5)],
+    )
     g, seq = torch.Generator().manual_seed(5), prompt
     with torch.no_grad():
         for _ in range(8):
@@ -477,11 +485,11 @@ def test_relaxed_lora_is_a_per_pass_weight_delta(tiny_model):
         merged = []
         for t in range(4):
             row = []
-            for l, layer in enumerate(model.layers):
+            for li, layer in enumerate(model.layers):
                 blk = copy.deepcopy(layer)
                 for p in PROJECTIONS:
                     lin = getattr(blk.attention, p) if p in ("wq", "wk", "wv", "wo") else getattr(blk.feed_forward, p)
-                    lora = model.lora[t][l][p]
+                    lora = model.lora[t][li][p]
                     assert lora.scale == 0.5
                     lin.weight += lora.scale * lora.B @ lora.A
                 row.append(blk)
@@ -684,8 +692,10 @@ def test_causal_attention_is_the_fused_kernels_function(T):
         torch.testing.assert_close(a.float(), b.float(), atol=5e-2, rtol=5e-2)
 
 
-@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")),
-                    reason="torch.compile on a CPU needs a C++ compiler")
+@pytest.mark.skipif(
+    not (shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")),
+    reason="torch.compile on a CPU needs a C++ compiler",
+)
 def test_compiled_causal_attention_is_the_eager_function():
     """Under torch.compile the explicit CPU attention is written whole for inductor: outputs and gradients within
     bf16 rounding of the eager chunked kernel's (and it compiles without a graph break: fullgraph)."""
@@ -748,7 +758,8 @@ def test_linear_cross_entropy_edge_cases():
     torch.testing.assert_close(gw, ref_gw)
     ignored = torch.full_like(t, -1)
     assert torch.isnan(linear_cross_entropy(h, w, ignored)) and torch.isnan(
-        F.cross_entropy(F.linear(h, w), ignored, ignore_index=-1))
+        F.cross_entropy(F.linear(h, w), ignored, ignore_index=-1)
+    )
 
 
 @pytest.mark.parametrize("block_rows", [None, 24])

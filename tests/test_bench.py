@@ -14,19 +14,19 @@ from __future__ import annotations
 import json
 import os
 import platform
+import sqlite3
 import subprocess
 import sys
-import sqlite3
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
 import architectures
-from benchctl.stages.bench import engine as B
-from benchctl.core import runtime
 from benchctl.cli import app, main
+from benchctl.core import runtime
 from benchctl.core.config import make_config
+from benchctl.stages.bench import engine as B
 from benchctl.stages.train.engine import make_optimizer, train_step
 
 runner = CliRunner()
@@ -110,8 +110,7 @@ def test_lora_projection_matches_plain_autograd():
 
     x, w, a = rand(N, d_in), rand(sum(outs), d_in), rand(len(outs) * r, d_in)
     bs = [rand(o, r) for o in outs]
-    assert torch.autograd.gradcheck(lambda *t: LoRAProjection.apply(t[0], t[1], t[2], scale, *t[3:]),
-                                    (x, w, a, *bs))
+    assert torch.autograd.gradcheck(lambda *t: LoRAProjection.apply(t[0], t[1], t[2], scale, *t[3:]), (x, w, a, *bs))
     y = LoRAProjection.apply(x, w, a, scale, *bs)
     u = (x @ a.t()).split(r, dim=-1)
     plain = x @ w.t() + torch.cat([scale * uj @ b.t() for uj, b in zip(u, bs)], dim=-1)
@@ -140,9 +139,12 @@ def test_lora_projection_under_bf16_autocast_matches_plain_autograd():
 
     def run(fused: bool):
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            y = (blocks.project_group(lin, x, loras, ["wq", "wk"]) if fused else
-                 torch.nn.functional.linear(x, torch.cat([m.weight for m in lin]))
-                 + blocks.lora_delta(x, [loras["wq"], loras["wk"]]))
+            y = (
+                blocks.project_group(lin, x, loras, ["wq", "wk"])
+                if fused
+                else torch.nn.functional.linear(x, torch.cat([m.weight for m in lin]))
+                + blocks.lora_delta(x, [loras["wq"], loras["wk"]])
+            )
         return y, torch.autograd.grad(y, params, gy)
 
     (y, grads), (y_plain, grads_plain) = run(True), run(False)
@@ -175,8 +177,9 @@ def test_relaxed_step_matches_plain_autograd():
     plain_apply = blocks.LoRAProjection.apply
     try:  # route every LoRA'd projection through plain autograd instead
         blocks.LoRAProjection.apply = lambda x2, w, a, scale, *bs: (
-            x2 @ w.t() + torch.cat([scale * uj @ b.t() for uj, b in zip((x2 @ a.t()).split(bs[0].shape[1], -1), bs)],
-                                   dim=-1))
+            x2 @ w.t()
+            + torch.cat([scale * uj @ b.t() for uj, b in zip((x2 @ a.t()).split(bs[0].shape[1], -1), bs)], dim=-1)
+        )
         plain_loss, plain = loss_and_grads()
     finally:
         blocks.LoRAProjection.apply = plain_apply
@@ -195,8 +198,10 @@ def test_gpu_peak_table():
     assert peak == 65e12 and "fp16" in source
     assert B.gpu_peak("Tesla T4")[0] is None  # its fp16 number is no bf16 peak
     assert B.gpu_peak("NVIDIA L40S")[0] == 362e12  # not mistaken for an L4
-    assert (B.gpu_peak("Tesla V100-PCIE-32GB", "float16")[0] == 112e12
-            and B.gpu_peak("Tesla V100-SXM2-16GB", "float16")[0] == 125e12)
+    assert (
+        B.gpu_peak("Tesla V100-PCIE-32GB", "float16")[0] == 112e12
+        and B.gpu_peak("Tesla V100-SXM2-16GB", "float16")[0] == 125e12
+    )
     assert B.gpu_peak("NVIDIA H100 NVL")[0] is None and B.gpu_peak("NVIDIA A10G")[0] is None  # not guessed
     peak, note = B.gpu_peak("NVIDIA GeForce RTX 3070 Laptop GPU")
     assert peak is None and "MFU left empty" in note
@@ -223,8 +228,23 @@ def test_profiled_step_separates_kernel_time_from_the_rest():
 def test_bench_cli_smoke(tmp_path, monkeypatch):
     monkeypatch.delenv("BENCHCTL_DB", raising=False)
     db_path = tmp_path / "results.db"
-    result = runner.invoke(app, ["bench", "--preset", "tiny", "--steps", "2", "--repeats", "1", "--warmup", "1",
-                                 "--json", "--db", str(db_path)])
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            "--preset",
+            "tiny",
+            "--steps",
+            "2",
+            "--repeats",
+            "1",
+            "--warmup",
+            "1",
+            "--json",
+            "--db",
+            str(db_path),
+        ],
+    )
     assert result.exit_code == 0, result.output
     objs = json.loads(result.stdout)
     assert [o["arch"] for o in objs] == architectures.names()
@@ -246,8 +266,9 @@ def test_bench_cli_smoke(tmp_path, monkeypatch):
     # the ceiling: the reference's step over the control's matmul + attention kernel time (best profiled step)
     assert 0 < control["kernel_seconds"]
     assert control["speedup_ceiling"] == pytest.approx(control["reference_step_seconds"] / control["kernel_seconds"])
-    assert control["speedup_ceiling_fp32"] == pytest.approx(control["reference_fp32_step_seconds"]
-                                                            / control["kernel_seconds"])
+    assert control["speedup_ceiling_fp32"] == pytest.approx(
+        control["reference_fp32_step_seconds"] / control["kernel_seconds"]
+    )
 
     con = sqlite3.connect(db_path)
     con.row_factory = sqlite3.Row
@@ -263,8 +284,9 @@ def test_bench_cli_smoke(tmp_path, monkeypatch):
     assert [(r["arch"], r["impl"]) for r in rows] == [("control", "benchctl"), *refs] + [
         (a, "benchctl") for a in architectures.names()[1:]
     ]
-    assert [r["dtype"] for r in rows] == [control["dtype"]] * 2 + (["float32"] if bf16 else []) + [
-        control["dtype"]] * (len(objs) - 1)
+    assert [r["dtype"] for r in rows] == [control["dtype"]] * 2 + (["float32"] if bf16 else []) + [control["dtype"]] * (
+        len(objs) - 1
+    )
     for r in rows:
         assert (r["preset"], r["steps"], r["repeats"], r["device"], r["compiled"]) == ("tiny", 2, 1, "cpu", 0)
         assert r["tokens_per_step"] == 8 * 2 * 32 and r["load_avg"] is not None and r["threads"] >= 1
@@ -275,8 +297,26 @@ def test_bench_cli_smoke(tmp_path, monkeypatch):
 
 def test_bench_table_output_and_equivalence_check(tmp_path):
     db_path = tmp_path / "r.db"
-    result = runner.invoke(app, ["bench", "--preset", "tiny", "--archs", "control", "--steps", "1", "--repeats", "1",
-                                 "--warmup", "0", "--check-steps", "3", "--db", str(db_path)])
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            "--preset",
+            "tiny",
+            "--archs",
+            "control",
+            "--steps",
+            "1",
+            "--repeats",
+            "1",
+            "--warmup",
+            "0",
+            "--check-steps",
+            "3",
+            "--db",
+            str(db_path),
+        ],
+    )
     assert result.exit_code == 0, result.output
     out = result.stdout
     assert "speed-up over the eager llama2.c reference" in out and "loss after 3 seeded steps" in out
@@ -289,11 +329,14 @@ def test_bench_table_output_and_equivalence_check(tmp_path):
     assert check["steps"] == 3 and check["max_abs_diff"] < 1e-4 and len(check["reference_losses"]) == 3
 
 
-@pytest.mark.parametrize("argv,needle", [
-    (["--steps", "0"], "--steps"),
-    (["--archs", "contrl"], "did you mean 'control'"),
-    (["--threads", "0"], "--threads"),
-])
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--steps", "0"], "--steps"),
+        (["--archs", "contrl"], "did you mean 'control'"),
+        (["--threads", "0"], "--threads"),
+    ],
+)
 def test_bad_options_are_one_line_errors(tmp_path, capsys, argv, needle):
     with pytest.raises(SystemExit) as info:
         main(["bench", "--preset", "tiny", "--db", str(tmp_path / "r.db"), *argv])
@@ -320,8 +363,9 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
 
 def _probe(mode: str, **env: str) -> list[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    out = subprocess.run([sys.executable, "-c", _ALLOC_PROBE, mode], capture_output=True, text=True,
-                         env=clean | env, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", _ALLOC_PROBE, mode], capture_output=True, text=True, env=clean | env, check=True
+    ).stdout
     return out.splitlines()
 
 
@@ -341,8 +385,15 @@ def test_the_ceiling_line_names_both_references():
     each reference's step); with an fp32 reference alone, once."""
     from benchctl.stages.bench.cli import _reference_notes
 
-    ctrl = {"speedup_fp32": 2.0, "speedup": 1.5, "speedup_cpu": 1.5, "reference_dtype": "bfloat16",
-            "kernel_seconds": 0.64, "speedup_ceiling": 2.0, "speedup_ceiling_fp32": 2.49}
+    ctrl = {
+        "speedup_fp32": 2.0,
+        "speedup": 1.5,
+        "speedup_cpu": 1.5,
+        "reference_dtype": "bfloat16",
+        "kernel_seconds": 0.64,
+        "speedup_ceiling": 2.0,
+        "speedup_ceiling_fp32": 2.49,
+    }
     (line,) = [n for n in _reference_notes(ctrl, 2) if n.startswith("ceiling")]
     assert line.endswith("2.00x the reference at the same precision and 2.49x the reference in fp32")
     ctrl.update(reference_dtype="float32", speedup_ceiling_fp32=2.0)

@@ -24,8 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from benchctl import browse
-from benchctl import stages
+from benchctl import browse, stages
 from benchctl.cli import main
 from tests.fixtures_db import build_fixture_db
 
@@ -55,9 +54,11 @@ def _add_depth_rows(path: Path) -> None:
     conn = sqlite3.connect(path)
     with conn:
         run_ids = [r[0] for r in conn.execute("select id from runs where status = 'done'")]
-        conn.executemany("insert into depth_results (run_id, n_recur, exit_rule, threshold, extrapolate, windows, "
-                         "val_loss) values (?, ?, '', 0, '', 8, ?)",
-                         [(rid, r, 3.5 - 0.1 * r) for rid in run_ids for r in (1, 2, 4)])
+        conn.executemany(
+            "insert into depth_results (run_id, n_recur, exit_rule, threshold, extrapolate, windows, "
+            "val_loss) values (?, ?, '', 0, '', 8, ?)",
+            [(rid, r, 3.5 - 0.1 * r) for rid in run_ids for r in (1, 2, 4)],
+        )
     conn.close()
 
 
@@ -72,7 +73,7 @@ def test_canned_queries_follow_the_schema(tmp_path):
     assert "coalesce(r.variant, r.arch) as model" in queries["final_losses"]["sql"]
     assert "depth_results" in queries
     conn = sqlite3.connect(path)
-    for name, q in queries.items():  # every query is valid SQL on this schema
+    for q in queries.values():  # every query is valid SQL on this schema
         sql = q["sql"].replace(":run_id", "'x'")
         conn.execute(sql).fetchall()
     conn.close()
@@ -120,8 +121,11 @@ def test_serves_descriptions_and_every_canned_query(tmp_path):
     _add_depth_rows(path)
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "benchctl", "browse", "--db", str(path), "--port", str(port),
-                             "--no-open"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "benchctl", "browse", "--db", str(path), "--port", str(port), "--no-open"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         _wait_until_up(proc, base)
         status, page = _get(f"{base}/results/runs")
@@ -146,8 +150,9 @@ def test_serves_descriptions_and_every_canned_query(tmp_path):
         # Live: a row written by another process while the server runs is visible (the WAL is read).
         handle = stages.connect(path)
         with handle.conn:
-            handle["metrics"].insert({"run_id": run_id, "step": 10_000, "name": "val_loss", "value": 2.5,
-                                      "tokens": 1, "wall_seconds": 1.0})
+            handle["metrics"].insert(
+                {"run_id": run_id, "step": 10_000, "name": "val_loss", "value": 2.5, "tokens": 1, "wall_seconds": 1.0}
+            )
         handle.conn.close()
         again = _rows(base, f"/results/validation_curve.json?_shape=array&run_id={urllib.parse.quote(run_id)}")
         assert len(again) == len(curve) + 1
@@ -179,8 +184,12 @@ def test_refuses_what_is_not_a_results_database(tmp_path, capsys):
     conn.close()
     text = tmp_path / "notes.db"
     text.write_text("not a database at all " * 100)
-    for target, words in ((tmp_path / "missing.db", "does not exist"), (tmp_path, "directory"),
-                          (other, "not a benchctl results database"), (text, "not a readable SQLite database")):
+    for target, words in (
+        (tmp_path / "missing.db", "does not exist"),
+        (tmp_path, "directory"),
+        (other, "not a benchctl results database"),
+        (text, "not a readable SQLite database"),
+    ):
         code, err = _error(capsys, ["browse", "--db", str(target), "--port", str(_free_port()), "--no-open"])
         assert code == 5, err
         assert words in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err

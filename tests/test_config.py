@@ -15,8 +15,8 @@ from architectures.relaxed import RelaxedArgs
 from benchctl.core.config import (
     PRESETS,
     ModelArgs,
-    choices,
     RunConfig,
+    choices,
     from_dict,
     identity_diff,
     llama2c_hidden_dim,
@@ -105,8 +105,14 @@ def test_json_round_trip_keeps_overridden_values():
     cfg = make_config(
         "tiny",
         "three-part",
-        overrides={"model.hidden_dim": "100", "model.recur_sigma": "1", "data.max_train_stories": "none",
-                   "train.compile": "true", "model.recur_sampling": "poisson-lognormal", "train.lr": "1e-3"},
+        overrides={
+            "model.hidden_dim": "100",
+            "model.recur_sigma": "1",
+            "data.max_train_stories": "none",
+            "train.compile": "true",
+            "model.recur_sampling": "poisson-lognormal",
+            "train.lr": "1e-3",
+        },
     )
     back = RunConfig.from_json(cfg.to_json())
     assert back == cfg
@@ -129,8 +135,9 @@ def test_resolve_fills_auto_fields_and_keeps_explicit_ones():
     assert raw.model.hidden_dim is None and raw.model.n_recur is None and raw.model.arch_args.lora_alpha is None
     cfg = resolve(raw)
     assert (cfg.model.hidden_dim, cfg.model.n_recur, cfg.model.arch_args.lora_alpha) == (688, 4, 8.0)
-    explicit = make_config("tiny", "relaxed", overrides={"model.hidden_dim": 96, "model.n_recur": 2,
-                                                          "model.lora_alpha": 2.5})
+    explicit = make_config(
+        "tiny", "relaxed", overrides={"model.hidden_dim": 96, "model.n_recur": 2, "model.lora_alpha": 2.5}
+    )
     assert (explicit.model.hidden_dim, explicit.model.n_recur, explicit.model.arch_args.lora_alpha) == (96, 2, 2.5)
     # no arguments at all: the architecture's defaults; another architecture's arguments: an error
     assert resolve(RunConfig(arch="relaxed")).model.arch_args == RelaxedArgs(lora_rank=16, lora_alpha=16.0)
@@ -154,7 +161,9 @@ def test_from_json_rejects_bad_input():
 
 def test_parse_set():
     assert parse_set(["train.lr=1e-3", " model.dim = 128 ", "data.source=a=b"]) == {
-        "train.lr": "1e-3", "model.dim": "128", "data.source": "a=b"
+        "train.lr": "1e-3",
+        "model.dim": "128",
+        "data.source": "a=b",
     }
     assert parse_set(None) == {}
     msg = str(pytest.raises(ConfigError, parse_set, ["train.lr"]).value)
@@ -176,10 +185,22 @@ def test_compile_auto_keeps_the_run_ids_of_the_default_it_replaced():
 
 
 def test_overrides_apply_with_types():
-    cfg = make_config("tiny", "control", overrides=parse_set(
-        ["model.dim=64", "train.lr=1e-3", "train.compile=yes", "train.max_steps=1_000", "model.n_heads=4",
-         "model.n_kv_heads=2", "data.max_train_stories=None", "train.warmup_steps=2e2"]
-    ))
+    cfg = make_config(
+        "tiny",
+        "control",
+        overrides=parse_set(
+            [
+                "model.dim=64",
+                "train.lr=1e-3",
+                "train.compile=yes",
+                "train.max_steps=1_000",
+                "model.n_heads=4",
+                "model.n_kv_heads=2",
+                "data.max_train_stories=None",
+                "train.warmup_steps=2e2",
+            ]
+        ),
+    )
     assert (cfg.model.dim, cfg.train.lr, cfg.train.compile, cfg.train.max_steps) == (64, 1e-3, True, 1000)
     assert (cfg.model.n_heads, cfg.model.n_kv_heads, cfg.data.max_train_stories) == (4, 2, None)
     assert cfg.train.warmup_steps == 200 and isinstance(cfg.train.warmup_steps, int)
@@ -255,8 +276,11 @@ CHOICES = [(arch, key, allowed) for arch in architectures.names() for key, allow
 
 
 def test_choices_come_from_the_annotations():
-    assert choices("control") == {"train.dtype": ("auto", "float32", "bfloat16"), "train.optimizer": ("adamw", "muon"),
-                                  "train.recur_curriculum": ("none", "linear", "1-sqrt")}
+    assert choices("control") == {
+        "train.dtype": ("auto", "float32", "bfloat16"),
+        "train.optimizer": ("adamw", "muon"),
+        "train.recur_curriculum": ("none", "linear", "1-sqrt"),
+    }
     assert choices("frailt")["model.frailt_init"] == ("zeros", "normal")
     assert choices("three-part")["model.recur_sampling"] == ("fixed", "poisson-lognormal")
     assert choices("three-part")["model.recur_out"] == ("norm", "bias")
@@ -277,13 +301,18 @@ def test_enum_choices(arch, key, allowed):
             resolve(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, arch_args=bad)))
 
 
-# ---- the architectures' own keys ---------------------------------------------------------------------------------------
+# ---- the architectures' own keys
+# ---------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     "arch,key,owner",
-    [("control", "model.lora_rank", "relaxed"), ("frailt", "model.n_prelude", "three-part"),
-     ("relaxed", "model.frailt_init", "frailt"), ("three-part", "model.lora_init", "relaxed")],
+    [
+        ("control", "model.lora_rank", "relaxed"),
+        ("frailt", "model.n_prelude", "three-part"),
+        ("relaxed", "model.frailt_init", "frailt"),
+        ("three-part", "model.lora_init", "relaxed"),
+    ],
 )
 def test_a_key_of_another_architecture_says_whose_it_is(arch, key, owner):
     msg = _err({key: "1"}, arch=arch)
@@ -313,8 +342,16 @@ def test_model_section_holds_the_trunk_and_the_architectures_own_keys(arch):
 
 # The model section every config had before the architectures owned their arguments: every architecture's keys.
 _OLD_ARCH_KEYS = {
-    "frailt_init": "zeros", "n_prelude": 1, "n_coda": 1, "state_init_std": 0.02, "recur_sampling": "fixed",
-    "recur_sigma": 0.5, "backprop_depth": 0, "recur_out": "norm", "lora_rank": 4, "lora_alpha": 4.0,
+    "frailt_init": "zeros",
+    "n_prelude": 1,
+    "n_coda": 1,
+    "state_init_std": 0.02,
+    "recur_sampling": "fixed",
+    "recur_sigma": 0.5,
+    "backprop_depth": 0,
+    "recur_out": "norm",
+    "lora_rank": 4,
+    "lora_alpha": 4.0,
     "lora_init": "normal",
 }
 
@@ -364,15 +401,18 @@ def test_run_id_is_stable_and_tracks_identity():
 
 @pytest.mark.parametrize(
     "key,value",
-    [("train.log_interval", 1), ("train.ckpt_interval", 7), ("train.eval_interval", 3),
-     ("data.source", "/somewhere/else/tinystories")],
+    [
+        ("train.log_interval", 1),
+        ("train.ckpt_interval", 7),
+        ("train.eval_interval", 3),
+        ("data.source", "/somewhere/else/tinystories"),
+    ],
 )
 def test_run_id_ignores_logging_and_source_path(key, value):
     base = make_config("tiny", "three-part", seed=4)
     other = make_config("tiny", "three-part", seed=4, overrides={key: value})
     assert other != base
     assert run_id(other, "fp") == run_id(base, "fp")
-
 
 
 def test_run_id_unchanged_when_an_architecture_is_registered():

@@ -5,20 +5,20 @@ seeds that disagree), `benchctl runs`, and the study's bench stage."""
 from __future__ import annotations
 
 import json
-import sqlite3
 import re
+import sqlite3
 import sys
 
 import pytest
 import torch
 
-from benchctl.stages.bench import tables as bench_tables
-from benchctl.stages.train import tables as train_tables
 from benchctl import stages
-from benchctl.stages.report import engine as report
 from benchctl.core import telemetry
 from benchctl.core.config import make_config
 from benchctl.core.errors import ConfigError
+from benchctl.stages.bench import tables as bench_tables
+from benchctl.stages.report import engine as report
+from benchctl.stages.train import tables as train_tables
 from benchctl.stages.train.cost import LOAD_SLACK, contention
 from tests.fixtures_db import STUDY_ARCHS, build_fixture_db
 from tests.test_gpu_paths import fake_pynvml
@@ -35,16 +35,20 @@ def _train(tmp_path, tinystories_dir, arch, **kw):
     from benchctl.core import data
     from benchctl.stages.train.engine import train_run
 
-    overrides = {"data.source": str(tinystories_dir), "train.max_steps": 8, "train.eval_interval": 4,
-                 "train.ckpt_interval": 2, "train.warmup_steps": 1}
+    overrides = {
+        "data.source": str(tinystories_dir),
+        "train.max_steps": 8,
+        "train.eval_interval": 4,
+        "train.ckpt_interval": 2,
+        "train.warmup_steps": 1,
+    }
     cfg = make_config("tiny", arch, overrides=overrides)
     prepared = data.prepare(cfg.data, cfg.model.vocab_size, progress=False)
     path = tmp_path / "results.db"
     return train_run(cfg, prepared, stages.connect(path), path, progress=False, log=lambda *_: None, **kw), path
 
 
-def test_every_run_records_cpu_time_load_threads_jobs_and_its_memory_baseline(tmp_path, tinystories_dir,
-                                                                              monkeypatch):
+def test_every_run_records_cpu_time_load_threads_jobs_and_its_memory_baseline(tmp_path, tinystories_dir, monkeypatch):
     """A run stopped after 3 steps and resumed: CPU time and timed steps add up over both processes; a run an
     executor started (env vars) records its threads and jobs.
 
@@ -63,6 +67,7 @@ def test_every_run_records_cpu_time_load_threads_jobs_and_its_memory_baseline(tm
             if record is not None:
                 record.append(out)
             return out
+
         return wrapped
 
     import architectures
@@ -84,7 +89,7 @@ def test_every_run_records_cpu_time_load_threads_jobs_and_its_memory_baseline(tm
     assert row["cuda_seconds"] is None and row["gpu_util"] is None  # no GPU: NULL, not zero
 
     starts = [i for i, e in enumerate(events) if e == "baseline"]
-    assert len(starts) == 2 and all(events[i - 1:i + 2] == ["reset", "baseline", "build"] for i in starts)
+    assert len(starts) == 2 and all(events[i - 1 : i + 2] == ["reset", "baseline", "build"] for i in starts)
     assert all(b is not None and b > 0 for b in baselines)
     assert part["baseline_rss_bytes"] == baselines[0] and part["peak_rss_bytes"] > 0
     assert row["peak_rss_bytes"] >= part["peak_rss_bytes"]
@@ -113,8 +118,17 @@ def test_bad_executor_settings_are_one_clear_error(monkeypatch):
 
 
 def test_a_checkpoint_from_before_cpu_time_leaves_it_unknown():
-    old = {"train_seconds": 5.0, "warmup_seconds": 1.0, "eval_seconds": 1.0, "step_times": [0.5] * 10,
-           "peak_rss": 100, "peak_alloc": None, "peak_reserved": None, "peak_nvml": None, "initial_val_loss": 6.0}
+    old = {
+        "train_seconds": 5.0,
+        "warmup_seconds": 1.0,
+        "eval_seconds": 1.0,
+        "step_times": [0.5] * 10,
+        "peak_rss": 100,
+        "peak_alloc": None,
+        "peak_reserved": None,
+        "peak_nvml": None,
+        "initial_val_loss": 6.0,
+    }
     carried = telemetry.carried_from(old)
     assert carried["cpu_seconds"] is None and telemetry.add(carried["cpu_seconds"], 2.0) is None
     cols = telemetry.run_columns(carried, 512)
@@ -155,8 +169,13 @@ def test_nvml_utilisation_mean_and_load_samples(monkeypatch):
     load = telemetry.LoadSampler(interval=0.01).start()
     load.stop()
     assert load.n >= 2 and load.total == 3.0 * load.n
-    tel = {**telemetry.FRESH_RUN_TELEMETRY, "load_total": load.total, "load_n": load.n,
-           "util_total": s.util_total, "util_n": s.util_n}
+    tel = {
+        **telemetry.FRESH_RUN_TELEMETRY,
+        "load_total": load.total,
+        "load_n": load.n,
+        "util_total": s.util_total,
+        "util_n": s.util_n,
+    }
     cols = telemetry.run_columns(tel, 512)
     assert cols["load_avg"] == 3.0 and cols["gpu_util"] == 7.0
 
@@ -186,8 +205,10 @@ def _timing_table(sec: str) -> dict[str, dict[str, str]]:
 def test_quiet_machine_report_has_the_bench_headline_and_no_warning(tmp_path):
     db, sec, _ = _report(tmp_path, bench=True, run_extra=lambda a, s: {"device_name": TWO_CORES})
     t = _timing_table(sec)
-    bench = {a: (tps, f) for a, tps, f in q(db, "select arch, tokens_per_s, flops_per_token from bench "
-                                                "where impl = 'benchctl'")}
+    bench = {
+        a: (tps, f)
+        for a, tps, f in q(db, "select arch, tokens_per_s, flops_per_token from bench where impl = 'benchctl'")
+    }
     for arch in STUDY_ARCHS:
         time_ratio = bench["control"][0] / bench[arch][0]
         assert t[arch]["bench × control"] == f"{time_ratio:.2f}"
@@ -202,8 +223,10 @@ def test_contended_runs_point_to_the_cpu_time_and_bench_ratios(tmp_path):
     hog = lambda a, s: {"device_name": TWO_CORES, "load_avg": 6.2}  # noqa: E731
     db, sec, _ = _report(tmp_path, archs=("control", "frailt"), seeds=(0, 1), bench=True, run_extra=hog)
     lines = [ln for ln in sec.splitlines() if "was contended" in ln]
-    assert len(lines) == 4 and all("(mean load 6.2 on 2 cores): its wall time is not a cost measure here; trust "
-                                   "the bench ratio instead." in ln for ln in lines)
+    assert len(lines) == 4 and all(
+        "(mean load 6.2 on 2 cores): its wall time is not a cost measure here; trust the bench ratio instead." in ln
+        for ln in lines
+    )
     rows = q(db, "select arch, cpu_seconds, timed_steps, tokens_seen, step from runs where status = 'done'")
     per = {a: [] for a in ("control", "frailt")}
     for arch, cpu, steps, seen, step in rows:
@@ -221,18 +244,31 @@ def test_a_bench_of_some_models_is_trusted_for_those_models(tmp_path):
     one every model has), but the benched models' sentences and a line under the headline point to their bench
     ratio."""
     hog = lambda a, s: {"device_name": TWO_CORES, "load_avg": 6.2}  # noqa: E731
-    db = build_fixture_db(tmp_path / "results.db", archs=("control", "frailt", "relaxed"), seeds=(0,), judge=False,
-                          evals=False, bench=True, run_extra=hog)
+    db = build_fixture_db(
+        tmp_path / "results.db",
+        archs=("control", "frailt", "relaxed"),
+        seeds=(0,),
+        judge=False,
+        evals=False,
+        bench=True,
+        run_extra=hog,
+    )
     with sqlite3.connect(db) as con:
         con.execute("delete from bench where arch = 'relaxed'")
     sec = section(report.build(db).markdown, "Training cost")
     assert "Headline: the CPU-time ratio" in sec
-    assert "The latest `benchctl bench` measured only control, frailt: for them the bench ratio is the cleaner " \
-           "number." in sec
-    assert "frailt seed 0 was contended (mean load 6.2 on 2 cores): its wall time is not a cost measure here; trust " \
-           "the bench ratio instead." in sec
-    assert "relaxed seed 0 was contended (mean load 6.2 on 2 cores): its wall time is not a cost measure here; " \
-           "trust the CPU-time ratio (better: run `benchctl bench`) instead." in sec
+    assert (
+        "The latest `benchctl bench` measured only control, frailt: for them the bench ratio is the cleaner "
+        "number." in sec
+    )
+    assert (
+        "frailt seed 0 was contended (mean load 6.2 on 2 cores): its wall time is not a cost measure here; trust "
+        "the bench ratio instead." in sec
+    )
+    assert (
+        "relaxed seed 0 was contended (mean load 6.2 on 2 cores): its wall time is not a cost measure here; "
+        "trust the CPU-time ratio (better: run `benchctl bench`) instead." in sec
+    )
 
 
 def test_seeds_that_disagree_and_parallel_jobs_get_a_sentence(tmp_path):
@@ -247,8 +283,10 @@ def test_seeds_that_disagree_and_parallel_jobs_get_a_sentence(tmp_path):
     _, sec, _ = _report(tmp_path, archs=("control", "frailt"), seeds=(0, 1), run_extra=extra)
     spread = [ln for ln in sec.splitlines() if "seeds took" in ln]
     assert len(spread) == 1 and spread[0].startswith("- control's seeds took ")
-    assert "its wall time is not a cost measure here; trust the CPU-time ratio (better: run `benchctl bench`) " \
-           "instead." in spread[0]
+    assert (
+        "its wall time is not a cost measure here; trust the CPU-time ratio (better: run `benchctl bench`) "
+        "instead." in spread[0]
+    )
     assert "- frailt seed 0 was contended (trained beside 1 other job(s) (2 at once))" in sec
     assert "control seed 0 was contended" not in sec
 
@@ -257,24 +295,35 @@ def test_memory_shows_the_models_own_share(tmp_path):
     db, sec, _ = _report(tmp_path, archs=("control", "frailt"), seeds=(0, 1))
     cost = by_model(tables(sec)[0])
     for arch in ("control", "frailt"):
-        own = [p - b for p, b in q(db, "select peak_rss_bytes, baseline_rss_bytes from runs where status = 'done' "
-                                       "and arch = ?", (arch,))]
+        own = [
+            p - b
+            for p, b in q(
+                db, "select peak_rss_bytes, baseline_rss_bytes from runs where status = 'done' and arch = ?", (arch,)
+            )
+        ]
         assert cost[arch]["model's own (MiB)"] == f"{sum(own) / len(own) / 2**20:,.2f}"
 
 
 def test_bench_rows_of_another_config_or_device_give_no_bench_ratio(tmp_path):
     db = build_fixture_db(tmp_path / "results.db", judge=False, evals=False, bench=True)
     conn = stages.connect(db)
-    conn.execute("update bench set config_json = ?", [make_config("tiny", "control", 0,
-                                                                  {"model.n_layers": 2}).to_json()])
+    conn.execute(
+        "update bench set config_json = ?", [make_config("tiny", "control", 0, {"model.n_layers": 2}).to_json()]
+    )
     conn.conn.commit()
     sec = section(report.build(db).markdown, "Training cost")
     assert _timing_table(sec)["frailt"]["bench × control"] == "-" and "Headline: the CPU-time ratio" in sec
 
 
 def test_runs_command_shows_the_timing_columns(tmp_path, capsys):
-    db = build_fixture_db(tmp_path / "results.db", judge=False, evals=False, archs=("control",), seeds=(0,),
-                          run_extra=lambda a, s: {"load_avg": 3.25})
+    db = build_fixture_db(
+        tmp_path / "results.db",
+        judge=False,
+        evals=False,
+        archs=("control",),
+        seeds=(0,),
+        run_extra=lambda a, s: {"load_avg": 3.25},
+    )
     assert run_cli(["runs", "--db", str(db)]) == 0
     out = capsys.readouterr().out
     assert re.search(r"\bCPU\b", out) and "load" in out and "3.25" in out
@@ -305,10 +354,21 @@ def test_study_bench_runs_once_per_preset_device_and_config(tmp_path, monkeypatc
     def fake_run(opts, db_path, log=None):
         calls.append(opts)
         dev = telemetry.device_name(torch.device("cpu"))
-        rows = [{"bench_id": "b", "arch": a, "preset": opts.preset, "impl": "benchctl", "device": "cpu",
-                 "device_name": dev, "tokens_per_s": 100.0 / (i + 1), "flops_per_token": 1.0 + i,
-                 "config_json": make_config(opts.preset, a, 0, opts.overrides).to_json(), "created_at": "x"}
-                for i, a in enumerate(opts.archs)]
+        rows = [
+            {
+                "bench_id": "b",
+                "arch": a,
+                "preset": opts.preset,
+                "impl": "benchctl",
+                "device": "cpu",
+                "device_name": dev,
+                "tokens_per_s": 100.0 / (i + 1),
+                "flops_per_token": 1.0 + i,
+                "config_json": make_config(opts.preset, a, 0, opts.overrides).to_json(),
+                "created_at": "x",
+            }
+            for i, a in enumerate(opts.archs)
+        ]
         bench_tables.record_bench_rows(stages.connect(db_path), rows)
         return [{"arch": r["arch"], "cost_ratio": 1.0} for r in rows]
 
@@ -341,18 +401,33 @@ def test_study_bench_defaults(tmp_path):
 
 def test_cuda_runs_show_gpu_time_and_utilisation(tmp_path):
     extra = lambda a, s: {"cuda_seconds": 6.0, "gpu_util": 81.0}  # noqa: E731
-    db, sec, _ = _report(tmp_path, archs=("control", "frailt"), seeds=(0,), device="cuda", run_extra=extra,
-                         failed_run=False, running_run=False)
+    db, sec, _ = _report(
+        tmp_path,
+        archs=("control", "frailt"),
+        seeds=(0,),
+        device="cuda",
+        run_extra=extra,
+        failed_run=False,
+        running_run=False,
+    )
     t = _timing_table(sec)
-    (steps, seen, step), = q(db, "select timed_steps, tokens_seen, step from runs where arch = 'control'")
+    ((steps, seen, step),) = q(db, "select timed_steps, tokens_seen, step from runs where arch = 'control'")
     assert t["control"]["GPU (µs/token)"] == f"{6.0 / (steps * seen / step) * 1e6:,.1f}"
     assert t["frailt"]["GPU util (%)"] == "81"
 
 
 def test_a_database_from_before_the_cost_columns_still_reports_and_migrates(tmp_path):
     db = build_fixture_db(tmp_path / "results.db", judge=False, evals=False, archs=("control", "frailt"), seeds=(0,))
-    new = ("cpu_seconds", "cuda_seconds", "timed_steps", "threads", "concurrent_jobs", "load_avg", "gpu_util",
-           "baseline_rss_bytes")
+    new = (
+        "cpu_seconds",
+        "cuda_seconds",
+        "timed_steps",
+        "threads",
+        "concurrent_jobs",
+        "load_avg",
+        "gpu_util",
+        "baseline_rss_bytes",
+    )
     conn = sqlite3.connect(db)
     for col in new:
         conn.execute(f"alter table runs drop column {col}")

@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchctl.core import data
-from benchctl.core import sources
+from benchctl.core import data, sources
 from benchctl.core.config import DataConfig, make_config
 from benchctl.core.errors import CheckpointError, ConfigError, DataError
 
@@ -105,8 +104,9 @@ def test_formats_give_the_same_stories(tmp_path, fmt):
 
 
 def test_stories_are_stripped_and_empty_entries_dropped(tmp_path):
-    (tmp_path / "train.txt").write_text("\n  One.  \n<|endoftext|>\n\n<|endoftext|>\n   \n<|endoftext|>\nTwo\nlines.\n",
-                                        encoding="utf-8")
+    (tmp_path / "train.txt").write_text(
+        "\n  One.  \n<|endoftext|>\n\n<|endoftext|>\n   \n<|endoftext|>\nTwo\nlines.\n", encoding="utf-8"
+    )
     write_jsonl(tmp_path / "valid.jsonl", ["  a  ", "", "b"])
     with open(tmp_path / "valid.jsonl", "a") as f:
         f.write("\n" + json.dumps({"text": None}) + "\n")
@@ -417,8 +417,7 @@ def test_hub_source_and_offline_reuse(tmp_path, monkeypatch):
         m.setattr(sources, "_hub_revision", lambda: "rev1")
         p = data.prepare(hub, VOCAB, progress=False)
         assert p.source == "hub:roneneldan/TinyStories" and (p.n_train_stories, p.n_valid_stories) == (300, 60)
-        assert calls == [("roneneldan/TinyStories", "train", "rev1"),
-                         ("roneneldan/TinyStories", "validation", "rev1")]
+        assert calls == [("roneneldan/TinyStories", "train", "rev1"), ("roneneldan/TinyStories", "validation", "rev1")]
         assert p.valid_stories() == synthetic_stories(60, seed=2)
         assert json.loads((p.dir / "manifest.json").read_text())["source_revision"] == "rev1"
         # a new hub revision is new data
@@ -527,8 +526,9 @@ def test_cli_prepare(tmp_path, monkeypatch):
     out = res.output
     assert str(src.resolve()) in out and str(tmp_path / "cache") in out
     assert "train 300" in out and "valid 60" in out and "512" in out
-    res2 = runner.invoke(app, ["prepare", "--preset", "tiny", "--set", "data.tokenizer_stories=200"],
-                         env={"BENCHCTL_DATA": str(src)})
+    res2 = runner.invoke(
+        app, ["prepare", "--preset", "tiny", "--set", "data.tokenizer_stories=200"], env={"BENCHCTL_DATA": str(src)}
+    )
     assert res2.exit_code == 0 and "already prepared" in res2.output
 
     bad = runner.invoke(app, ["prepare", "--preset", "tiny", "--data", str(tmp_path / "missing")])

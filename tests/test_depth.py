@@ -10,21 +10,21 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixtures_db import build_fixture_db
 
 import architectures
 from architectures.base import ExitRule
 from architectures.blocks import KVCache
 from architectures.generate import generate
 from benchctl import stages
-from benchctl.stages.train import tables as train_tables
+from benchctl.core.errors import ConfigError
+from benchctl.stages import RunSelection
 from benchctl.stages.depth import engine as dp
 from benchctl.stages.depth.options import DEFAULT_DEPTHS, DepthOptions, check_exit_rule, parse_depths, parse_thresholds
 from benchctl.stages.report import engine as report
-from benchctl.stages import RunSelection
 from benchctl.stages.sample import engine as smp
 from benchctl.stages.sample.options import SampleOptions
-from benchctl.core.errors import ConfigError
-from fixtures_db import build_fixture_db
+from benchctl.stages.train import tables as train_tables
 
 RECURRENT = ["frailt", "three-part", "relaxed"]
 
@@ -147,8 +147,11 @@ def test_frailt_extrapolation_rules(tiny_model):
     model = trained_like(tiny_model("frailt"))
     x = tokens(1, 8)
     with torch.no_grad():
-        for rule, vector_of in (("last", lambda t: min(t, 3)), ("cycle", lambda t: t % 4),
-                                ("none", lambda t: t if t < 4 else None)):
+        for rule, vector_of in (
+            ("last", lambda t: min(t, 3)),
+            ("cycle", lambda t: t % 4),
+            ("none", lambda t: t if t < 4 else None),
+        ):
             got = model(x, n_recur=6, extrapolate=rule)[0]
             torch.testing.assert_close(got, _manual_frailt(model, x, 6, vector_of), rtol=0, atol=0)
         assert torch.equal(model(x, n_recur=6)[0], model(x, n_recur=6, extrapolate="last")[0])  # the default
@@ -163,14 +166,17 @@ def test_relaxed_extrapolation_rules(tiny_model):
     def manual(lora_of):
         h = model.tok_embeddings(x)
         for t in range(7):
-            for l, layer in enumerate(model.layers):
+            for li, layer in enumerate(model.layers):
                 k = lora_of(t)
-                h = layer(h, cos, sin, lora=None if k is None else model.lora[k][l])
+                h = layer(h, cos, sin, lora=None if k is None else model.lora[k][li])
         return model.output(model.norm(h))
 
     with torch.no_grad():
-        for rule, lora_of in (("cycle", lambda t: t % 4), ("last", lambda t: min(t, 3)),
-                              ("none", lambda t: t if t < 4 else None)):
+        for rule, lora_of in (
+            ("cycle", lambda t: t % 4),
+            ("last", lambda t: min(t, 3)),
+            ("none", lambda t: t if t < 4 else None),
+        ):
             torch.testing.assert_close(model(x, n_recur=7, extrapolate=rule)[0], manual(lora_of), rtol=0, atol=0)
         assert torch.equal(model(x, n_recur=7)[0], model(x, n_recur=7, extrapolate="cycle")[0])  # the default
 
@@ -197,8 +203,11 @@ def test_option_parsing():
         parse_thresholds("-1")
     opts = DepthOptions(depths="8,1", thresholds="1e-3,1e-2")  # the command line's lists, held parsed
     assert (opts.depths, opts.thresholds) == ((1, 8), (1e-2, 1e-3)) and DepthOptions().depths is None
-    for bad, says in (({"max_depth": 0}, "--max-depth"), ({"windows": 0}, "--windows"),
-                      ({"extrapolate": "bogus"}, "--extrapolate: unknown rule 'bogus'")):
+    for bad, says in (
+        ({"max_depth": 0}, "--max-depth"),
+        ({"windows": 0}, "--windows"),
+        ({"extrapolate": "bogus"}, "--extrapolate: unknown rule 'bogus'"),
+    ):
         with pytest.raises(ConfigError, match=says):
             DepthOptions(**bad)
 
@@ -212,9 +221,25 @@ def trained(tmp_path_factory, tinystories_dir):
         mp.setenv("BENCHCTL_CACHE", str(root / "cache"))
         mp.delenv("BENCHCTL_DB", raising=False)
         with pytest.raises(SystemExit) as exc:
-            main(["train-all", "--preset", "tiny", "--archs", "control,frailt", "--data", str(tinystories_dir),
-                  "--db", str(root / "results" / "results.db"), "--set", "train.max_steps=2",
-                  "--set", "train.warmup_steps=1", "--no-progress", "--yes"])
+            main(
+                [
+                    "train-all",
+                    "--preset",
+                    "tiny",
+                    "--archs",
+                    "control,frailt",
+                    "--data",
+                    str(tinystories_dir),
+                    "--db",
+                    str(root / "results" / "results.db"),
+                    "--set",
+                    "train.max_steps=2",
+                    "--set",
+                    "train.warmup_steps=1",
+                    "--no-progress",
+                    "--yes",
+                ]
+            )
         assert exc.value.code in (0, None)
     return root
 
@@ -245,25 +270,38 @@ def test_depth_rows_are_idempotent_and_resumable(results):
     assert len(resumed.rows) == 1 and resumed.rows[0]["val_loss"] == pytest.approx(frailt[8]["val_loss"], abs=0)
     ex = dp.depth_all(db, results, DepthOptions(exit_rule="kl", thresholds="1e-2,1e-3", windows=8), progress=False)
     assert {(r["exit_rule"], r["threshold"], r["n_recur"]) for r in ex.rows if r["arch"] == "frailt"} == {
-        ("kl", 1e-2, 4), ("kl", 1e-3, 4)}
+        ("kl", 1e-2, 4),
+        ("kl", 1e-3, 4),
+    }
     assert all(1 <= r["mean_depth"] <= r["n_recur"] for r in ex.rows)
-    assert dp.estimate_seconds(db, results, [r["id"] for r in train_tables.runs(db)]) > 0  # what the paper preset prints
+    assert (
+        dp.estimate_seconds(db, results, [r["id"] for r in train_tables.runs(db)]) > 0
+    )  # what the paper preset prints
 
 
 def test_trained_depth_row_is_the_final_validation_loss(results):
     db = stages.connect(results)
     dp.depth_all(db, results, DepthOptions(depths="4", select=RunSelection(archs=["frailt"])), progress=False)
-    row = next(iter(db.query("select d.val_loss, r.final_val_loss from depth_results d join runs r on r.id = "
-                             "d.run_id where r.arch = 'frailt'")))
+    row = next(
+        iter(
+            db.query(
+                "select d.val_loss, r.final_val_loss from depth_results d join runs r on r.id = "
+                "d.run_id where r.arch = 'frailt'"
+            )
+        )
+    )
     assert row["val_loss"] == pytest.approx(row["final_val_loss"], rel=1e-6)
 
 
 def test_cli_errors_are_one_line(results, capsys):
     from benchctl import cli
 
-    for argv, text in ((["--depths", "1,x"], "--depths"), (["--exit", "foo"], "--exit: unknown rule 'foo'"),
-                       (["--extrapolate", "bogus"], "--extrapolate: unknown rule 'bogus'"),
-                       (["--extrapolate", "cycle", "--archs", "frailt,control", "--depths", "1,0"], "--depths")):
+    for argv, text in (
+        (["--depths", "1,x"], "--depths"),
+        (["--exit", "foo"], "--exit: unknown rule 'foo'"),
+        (["--extrapolate", "bogus"], "--extrapolate: unknown rule 'bogus'"),
+        (["--extrapolate", "cycle", "--archs", "frailt,control", "--depths", "1,0"], "--depths"),
+    ):
         with pytest.raises(SystemExit) as exc:
             cli.main(["depth", "--db", str(results), "--no-progress", *argv])
         err = capsys.readouterr().err
@@ -276,8 +314,9 @@ def test_depth_samples_are_tagged(results):
     small = dict(n_prompts=3, max_new_tokens=6, batch_size=3)
 
     def sample(archs=("frailt",), **options):
-        return smp.sample_all(db, results, SampleOptions(select=RunSelection(archs=archs), **small, **options),
-                              progress=False)
+        return smp.sample_all(
+            db, results, SampleOptions(select=RunSelection(archs=archs), **small, **options), progress=False
+        )
 
     plain = sample()
     deep = sample(n_recur=8)
@@ -289,8 +328,9 @@ def test_depth_samples_are_tagged(results):
     ex = rows[exiting.settings_hash]
     assert ex["exit_rule"] == "kl" and ex["exit_threshold"] == 1e-3 and 1 <= ex["mean_depth"] <= 4
     assert rows[plain.settings_hash]["mean_depth"] is None and rows[plain.settings_hash]["extrapolate"] is None
-    mean = next(iter(db.query("select avg(mean_depth) as d from samples where settings_hash = ?",
-                              [exiting.settings_hash])))["d"]
+    mean = next(
+        iter(db.query("select avg(mean_depth) as d from samples where settings_hash = ?", [exiting.settings_hash]))
+    )["d"]
     assert exiting.runs[0].mean_depth == pytest.approx(mean)
     with pytest.raises(Exception, match="fixed depth"):
         sample(archs=["control"], exit_rule="kl")
@@ -303,7 +343,7 @@ def test_report_section_renders_on_a_fixture(tmp_path):
     path = build_fixture_db(tmp_path / "results.db", seeds=(0, 1), judge=False, evals=False, depth=True)
     built = report.build(path)
     md = built.markdown
-    sec = md[md.index("\n## Test-time recurrence\n"):]
+    sec = md[md.index("\n## Test-time recurrence\n") :]
     sec = sec[: sec.index("\n## ", 5)] if "\n## " in sec[5:] else sec
     for fig in ("depth_loss.png", "depth_frontier.png", "depth_exit_hist.png"):
         assert f"(figures/{fig})" in sec

@@ -34,11 +34,14 @@ def test_the_guide_holds_an_architecture_and_a_whole_stage():
         assert not real.exists() or real.read_text(encoding="utf-8") == text, f"{path} exists and differs"
 
 
-@pytest.mark.parametrize("doc, needle", [
-    ("<!-- example-file: a.py -->\ntext", "must stand right above a fenced code block"),
-    ("<!-- example-file: a.py -->\n```python\nx = 1\n", "is not closed"),
-    ("<!-- example-file: a.py -->\n```\n```\n<!-- example-file: a.py -->\n```\n```\n", "marked twice"),
-])
+@pytest.mark.parametrize(
+    "doc, needle",
+    [
+        ("<!-- example-file: a.py -->\ntext", "must stand right above a fenced code block"),
+        ("<!-- example-file: a.py -->\n```python\nx = 1\n", "is not closed"),
+        ("<!-- example-file: a.py -->\n```\n```\n<!-- example-file: a.py -->\n```\n```\n", "marked twice"),
+    ],
+)
 def test_malformed_markers_are_refused(doc, needle):
     with pytest.raises(SystemExit, match=needle):
         _extractor().examples(doc)

@@ -20,24 +20,23 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import lm_eval
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
-import lm_eval
 from lm_eval.api.instance import Instance
 from lm_eval.api.model import LM
 
-from benchctl.core import data as datamod
 from benchctl import stages
-from benchctl.stages.train import tables as train_tables
-from benchctl.stages.eval import api as ev
-from benchctl.core.checkpoint import CKPT_NAME, run_dir
 from benchctl.cli import main
+from benchctl.core import data as datamod
+from benchctl.core.checkpoint import CKPT_NAME, run_dir
 from benchctl.core.errors import EvalError
 from benchctl.core.progress import Progress
 from benchctl.stages import RunSelection
+from benchctl.stages.eval import api as ev
+from benchctl.stages.train import tables as train_tables
 
 
 def evaluate_runs(db, db_path, *, progress=True, log=None, run_ids=None, archs=None, preset=None, **options):
@@ -77,9 +76,25 @@ def trained(tmp_path_factory, tinystories_dir):
         mp.setenv("BENCHCTL_CACHE", str(root / "cache"))
         mp.delenv("BENCHCTL_DB", raising=False)
         db = root / "results.db"
-        run_cli(["train-all", "--preset", "tiny", "--archs", "three-part,frailt", "--data", str(tinystories_dir),
-                 "--db", str(db), "--set", "train.max_steps=3", "--set", "train.warmup_steps=1", "--no-progress",
-                 "--yes"])
+        run_cli(
+            [
+                "train-all",
+                "--preset",
+                "tiny",
+                "--archs",
+                "three-part,frailt",
+                "--data",
+                str(tinystories_dir),
+                "--db",
+                str(db),
+                "--set",
+                "train.max_steps=3",
+                "--set",
+                "train.warmup_steps=1",
+                "--no-progress",
+                "--yes",
+            ]
+        )
         rows = train_tables.runs(stages.connect(db), status="done")
         from benchctl.core.config import RunConfig
 
@@ -102,24 +117,26 @@ def ll_requests(pairs: list[tuple[str, str]]) -> list[Instance]:
 def direct_ll(lm: ev.BenchctlLM, context: str, continuation: str) -> tuple[float, bool]:
     """log p(continuation | BOS + context) from one unbatched forward, pieces of <= L tokens, left-truncated."""
     ctx = lm.tok.encode(context, bos=True)
-    cont = lm.tok.encode(context + continuation, bos=True)[len(ctx):]
+    cont = lm.tok.encode(context + continuation, bos=True)[len(ctx) :]
     L = lm.max_length
     total, greedy = 0.0, True
     for j in range(0, len(cont), L):
-        seq = (ctx + cont[: j + L])[-(L + 1):]
+        seq = (ctx + cont[: j + L])[-(L + 1) :]
         piece = cont[j : j + L]
         with torch.no_grad():
             logits, _ = lm.model(torch.tensor([seq[:-1]]), n_recur=lm.n_recur)
-        logp = F.log_softmax(logits[0].float(), dim=-1)[-len(piece):]  # (m, V)
+        logp = F.log_softmax(logits[0].float(), dim=-1)[-len(piece) :]  # (m, V)
         target = torch.tensor(piece)
         total += float(logp.gather(-1, target[:, None]).sum())
         greedy = greedy and bool((logp.argmax(-1) == target).all())
     return total, greedy
 
 
-STORY = ("Once upon a time, there was a little girl named Lily. She loved to play in the park with her red ball. "
-         "One day, Lily saw a big dog near the tree. The dog was sad because it was lost. Lily gave the dog some "
-         "water and helped it find its home. The dog's owner was very happy and thanked Lily with a big hug.")
+STORY = (
+    "Once upon a time, there was a little girl named Lily. She loved to play in the park with her red ball. "
+    "One day, Lily saw a big dog near the tree. The dog was sad because it was lost. Lily gave the dog some "
+    "water and helped it find its home. The dog's owner was very happy and thanked Lily with a big hug."
+)
 
 
 # ---- the adapter ---------------------------------------------------------------------------------------------------
@@ -164,7 +181,7 @@ def test_the_adapter_runs_under_the_runs_precision_rule(trained):
 
 def test_empty_context_uses_bos(trained):
     lm = lm_for(trained, "frailt")
-    (ll, _), = lm.loglikelihood(ll_requests([("", "Once upon a time")]))
+    ((ll, _),) = lm.loglikelihood(ll_requests([("", "Once upon a time")]))
     ids = lm.tok.encode("Once upon a time", bos=False)
     with torch.no_grad():
         logits, _ = lm.model(torch.tensor([[1] + ids[:-1]]))
@@ -185,7 +202,7 @@ def test_rolling_loglikelihood_is_the_sum_over_disjoint_windows(trained):
         inp = [1] + tokens[: L - 1] if start == 0 else tokens[end - L - 1 : end - 1]
         with torch.no_grad():
             logits, _ = lm.model(torch.tensor([inp]))
-        logp = F.log_softmax(logits[0], -1)[-(end - start):]
+        logp = F.log_softmax(logits[0], -1)[-(end - start) :]
         want += float(logp.gather(-1, torch.tensor(tokens[start:end])[:, None]).sum())
     req = Instance(request_type="loglikelihood_rolling", doc={}, arguments=(STORY,), idx=0)
     short = Instance(request_type="loglikelihood_rolling", doc={}, arguments=("Lily ran.",), idx=1)
@@ -217,9 +234,15 @@ def test_generate_until_stops_at_stop_sequences(trained):
     assert len(calls) < n_full  # it stopped generating, not only cut the text afterwards
     # greedy generation is batch-independent: rows of different lengths are grouped by length
     contexts = ["Once upon a time", "Lily", "The dog was sad because", "Once upon a time"]
-    reqs = [Instance(request_type="generate_until", doc={}, idx=i,
-                     arguments=(c, {"until": ["\n"], "max_gen_toks": 10, "do_sample": False}))
-            for i, c in enumerate(contexts)]
+    reqs = [
+        Instance(
+            request_type="generate_until",
+            doc={},
+            idx=i,
+            arguments=(c, {"until": ["\n"], "max_gen_toks": 10, "do_sample": False}),
+        )
+        for i, c in enumerate(contexts)
+    ]
     batched = lm.generate_until(reqs)
     assert batched == [_gen(lm, c, until=["\n"], max_gen_toks=10) for c in contexts]
     assert all("\n" not in s for s in batched)
@@ -254,8 +277,9 @@ def test_registered_with_lm_eval(trained):
     from lm_eval.api.registry import get_model
 
     assert get_model("benchctl") is ev.BenchctlLM
-    lm = ev.BenchctlLM.create_from_arg_string(f"checkpoint={trained.ckpt('frailt')},n_recur=3,batch_size=5",
-                                              {"device": "cpu"})
+    lm = ev.BenchctlLM.create_from_arg_string(
+        f"checkpoint={trained.ckpt('frailt')},n_recur=3,batch_size=5", {"device": "cpu"}
+    )
     assert (lm.n_recur, lm.batch_size, lm.device.type) == (3, 5, "cpu")
 
 
@@ -271,7 +295,7 @@ def test_find_protagonist_rule():
     story = "One day, the chick was lost. Sam heard it. All the animals cheered for Sam, the kind horse."
     assert ev.find_protagonist(story)[0] == "Sam"
     # sentence-initial capitals, roles and a name mentioned once are not protagonists
-    assert ev.find_protagonist("The dog ran. The dog sat. Mom said, \"Good dog.\" Then Mom smiled.") is None
+    assert ev.find_protagonist('The dog ran. The dog sat. Mom said, "Good dog." Then Mom smiled.') is None
     assert ev.find_protagonist("Once there was a boy named Tom. He was happy.") is None
 
 
@@ -294,7 +318,7 @@ def test_generators_are_deterministic_and_balanced(trained):
             for d in group:
                 story = stories[d["story_idx"]].strip()
                 answer = d["choices"][d["label"]]
-                assert story.startswith(d["context"]) and story[len(d["context"]):].startswith(answer)
+                assert story.startswith(d["context"]) and story[len(d["context"]) :].startswith(answer)
         if name == "tinystories_names":
             for d in docs:
                 assert d["name"] == d["choices"][d["label"]] and re.search(rf"\b{d['name']}\b", d["context"])
@@ -379,8 +403,13 @@ def test_an_order_blind_model_scores_exactly_one_half(trained):
     saved = rng_state()
     try:
         with _quiet():
-            res = lm_eval.simple_evaluate(model=OrderBlindLM(trained.prepared), tasks=["tinystories_order"],
-                                          task_manager=tm, log_samples=True, bootstrap_iters=0)
+            res = lm_eval.simple_evaluate(
+                model=OrderBlindLM(trained.prepared),
+                tasks=["tinystories_order"],
+                task_manager=tm,
+                log_samples=True,
+                bootstrap_iters=0,
+            )
     finally:
         set_rng_state(saved)
     assert res["results"]["tinystories_order"]["acc,none"] == 0.5
@@ -400,10 +429,26 @@ def test_a_trained_model_beats_chance_on_order(trained, tinystories_dir, tmp_pat
     from scipy import stats as sps
 
     db = tmp_path / "order.db"
-    run_cli(["train", "--arch", "control", "--preset", "tiny", "--data", str(tinystories_dir), "--db", str(db),
-             "--set", "train.max_steps=250", "--no-progress", "--yes"])
-    s = evaluate_runs(stages.connect(db), db, tasks=["tinystories_order"], threads=1, progress=False,
-                         log=lambda _: None)
+    run_cli(
+        [
+            "train",
+            "--arch",
+            "control",
+            "--preset",
+            "tiny",
+            "--data",
+            str(tinystories_dir),
+            "--db",
+            str(db),
+            "--set",
+            "train.max_steps=250",
+            "--no-progress",
+            "--yes",
+        ]
+    )
+    s = evaluate_runs(
+        stages.connect(db), db, tasks=["tinystories_order"], threads=1, progress=False, log=lambda _: None
+    )
     (row,) = s.rows
     n = row["n_samples"]
     correct = round(row["value"] * n)
@@ -437,17 +482,18 @@ def test_bundled_tasks_are_written_and_found(trained):
 
 
 def test_eval_end_to_end_stores_rows(trained):
-    run_cli(["eval", "--db", str(trained.db), "--limit", "8", "--batch-size", "16", "--threads", "1",
-             "--no-progress"])
+    run_cli(["eval", "--db", str(trained.db), "--limit", "8", "--batch-size", "16", "--threads", "1", "--no-progress"])
     db = stages.connect(trained.db)
     rows = list(db.query("select * from eval_results where limit_n = 8"))
     by = {(r["run_id"], r["task"], r["metric"]): r for r in rows}
     for arch, rid in trained.runs.items():
         n = 7 if arch == "three-part" else 4
-        for task, metrics in (("tinystories_ppl", ("word_perplexity", "byte_perplexity", "bits_per_byte")),
-                              ("tinystories_ending", ("acc", "acc_norm")),
-                              ("tinystories_names", ("acc", "acc_norm")),
-                              ("tinystories_order", ("acc",))):
+        for task, metrics in (
+            ("tinystories_ppl", ("word_perplexity", "byte_perplexity", "bits_per_byte")),
+            ("tinystories_ending", ("acc", "acc_norm")),
+            ("tinystories_names", ("acc", "acc_norm")),
+            ("tinystories_order", ("acc",)),
+        ):
             for metric in metrics:
                 r = by[(rid, task, metric)]
                 assert r["n_recur"] == n and r["limit_n"] == 8 and r["n_samples"] == 8
@@ -466,15 +512,17 @@ def test_eval_end_to_end_stores_rows(trained):
     summary = evaluate_runs(db, trained.db, limit=8, batch_size=16, progress=False, log=lambda _: None)
     assert summary.evaluated == [] and len(summary.skipped) == 8
     assert len(summary.rows) == 16
-    forced = evaluate_runs(db, trained.db, limit=8, batch_size=16, force=True, progress=False,
-                              log=lambda _: None)
+    forced = evaluate_runs(db, trained.db, limit=8, batch_size=16, force=True, progress=False, log=lambda _: None)
     assert len(forced.evaluated) == 8
-    again = {(r["run_id"], r["task"], r["metric"]): r["value"] for r in db.query(
-        "select * from eval_results where limit_n = 8")}
+    again = {
+        (r["run_id"], r["task"], r["metric"]): r["value"]
+        for r in db.query("select * from eval_results where limit_n = 8")
+    }
     assert again == pytest.approx({k: r["value"] for k, r in by.items()})
     headers = {task: tuple(h) for task, h, _ in ev.summary_tables(forced)}
-    assert headers["tinystories_ending"] == headers["tinystories_names"] == ("model", "seed", "n_recur", "acc",
-                                                                              "acc_norm")
+    assert (
+        headers["tinystories_ending"] == headers["tinystories_names"] == ("model", "seed", "n_recur", "acc", "acc_norm")
+    )
     assert headers["tinystories_order"] == ("model", "seed", "n_recur", "acc")
 
 
@@ -504,8 +552,17 @@ def test_lm_eval_environment_info_is_quick_and_quiet(trained, tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)  # not a git checkout: git describe would print "fatal: not a git repository"
     originals = (lm_eval.evaluator.add_env_info, lm_eval.evaluator.get_git_commit_hash)
     db = stages.connect(trained.db)
-    summary = evaluate_runs(db, trained.db, tasks=["tinystories_ppl"], limit=4, batch_size=16, force=True,
-                               archs=["frailt"], progress=False, log=lambda _: None)
+    summary = evaluate_runs(
+        db,
+        trained.db,
+        tasks=["tinystories_ppl"],
+        limit=4,
+        batch_size=16,
+        force=True,
+        archs=["frailt"],
+        progress=False,
+        log=lambda _: None,
+    )
     assert summary.evaluated and not calls
     assert "fatal" not in capfd.readouterr().err
     assert (lm_eval.evaluator.add_env_info, lm_eval.evaluator.get_git_commit_hash) == originals  # restored
@@ -521,8 +578,17 @@ def test_recurrence_override_and_rng_restored(trained):
     threads = torch.get_num_threads()
     out = {}
     for r in (7, 14):
-        s = evaluate_runs(db, trained.db, tasks=["tinystories_ppl"], run_ids=[rid], n_recur=r, limit=6,
-                             threads=threads + 1, progress=False, log=lambda _: None)
+        s = evaluate_runs(
+            db,
+            trained.db,
+            tasks=["tinystories_ppl"],
+            run_ids=[rid],
+            n_recur=r,
+            limit=6,
+            threads=threads + 1,
+            progress=False,
+            log=lambda _: None,
+        )
         assert torch.get_num_threads() == threads  # restored
         (row,) = [x for x in s.rows if x["metric"] == "bits_per_byte"]
         assert row["n_recur"] == r
@@ -533,8 +599,9 @@ def test_recurrence_override_and_rng_restored(trained):
 
 
 def test_invalid_recurrence_fails_cleanly(trained, capsys):
-    code, err = run_error(capsys, ["eval", "--db", str(trained.db), "--runs", trained.runs["frailt"],
-                                   "--n-recur", "0", "--no-progress"])
+    code, err = run_error(
+        capsys, ["eval", "--db", str(trained.db), "--runs", trained.runs["frailt"], "--n-recur", "0", "--no-progress"]
+    )
     # every architecture here runs any depth >= 1 (FraiLT past R by its extrapolation rule): 0 is the one bad value
     assert code != 0 and "--n-recur must be >= 1" in err and "Traceback" not in err
 
@@ -555,22 +622,36 @@ def test_user_tasks_and_a_task_without_data(trained, tmp_path, monkeypatch):
     import json
 
     data = tmp_path / "local.jsonl"
-    data.write_text("".join(json.dumps({"q": f"Lily had {n} red balls.", "choices": [" Yes", " No"], "label": n % 2})
-                            + "\n" for n in range(5)))
+    data.write_text(
+        "".join(
+            json.dumps({"q": f"Lily had {n} red balls.", "choices": [" Yes", " No"], "label": n % 2}) + "\n"
+            for n in range(5)
+        )
+    )
     (tmp_path / "local.yaml").write_text(
         "task: benchctl_local\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
         f"    test: {data}\noutput_type: multiple_choice\ntest_split: test\ndoc_to_text: q\n"
-        "doc_to_choice: choices\ndoc_to_target: label\nmetric_list:\n  - metric: acc\nmetadata:\n  version: 2.0\n")
+        "doc_to_choice: choices\ndoc_to_target: label\nmetric_list:\n  - metric: acc\nmetadata:\n  version: 2.0\n"
+    )
     (tmp_path / "hub_only.yaml").write_text(
         "task: benchctl_hub_only\ndataset_path: benchctl-tests/no-such-dataset\noutput_type: multiple_choice\n"
         "test_split: test\ndoc_to_text: q\ndoc_to_choice: choices\ndoc_to_target: label\n"
-        "metric_list:\n  - metric: acc\nmetadata:\n  version: 1.0\n")
+        "metric_list:\n  - metric: acc\nmetadata:\n  version: 1.0\n"
+    )
     db = stages.connect(trained.db)
     logs: list[str] = []
     rid = trained.runs["frailt"]
-    s = evaluate_runs(db, trained.db, tasks=["tinystories_ending", "benchctl_hub_only", "benchctl_local"],
-                         run_ids=[rid], limit=4, include_paths=[tmp_path], force=True, progress=False,
-                         log=logs.append)
+    s = evaluate_runs(
+        db,
+        trained.db,
+        tasks=["tinystories_ending", "benchctl_hub_only", "benchctl_local"],
+        run_ids=[rid],
+        limit=4,
+        include_paths=[tmp_path],
+        force=True,
+        progress=False,
+        log=logs.append,
+    )
     assert list(s.unavailable) == ["benchctl_hub_only"]
     assert any("benchctl_hub_only" in line and "unreachable" in line for line in logs)
     assert s.evaluated == [(rid, "tinystories_ending"), (rid, "benchctl_local")]
@@ -578,8 +659,15 @@ def test_user_tasks_and_a_task_without_data(trained, tmp_path, monkeypatch):
     assert set(local) == {"acc"} and local["acc"]["task_version"] == "2.0" and local["acc"]["n_samples"] == 4
     assert {r["task"] for r in s.rows} == {"tinystories_ending", "benchctl_local"}
     with pytest.raises(EvalError, match="none of the requested tasks"):
-        evaluate_runs(db, trained.db, tasks=["benchctl_hub_only"], run_ids=[rid], include_paths=[tmp_path],
-                         progress=False, log=lambda _: None)
+        evaluate_runs(
+            db,
+            trained.db,
+            tasks=["benchctl_hub_only"],
+            run_ids=[rid],
+            include_paths=[tmp_path],
+            progress=False,
+            log=lambda _: None,
+        )
 
 
 def test_progress_off_a_terminal_is_a_few_plain_lines(trained):
@@ -587,8 +675,9 @@ def test_progress_off_a_terminal_is_a_few_plain_lines(trained):
     out = io.StringIO()
     reporter = Progress(enabled=True, interactive=False, stream=out, interval=3600.0)
     db = stages.connect(trained.db)
-    s = evaluate_runs(db, trained.db, tasks=["tinystories_ppl"], archs=["frailt"], limit=4, force=True,
-                         progress=reporter)
+    s = evaluate_runs(
+        db, trained.db, tasks=["tinystories_ppl"], archs=["frailt"], limit=4, force=True, progress=reporter
+    )
     text = out.getvalue()
     assert s.evaluated and "\r" not in text
     lines = text.splitlines()
@@ -596,6 +685,13 @@ def test_progress_off_a_terminal_is_a_few_plain_lines(trained):
     assert any("done in" in line for line in lines)  # messages go to the reporter's log by default
     assert len(lines) < 30
     quiet = io.StringIO()
-    evaluate_runs(db, trained.db, tasks=["tinystories_ppl"], archs=["frailt"], limit=4, force=True,
-                     progress=Progress(enabled=False, stream=quiet))
+    evaluate_runs(
+        db,
+        trained.db,
+        tasks=["tinystories_ppl"],
+        archs=["frailt"],
+        limit=4,
+        force=True,
+        progress=Progress(enabled=False, stream=quiet),
+    )
     assert quiet.getvalue() == ""

@@ -17,18 +17,17 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from benchctl.core import accounting
 from benchctl import stages
-from benchctl.stages.train import tables as train_tables
-from benchctl.stages.train import sweep
-from benchctl.stages.train.options import TrainOptions
-from benchctl.stages.train import executors
 from benchctl.cli import main
+from benchctl.core import accounting
 from benchctl.core.config import make_config
 from benchctl.core.errors import ConfigError
+from benchctl.core.progress import Progress
+from benchctl.stages.train import executors, sweep
+from benchctl.stages.train import tables as train_tables
 from benchctl.stages.train.executors import Execution, RunSpec, plan_slots
 from benchctl.stages.train.executors.local import ProcessPool, _RemoteProgress
-from benchctl.core.progress import Progress
+from benchctl.stages.train.options import TrainOptions
 
 REPO = Path(__file__).resolve().parents[1]
 SHORT = {"train.max_steps": 6, "train.eval_interval": 3, "train.ckpt_interval": 3, "train.warmup_steps": 1}
@@ -87,11 +86,14 @@ def test_bad_jobs_is_a_config_error(jobs):
         Execution(jobs=jobs)
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--jobs", "zero"], "--jobs must be a positive number"),
-    (["--executor", "spark"], "--executor must be one of local, ray"),
-    (["--ray-address", "10.0.0.1:6379"], "--ray-address needs --executor ray"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--jobs", "zero"], "--jobs must be a positive number"),
+        (["--executor", "spark"], "--executor must be one of local, ray"),
+        (["--ray-address", "10.0.0.1:6379"], "--ray-address needs --executor ray"),
+    ],
+)
 def test_bad_execution_options_are_one_clear_line(tmp_path, capsys, args, needle):
     for command in (["train-all", "--preset", "tiny"], ["study", "--preset", "tiny"]):
         assert run_cli([*command, "--db", str(tmp_path / "r.db"), *args]) == 2
@@ -125,8 +127,7 @@ def test_each_job_reports_its_own_progress_line():
 
     out = io.StringIO()
     parent = Progress(enabled=True, console=Console(file=out, force_terminal=False, width=200), interval=0.0)
-    pool = ProcessPool(Execution(jobs=2), prepared=None, db_path=Path("r.db"), db=None, progress=parent,
-                       log=parent.log)
+    pool = ProcessPool(Execution(jobs=2), prepared=None, db_path=Path("r.db"), db=None, progress=parent, log=parent.log)
     for e in events:
         pool._handle(e, [], None, 0, lambda *_: None)
     lines = out.getvalue().splitlines()
@@ -158,8 +159,7 @@ def test_two_jobs_give_the_same_runs_as_one(tmp_path, tinystories_dir, monkeypat
     res1 = sweep.train_all(cfgs, prepared, one, progress=False, log=lambda *_: None)
     lines: list[str] = []
     bad = make_config("tiny", "control", 1, {**SHORT, "data.source": str(tinystories_dir), "train.lr": 1e6})
-    res2 = sweep.train_all([bad, *cfgs], prepared, two, progress=False, log=lines.append,
-                           opts=TrainOptions(jobs=2))
+    res2 = sweep.train_all([bad, *cfgs], prepared, two, progress=False, log=lines.append, opts=TrainOptions(jobs=2))
     assert sorted(res1.done) == sorted(res2.done) and len(res2.done) == 2
     assert len(res2.failed) == 1 and "training loss became" in res2.failed[0][1]
     losses = _losses(two)
@@ -177,8 +177,9 @@ def test_a_run_dir_of_its_own_is_linked_where_later_stages_look(tmp_path, tinyst
 
     cfgs, prepared = _prepared(tmp_path, monkeypatch, tinystories_dir, {**SHORT, "train.max_steps": 2})
     db_path, runs = tmp_path / "results.db", tmp_path / "shared" / "runs"
-    res = sweep.train_all(cfgs[:1], prepared, db_path, progress=False, log=lambda *_: None,
-                          opts=TrainOptions(runs_dir=runs))
+    res = sweep.train_all(
+        cfgs[:1], prepared, db_path, progress=False, log=lambda *_: None, opts=TrainOptions(runs_dir=runs)
+    )
     (rid,) = res.done
     assert (runs / rid / ckpt.CKPT_NAME).is_file()
     usual = ckpt.run_dir(db_path, rid)
@@ -194,17 +195,24 @@ def test_copy_run_rows_takes_every_table_training_writes(tmp_path, tinystories_d
     src_path = tmp_path / "worker" / "rows.db"
     src = stages.connect(src_path)
     rid = train_run(cfgs[0], prepared, src, src_path, progress=False, log=lambda *_: None).run_id
-    written = {t for t in src.table_names()
-               if t == "runs" or ("run_id" in src[t].columns_dict
-                                  and src.execute(f"select count(*) from [{t}] where run_id = ?", [rid]).fetchone()[0])}
+    written = {
+        t
+        for t in src.table_names()
+        if t == "runs"
+        or (
+            "run_id" in src[t].columns_dict
+            and src.execute(f"select count(*) from [{t}] where run_id = ?", [rid]).fetchone()[0]
+        )
+    }
     assert written == set(train_tables.RUN_TABLES)  # a table training starts writing must be added to RUN_TABLES
 
     dst = stages.connect(tmp_path / "results.db")
     n = train_tables.copy_run_rows(src, dst, rid)
     assert n == 1 + sum(src[t].count_where("run_id = ?", [rid]) for t in train_tables.RUN_TABLES[1:])
     for t in train_tables.RUN_TABLES[1:]:
-        assert list(dst[t].rows_where("run_id = ?", [rid], order_by="step")) == \
-            list(src[t].rows_where("run_id = ?", [rid], order_by="step"))
+        assert list(dst[t].rows_where("run_id = ?", [rid], order_by="step")) == list(
+            src[t].rows_where("run_id = ?", [rid], order_by="step")
+        )
     assert train_tables.get_run(dst, rid) == train_tables.get_run(src, rid)
     train_tables.update_run(dst, rid, variant="first-name")  # copying again keeps the name results.db knew it by
     train_tables.copy_run_rows(src, dst, rid)
@@ -217,9 +225,29 @@ def test_killing_the_parent_leaves_every_run_resumable(tmp_path, tinystories_dir
     env = {**os.environ, "BENCHCTL_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     env.pop("BENCHCTL_DB", None)
     db_path = tmp_path / "results.db"
-    args = [sys.executable, "-m", "benchctl", "train-all", "--preset", "tiny", "--archs", "control,frailt",
-            "--data", str(tinystories_dir), "--db", str(db_path), "--no-progress", "--jobs", "2",
-            "--set", "train.max_steps=60", "--set", "train.ckpt_interval=5", "--set", "train.eval_interval=100"]
+    args = [
+        sys.executable,
+        "-m",
+        "benchctl",
+        "train-all",
+        "--preset",
+        "tiny",
+        "--archs",
+        "control,frailt",
+        "--data",
+        str(tinystories_dir),
+        "--db",
+        str(db_path),
+        "--no-progress",
+        "--jobs",
+        "2",
+        "--set",
+        "train.max_steps=60",
+        "--set",
+        "train.ckpt_interval=5",
+        "--set",
+        "train.eval_interval=100",
+    ]
     p = subprocess.Popen(args, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline, steps = time.time() + 240, []
     while time.time() < deadline and p.poll() is None:
@@ -248,14 +276,14 @@ def test_killing_the_parent_leaves_every_run_resumable(tmp_path, tinystories_dir
     con.close()
     assert all(status != "done" and step >= 5 for status, step in rows)
 
-    again = subprocess.run(args, env=env, cwd=REPO, capture_output=True,
-                           text=True, timeout=600)
+    again = subprocess.run(args, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr
     assert again.stdout.count("resuming") == 2
     assert all(status == "done" for status, _ in _losses(db_path).values())
 
 
-# ---- sample and eval across runs (executors.local.in_processes) -------------------------------------------------------
+# ---- sample and eval across runs (executors.local.in_processes)
+# -------------------------------------------------------
 
 
 @pytest.mark.slow  # two spawned processes importing torch
@@ -271,10 +299,15 @@ def test_a_groups_error_is_raised_after_every_group_has_ended(tmp_path):
     stages.connect(db_path)  # an empty results.db
     said: list[str] = []
     with pytest.raises(ConfigError, match="nope"):
-        in_processes(smp.sample_all, [{"opts": SampleOptions(select=RunSelection(run_ids=[ids]))}
-                                      for ids in ("nope", "nope-either")],
-                     db_path=db_path, device_spec="cpu", progress=Progress(enabled=False), log=said.append,
-                     what="sampling")
+        in_processes(
+            smp.sample_all,
+            [{"opts": SampleOptions(select=RunSelection(run_ids=[ids]))} for ids in ("nope", "nope-either")],
+            db_path=db_path,
+            device_spec="cpu",
+            progress=Progress(enabled=False),
+            log=said.append,
+            what="sampling",
+        )
     assert said[0] == "sampling: 2 jobs at once, 1 thread(s) each"
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("benchctl-job")]
 
@@ -282,12 +315,15 @@ def test_a_groups_error_is_raised_after_every_group_has_ended(tmp_path):
 def test_the_longest_runs_are_handed_out_first(monkeypatch):
     """Jobs end close together when the short runs start last: the pool orders its runs by training FLOPs (the
     control's are about a third of a recurrent model's), keeping each run's number."""
-    specs = [RunSpec(i, make_config("tiny", arch, seed), arch, f"{arch}-{seed}")
-             for i, (arch, seed) in enumerate([("control", 0), ("frailt", 0), ("control", 1), ("relaxed", 0)], 1)]
+    specs = [
+        RunSpec(i, make_config("tiny", arch, seed), arch, f"{arch}-{seed}")
+        for i, (arch, seed) in enumerate([("control", 0), ("frailt", 0), ("control", 1), ("relaxed", 0)], 1)
+    ]
     handed: list[RunSpec] = []
     monkeypatch.setattr(ProcessPool, "_run", lambda self, todo, on_outcome: handed.extend(todo))
-    pool = ProcessPool(Execution(jobs=2), prepared=None, db_path=Path("r.db"), db=None, progress=False,
-                       log=lambda _: None)
+    pool = ProcessPool(
+        Execution(jobs=2), prepared=None, db_path=Path("r.db"), db=None, progress=False, log=lambda _: None
+    )
     pool.run(specs, lambda *_: None)
     flops = [accounting.training_flops(s.cfg) for s in handed]
     assert flops == sorted(flops, reverse=True) and flops[0] > 2 * flops[-1]

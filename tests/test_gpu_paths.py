@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchctl.stages.bench import engine as bench
-from benchctl.core import runtime
-from benchctl.core import telemetry
 from benchctl.core import checkpoint as ckpt
+from benchctl.core import runtime, telemetry
 from benchctl.core.errors import ConfigError
+from benchctl.stages.bench import engine as bench
 from tests.test_train import REPO, run_cli
 
 CUDA0 = torch.device("cuda", 0)
@@ -43,11 +42,13 @@ def fake_pynvml(fail: set[str] | None = None) -> types.ModuleType:
         "nvmlDeviceGetUtilizationRates": lambda h: types.SimpleNamespace(gpu=7),
     }
     for name, fn in ok.items():
+
         def call(*a, _name=name, _fn=fn):
             m.calls.append((_name, a))
             if fail is None or _name in fail:
                 raise _NVMLError(f"{_name}: Not Supported")
             return _fn(*a)
+
         setattr(m, name, call)
     return m
 
@@ -89,14 +90,35 @@ def test_run_finishes_when_every_nvml_call_raises(tmp_path, tinystories_dir, mon
     """A training run whose NVML fails at every call (here on the CPU, with the sampler pointed at a fake GPU) ends
     done, with the GPU reading marked absent and why."""
     monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(fail={"nvmlDeviceGetMemoryInfo",
-                                                                 "nvmlDeviceGetUtilizationRates"}))
+    monkeypatch.setitem(
+        sys.modules, "pynvml", fake_pynvml(fail={"nvmlDeviceGetMemoryInfo", "nvmlDeviceGetUtilizationRates"})
+    )
     monkeypatch.setattr(telemetry, "nvml_target", lambda d: ("uuid", "GPU-x"))
     db = tmp_path / "results.db"
-    assert run_cli(["train", "--arch", "control", "--preset", "tiny", "--data", str(tinystories_dir), "--db", str(db),
-                    "--no-progress", "--set", "train.max_steps=3", "--set", "train.warmup_steps=1"]) == 0
-    status, note, nvml_peak = sqlite3.connect(db).execute(
-        "select status, gpu_telemetry_note, peak_nvml_mem_bytes from runs").fetchone()
+    assert (
+        run_cli(
+            [
+                "train",
+                "--arch",
+                "control",
+                "--preset",
+                "tiny",
+                "--data",
+                str(tinystories_dir),
+                "--db",
+                str(db),
+                "--no-progress",
+                "--set",
+                "train.max_steps=3",
+                "--set",
+                "train.warmup_steps=1",
+            ]
+        )
+        == 0
+    )
+    status, note, nvml_peak = (
+        sqlite3.connect(db).execute("select status, gpu_telemetry_note, peak_nvml_mem_bytes from runs").fetchone()
+    )
     assert status == "done" and nvml_peak is None
     assert "nvml_mem: nvmlDeviceGetMemoryInfo failed" in note and "gpu_util" in note
 
@@ -153,27 +175,36 @@ def test_a_checkpoint_from_before_the_compile_record_compiled_as_its_config_said
 
     old = {"device": "cpu", "device_name": "AMD EPYC", "dtype": "bfloat16"}
     for setting, was in (("false", "no"), ("true", "yes")):
-        state = {"hardware": old, "config": make_config("paper", "control",
-                                                        overrides={"train.compile": setting}).to_json()}
+        state = {
+            "hardware": old,
+            "config": make_config("paper", "control", overrides={"train.compile": setting}).to_json(),
+        }
         assert ckpt.saved_hardware(state) == {**old, "compiled": was}
     state = {"hardware": old, "config": make_config("paper", "control", overrides={"train.compile": "false"}).to_json()}
     assert ckpt.hardware_change(ckpt.saved_hardware(state), {**old, "compiled": "yes"}) == "compiled no -> yes"
     assert ckpt.saved_hardware({"config": "{}"}) is None  # no record at all: nothing to compare
 
 
-def test_auto_resumed_on_a_cpu_without_bf16_warns_and_restarts_the_speed_record(tmp_path, tinystories_dir,
-                                                                                  monkeypatch):
+def test_auto_resumed_on_a_cpu_without_bf16_warns_and_restarts_the_speed_record(tmp_path, tinystories_dir, monkeypatch):
     """`train.dtype=auto` is the run's identity; what it resolves to is the machine's. A run started with native bf16
     and resumed without it says so, records the new precision and times its steps afresh."""
-    from benchctl.core import data
     from benchctl import stages
-    from benchctl.stages.train import tables as train_tables
+    from benchctl.core import data
     from benchctl.core.config import make_config
+    from benchctl.stages.train import tables as train_tables
     from benchctl.stages.train.engine import train_run
 
     monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
-    cfg = make_config("tiny", "control", overrides={"data.source": str(tinystories_dir), "train.max_steps": 8,
-                                                    "train.ckpt_interval": 2, "train.warmup_steps": 1})
+    cfg = make_config(
+        "tiny",
+        "control",
+        overrides={
+            "data.source": str(tinystories_dir),
+            "train.max_steps": 8,
+            "train.ckpt_interval": 2,
+            "train.warmup_steps": 1,
+        },
+    )
     prepared = data.prepare(cfg.data, cfg.model.vocab_size, progress=False)
     path = tmp_path / "results.db"
     db = stages.connect(path)
@@ -195,10 +226,17 @@ def test_auto_resumed_on_a_cpu_without_bf16_warns_and_restarts_the_speed_record(
 # ---- peaks, process group, TF32, compile -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name, found", [
-    ("NVIDIA A100-SXM4-80GB", True), ("NVIDIA RTX A1000", False), ("NVIDIA GeForce RTX 4090", True),
-    ("NVIDIA GeForce RTX 4090 Laptop GPU", False), ("Tesla T4", False), ("NVIDIA A10", True),
-])
+@pytest.mark.parametrize(
+    "name, found",
+    [
+        ("NVIDIA A100-SXM4-80GB", True),
+        ("NVIDIA RTX A1000", False),
+        ("NVIDIA GeForce RTX 4090", True),
+        ("NVIDIA GeForce RTX 4090 Laptop GPU", False),
+        ("Tesla T4", False),
+        ("NVIDIA A10", True),
+    ],
+)
 def test_gpu_peak_patterns_are_word_bounded(name, found):
     """At bf16: a T4 has no bf16 peak (its number is fp16), a laptop 4090 none of the desktop card's."""
     peak, note = bench.gpu_peak(name)
@@ -230,16 +268,20 @@ def test_tf32_is_restored_after_a_computation():
     assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
 
 
-@pytest.mark.parametrize("device, amp, sampled, ramp, compiler, on, reason", [
-    ("cpu", torch.bfloat16, False, False, "/usr/bin/g++", True, "auto: compiled (cpu, bf16 autocast)"),
-    ("cpu", torch.bfloat16, False, False, None, False, "no C++ compiler"),
-    ("cpu", None, False, False, "/usr/bin/g++", False, "eager in fp32"),
-    ("cpu", torch.bfloat16, True, False, "/usr/bin/g++", False, "depth is sampled"),
-    ("cpu", torch.bfloat16, False, True, "/usr/bin/g++", False, "depth ramps"),
-    ("cuda", torch.bfloat16, False, False, "/usr/bin/g++", False, "eager on cuda"),
-])
-def test_compile_auto_compiles_only_where_it_was_measured_to_pay(monkeypatch, device, amp, sampled, ramp, compiler,
-                                                                  on, reason):
+@pytest.mark.parametrize(
+    "device, amp, sampled, ramp, compiler, on, reason",
+    [
+        ("cpu", torch.bfloat16, False, False, "/usr/bin/g++", True, "auto: compiled (cpu, bf16 autocast)"),
+        ("cpu", torch.bfloat16, False, False, None, False, "no C++ compiler"),
+        ("cpu", None, False, False, "/usr/bin/g++", False, "eager in fp32"),
+        ("cpu", torch.bfloat16, True, False, "/usr/bin/g++", False, "depth is sampled"),
+        ("cpu", torch.bfloat16, False, True, "/usr/bin/g++", False, "depth ramps"),
+        ("cuda", torch.bfloat16, False, False, "/usr/bin/g++", False, "eager on cuda"),
+    ],
+)
+def test_compile_auto_compiles_only_where_it_was_measured_to_pay(
+    monkeypatch, device, amp, sampled, ramp, compiler, on, reason
+):
     """train.compile=auto (None): a bf16 CPU step at a fixed depth with a C++ compiler; eager everywhere else, with
     the reason recorded."""
     monkeypatch.setattr(runtime, "_cpp_compiler", lambda: compiler)
@@ -249,8 +291,9 @@ def test_compile_auto_compiles_only_where_it_was_measured_to_pay(monkeypatch, de
 
 def test_compile_set_is_obeyed_and_checked(monkeypatch):
     monkeypatch.setattr(runtime, "_cpp_compiler", lambda: None)
-    assert runtime.resolve_compile(False, torch.device("cpu"), torch.bfloat16, False, False) == \
-        runtime.CompileChoice(False, "set: train.compile=false")
+    assert runtime.resolve_compile(False, torch.device("cpu"), torch.bfloat16, False, False) == runtime.CompileChoice(
+        False, "set: train.compile=false"
+    )
     with pytest.raises(ConfigError, match="needs a C\\+\\+ compiler"):
         runtime.resolve_compile(True, torch.device("cpu"), torch.bfloat16, False, False)
 
@@ -258,9 +301,24 @@ def test_compile_set_is_obeyed_and_checked(monkeypatch):
 def test_compile_with_sampled_depth_is_refused(tmp_path, tinystories_dir, monkeypatch, capsys):
     monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(runtime, "check_compile_available", lambda d, w: None)
-    code = run_cli(["train", "--arch", "three-part", "--preset", "tiny", "--data", str(tinystories_dir), "--db",
-                    str(tmp_path / "results.db"), "--no-progress", "--set", "train.compile=true",
-                    "--set", "model.recur_sampling=poisson-lognormal"])
+    code = run_cli(
+        [
+            "train",
+            "--arch",
+            "three-part",
+            "--preset",
+            "tiny",
+            "--data",
+            str(tinystories_dir),
+            "--db",
+            str(tmp_path / "results.db"),
+            "--no-progress",
+            "--set",
+            "train.compile=true",
+            "--set",
+            "model.recur_sampling=poisson-lognormal",
+        ]
+    )
     assert code == 2 and "recompiles at every new depth" in capsys.readouterr().err
 
 
@@ -278,12 +336,28 @@ def test_unmarked_tests_see_no_gpu():
 def test_suite_stays_on_cpu_when_cuda_is_faked_available(tmp_path):
     """A plugin makes torch report a GPU before the suite's fixtures run: an unmarked test still resolves to the CPU."""
     (tmp_path / "fake_gpu_plugin.py").write_text(
-        "import torch\ntorch.cuda.is_available = lambda: True\ntorch.cuda.device_count = lambda: 2\n")
+        "import torch\ntorch.cuda.is_available = lambda: True\ntorch.cuda.device_count = lambda: 2\n"
+    )
     env = {"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": "/usr/bin:/bin"}
     import os
 
     env = {**os.environ, **env}
-    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "fake_gpu_plugin", "-p", "no:cacheprovider",
-                        f"{Path(__file__)}::test_unmarked_tests_see_no_gpu"], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "fake_gpu_plugin",
+            "-p",
+            "no:cacheprovider",
+            f"{Path(__file__)}::test_unmarked_tests_see_no_gpu",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stdout + p.stderr

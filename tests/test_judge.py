@@ -16,16 +16,16 @@ import threading
 import time
 from pathlib import Path
 
+import fake_gemini as fg  # tests/ is on sys.path under pytest (no package __init__)
 import pytest
 from scipy import stats as sps
 from typer.testing import CliRunner
 
 from benchctl import stages
-from benchctl.stages.judge import api as judge
 from benchctl.core.config import make_config
 from benchctl.core.errors import ConfigError, JudgeError
-import fake_gemini as fg  # tests/ is on sys.path under pytest (no package __init__)
 from benchctl.stages import RunSelection
+from benchctl.stages.judge import api as judge
 
 # The shipped grading prompt's version. Every stored grade carries it, so an edit to the prompt file starts a new set
 # of grades; change this only together with a deliberate change of the prompt.
@@ -45,8 +45,14 @@ ARCHS = ("control", "frailt")
 
 @pytest.fixture(autouse=True)
 def _env(monkeypatch):
-    for var in ("GEMINI_API_KEY", "GOOGLE_API_KEY", "GOOGLE_GEMINI_BASE_URL", "GOOGLE_GENAI_API_VERSION",
-                "GOOGLE_GENAI_USE_VERTEXAI", "GOOGLE_GENAI_USE_ENTERPRISE"):
+    for var in (
+        "GEMINI_API_KEY",
+        "GOOGLE_API_KEY",
+        "GOOGLE_GEMINI_BASE_URL",
+        "GOOGLE_GENAI_API_VERSION",
+        "GOOGLE_GENAI_USE_VERTEXAI",
+        "GOOGLE_GENAI_USE_ENTERPRISE",
+    ):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("GEMINI_API_KEY", "test-key")
 
@@ -66,11 +72,25 @@ def make_db(path: Path, n_prompts: int = 3, archs=ARCHS):
             db["prompts"].insert({"id": f"ps1:{i}", "prompt_set": "ps1", "idx": i, "text": text})
         for arch in archs:
             run = f"run-{arch}"
-            db["runs"].insert({"id": run, "arch": arch, "preset": "tiny", "seed": 0, "status": "done",
-                               "config_json": make_config("tiny", arch).to_json()})
+            db["runs"].insert(
+                {
+                    "id": run,
+                    "arch": arch,
+                    "preset": "tiny",
+                    "seed": 0,
+                    "status": "done",
+                    "config_json": make_config("tiny", arch).to_json(),
+                }
+            )
             for i in range(n_prompts):
-                db["samples"].insert({"id": f"s-{arch}-{i}", "run_id": run, "prompt_id": f"ps1:{i}",
-                                      "completion": f" The {arch} cat number {i} was happy. The end."})
+                db["samples"].insert(
+                    {
+                        "id": f"s-{arch}-{i}",
+                        "run_id": run,
+                        "prompt_id": f"ps1:{i}",
+                        "completion": f" The {arch} cat number {i} was happy. The end.",
+                    }
+                )
     return db
 
 
@@ -151,9 +171,17 @@ def test_prices():
 def test_retry_delay_is_read_from_retry_info():
     from google.genai import errors
 
-    body = {"error": {"code": 429, "status": "RESOURCE_EXHAUSTED", "message": "quota",
-                      "details": [{"@type": "type.googleapis.com/google.rpc.QuotaFailure"},
-                                  {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "17.5s"}]}}
+    body = {
+        "error": {
+            "code": 429,
+            "status": "RESOURCE_EXHAUSTED",
+            "message": "quota",
+            "details": [
+                {"@type": "type.googleapis.com/google.rpc.QuotaFailure"},
+                {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "17.5s"},
+            ],
+        }
+    }
     assert judge.server_retry_delay(errors.ClientError(429, body)) == 17.5
     assert judge.server_retry_delay(errors.ServerError(503, {"error": {"code": 503}})) is None
 
@@ -266,8 +294,12 @@ def test_connection_dropped_is_retried(tmp_path, server):
     "reply, finish, raw, why",
     [
         (fg.text('{"grammar": 7, "creativity": six}'), "STOP", '{"grammar": 7, "creativity": six}', "unparseable JSON"),
-        (fg.text('{"grammar": 7, "creativity": 6, "consis', finish_reason="MAX_TOKENS"), "MAX_TOKENS",
-         '{"grammar": 7, "creativity": 6, "consis', "truncated"),
+        (
+            fg.text('{"grammar": 7, "creativity": 6, "consis', finish_reason="MAX_TOKENS"),
+            "MAX_TOKENS",
+            '{"grammar": 7, "creativity": 6, "consis',
+            "truncated",
+        ),
         (fg.grade(7, 6, 5, 12), "STOP", None, "plot=12 out of range"),
         (fg.grade(7, 6, 5, 0), "STOP", None, "plot=0 out of range"),
         (fg.text('{"grammar": 7, "creativity": 6, "consistency": 5}'), "STOP", None, "missing field(s): plot"),
@@ -335,8 +367,9 @@ def test_interrupted_run_resumes_without_duplicates(tmp_path, server):
     server.push(*(fg.Reply(hang=release) for _ in range(5)))
 
     async def interrupt():
-        opts = judge.JudgeOptions(base_url=server.url, concurrency=1, base_delay=0.01, max_delay=0.05, seed=0,
-                                  protocol="json")
+        opts = judge.JudgeOptions(
+            base_url=server.url, concurrency=1, base_delay=0.01, max_delay=0.05, seed=0, protocol="json"
+        )
         task = asyncio.create_task(judge.judge_all_async(db, opts, progress=False))
         while server.count < 4:  # three answered, the fourth hangs
             await asyncio.sleep(0.01)
@@ -430,11 +463,14 @@ def test_dry_run_sends_nothing_and_needs_no_key(tmp_path, server, monkeypatch):
     assert server.count == 0 and grades(db) == []
     assert s.n_todo == 12 and s.n_requests == 0
     t = judge.load_template()
-    expect = sum(
-        math.ceil(len(t.fill(p["text"], smp["completion"])) / 4)
-        for smp in db["samples"].rows
-        for p in [db["prompts"].get(smp["prompt_id"])]
-    ) * 2
+    expect = (
+        sum(
+            math.ceil(len(t.fill(p["text"], smp["completion"])) / 4)
+            for smp in db["samples"].rows
+            for p in [db["prompts"].get(smp["prompt_id"])]
+        )
+        * 2
+    )
     assert s.estimated_prompt_tokens == expect
     assert s.estimated_output_tokens == 12 * judge.OUTPUT_TOKENS_ESTIMATE
     assert s.estimated_cost_usd == pytest.approx((expect * 0.30 + 12 * 40 * 2.50) / 1e6)
@@ -449,9 +485,14 @@ def test_options_select_runs_and_name_the_bad_flag(tmp_path, monkeypatch):
     assert judge.judge_all(db, frailt, progress=False).n_samples == 3
     with pytest.raises(JudgeError, match="no samples to judge"):  # the runs are of preset tiny
         judge.judge_all(db, judge.JudgeOptions(select=RunSelection(preset="paper"), dry_run=True), progress=False)
-    for bad, flag in (({"concurrency": 0}, "--concurrency"), ({"repeats": 0}, "--repeats"), ({"limit": 0}, "--limit"),
-                      ({"max_attempts": 0}, "--max-attempts"), ({"protocol": "essay"}, "--protocol"),
-                      ({"judge_model": " "}, "--model")):
+    for bad, flag in (
+        ({"concurrency": 0}, "--concurrency"),
+        ({"repeats": 0}, "--repeats"),
+        ({"limit": 0}, "--limit"),
+        ({"max_attempts": 0}, "--max-attempts"),
+        ({"protocol": "essay"}, "--protocol"),
+        ({"judge_model": " "}, "--model"),
+    ):
         with pytest.raises(ConfigError, match=flag):
             judge.JudgeOptions(**bad)
 
@@ -507,10 +548,24 @@ def test_summary_averages_repeats_per_sample_then_takes_a_t_interval_over_sample
 
     db = make_db(tmp_path / "r.db", n_prompts=4, archs=("control",))
     with db.conn:  # a run of another preset is reported apart, labelled with its preset
-        db["runs"].insert({"id": "run-small", "arch": "control", "preset": "small", "seed": 0, "status": "done",
-                           "config_json": make_config("small", "control").to_json()})
-        db["samples"].insert({"id": "s-small-0", "run_id": "run-small", "prompt_id": "ps1:0",
-                              "completion": " The small cat number 0 was happy."})
+        db["runs"].insert(
+            {
+                "id": "run-small",
+                "arch": "control",
+                "preset": "small",
+                "seed": 0,
+                "status": "done",
+                "config_json": make_config("small", "control").to_json(),
+            }
+        )
+        db["samples"].insert(
+            {
+                "id": "s-small-0",
+                "run_id": "run-small",
+                "prompt_id": "ps1:0",
+                "completion": " The small cat number 0 was happy.",
+            }
+        )
     with fg.FakeGemini(script=scripted) as server:
         s = judge_all(db, base_url=server.url, repeats=2, **FAST)
         assert server.count == 10
@@ -603,13 +658,13 @@ def test_assess_stores_assessments_and_is_cached_apart_from_json(tmp_path, serve
 def test_assess_survives_errors_and_bad_answers_without_losing_or_inventing_grades(tmp_path, server):
     db = make_db(tmp_path / "r.db", n_prompts=3, archs=("control",))
     server.push(
-        fg.rate_limited("0.01s"), fg.server_error(503),  # retried within the key
+        fg.rate_limited("0.01s"),
+        fg.server_error(503),  # retried within the key
         fg.text('{"assessment": "A nice sto', finish_reason="MAX_TOKENS"),  # truncated mid-assessment
         fg.text("I think this story is lovely. 7/10"),  # not JSON
         fg.grade(),  # grades but no assessment: the protocol was not followed
     )
-    s = judge_all(db, judge_model="gemini-2.5-flash", base_url=server.url, concurrency=1, max_attempts=3,
-                        **ASSESS)
+    s = judge_all(db, judge_model="gemini-2.5-flash", base_url=server.url, concurrency=1, max_attempts=3, **ASSESS)
     assert s.n_ok + s.n_failed == 3 and s.n_failed == 3
     failed = grades(db, "failed")
     assert len(failed) == 3 and all(r["grammar"] is None and r["assessment"] is None for r in failed)
@@ -638,11 +693,21 @@ def test_per_model_rows_keep_a_plans_variants_of_one_architecture_apart():
     """control and control-16 are both `control` runs, but different models: their grades are never pooled."""
     from benchctl.stages.judge.summary import per_arch
 
-    samples = [{"sample_id": f"{v}-{i}", "preset": "tiny", "arch": "control", "variant": v}
-               for v in ("control-16", "control") for i in range(2)]
+    samples = [
+        {"sample_id": f"{v}-{i}", "preset": "tiny", "arch": "control", "variant": v}
+        for v in ("control-16", "control")
+        for i in range(2)
+    ]
     grade = {"grammar": 6, "creativity": 4, "consistency": 5, "plot": 5, "average": 5.0}
-    grades = [{"sample_id": s["sample_id"], "repeat": 0, "status": "ok",
-               **{k: (v + 2 if s["variant"] == "control-16" else v) for k, v in grade.items()}} for s in samples]
+    grades = [
+        {
+            "sample_id": s["sample_id"],
+            "repeat": 0,
+            "status": "ok",
+            **{k: (v + 2 if s["variant"] == "control-16" else v) for k, v in grade.items()},
+        }
+        for s in samples
+    ]
     rows = per_arch(samples, grades, repeats=1)
     assert [(r.arch, r.label, r.n_samples) for r in rows] == [("control", "control", 2), ("control", "control-16", 2)]
     assert [r.stats["average"].mean for r in rows] == [5.0, 7.0]

@@ -30,8 +30,18 @@ PACKAGES = ("benchctl", "architectures")
 # (importer, what it must not import): a module is matched with its submodules
 FORBIDDEN = [
     ("architectures", ("benchctl",)),
-    ("benchctl.core", ("benchctl.stages", "benchctl.report", "benchctl.study", "benchctl.cli", "benchctl.commands",
-                       "benchctl.browse", "benchctl.plans")),
+    (
+        "benchctl.core",
+        (
+            "benchctl.stages",
+            "benchctl.report",
+            "benchctl.study",
+            "benchctl.cli",
+            "benchctl.commands",
+            "benchctl.browse",
+            "benchctl.plans",
+        ),
+    ),
     ("benchctl.report", ("benchctl.stages", "benchctl.study", "benchctl.cli", "benchctl.commands", "benchctl.browse")),
     ("benchctl.stages", ("benchctl.study", "benchctl.cli", "benchctl.commands", "benchctl.browse")),
 ]
@@ -131,8 +141,13 @@ def violations(graph: dict[str, set[str]]) -> list[str]:
     def under(name: str, prefix: str) -> bool:
         return name == prefix or name.startswith(prefix + ".")
 
-    return [f"{m} imports {t}" for m, targets in sorted(graph.items()) for t in sorted(targets)
-            for layer, banned in FORBIDDEN if under(m, layer) and any(under(t, b) for b in banned)]
+    return [
+        f"{m} imports {t}"
+        for m, targets in sorted(graph.items())
+        for t in sorted(targets)
+        for layer, banned in FORBIDDEN
+        if under(m, layer) and any(under(t, b) for b in banned)
+    ]
 
 
 def test_no_import_cycles():
@@ -147,32 +162,52 @@ def test_layers_point_one_way():
 
 def test_the_graph_sees_every_kind_of_import():
     """Function-level, TYPE_CHECKING and relative imports are edges; a name imported from a module is an edge to it."""
-    known = {"benchctl.stages", "benchctl.stages.train", "benchctl.stages.train.engine",
-             "benchctl.stages.train.sweep", "benchctl.core.db", "benchctl.core", "benchctl.study"}
-    src = ("from typing import TYPE_CHECKING\n"
-           "if TYPE_CHECKING:\n    from benchctl.study import X\n"
-           "def f():\n    from . import engine\n    from ..train.sweep import train_all\n"
-           "    import benchctl.core.db\n")
+    known = {
+        "benchctl.stages",
+        "benchctl.stages.train",
+        "benchctl.stages.train.engine",
+        "benchctl.stages.train.sweep",
+        "benchctl.core.db",
+        "benchctl.core",
+        "benchctl.study",
+    }
+    src = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from benchctl.study import X\n"
+        "def f():\n    from . import engine\n    from ..train.sweep import train_all\n"
+        "    import benchctl.core.db\n"
+    )
     assert imported(src, "benchctl.stages.train.cost", False, known) == {
-        "benchctl.study", "benchctl.stages.train.engine", "benchctl.stages.train.sweep", "benchctl.core.db"}
+        "benchctl.study",
+        "benchctl.stages.train.engine",
+        "benchctl.stages.train.sweep",
+        "benchctl.core.db",
+    }
     assert imported("from .train import engine\n", "benchctl.stages", True, known) == {"benchctl.stages.train.engine"}
 
 
-@pytest.mark.parametrize("graph, cycle", [
-    ({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}, ["a", "b", "c", "a"]),
-    ({"a": {"b", "c"}, "b": set(), "c": {"d"}, "d": set()}, None),
-])
+@pytest.mark.parametrize(
+    "graph, cycle",
+    [
+        ({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}, ["a", "b", "c", "a"]),
+        ({"a": {"b", "c"}, "b": set(), "c": {"d"}, "d": set()}, None),
+    ],
+)
 def test_cycles_are_found_and_named(graph, cycle):
     assert cycles(graph) == ([cycle] if cycle else [])
 
 
 def test_a_layer_violation_is_named():
-    graph = {"benchctl.core.data": {"benchctl.stages.train.engine", "benchctl.core.config"},
-             "benchctl.stages.sample.stage": {"benchctl.stages", "benchctl.study"},
-             "architectures.base": {"benchctl.core.config"}}
-    assert violations(graph) == ["architectures.base imports benchctl.core.config",
-                                 "benchctl.core.data imports benchctl.stages.train.engine",
-                                 "benchctl.stages.sample.stage imports benchctl.study"]
+    graph = {
+        "benchctl.core.data": {"benchctl.stages.train.engine", "benchctl.core.config"},
+        "benchctl.stages.sample.stage": {"benchctl.stages", "benchctl.study"},
+        "architectures.base": {"benchctl.core.config"},
+    }
+    assert violations(graph) == [
+        "architectures.base imports benchctl.core.config",
+        "benchctl.core.data imports benchctl.stages.train.engine",
+        "benchctl.stages.sample.stage imports benchctl.study",
+    ]
 
 
 # The framework picks the stages up from their registry: it may import the registry (benchctl.stages) and the
@@ -185,8 +220,13 @@ def stage_imports(graph: dict[str, set[str]]) -> list[str]:
     def under(name: str, prefix: str) -> bool:
         return name == prefix or name.startswith(prefix + ".")
 
-    return [f"{m} imports {t}" for m, targets in sorted(graph.items()) if any(under(m, f) for f in FRAMEWORK)
-            for t in sorted(targets) if under(t, "benchctl.stages") and t not in STAGE_MODULES_ALLOWED]
+    return [
+        f"{m} imports {t}"
+        for m, targets in sorted(graph.items())
+        if any(under(m, f) for f in FRAMEWORK)
+        for t in sorted(targets)
+        if under(t, "benchctl.stages") and t not in STAGE_MODULES_ALLOWED
+    ]
 
 
 def test_the_framework_imports_no_stage():
@@ -195,9 +235,11 @@ def test_the_framework_imports_no_stage():
 
 
 def test_a_framework_import_of_a_stage_is_named():
-    graph = {"benchctl.browse": {"benchctl.stages", "benchctl.stages.judge.tables"},
-             "benchctl.report.frames": {"benchctl.stages.cli", "benchctl.core.stats"},
-             "benchctl.stages.report.summary": {"benchctl.stages.judge.frames"}}
+    graph = {
+        "benchctl.browse": {"benchctl.stages", "benchctl.stages.judge.tables"},
+        "benchctl.report.frames": {"benchctl.stages.cli", "benchctl.core.stats"},
+        "benchctl.stages.report.summary": {"benchctl.stages.judge.frames"},
+    }
     assert stage_imports(graph) == ["benchctl.browse imports benchctl.stages.judge.tables"]
 
 
@@ -208,11 +250,16 @@ def test_browse_names_no_stage_table_in_its_sql_or_code():
 
     tree = ast.parse((REPO / "benchctl" / "browse.py").read_text(encoding="utf-8"))
     tables = {t.name for t in stages.tables()}
-    sql = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
-           and "select " in n.value.lower()]
-    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | {
-        n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)} | {
-        n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    sql = [
+        n.value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and "select " in n.value.lower()
+    ]
+    names = (
+        {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        | {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        | {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    )
     words = {w for text in sql for w in text.replace(",", " ").replace("(", " ").replace(")", " ").split()}
     assert not (words | names) & tables, sorted((words | names) & tables)
 
@@ -235,8 +282,7 @@ def _heavy_after(argv_lists: list[list[str]]) -> dict[str, list[str]]:
         print("HEAVY=" + json.dumps(seen))
     """)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    out = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.rsplit("HEAVY=", 1)[1])
 

@@ -16,13 +16,13 @@ import sys
 
 import pytest
 
-from benchctl.core import data as datamod
 from benchctl import stages
-from benchctl.stages.train import tables as train_tables
-from benchctl.stages.eval import api as ev
-from benchctl.core.checkpoint import CKPT_NAME, run_dir
 from benchctl.cli import main
+from benchctl.core import data as datamod
+from benchctl.core.checkpoint import CKPT_NAME, run_dir
 from benchctl.core.config import RunConfig
+from benchctl.stages.eval import api as ev
+from benchctl.stages.train import tables as train_tables
 
 
 def run_cli(argv: list[str]) -> None:
@@ -39,8 +39,25 @@ def trained(tmp_path_factory, tinystories_dir):
         mp.setenv("BENCHCTL_CACHE", str(root / "cache"))
         mp.delenv("BENCHCTL_DB", raising=False)
         db = root / "results.db"
-        run_cli(["train-all", "--preset", "tiny", "--archs", "control", "--data", str(tinystories_dir), "--db",
-                 str(db), "--set", "train.max_steps=3", "--set", "train.warmup_steps=1", "--no-progress", "--yes"])
+        run_cli(
+            [
+                "train-all",
+                "--preset",
+                "tiny",
+                "--archs",
+                "control",
+                "--data",
+                str(tinystories_dir),
+                "--db",
+                str(db),
+                "--set",
+                "train.max_steps=3",
+                "--set",
+                "train.warmup_steps=1",
+                "--no-progress",
+                "--yes",
+            ]
+        )
         (row,) = train_tables.runs(stages.connect(db), status="done")
         yield {"root": root, "db": db, "run": row, "ckpt": run_dir(db, row["id"]) / CKPT_NAME}
 
@@ -51,10 +68,33 @@ def test_lm_eval_passthrough_prints_its_table_and_records(trained):
     env = {**os.environ, "BENCHCTL_CACHE": str(trained["root"] / "cache"), "OMP_NUM_THREADS": "1"}
     env.pop("BENCHCTL_DB", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "benchctl", "lm-eval", "--model", "benchctl", "--model_args",
-         f"checkpoint={trained['ckpt']}", "--tasks", "tinystories_ppl", "--limit", "5", "--batch_size", "16",
-         "--output_path", str(out_dir), "--record", "--db", str(trained["db"])],
-        capture_output=True, text=True, timeout=900, env=env, cwd=trained["root"])
+        [
+            sys.executable,
+            "-m",
+            "benchctl",
+            "lm-eval",
+            "--model",
+            "benchctl",
+            "--model_args",
+            f"checkpoint={trained['ckpt']}",
+            "--tasks",
+            "tinystories_ppl",
+            "--limit",
+            "5",
+            "--batch_size",
+            "16",
+            "--output_path",
+            str(out_dir),
+            "--record",
+            "--db",
+            str(trained["db"]),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+        cwd=trained["root"],
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     table = [line for line in proc.stdout.splitlines() if line.startswith("|")]
     assert table and "Tasks" in table[0] and "Metric" in table[0], proc.stdout
@@ -73,8 +113,13 @@ def test_lm_eval_passthrough_prints_its_table_and_records(trained):
         prepared = datamod.prepare(cfg.data, cfg.model.vocab_size, progress=False)
         version = ev.build_bundled_tasks(prepared, ["tinystories_ppl"]).versions["tinystories_ppl"]
         for r in rows.values():
-            assert (r["run_id"], r["n_recur"], r["limit_n"], r["batch_size"], r["task_version"]) == \
-                (trained["run"]["id"], cfg.model.n_recur, 5, 16, version)
+            assert (r["run_id"], r["n_recur"], r["limit_n"], r["batch_size"], r["task_version"]) == (
+                trained["run"]["id"],
+                cfg.model.n_recur,
+                5,
+                16,
+                version,
+            )
             assert r["value"] == pytest.approx(saved["results"]["tinystories_ppl"][f"{r['metric']},none"])
         # The same documents through `benchctl eval` give the same numbers.
         opts = ev.EvalOptions(tasks=["tinystories_ppl"], limit=5, batch_size=16, device="cpu", force=True)
@@ -96,11 +141,29 @@ def test_what_cannot_run_fails_in_one_line(trained, capsys, tmp_path, monkeypatc
     empty = tmp_path / "empty.db"
     stages.connect(empty).conn.close()
     for argv, code, words in (
-        (["--model", "benchctl", "--model_args", ckpt, "--tasks", "tinystories_ppl", "--limit", "0.5", "--record",
-          "--db", str(trained["db"])], 7, "--limit"),
+        (
+            [
+                "--model",
+                "benchctl",
+                "--model_args",
+                ckpt,
+                "--tasks",
+                "tinystories_ppl",
+                "--limit",
+                "0.5",
+                "--record",
+                "--db",
+                str(trained["db"]),
+            ],
+            7,
+            "--limit",
+        ),
         (["--model", "hf", "--model_args", "pretrained=gpt2", "--tasks", "tinystories_*"], 7, "checkpoint="),
-        (["--model", "benchctl", "--model_args", ckpt, "--tasks", "tinystories_ppl", "--record", "--db",
-          str(empty)], 5, "is not in"),
+        (
+            ["--model", "benchctl", "--model_args", ckpt, "--tasks", "tinystories_ppl", "--record", "--db", str(empty)],
+            5,
+            "is not in",
+        ),
         (["--model", "hf", "--tasks", "hellaswag", "--record"], 7, "--record"),
     ):
         got, err = _error(capsys, ["lm-eval", *argv])

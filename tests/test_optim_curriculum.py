@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_train import _final_state, cli_proc
 
 import architectures
-from benchctl.stages.train import curriculum
 from benchctl.core.config import make_config
+from benchctl.stages.train import curriculum
 from benchctl.stages.train.optim import MuonAdamW, hidden_matrices, make_optimizer
-from test_train import _final_state, cli_proc
 
 
 def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
@@ -28,7 +28,7 @@ def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
     adam = {id(p) for g in opt.adamw.param_groups for p in g["params"]}
     assert not muon & adam and muon | adam == {id(p) for p in model.parameters()}
     assert id(model.output.weight) in adam and id(model.iter_emb) in adam  # tied head and depth encodings
-    assert all(id(l.attention_norm.weight) in adam for l in model.layers)
+    assert all(id(layer.attention_norm.weight) in adam for layer in model.layers)
     assert {id(p) for p in hidden_matrices(model)} == muon
     assert all(model.get_parameter(n).dim() == 2 for n, p in model.named_parameters() if id(p) in muon)
     # one schedule drives both halves: the trainer writes each group's lr
@@ -39,14 +39,22 @@ def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
 
 def test_adamw_is_still_the_default():
     cfg = make_config("tiny", "control")
-    assert type(make_optimizer(architectures.build("control", cfg.model), cfg, torch.device("cpu"))) is torch.optim.AdamW
+    assert (
+        type(make_optimizer(architectures.build("control", cfg.model), cfg, torch.device("cpu"))) is torch.optim.AdamW
+    )
 
 
-@pytest.mark.parametrize("kind, want", [
-    # R = 4 over 0.25 * 40 = 10 steps: depth 1 + 3x
-    ("linear", [1.0, 1.3, 2.5, 3.7, 4.0, 4.0]),
-    ("1-sqrt", [1.0, 1 + 3 * (1 - math.sqrt(0.9)), 1 + 3 * (1 - math.sqrt(0.5)), 1 + 3 * (1 - math.sqrt(0.1)), 4.0, 4.0]),
-])
+@pytest.mark.parametrize(
+    "kind, want",
+    [
+        # R = 4 over 0.25 * 40 = 10 steps: depth 1 + 3x
+        ("linear", [1.0, 1.3, 2.5, 3.7, 4.0, 4.0]),
+        (
+            "1-sqrt",
+            [1.0, 1 + 3 * (1 - math.sqrt(0.9)), 1 + 3 * (1 - math.sqrt(0.5)), 1 + 3 * (1 - math.sqrt(0.1)), 4.0, 4.0],
+        ),
+    ],
+)
 def test_curriculum_schedule(kind, want):
     cfg = make_config("tiny", "relaxed", overrides={"train.recur_curriculum": kind, "train.max_steps": 40})
     got = [curriculum.depth_at(s, cfg) for s in (0, 1, 5, 9, 10, 39)]
@@ -67,14 +75,26 @@ def test_curriculum_flops_are_the_sum_over_the_steps_at_their_depth():
     assert curriculum.FlopCounter(model, cfg, start_step=7).advance_to(20) == pytest.approx(want)  # a resume
     full = 20 * tps * model.flops_per_token(T)
     assert want < full
-    assert counter.total == pytest.approx(full - tps * sum(
-        model.flops_per_token(T, n_recur=4) - model.flops_per_token(T, n_recur=curriculum.passes_at(s, cfg))
-        for s in range(5)))
+    assert counter.total == pytest.approx(
+        full
+        - tps
+        * sum(
+            model.flops_per_token(T, n_recur=4) - model.flops_per_token(T, n_recur=curriculum.passes_at(s, cfg))
+            for s in range(5)
+        )
+    )
 
 
 def test_sampled_depth_curriculum_moves_the_mean_for_the_step_only():
-    cfg = make_config("tiny", "three-part", overrides={"train.recur_curriculum": "linear", "train.max_steps": 40,
-                                                       "model.recur_sampling": "poisson-lognormal"})
+    cfg = make_config(
+        "tiny",
+        "three-part",
+        overrides={
+            "train.recur_curriculum": "linear",
+            "train.max_steps": 40,
+            "model.recur_sampling": "poisson-lognormal",
+        },
+    )
     model = architectures.build("three-part", cfg.model).train()
     args = model.args
     T = cfg.model.max_seq_len
@@ -94,10 +114,30 @@ def test_muon_with_a_curriculum_resumes_bit_identically_after_kill_9(tmp_path, t
     """A relaxed run with Muon and a depth curriculum, killed after a checkpoint and rerun, ends exactly where an
     uninterrupted run ends: weights, losses and every metric row (the FLOPs spent included)."""
     cache = tmp_path / "cache"
-    args = ["train", "--arch", "relaxed", "--preset", "tiny", "--data", str(tinystories_dir), "--no-progress",
-            "--set", "train.max_steps=12", "--set", "train.eval_interval=4", "--set", "train.ckpt_interval=3",
-            "--set", "train.log_interval=2", "--set", "train.optimizer=muon",
-            "--set", "train.recur_curriculum=linear", "--set", "train.recur_curriculum_frac=0.5"]
+    args = [
+        "train",
+        "--arch",
+        "relaxed",
+        "--preset",
+        "tiny",
+        "--data",
+        str(tinystories_dir),
+        "--no-progress",
+        "--set",
+        "train.max_steps=12",
+        "--set",
+        "train.eval_interval=4",
+        "--set",
+        "train.ckpt_interval=3",
+        "--set",
+        "train.log_interval=2",
+        "--set",
+        "train.optimizer=muon",
+        "--set",
+        "train.recur_curriculum=linear",
+        "--set",
+        "train.recur_curriculum_frac=0.5",
+    ]
     ref_db = tmp_path / "ref" / "results.db"
     ref = cli_proc([*args, "--db", str(ref_db)], cache)
     _, err = ref.communicate(timeout=300)
@@ -128,8 +168,11 @@ def test_muon_with_a_curriculum_resumes_bit_identically_after_kill_9(tmp_path, t
     assert m_new == m_ref
     assert all(torch.equal(w_ref[k], w_new[k]) for k in w_ref)
     flops = [v for (name, _s, v) in _metrics(db_path) if name == "train_flops"]
-    cfg = make_config("tiny", "relaxed", overrides={"train.max_steps": 12, "train.recur_curriculum": "linear",
-                                                    "train.recur_curriculum_frac": 0.5})
+    cfg = make_config(
+        "tiny",
+        "relaxed",
+        overrides={"train.max_steps": 12, "train.recur_curriculum": "linear", "train.recur_curriculum_frac": 0.5},
+    )
     model = architectures.build("relaxed", cfg.model)
     assert flops[-1] == pytest.approx(curriculum.FlopCounter(model, cfg).advance_to(12))
 

@@ -17,9 +17,8 @@ import pytest
 from typer.testing import CliRunner
 
 import architectures
-from benchctl.core import accounting
-from benchctl.core import paper
 from benchctl.cli import app, main
+from benchctl.core import accounting, paper
 from benchctl.core.config import make_config
 
 TOTALS = {"control": 4_212_992, "frailt": 4_214_016, "three-part": 4_344_320, "relaxed": 5_462_272}
@@ -75,9 +74,11 @@ def test_accounting_off_paper_has_no_study_total():
 
 
 def test_component_names_keep_the_models_order():
-    rows = [{"components": ["embedding", "blocks", "final_norm"]},
-            {"components": ["embedding", "blocks", "gate", "final_norm"]},
-            {"components": ["embedding", "lora", "blocks", "final_norm"]}]
+    rows = [
+        {"components": ["embedding", "blocks", "final_norm"]},
+        {"components": ["embedding", "blocks", "gate", "final_norm"]},
+        {"components": ["embedding", "lora", "blocks", "final_norm"]},
+    ]
     assert accounting.component_names(rows) == ["embedding", "blocks", "gate", "lora", "final_norm"]
 
 
@@ -106,8 +107,12 @@ def test_params_table():
     for comp in accounting.component_names(list(rows.values())):
         assert lines[comp] == [f"{rows[a][comp]:,}" if comp in rows[a] else "-" for a in archs], comp
     assert lines["total"] == [f"{rows[a]['total_params']:,}" for a in archs]
-    for comp, n in (("depth_encoding", "1,024"), ("adapter", "131,072"), ("recurrent_norm", "256"),
-                    ("lora", "1,249,280")):
+    for comp, n in (
+        ("depth_encoding", "1,024"),
+        ("adapter", "131,072"),
+        ("recurrent_norm", "256"),
+        ("lora", "1,249,280"),
+    ):
         assert n in lines[comp]
     assert "13,706,496" in out  # FraiLT's effective parameters at depth 16
 
@@ -164,12 +169,18 @@ def test_params_unknown_key_is_one_line(capsys):
         (["params", "--preset", "papr"], "unknown preset 'papr'; did you mean 'paper'?"),
         (["params", "--set", "model.dim"], "--set expects key=value"),
         (["params", "--set", "model.dim=abc"], "model.dim: expected an integer"),
-        (["params", "--arch", "three-part", "--set", "model.n_prelude=2", "--set", "model.n_coda=2"],
-         "model.n_prelude (2) + model.n_coda (2)"),
-        (["params", "--arch", "control", "--set", "model.lora_rank=8"],
-         "config key 'model.lora_rank' belongs to architecture 'relaxed', not to 'control'"),
-        (["params", "--arch", "frailt", "--set", "model.frailt_init=ones"],
-         "model.frailt_init: must be one of zeros, normal; got 'ones'"),
+        (
+            ["params", "--arch", "three-part", "--set", "model.n_prelude=2", "--set", "model.n_coda=2"],
+            "model.n_prelude (2) + model.n_coda (2)",
+        ),
+        (
+            ["params", "--arch", "control", "--set", "model.lora_rank=8"],
+            "config key 'model.lora_rank' belongs to architecture 'relaxed', not to 'control'",
+        ),
+        (
+            ["params", "--arch", "frailt", "--set", "model.frailt_init=ones"],
+            "model.frailt_init: must be one of zeros, normal; got 'ones'",
+        ),
     ],
 )
 def test_params_config_errors(capsys, argv, expect):
@@ -180,7 +191,9 @@ def test_params_config_errors(capsys, argv, expect):
 def test_console_script_error_has_no_traceback():
     proc = subprocess.run(
         [sys.executable, "-m", "benchctl", "params", "--arch", "thre-part"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 2
     assert proc.stdout == ""

@@ -7,15 +7,13 @@ import sqlite3
 
 import pytest
 
-from benchctl import plans
-from benchctl.core import accounting
-from benchctl import stages
-from benchctl.stages.train import tables as train_tables
-from benchctl import report
-from benchctl.stages.report import engine as report_engine
+from benchctl import plans, report, stages
 from benchctl.cli import main
+from benchctl.core import accounting
 from benchctl.core.config import make_config, run_id
 from benchctl.core.errors import ConfigError
+from benchctl.stages.report import engine as report_engine
+from benchctl.stages.train import tables as train_tables
 from tests.fixtures_db import CONTROLS_VARIANTS, DEPTH_VARIANTS, FINGERPRINT, build_plan_fixture_db
 
 GOOD = """name = "mine"
@@ -44,7 +42,14 @@ def test_builtin_plans_and_their_variants():
     by = {p.name: p for p in plans.builtin()}
     assert [v.name for v in by["study"].variants] == ["control", "frailt", "three-part", "relaxed"]
     assert [v.name for v in by["controls"].variants] == [
-        "control", "frailt", "three-part", "relaxed", "control-2x", "control-16", "control-iso-flops"]
+        "control",
+        "frailt",
+        "three-part",
+        "relaxed",
+        "control-2x",
+        "control-16",
+        "control-iso-flops",
+    ]
     assert len(by["depth"].variants) == 12
     conversions = [v.name for v in by["retrofit"].variants if v.parent == "control-16"]
     assert len(conversions) == 6 and {"relaxed", "three-part"} <= {v.name for v in by["retrofit"].variants}
@@ -55,23 +60,34 @@ def test_a_plan_file_resolves_with_its_seeds_and_sets(tmp_path):
     plan = plans.load(write(tmp_path, GOOD))
     runs = plans.resolve(plan, "tiny", list(plan.seeds))
     assert [(r.variant, r.cfg.arch, r.cfg.seed, r.cfg.model.n_recur) for r in runs] == [
-        ("small", "control", 0, 1), ("looped", "frailt", 0, 2), ("small", "control", 1, 1), ("looped", "frailt", 1, 2)]
+        ("small", "control", 0, 1),
+        ("looped", "frailt", 0, 2),
+        ("small", "control", 1, 1),
+        ("looped", "frailt", 1, 2),
+    ]
     assert [r.variant for r in plans.resolve(plan, "tiny", [0], archs=["frailt"])] == ["looped"]
 
 
-@pytest.mark.parametrize("edit, says", [
-    (("arch = \"frailt\"", "archh = \"frailt\""), "variant 'looped': unknown key 'archh'; did you mean 'arch'?"),
-    (("model.n_recur=2", "model.dimm=64"),
-     "variant 'looped': unknown config key 'model.dimm'; did you mean 'model.dim'?"),
-    (("arch = \"frailt\"", "arch = \"frail\""), "variant 'looped': arch: unknown architecture 'frail'"),
-    (("name = \"looped\"", "name = \"small\""), "variant name 'small' is used twice"),
-    (("seeds = [0, 1]", "seedz = [0, 1]"), "unknown key 'seedz'; did you mean 'seeds'?"),
-    (("model.n_recur=2", "model.n_recur=0"), "variant 'looped': model.n_recur: must be >= 1"),
-    (("set = [\"model.n_recur=2\"]", "match_train_flops = \"big\""),
-     "variant 'looped': match_train_flops names no variant of this plan: 'big'"),
-    (("set = [\"model.n_recur=2\"]", "steps = 10\nmatch_train_flops = \"small\""), "both set the training length"),
-    (("set = [\"model.n_recur=2\"]", "steps = 2"), "variant 'looped': steps: train.warmup_steps"),
-])
+@pytest.mark.parametrize(
+    "edit, says",
+    [
+        (('arch = "frailt"', 'archh = "frailt"'), "variant 'looped': unknown key 'archh'; did you mean 'arch'?"),
+        (
+            ("model.n_recur=2", "model.dimm=64"),
+            "variant 'looped': unknown config key 'model.dimm'; did you mean 'model.dim'?",
+        ),
+        (('arch = "frailt"', 'arch = "frail"'), "variant 'looped': arch: unknown architecture 'frail'"),
+        (('name = "looped"', 'name = "small"'), "variant name 'small' is used twice"),
+        (("seeds = [0, 1]", "seedz = [0, 1]"), "unknown key 'seedz'; did you mean 'seeds'?"),
+        (("model.n_recur=2", "model.n_recur=0"), "variant 'looped': model.n_recur: must be >= 1"),
+        (
+            ('set = ["model.n_recur=2"]', 'match_train_flops = "big"'),
+            "variant 'looped': match_train_flops names no variant of this plan: 'big'",
+        ),
+        (('set = ["model.n_recur=2"]', 'steps = 10\nmatch_train_flops = "small"'), "both set the training length"),
+        (('set = ["model.n_recur=2"]', "steps = 2"), "variant 'looped': steps: train.warmup_steps"),
+    ],
+)
 def test_a_bad_plan_is_one_line_naming_the_file_and_key(tmp_path, edit, says):
     path = write(tmp_path, GOOD.replace(*edit))
     with pytest.raises(ConfigError) as e:
@@ -81,9 +97,14 @@ def test_a_bad_plan_is_one_line_naming_the_file_and_key(tmp_path, edit, says):
     assert "\n" not in msg and msg.startswith(str(path)) and says in msg, msg
 
 
-@pytest.mark.parametrize("edit", [("archh", "arch = \"frailt\"", "archh = \"frailt\""),
-                                  ("model.dimm", "model.n_recur=2", "model.dimm=64"),
-                                  ("unknown architecture", "arch = \"frailt\"", "arch = \"nope\"")])
+@pytest.mark.parametrize(
+    "edit",
+    [
+        ("archh", 'arch = "frailt"', 'archh = "frailt"'),
+        ("model.dimm", "model.n_recur=2", "model.dimm=64"),
+        ("unknown architecture", 'arch = "frailt"', 'arch = "nope"'),
+    ],
+)
 def test_study_with_a_bad_plan_exits_before_writing_anything(tmp_path, capsys, edit):
     says, old, new = edit
     path = write(tmp_path, GOOD.replace(old, new))
@@ -144,8 +165,10 @@ def test_relaxed_lora_rank_rule():
 def test_old_database_gets_variant_column_named_after_the_arch(tmp_path):
     path = tmp_path / "old.db"
     conn = sqlite3.connect(path)
-    conn.execute("create table runs (id text primary key, arch text not null, preset text not null, "
-                 "seed integer not null, status text not null default 'pending', config_json text not null)")
+    conn.execute(
+        "create table runs (id text primary key, arch text not null, preset text not null, "
+        "seed integer not null, status text not null default 'pending', config_json text not null)"
+    )
     conn.execute("insert into runs values ('r1', 'frailt', 'tiny', 0, 'done', '{}')")
     conn.commit()
     conn.close()
@@ -156,18 +179,49 @@ def test_old_database_gets_variant_column_named_after_the_arch(tmp_path):
 
 def test_a_run_keeps_its_first_variant_name_and_plans_keep_theirs(tmp_path):
     db = stages.connect(tmp_path / "r.db")
-    train_tables.start_run(db, {"id": "r1", "arch": "frailt", "preset": "tiny", "seed": 0, "status": "running",
-                       "config_json": "{}", "variant": "frailt"}, new=True, resume_step=0)
-    train_tables.start_run(db, {"id": "r1", "arch": "frailt", "preset": "tiny", "seed": 0, "status": "running",
-                       "config_json": "{}", "variant": "frailt-r4"}, new=False, resume_step=0)
+    train_tables.start_run(
+        db,
+        {
+            "id": "r1",
+            "arch": "frailt",
+            "preset": "tiny",
+            "seed": 0,
+            "status": "running",
+            "config_json": "{}",
+            "variant": "frailt",
+        },
+        new=True,
+        resume_step=0,
+    )
+    train_tables.start_run(
+        db,
+        {
+            "id": "r1",
+            "arch": "frailt",
+            "preset": "tiny",
+            "seed": 0,
+            "status": "running",
+            "config_json": "{}",
+            "variant": "frailt-r4",
+        },
+        new=False,
+        resume_step=0,
+    )
     row = {"preset": "tiny", "seed": 0, "run_id": "r1", "plan_path": "p", "plan_sha256": "h"}
-    train_tables.record_plan_runs(db, [{**row, "plan": "study", "variant": "frailt"},
-                              {**row, "plan": "depth", "variant": "frailt-r4"}])
+    train_tables.record_plan_runs(
+        db, [{**row, "plan": "study", "variant": "frailt"}, {**row, "plan": "depth", "variant": "frailt-r4"}]
+    )
     assert train_tables.get_run(db, "r1")["variant"] == "frailt"
-    assert ({(r["plan"], r["variant"]) for r in train_tables.plan_runs(db)}
-            == {("study", "frailt"), ("depth", "frailt-r4")})
-    train_tables.start_run(db, {"id": "r2", "arch": "control", "preset": "tiny", "seed": 0, "status": "running",
-                       "config_json": "{}"}, new=True, resume_step=0)
+    assert {(r["plan"], r["variant"]) for r in train_tables.plan_runs(db)} == {
+        ("study", "frailt"),
+        ("depth", "frailt-r4"),
+    }
+    train_tables.start_run(
+        db,
+        {"id": "r2", "arch": "control", "preset": "tiny", "seed": 0, "status": "running", "config_json": "{}"},
+        new=True,
+        resume_step=0,
+    )
     assert train_tables.get_run(db, "r2")["variant"] == "control"  # trained without a plan: its arch name
 
 
@@ -198,26 +252,48 @@ def test_report_names_models_by_the_plans_variants(plan_db, rendered):
 
 def test_report_sections_for_models_of_different_sizes(rendered):
     md = rendered.markdown
-    order = ["## Loss", "## Loss against compute", "## Loss against parameters", "## Loss against training depth",
-             "## Comparisons", "## Fair comparisons", "## Provenance", "## Plans"]
+    order = [
+        "## Loss",
+        "## Loss against compute",
+        "## Loss against parameters",
+        "## Loss against training depth",
+        "## Comparisons",
+        "## Fair comparisons",
+        "## Provenance",
+        "## Plans",
+    ]
     pos = [md.index(f"\n{s}\n") for s in order]
     assert pos == sorted(pos)
     assert {"loss_vs_compute.png", "loss_vs_params.png", "loss_vs_depth.png"} <= set(rendered.figures)
     assert "analytic count" in md and "3x forward" in md
-    fair = md[md.index("\n## Fair comparisons\n"):md.index("\n## Benchmark\n")]
-    for line in ("| frailt | control | unique parameters |", "| frailt | control-16 | FLOPs per token |",
-                 "| frailt | control-iso-flops | training FLOPs |"):
+    fair = md[md.index("\n## Fair comparisons\n") : md.index("\n## Benchmark\n")]
+    for line in (
+        "| frailt | control | unique parameters |",
+        "| frailt | control-16 | FLOPs per token |",
+        "| frailt | control-iso-flops | training FLOPs |",
+    ):
         assert line in fair
     assert "Holm-adjusted" in fair
-    depth = md[md.index("\n## Loss against training depth\n"):md.index("\n## Comparisons\n")]
+    depth = md[md.index("\n## Loss against training depth\n") : md.index("\n## Comparisons\n")]
     assert "| frailt | frailt-r1 | 2 | 4 | 1 |" in depth and "| three-part | three-part-r14 | 2 | 30 | 14 |" in depth
 
 
 def test_no_significant_difference_is_said_when_holm_p_is_large():
     from benchctl.stages.report.fair import sentence
 
-    r = {"a": "frailt", "b": "control", "matched": "unique parameters", "params_ratio": 1.0, "fpt_ratio": 3.4,
-         "train_flops_ratio": 3.4, "diff": -0.1, "lo": -0.19, "hi": -0.01, "p": 0.03, "p_holm": 0.09}
+    r = {
+        "a": "frailt",
+        "b": "control",
+        "matched": "unique parameters",
+        "params_ratio": 1.0,
+        "fpt_ratio": 3.4,
+        "train_flops_ratio": 3.4,
+        "diff": -0.1,
+        "lo": -0.19,
+        "hi": -0.01,
+        "p": 0.03,
+        "p_holm": 0.09,
+    }
     assert sentence(r).startswith("No significant difference in final validation loss between frailt and control")
     assert sentence({**r, "p_holm": 0.01}).startswith("frailt's final validation loss is lower than control's")
 
@@ -242,13 +318,26 @@ def test_study_with_a_plan_names_its_runs_and_records_the_plan(tmp_path, tinysto
     from benchctl.study import StudyOptions, run_study
 
     monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
-    path = write(tmp_path, 'name = "two"\ndescription = "d"\n[[variant]]\nname = "base"\narch = "control"\n'
-                           '[[variant]]\nname = "same-again"\narch = "control"\nset = ["model.n_layers=4"]\n')
+    path = write(
+        tmp_path,
+        'name = "two"\ndescription = "d"\n[[variant]]\nname = "base"\narch = "control"\n'
+        '[[variant]]\nname = "same-again"\narch = "control"\nset = ["model.n_layers=4"]\n',
+    )
     opts = StudyOptions(
-        preset="tiny", plan=str(path), seeds=[0], db_path=tmp_path / "r.db", out_dir=tmp_path / "reports",
-        overrides={"data.source": str(tinystories_dir), "train.max_steps": 2, "train.eval_interval": 1,
-                   "train.warmup_steps": 1},
-        skip=("sample", "judge", "eval"), progress=False, bench=False,
+        preset="tiny",
+        plan=str(path),
+        seeds=[0],
+        db_path=tmp_path / "r.db",
+        out_dir=tmp_path / "reports",
+        overrides={
+            "data.source": str(tinystories_dir),
+            "train.max_steps": 2,
+            "train.eval_interval": 1,
+            "train.warmup_steps": 1,
+        },
+        skip=("sample", "judge", "eval"),
+        progress=False,
+        bench=False,
     )
     report_path = run_study(opts, log=lambda _: None)
     db = stages.connect(tmp_path / "r.db")

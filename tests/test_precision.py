@@ -14,8 +14,9 @@ from benchctl.stages.train.engine import make_optimizer, train_step
 CPU = torch.device("cpu")
 
 
-@pytest.mark.parametrize("flag, expected", [("avx512_bf16", torch.bfloat16), ("amx_bf16", torch.bfloat16),
-                                            (None, None)])
+@pytest.mark.parametrize(
+    "flag, expected", [("avx512_bf16", torch.bfloat16), ("amx_bf16", torch.bfloat16), (None, None)]
+)
 def test_auto_on_cpu_follows_native_bf16(monkeypatch, flag, expected):
     monkeypatch.setattr(runtime, "cpu_bf16_capability", lambda: flag)
     p = runtime.resolve_precision("auto", CPU)
@@ -25,8 +26,9 @@ def test_auto_on_cpu_follows_native_bf16(monkeypatch, flag, expected):
     assert p.reason.startswith("auto")
 
 
-@pytest.mark.parametrize("cap, dtype", [((8, 6), "bfloat16"), ((9, 0), "bfloat16"), ((7, 5), "float32"),
-                                        ((7, 0), "float32")])
+@pytest.mark.parametrize(
+    "cap, dtype", [((8, 6), "bfloat16"), ((9, 0), "bfloat16"), ((7, 5), "float32"), ((7, 0), "float32")]
+)
 def test_auto_on_cuda_needs_sm80_for_bf16(monkeypatch, cap, dtype):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap)
     p = runtime.resolve_precision("auto", torch.device("cuda", 0))
@@ -82,8 +84,10 @@ PARITY_RTOL = 2e-3
 def test_bf16_steps_stay_close_to_fp32(arch):
     cfg = make_config("tiny", arch, 0, {"train.grad_accum": 1})
     g = torch.Generator().manual_seed(1)
-    batches = [torch.randint(0, cfg.model.vocab_size, (cfg.train.batch_size, cfg.model.max_seq_len + 1), generator=g)
-               for _ in range(6)]
+    batches = [
+        torch.randint(0, cfg.model.vocab_size, (cfg.train.batch_size, cfg.model.max_seq_len + 1), generator=g)
+        for _ in range(6)
+    ]
     curves = {}
     for amp in (None, torch.bfloat16):
         torch.manual_seed(0)

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from benchctl.core import checkpoint as ckpt
-from benchctl.stages.train import sweep
-from benchctl.stages.train.options import TrainOptions
 from benchctl.core.errors import ConfigError
+from benchctl.stages.train import sweep
 from benchctl.stages.train.executors import RunSpec
 from benchctl.stages.train.executors import ray as ray_exec
+from benchctl.stages.train.options import TrainOptions
 
 ray = pytest.importorskip("ray")
 
@@ -57,8 +57,10 @@ def _runs(db_path: Path) -> dict[str, tuple]:
 def _metrics(db_path: Path) -> list[tuple]:
     con = sqlite3.connect(db_path)
     # the model's numbers; the machine's own (memory, speed) differ between any two processes
-    rows = con.execute("select run_id, step, name, value from metrics where name not in "
-                       "('peak_rss_bytes', 'tokens_per_s') order by run_id, step, name").fetchall()
+    rows = con.execute(
+        "select run_id, step, name, value from metrics where name not in "
+        "('peak_rss_bytes', 'tokens_per_s') order by run_id, step, name"
+    ).fetchall()
     con.close()
     return rows
 
@@ -89,8 +91,7 @@ def test_ray_trains_the_same_runs_as_local(cluster, tmp_path, monkeypatch, tinys
     local_db, ray_db = tmp_path / "local" / "results.db", tmp_path / "ray" / "results.db"
     sweep.train_all(cfgs, prepared, local_db, progress=False, log=_quiet)
     lines: list[str] = []
-    res = sweep.train_all(cfgs, prepared, ray_db, progress=False, log=lines.append,
-                          opts=TrainOptions(executor="ray"))
+    res = sweep.train_all(cfgs, prepared, ray_db, progress=False, log=lines.append, opts=TrainOptions(executor="ray"))
     assert len(res.done) == 4 and not res.failed
     assert _runs(ray_db) == _runs(local_db)
     assert all(status == "done" for status, *_ in _runs(ray_db).values())
@@ -114,8 +115,9 @@ def test_a_killed_worker_is_retried_and_resumes(cluster, tmp_path, monkeypatch, 
     sweep.train_all(cfgs, prepared, local_db, progress=False, log=_quiet)
     rid = next(iter(_runs(local_db)))
     killed: list[int] = []
-    threading.Thread(target=_kill_after_checkpoint, args=(ray_db.parent / "runs" / rid / ray_exec.ROWS_DB, killed),
-                     daemon=True).start()
+    threading.Thread(
+        target=_kill_after_checkpoint, args=(ray_db.parent / "runs" / rid / ray_exec.ROWS_DB, killed), daemon=True
+    ).start()
     res = sweep.train_all(cfgs, prepared, ray_db, progress=False, log=_quiet, opts=TrainOptions(executor="ray"))
     assert killed, "the worker finished before it could be killed; make the run longer"
     assert res.done == [rid] and res.resumed[rid] >= 5

@@ -11,21 +11,30 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fixtures_db import JUDGE_MODEL, PROMPT_HASH, STUDY_ARCHS, build_fixture_db
 from scipy import stats as sps
 from typer.testing import CliRunner
 
-from benchctl import report
-from benchctl.stages.report import engine as report_engine
+from benchctl import report, stages
+from benchctl.cli import app, main
 from benchctl.core import paper
 from benchctl.core import stats as bstats
-from benchctl.cli import app, main
 from benchctl.core.errors import ConfigError, DatabaseError
-from benchctl import stages
-from fixtures_db import JUDGE_MODEL, PROMPT_HASH, STUDY_ARCHS, build_fixture_db
+from benchctl.stages.report import engine as report_engine
 
-SECTIONS = ("Runs", "Models", "Training cost", "Loss", "Judge", "Judge reliability", "lm-eval", "Test-time recurrence",
-            "Comparisons",
-            "Benchmark", "Provenance")
+SECTIONS = (
+    "Runs",
+    "Models",
+    "Training cost",
+    "Loss",
+    "Judge",
+    "Judge reliability",
+    "lm-eval",
+    "Test-time recurrence",
+    "Comparisons",
+    "Benchmark",
+    "Provenance",
+)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -102,8 +111,14 @@ def full(tmp_path_factory):
 
 
 def done_values(db: Path, column: str, arch: str, preset: str = "tiny") -> list[float]:
-    return [r[0] for r in q(db, f"select {column} from runs where status = 'done' and arch = ? and preset = ? "
-                               "order by seed", (arch, preset))]
+    return [
+        r[0]
+        for r in q(
+            db,
+            f"select {column} from runs where status = 'done' and arch = ? and preset = ? order by seed",
+            (arch, preset),
+        )
+    ]
 
 
 def test_every_section_present_in_order(full):
@@ -203,12 +218,19 @@ def test_models_table_shows_every_component_any_model_reports(tmp_path, monkeypa
     monkeypatch.setattr(accounting, "describe", describe)
     frames._describe.cache_clear()
     try:
-        p = build_fixture_db(tmp_path / "r.db", archs=("control", "frailt"), seeds=(0,), judge=False, evals=False,
-                             failed_run=False, running_run=False)
+        p = build_fixture_db(
+            tmp_path / "r.db",
+            archs=("control", "frailt"),
+            seeds=(0,),
+            judge=False,
+            evals=False,
+            failed_run=False,
+            running_run=False,
+        )
         acc = tables(section(report_engine.build(p).markdown, "Models"))[0]
     finally:
         frames._describe.cache_clear()
-    comp_cols = list(acc[0])[1:list(acc[0]).index("unique total")]
+    comp_cols = list(acc[0])[1 : list(acc[0]).index("unique total")]
     assert comp_cols == ["embedding", "blocks", "depth enc.", "exit_gate", "final norm"]
     rows = by_model(acc)
     assert rows["frailt"]["exit_gate"] == "1,234" and rows["control"]["exit_gate"] == "0"
@@ -219,24 +241,35 @@ def test_models_table_shows_every_component_any_model_reports(tmp_path, monkeypa
 def test_component_order_merges_each_models_order():
     from benchctl.report.frames import component_order
 
-    assert component_order([["embedding", "blocks", "final_norm"],
-                            ["embedding", "blocks", "depth_encoding", "lora", "final_norm"],
-                            ["gate", "embedding", "blocks", "adapter", "final_norm"]]) == [
-        "gate", "embedding", "blocks", "depth_encoding", "lora", "adapter", "final_norm"]
+    assert component_order(
+        [
+            ["embedding", "blocks", "final_norm"],
+            ["embedding", "blocks", "depth_encoding", "lora", "final_norm"],
+            ["gate", "embedding", "blocks", "adapter", "final_norm"],
+        ]
+    ) == ["gate", "embedding", "blocks", "depth_encoding", "lora", "adapter", "final_norm"]
     assert component_order([]) == []
 
 
 def _judge_truth(db: Path):
     """Per model: per-sample averages over ok repeats (independently, in SQL) grouped by seed, failures, and the
     judge average per (seed, prompt)."""
-    rows = q(db, """
+    rows = q(
+        db,
+        """
         select r.arch, r.seed, s.id, s.prompt_id, avg(g.grammar), avg(g.creativity), avg(g.consistency),
                avg(g.plot), avg(g.average)
         from judge_grades g join samples s on s.id = g.sample_id join runs r on r.id = s.run_id
-        where r.status = 'done' and g.status = 'ok' group by r.arch, r.seed, s.id, s.prompt_id""")
-    failed = dict(q(db, """
+        where r.status = 'done' and g.status = 'ok' group by r.arch, r.seed, s.id, s.prompt_id""",
+    )
+    failed = dict(
+        q(
+            db,
+            """
         select r.arch, count(*) from judge_grades g join samples s on s.id = g.sample_id
-        join runs r on r.id = s.run_id where r.status = 'done' and g.status != 'ok' group by r.arch"""))
+        join runs r on r.id = s.run_id where r.status = 'done' and g.status != 'ok' group by r.arch""",
+        )
+    )
     per_seed, per_seed_prompt = {}, {}
     for arch, seed, _sid, pid, *vals in rows:
         per_seed.setdefault(arch, {}).setdefault(seed, []).append(vals)
@@ -278,8 +311,14 @@ def test_comparisons_match_scipy(full):
     rows = tables(sec)[0]
     loss = {(r["a"], r["b"]): r for r in rows if r["quantity"] == "final validation loss"}
     judge = {(r["a"], r["b"]): r for r in rows if r["quantity"] == "judge average"}
-    expected_pairs = [("frailt", "control"), ("three-part", "control"), ("relaxed", "control"),
-                      ("frailt", "three-part"), ("frailt", "relaxed"), ("three-part", "relaxed")]
+    expected_pairs = [
+        ("frailt", "control"),
+        ("three-part", "control"),
+        ("relaxed", "control"),
+        ("frailt", "three-part"),
+        ("frailt", "relaxed"),
+        ("three-part", "relaxed"),
+    ]
     assert list(loss) == expected_pairs and list(judge) == expected_pairs
     ps = []
     for a, b in expected_pairs:  # every model has seeds 0, 1, 2: paired by seed
@@ -310,7 +349,7 @@ def test_comparisons_match_scipy(full):
         jps.append(ref.pvalue)
     assert [judge[p]["p (Holm)"] for p in expected_pairs] == [fpv(x) for x in _holm(jps)]
     # one verdict sentence per comparison, decided on the Holm-adjusted p and naming its family
-    verdicts = [l[2:] for l in sec.splitlines() if l.startswith("- ")]
+    verdicts = [ln[2:] for ln in sec.splitlines() if ln.startswith("- ")]
     assert len(verdicts) == 12
     for r, v in zip(rows, verdicts):
         assert v.startswith(f"{r['a']}'s") or v.startswith(f"{r['a']} vs")
@@ -326,18 +365,24 @@ def test_raw_significance_that_holm_removes_is_not_called_a_difference(tmp_path)
     conn = sqlite3.connect(p)
     # seeds share a data stream: frailt and relaxed differ by a small, consistent gap (raw p = 0.026) over a large
     # seed-to-seed spread; no other pair differs, so Holm multiplies that p by 6
-    gaps = {"frailt": (0.0, 0.0, 0.0), "relaxed": (0.010, 0.018, 0.014), "control": (0.05, -0.03, 0.01),
-            "three-part": (-0.02, 0.04, 0.03)}
+    gaps = {
+        "frailt": (0.0, 0.0, 0.0),
+        "relaxed": (0.010, 0.018, 0.014),
+        "control": (0.05, -0.03, 0.01),
+        "three-part": (-0.02, 0.04, 0.03),
+    }
     for arch, gap in gaps.items():
         for seed, base in enumerate((1.30, 1.40, 1.50)):
-            conn.execute("update runs set final_val_loss = ? where arch = ? and seed = ? and status = 'done'",
-                         (base + gap[seed], arch, seed))
+            conn.execute(
+                "update runs set final_val_loss = ? where arch = ? and seed = ? and status = 'done'",
+                (base + gap[seed], arch, seed),
+            )
     conn.commit()
     conn.close()
     cmp = section(report_engine.build(p).markdown, "Comparisons")
     row = next(r for r in tables(cmp)[0] if (r["a"], r["b"]) == ("frailt", "relaxed"))
     assert float(row["p"]) < 0.05 < float(row["p (Holm)"])
-    v = next(l for l in cmp.splitlines() if l.startswith("- frailt's and relaxed's final validation loss"))
+    v = next(ln for ln in cmp.splitlines() if ln.startswith("- frailt's and relaxed's final validation loss"))
     assert "not distinguishable once adjusted for multiple comparisons" in v
     assert "lower" not in v and "higher" not in v
     assert "Holm-adjusted" in v and "over the 6 pairwise comparisons of final validation loss" in v
@@ -353,9 +398,15 @@ def test_judge_reliability_repeats_failures_and_trust(full):
         alpha = bstats.krippendorff_alpha(list(units.values()))
         assert rep[c]["alpha [95% CI]"].startswith(fnum(alpha, 2) + " [")
         assert rep[c]["samples"] == str(sum(len(v) >= 2 for v in units.values()))
-    counts = {a: (f, t) for a, f, t in q(db, """
+    counts = {
+        a: (f, t)
+        for a, f, t in q(
+            db,
+            """
         select r.arch, sum(g.status != 'ok'), count(*) from judge_grades g join samples s on s.id = g.sample_id
-        join runs r on r.id = s.run_id where r.status = 'done' group by r.arch""")}
+        join runs r on r.id = s.run_id where r.status = 'done' group by r.arch""",
+        )
+    }
     table = [[f, t - f] for f, t in (counts[a] for a in STUDY_ARCHS)]
     p = sps.chi2_contingency(table).pvalue
     assert f"chi-square test that the rates are equal: {bstats.fmt_p(p)}." in sec
@@ -366,8 +417,14 @@ def test_judge_reliability_repeats_failures_and_trust(full):
 
 
 def test_judge_reliability_length_bias_and_a_second_protocol(tmp_path):
-    p = build_fixture_db(tmp_path / "r.db", archs=("control", "three-part"), seeds=(0, 1), evals=False,
-                         failed_run=False, running_run=False)
+    p = build_fixture_db(
+        tmp_path / "r.db",
+        archs=("control", "three-part"),
+        seeds=(0, 1),
+        evals=False,
+        failed_run=False,
+        running_run=False,
+    )
     conn = sqlite3.connect(p)
     conn.execute("update samples set n_tokens = 20 + (abs(random()) % 80)")
     # the same samples graded under the assess protocol (its own prompt version): a second set, never pooled
@@ -383,9 +440,13 @@ def test_judge_reliability_length_bias_and_a_second_protocol(tmp_path):
     sec = section(md, "Judge reliability")
     rows = by_model(tables(sec.split("### Length bias")[1])[0])
     for arch in ("control", "three-part"):
-        x = q(p, """select s.n_tokens, avg(g.average) from judge_grades g join samples s on s.id = g.sample_id
+        x = q(
+            p,
+            """select s.n_tokens, avg(g.average) from judge_grades g join samples s on s.id = g.sample_id
                     join runs r on r.id = s.run_id where r.arch = ? and g.status = 'ok' and g.judge_model = ?
-                    and g.prompt_hash = ? group by s.id order by s.id""", (arch, JUDGE_MODEL, PROMPT_HASH))
+                    and g.prompt_hash = ? group by s.id order by s.id""",
+            (arch, JUDGE_MODEL, PROMPT_HASH),
+        )
         rho = sps.spearmanr([v[0] for v in x], [v[1] for v in x]).statistic
         assert rows[arch]["Spearman rho"] == fnum(rho, 2) and rows[arch]["samples"] == str(len(x))
     assert re.search(r"after adjusting for length: .* \((changed|unchanged)\)", sec)
@@ -402,9 +463,16 @@ def test_lm_eval_table(full):
     db, sec = full["db"], section(full["md"], "lm-eval")
     rows = by_model(tables(sec)[0])
     for arch in STUDY_ARCHS:
-        vals = [r[0] for r in q(db, "select e.value from eval_results e join runs r on r.id = e.run_id where "
-                                   "r.status = 'done' and r.arch = ? and e.task = 'tinystories_ending' and "
-                                   "e.metric = 'acc'", (arch,))]
+        vals = [
+            r[0]
+            for r in q(
+                db,
+                "select e.value from eval_results e join runs r on r.id = e.run_id where "
+                "r.status = 'done' and r.arch = ? and e.task = 'tinystories_ending' and "
+                "e.metric = 'acc'",
+                (arch,),
+            )
+        ]
         assert rows[arch]["tinystories_ending acc"] == f"{np.mean(vals):.4f} ± 0.0200 ✓"  # ✓: above chance
         assert rows[arch]["seeds"] == "3"
         assert " ± " not in rows[arch]["tinystories_ppl bits_per_byte"]  # NULL stderr is shown as nothing
@@ -418,8 +486,12 @@ def test_benchmark_and_provenance(full):
     assert "1.50× the eager reference" in section(md, "Benchmark")
     # cost ratio and ceiling, recomputed from the bench rows themselves
     db = sqlite3.connect(full["db"])
-    by = {(a, i): (t, f, s, k) for a, i, t, f, s, k in db.execute(
-        "select arch, impl, tokens_per_s, flops_per_token, step_seconds, kernel_seconds from bench")}
+    by = {
+        (a, i): (t, f, s, k)
+        for a, i, t, f, s, k in db.execute(
+            "select arch, impl, tokens_per_s, flops_per_token, step_seconds, kernel_seconds from bench"
+        )
+    }
     c_tps, c_flops, _, c_kernel = by[("control", "benchctl")]
     for r in bench:
         if r["impl"] == "reference":
@@ -474,7 +546,7 @@ def test_same_database_same_bytes(full, tmp_path):
 
 def _one_line_sections(md: str, names) -> None:
     for name in names:
-        body = [l for l in section(md, name).splitlines() if l.strip()]
+        body = [ln for ln in section(md, name).splitlines() if ln.strip()]
         assert len(body) == 1, (name, body)
         assert "`benchctl " in body[0], (name, body)
 
@@ -486,8 +558,9 @@ def test_empty_database(tmp_path):
     md = out.read_text()
     assert md.startswith("# benchctl report\n")
     assert "no runs yet" in md
-    _one_line_sections(md, ["Runs", "Training cost", "Loss", "Judge", "lm-eval", "Comparisons", "Benchmark",
-                            "Provenance"])
+    _one_line_sections(
+        md, ["Runs", "Training cost", "Loss", "Judge", "lm-eval", "Comparisons", "Benchmark", "Provenance"]
+    )
     assert "No runs for this preset" in section(md, "Models")
     assert not list((tmp_path / "r" / "figures").glob("*.png"))
 
@@ -509,8 +582,14 @@ def test_partial_database_runs_only(tmp_path):
     assert "Judge comparisons need grades" in cmp
     names = sorted(x.name for x in (tmp_path / "r" / "figures").glob("*.png"))
     # the four models differ in parameters and FLOPs per token, so loss against compute and parameters is drawn
-    assert names == ["final_val_loss.png", "loss_vs_compute.png", "loss_vs_params.png", "peak_memory.png",
-                     "training_time.png", "val_loss_curves.png"]
+    assert names == [
+        "final_val_loss.png",
+        "loss_vs_compute.png",
+        "loss_vs_params.png",
+        "peak_memory.png",
+        "training_time.png",
+        "val_loss_curves.png",
+    ]
 
 
 def test_no_finished_runs(tmp_path):
@@ -520,8 +599,17 @@ def test_no_finished_runs(tmp_path):
 
     for arch, status in (("control", "running"), ("frailt", "failed")):
         cfg = make_config("tiny", arch, 0)
-        db["runs"].insert({"id": f"{arch}-x", "arch": arch, "preset": "tiny", "seed": 0, "status": status,
-                           "config_json": cfg.to_json(), "error": "killed" if status == "failed" else None})
+        db["runs"].insert(
+            {
+                "id": f"{arch}-x",
+                "arch": arch,
+                "preset": "tiny",
+                "seed": 0,
+                "status": status,
+                "config_json": cfg.to_json(),
+                "error": "killed" if status == "failed" else None,
+            }
+        )
     db.conn.commit()
     db.conn.close()
     md = report_engine.write_report(p, tmp_path / "r").read_text()
@@ -540,21 +628,28 @@ def test_single_seed(tmp_path):
         assert loss[arch]["final val loss"] == fnum(done_values(p, "final_val_loss", arch)[0])
     assert "A model with one seed has no confidence interval" in section(md, "Loss")
     cmp = section(md, "Comparisons")
-    loss_verdicts = [l for l in cmp.splitlines() if l.startswith("- ") and "validation loss" in l]
+    loss_verdicts = [ln for ln in cmp.splitlines() if ln.startswith("- ") and "validation loss" in ln]
     assert len(loss_verdicts) == 6
     assert all(v.endswith("cannot be tested: one seed per model.") for v in loss_verdicts)
     assert all(r["p"] == "-" and r["95% CI"] == "-" for r in tables(cmp)[0] if r["quantity"] != "judge average")
     # the judge comparison still pairs prompts: 12 prompts x 1 seed, a verdict about the trained models only
-    assert any(r["n (a, b)"] == "12 shared" and r["test"] == "paired t over prompts (one seed)"
-               for r in tables(cmp)[0])
+    assert any(r["n (a, b)"] == "12 shared" and r["test"] == "paired t over prompts (one seed)" for r in tables(cmp)[0])
     assert "about these two trained models only" in cmp
 
 
 def test_preset_choice_and_other_presets(tmp_path):
-    p = build_fixture_db(tmp_path / "r.db", seeds=(0, 1), judge=False, evals=False, failed_run=False,
-                         running_run=False)
-    build_fixture_db(p, preset="small", archs=("control", "frailt"), seeds=(0,), judge=False, evals=False,
-                     failed_run=False, running_run=False, curves=False)
+    p = build_fixture_db(tmp_path / "r.db", seeds=(0, 1), judge=False, evals=False, failed_run=False, running_run=False)
+    build_fixture_db(
+        p,
+        preset="small",
+        archs=("control", "frailt"),
+        seeds=(0,),
+        judge=False,
+        evals=False,
+        failed_run=False,
+        running_run=False,
+        curves=False,
+    )
     md = report_engine.build(p).markdown
     assert md.startswith("# benchctl report: preset `tiny`")
     assert "Other presets in the database: `small` (2 done of 2)" in md
@@ -568,22 +663,48 @@ def test_preset_choice_and_other_presets(tmp_path):
 
 
 def test_config_variants_are_separate_models(tmp_path):
-    p = build_fixture_db(tmp_path / "r.db", archs=("control", "three-part"), seeds=(0, 1, 2), judge=False,
-                         evals=False, failed_run=False, running_run=False)
-    build_fixture_db(p, archs=("control",), seeds=(0, 1), overrides={"train.max_steps": 20}, judge=False,
-                     evals=False, failed_run=False, running_run=False)
+    p = build_fixture_db(
+        tmp_path / "r.db",
+        archs=("control", "three-part"),
+        seeds=(0, 1, 2),
+        judge=False,
+        evals=False,
+        failed_run=False,
+        running_run=False,
+    )
+    build_fixture_db(
+        p,
+        archs=("control",),
+        seeds=(0, 1),
+        overrides={"train.max_steps": 20},
+        judge=False,
+        evals=False,
+        failed_run=False,
+        running_run=False,
+    )
     rendered = report_engine.build(p)
     loss = by_model(tables(section(rendered.markdown, "Loss"))[0])
     assert list(loss) == ["control", "control [train.max_steps=20]", "three-part"]
     assert loss["control"]["seeds"] == "3" and loss["control [train.max_steps=20]"]["seeds"] == "2"
     assert loss["control [train.max_steps=20]"]["tokens/run"] == "10.2 k"
     assert "- control [train.max_steps=20]: `train.max_steps=20`" in section(rendered.markdown, "Runs")
-    assert len(set(report.build_context(report.load(sqlite3.connect(p), stages.tables()).runs, None).colours.values())) == 3
+    assert (
+        len(set(report.build_context(report.load(sqlite3.connect(p), stages.tables()).runs, None).colours.values()))
+        == 3
+    )
 
 
 def test_paper_preset_shows_the_study_beside_ours(tmp_path):
-    p = build_fixture_db(tmp_path / "r.db", preset="paper", seeds=(0, 1), judge=False, evals=False,
-                         failed_run=False, running_run=False, device="cuda")
+    p = build_fixture_db(
+        tmp_path / "r.db",
+        preset="paper",
+        seeds=(0, 1),
+        judge=False,
+        evals=False,
+        failed_run=False,
+        running_run=False,
+        device="cuda",
+    )
     md = report_engine.build(p).markdown
     models = by_model(tables(section(md, "Models"))[0])
     for arch, total in paper.TOTAL_PARAMS.items():
@@ -644,16 +765,26 @@ def test_cli_bad_format_and_corrupt_file(tmp_path):
 
 
 def test_two_judges_are_reported_apart(tmp_path):
-    p = build_fixture_db(tmp_path / "r.db", archs=("control", "three-part"), seeds=(0, 1), evals=False,
-                         failed_run=False, running_run=False)
+    p = build_fixture_db(
+        tmp_path / "r.db",
+        archs=("control", "three-part"),
+        seeds=(0, 1),
+        evals=False,
+        failed_run=False,
+        running_run=False,
+    )
     conn = sqlite3.connect(p)
     # a second judge grades only the first four samples of each run: fewer grades, so not the primary
-    rows = conn.execute("select sample_id, grammar, creativity, consistency, plot from judge_grades "
-                        "where status = 'ok' and sample_id in (select id from samples where prompt_id in "
-                        "('pset01:0', 'pset01:1', 'pset01:2', 'pset01:3'))").fetchall()
-    conn.executemany("insert into judge_grades (sample_id, judge_model, prompt_hash, repeat, status, grammar, "
-                     "creativity, consistency, plot, average) values (?, 'other-judge', ?, 0, 'ok', 9, 9, 9, 9, 9)",
-                     [(r[0], PROMPT_HASH) for r in rows])
+    rows = conn.execute(
+        "select sample_id, grammar, creativity, consistency, plot from judge_grades "
+        "where status = 'ok' and sample_id in (select id from samples where prompt_id in "
+        "('pset01:0', 'pset01:1', 'pset01:2', 'pset01:3'))"
+    ).fetchall()
+    conn.executemany(
+        "insert into judge_grades (sample_id, judge_model, prompt_hash, repeat, status, grammar, "
+        "creativity, consistency, plot, average) values (?, 'other-judge', ?, 0, 'ok', 9, 9, 9, 9, 9)",
+        [(r[0], PROMPT_HASH) for r in rows],
+    )
     conn.commit()
     conn.close()
     md = report_engine.build(p).markdown
@@ -661,8 +792,11 @@ def test_two_judges_are_reported_apart(tmp_path):
     assert judge.index(f"### {JUDGE_MODEL}") < judge.index("### other-judge")
     assert "(primary: used in Comparisons)" in judge
     other = by_model(tables(judge.split("### other-judge")[1])[0])
-    n_control = q(p, "select count(distinct g.sample_id) from judge_grades g join samples s on s.id = g.sample_id "
-                     "join runs r on r.id = s.run_id where g.judge_model = 'other-judge' and r.arch = 'control'")[0][0]
+    n_control = q(
+        p,
+        "select count(distinct g.sample_id) from judge_grades g join samples s on s.id = g.sample_id "
+        "join runs r on r.id = s.run_id where g.judge_model = 'other-judge' and r.arch = 'control'",
+    )[0][0]
     assert other["control"]["average"] == "9.00 ± 0.00" and other["control"]["graded"] == str(n_control)
     assert 0 < n_control < 8
     cmp = [r for r in tables(section(md, "Comparisons"))[0] if r["quantity"] == "judge average"]

@@ -7,13 +7,13 @@ from __future__ import annotations
 import sqlite3
 
 import pytest
+from fixtures_db import STUDY_ARCHS, build_fixture_db
 from scipy import stats as sps
+from test_report import by_model, section, tables
 
-from benchctl.stages.report import engine as report
 from benchctl.core import stats as bstats
 from benchctl.stages.eval import chance as chance_mod
-from fixtures_db import STUDY_ARCHS, build_fixture_db
-from test_report import by_model, section, tables
+from benchctl.stages.report import engine as report
 
 
 @pytest.fixture(scope="module")
@@ -27,23 +27,30 @@ def pooled(db, arch: str, task: str, metric: str) -> tuple[int, int]:
     try:
         rows = conn.execute(
             "select e.value, e.n_samples from eval_results e join runs r on r.id = e.run_id where r.status = 'done' "
-            "and r.arch = ? and e.task = ? and e.metric = ?", (arch, task, metric)).fetchall()
+            "and r.arch = ? and e.task = ? and e.metric = ?",
+            (arch, task, metric),
+        ).fetchall()
     finally:
         conn.close()
     return sum(round(v * n) for v, n in rows), sum(n for _, n in rows)
 
 
 def test_chance_levels_are_stated_by_the_templates():
-    assert chance_mod.chance_levels() == {"tinystories_ending": 0.25, "tinystories_names": 0.25,
-                                          "tinystories_order": 0.5}
+    assert chance_mod.chance_levels() == {
+        "tinystories_ending": 0.25,
+        "tinystories_names": 0.25,
+        "tinystories_order": 0.5,
+    }
     assert [chance_mod.fraction(c) for c in (0.25, 0.5, 0.1234)] == ["1/4", "1/2", "0.1234"]
 
 
 def test_binom_above_chance_is_scipys_one_sided_exact_test():
     assert bstats.binom_above_chance(140, 200, 0.5) == pytest.approx(
-        sps.binomtest(140, 200, 0.5, alternative="greater").pvalue)
+        sps.binomtest(140, 200, 0.5, alternative="greater").pvalue
+    )
     assert bstats.binom_above_chance(50, 200, 0.25) == pytest.approx(
-        sum(sps.binom.pmf(k, 200, 0.25) for k in range(50, 201)))
+        sum(sps.binom.pmf(k, 200, 0.25) for k in range(50, 201))
+    )
     assert bstats.binom_above_chance(0, 0, 0.5) is None and bstats.binom_above_chance(3, 4, 1.0) is None
     with pytest.raises(ValueError):
         bstats.binom_above_chance(5, 4, 0.5)
@@ -52,13 +59,22 @@ def test_binom_above_chance_is_scipys_one_sided_exact_test():
 def test_cells_are_marked_from_an_independent_binomial_test(ladder):
     db, sec = ladder["db"], section(ladder["md"], "lm-eval")
     main, against = tables(sec)
-    cells = [(arch, task, metric) for arch in STUDY_ARCHS
-             for task, metric in (("tinystories_ending", "acc"), ("tinystories_ending", "acc_norm"),
-                                  ("tinystories_names", "acc"), ("tinystories_names", "acc_norm"),
-                                  ("tinystories_order", "acc"))]
+    cells = [
+        (arch, task, metric)
+        for arch in STUDY_ARCHS
+        for task, metric in (
+            ("tinystories_ending", "acc"),
+            ("tinystories_ending", "acc_norm"),
+            ("tinystories_names", "acc"),
+            ("tinystories_names", "acc_norm"),
+            ("tinystories_order", "acc"),
+        )
+    ]
     counts = {c: pooled(db, *c) for c in cells}
-    raw = [sps.binomtest(k, n, 0.5 if c[1] == "tinystories_order" else 0.25, alternative="greater").pvalue
-           for c, (k, n) in counts.items()]
+    raw = [
+        sps.binomtest(k, n, 0.5 if c[1] == "tinystories_order" else 0.25, alternative="greater").pvalue
+        for c, (k, n) in counts.items()
+    ]
     # Holm by hand: sort, multiply by the number left, running maximum
     order = sorted(range(len(raw)), key=lambda i: raw[i])
     adj, running = [0.0] * len(raw), 0.0
@@ -73,8 +89,11 @@ def test_cells_are_marked_from_an_independent_binomial_test(ladder):
     # the fixture's design: ending and order above chance for everyone, names at chance for everyone
     assert all(rows[a]["tinystories_order acc"].endswith("✓") for a in STUDY_ARCHS)
     assert all(rows[a]["tinystories_names acc"].endswith("(chance)") for a in STUDY_ARCHS)
-    assert all(" ✓" not in rows[a]["tinystories_ppl bits_per_byte"] and "chance" not in
-               rows[a]["tinystories_ppl bits_per_byte"] for a in STUDY_ARCHS)  # no chance level, no mark
+    assert all(
+        " ✓" not in rows[a]["tinystories_ppl bits_per_byte"]
+        and "chance" not in rows[a]["tinystories_ppl bits_per_byte"]
+        for a in STUDY_ARCHS
+    )  # no chance level, no mark
     assert "tinystories_ppl bits_per_byte" not in detail["control"]
 
 
@@ -93,14 +112,24 @@ def test_a_task_at_chance_gets_the_sentence_instead_of_a_comparison(ladder):
 def test_some_models_above_chance_and_untested_cells(tmp_path):
     """A task where one model is above chance names it and the others; a run without a document count leaves its
     cell untested (no mark, no claim), and with no accuracy tasks there are no marks at all."""
-    path = build_fixture_db(tmp_path / "r.db", archs=("control", "frailt"), seeds=(0,), judge=False, ladder=True,
-                            failed_run=False, running_run=False)
+    path = build_fixture_db(
+        tmp_path / "r.db",
+        archs=("control", "frailt"),
+        seeds=(0,),
+        judge=False,
+        ladder=True,
+        failed_run=False,
+        running_run=False,
+    )
     conn = sqlite3.connect(path)
     with conn:
-        conn.execute("update eval_results set value = 0.5 where task = 'tinystories_order' and run_id in "
-                     "(select id from runs where arch = 'frailt')")
-        conn.execute("update eval_results set n_samples = null where task = 'tinystories_ending' and "
-                     "metric = 'acc_norm'")
+        conn.execute(
+            "update eval_results set value = 0.5 where task = 'tinystories_order' and run_id in "
+            "(select id from runs where arch = 'frailt')"
+        )
+        conn.execute(
+            "update eval_results set n_samples = null where task = 'tinystories_ending' and metric = 'acc_norm'"
+        )
     conn.close()
     sec = section(report.build(path).markdown, "lm-eval")
     line = next(x for x in sec.splitlines() if x.startswith("- **tinystories_order**"))
@@ -112,8 +141,9 @@ def test_some_models_above_chance_and_untested_cells(tmp_path):
     assert not rows["control"]["tinystories_ending acc_norm"].endswith((" ✓", "(chance)"))
     assert by_model(against)["control"]["tinystories_ending acc_norm"] == "not tested"
 
-    plain = build_fixture_db(tmp_path / "plain.db", archs=("control",), seeds=(0,), judge=False,
-                             failed_run=False, running_run=False)
+    plain = build_fixture_db(
+        tmp_path / "plain.db", archs=("control",), seeds=(0,), judge=False, failed_run=False, running_run=False
+    )
     conn = sqlite3.connect(plain)
     with conn:
         conn.execute("delete from eval_results where metric like 'acc%'")

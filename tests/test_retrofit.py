@@ -122,14 +122,17 @@ def test_select_takes_first_and_last_layers_and_first_iteration_passes_e_through
     torch.testing.assert_close(target.adapter(torch.cat([s, e], -1)), e)
 
 
-@pytest.mark.parametrize("arch, init, lora, n_layers, needle", [
-    ("relaxed", "average", "svd", 8, "L x R = 4 x 4 = 16 layers; the parent has 8"),
-    ("relaxed", "stepwise", "svd", 8, "L x R = 4 x 4 = 16 layers; the parent has 8"),
-    ("frailt", "stepwise", "zero", 3, "at least 4 parent layers (one per target block), the parent has 3"),
-    ("three-part", "select", "svd", 3, "at least 4 parent layers"),
-    ("three-part", "average", "svd", 16, "use select"),
-    ("frailt", "select", "svd", 16, "use stepwise or average"),
-])
+@pytest.mark.parametrize(
+    "arch, init, lora, n_layers, needle",
+    [
+        ("relaxed", "average", "svd", 8, "L x R = 4 x 4 = 16 layers; the parent has 8"),
+        ("relaxed", "stepwise", "svd", 8, "L x R = 4 x 4 = 16 layers; the parent has 8"),
+        ("frailt", "stepwise", "zero", 3, "at least 4 parent layers (one per target block), the parent has 3"),
+        ("three-part", "select", "svd", 3, "at least 4 parent layers"),
+        ("three-part", "average", "svd", 16, "use select"),
+        ("frailt", "select", "svd", 16, "use stepwise or average"),
+    ],
+)
 def test_impossible_surgery_names_both_shapes(arch, init, lora, n_layers, needle):
     parent = _parent(n_layers)
     with pytest.raises(ValueError, match=needle.replace("(", r"\(").replace(")", r"\)")):

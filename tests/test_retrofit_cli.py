@@ -5,10 +5,10 @@ from __future__ import annotations
 import sqlite3
 
 import pytest
+from test_train import run_cli
 
 from benchctl import stages
 from benchctl.stages.train import tables as train_tables
-from test_train import run_cli
 
 
 @pytest.fixture(scope="module")
@@ -18,8 +18,24 @@ def parent(tmp_path_factory, tinystories_dir):
     mp = pytest.MonkeyPatch()
     mp.setenv("BENCHCTL_CACHE", str(root / "cache"))
     db_path = root / "results.db"
-    code = run_cli(["train", "--arch", "control", "--preset", "tiny", "--data", str(tinystories_dir), "--db",
-                    str(db_path), "--no-progress", "--set", "model.n_layers=16", "--set", "train.max_steps=12"])
+    code = run_cli(
+        [
+            "train",
+            "--arch",
+            "control",
+            "--preset",
+            "tiny",
+            "--data",
+            str(tinystories_dir),
+            "--db",
+            str(db_path),
+            "--no-progress",
+            "--set",
+            "model.n_layers=16",
+            "--set",
+            "train.max_steps=12",
+        ]
+    )
     assert code == 0
     con = sqlite3.connect(db_path)
     rid = con.execute("select id from runs").fetchone()[0]
@@ -29,8 +45,9 @@ def parent(tmp_path_factory, tinystories_dir):
 
 
 def _retrofit(db_path, *args):
-    return run_cli(["retrofit", "--db", str(db_path), "--no-progress", "--steps", "2", "--set",
-                    "train.warmup_steps=1", *args])
+    return run_cli(
+        ["retrofit", "--db", str(db_path), "--no-progress", "--steps", "2", "--set", "train.warmup_steps=1", *args]
+    )
 
 
 def _row(db_path, where, params):
@@ -46,11 +63,25 @@ def test_retrofit_makes_a_done_run_that_starts_near_the_parent(parent, capsys):
     p = _row(db_path, "id = ?", [pid])
     ranks = {}
     for rank in (4, 32):
-        assert _retrofit(db_path, "--from", pid, "--to", "relaxed", "--init", "average", "--lora-init", "svd",
-                         "--set", f"model.lora_rank={rank}") == 0
+        assert (
+            _retrofit(
+                db_path,
+                "--from",
+                pid,
+                "--to",
+                "relaxed",
+                "--init",
+                "average",
+                "--lora-init",
+                "svd",
+                "--set",
+                f"model.lora_rank={rank}",
+            )
+            == 0
+        )
         ranks[rank] = _row(db_path, "parent_run_id = ? and config_json like ?", [pid, f'%"lora_rank": {rank},%'])
     assert "retrofit " + pid in capsys.readouterr().out
-    for rank, r in ranks.items():
+    for r in ranks.values():
         assert r["status"] == "done" and r["init_method"] == "average+svd" and r["step"] == 2
         assert r["parent_tokens"] == p["tokens_seen"] > 0
         assert r["parent_flops"] == pytest.approx(p["flops_per_token"] * p["tokens_seen"])
@@ -61,8 +92,10 @@ def test_retrofit_makes_a_done_run_that_starts_near_the_parent(parent, capsys):
     gain = fresh - p["final_val_loss"]
     assert gain > 0.2
     assert ranks[4]["initial_val_loss"] < fresh - 0.8 * gain
-    assert abs(ranks[32]["initial_val_loss"] - p["final_val_loss"]) <= abs(ranks[4]["initial_val_loss"]
-                                                                             - p["final_val_loss"]) + 1e-6
+    assert (
+        abs(ranks[32]["initial_val_loss"] - p["final_val_loss"])
+        <= abs(ranks[4]["initial_val_loss"] - p["final_val_loss"]) + 1e-6
+    )
     # a rerun is skipped (same id: the conversion is part of the run's identity, not a fresh relaxed run's)
     assert _retrofit(db_path, "--from", pid, "--to", "relaxed", "--init", "average", "--set", "model.lora_rank=4") == 0
     assert "already done" in capsys.readouterr().out
@@ -78,12 +111,18 @@ def test_three_part_selection_and_frailt_stepwise(parent):
     assert tp["status"] == fr["status"] == "done"
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--to", "relaxed", "--init", "average", "--set", "model.n_layers=3"], "L x R = 3 x 4 = 12 layers; the parent has 16"),
-    (["--to", "three-part", "--init", "average"], "use select"),
-    (["--to", "relaxed", "--init", "middle"], "--init must be one of stepwise, average, select"),
-    (["--to", "relaxed", "--init", "average", "--set", "model.dim=64"], "(512, 64)"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (
+            ["--to", "relaxed", "--init", "average", "--set", "model.n_layers=3"],
+            "L x R = 3 x 4 = 12 layers; the parent has 16",
+        ),
+        (["--to", "three-part", "--init", "average"], "use select"),
+        (["--to", "relaxed", "--init", "middle"], "--init must be one of stepwise, average, select"),
+        (["--to", "relaxed", "--init", "average", "--set", "model.dim=64"], "(512, 64)"),
+    ],
+)
 def test_impossible_retrofits_are_one_clear_line(parent, capsys, args, needle):
     db_path, pid = parent
     assert _retrofit(db_path, "--from", pid, *args) != 0
@@ -102,8 +141,22 @@ def test_unknown_parent_and_a_recurrent_parent_are_refused(parent, capsys):
 
 def test_init_from_without_retrofit_is_refused(parent, capsys, tinystories_dir):
     db_path, pid = parent
-    code = run_cli(["train", "--arch", "relaxed", "--preset", "tiny", "--data", str(tinystories_dir), "--db",
-                    str(db_path), "--no-progress", "--set", f"train.init_from={pid}:average+svd"])
+    code = run_cli(
+        [
+            "train",
+            "--arch",
+            "relaxed",
+            "--preset",
+            "tiny",
+            "--data",
+            str(tinystories_dir),
+            "--db",
+            str(db_path),
+            "--no-progress",
+            "--set",
+            f"train.init_from={pid}:average+svd",
+        ]
+    )
     assert code != 0 and "benchctl retrofit" in capsys.readouterr().err
     assert train_tables.retrofit_runs(stages.connect(db_path))  # the retrofitted runs are listed
 

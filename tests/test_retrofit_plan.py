@@ -44,7 +44,8 @@ def test_builtin_retrofit_plan_converts_control_16_with_and_without_the_curricul
     plan = plans.load("retrofit")
     runs = plans.resolve(plan, "tiny", [0, 1])
     assert [(r.variant, r.cfg.seed) for r in runs] == [
-        (v, s) for s in (0, 1) for v in ("control-16", "relaxed", "three-part")]
+        (v, s) for s in (0, 1) for v in ("control-16", "relaxed", "three-part")
+    ]
     convs = {c.variant: c for c in plans.conversions(plan, "tiny", [0])}
     got = {name: (c.parent, c.cfg.arch, c.init, c.lora_init, c.cfg.train.recur_curriculum) for name, c in convs.items()}
     assert got == {
@@ -66,27 +67,42 @@ def test_builtin_retrofit_plan_converts_control_16_with_and_without_the_curricul
     assert [c.variant for c in plans.conversions(plan, "tiny", [0], archs=["control"])] == []
 
 
-@pytest.mark.parametrize("edit, says", [
-    (('from = "deep"', 'from = "dep"'),
-     "variant 'rx': from names no variant of this plan: 'dep'; did you mean 'deep'?"),
-    (('from = "deep"', 'from = "rx"'), "variant 'rx': from names the variant itself"),
-    (('init = "average"\n', ''), "variant 'rx': a conversion needs 'init'"),
-    (('init = "average"', 'init = "middle"'), "variant 'rx': 'init' must be one of stepwise, average, select"),
-    (('lora_init = "svd"', 'lora_init = "random"'), "variant 'rx': 'lora_init' must be one of svd, zero"),
-    (('from = "deep"\n', ''), "variant 'rx': 'init' needs 'from'"),
-    (('arch = "relaxed"', 'arch = "three-part"'), "variant 'rx': lora_init: three-part has no per-pass LoRA"),
-    (('arch = "relaxed"\nfrom = "deep"\ninit = "average"\nlora_init = "svd"',
-      'arch = "three-part"\nfrom = "deep"\ninit = "average"'),
-     "from 'deep', init 'average': cannot convert control (n_layers=16) into three-part: ThreePart is a prelude / "
-     "core / coda model: use select, not average"),
-    (('model.n_layers=16', 'model.n_layers=8'),
-     "from 'deep', init 'average': cannot convert control (n_layers=8) into relaxed: average maps parent layer "
-     "p*L + l to pass p of block l"),
-    (('arch = "control"', 'arch = "frailt"'), "variant 'rx': from 'deep', init 'average': a retrofit converts a "
-                                              "plain transformer (control), not frailt"),
-    (('steps = 3', 'steps = 3\nset = ["model.dim=64"]'), "the parent's tok_embeddings.weight has shape (512, 32) but "
-                                                         "the target's is (512, 64)"),
-])
+@pytest.mark.parametrize(
+    "edit, says",
+    [
+        (
+            ('from = "deep"', 'from = "dep"'),
+            "variant 'rx': from names no variant of this plan: 'dep'; did you mean 'deep'?",
+        ),
+        (('from = "deep"', 'from = "rx"'), "variant 'rx': from names the variant itself"),
+        (('init = "average"\n', ""), "variant 'rx': a conversion needs 'init'"),
+        (('init = "average"', 'init = "middle"'), "variant 'rx': 'init' must be one of stepwise, average, select"),
+        (('lora_init = "svd"', 'lora_init = "random"'), "variant 'rx': 'lora_init' must be one of svd, zero"),
+        (('from = "deep"\n', ""), "variant 'rx': 'init' needs 'from'"),
+        (('arch = "relaxed"', 'arch = "three-part"'), "variant 'rx': lora_init: three-part has no per-pass LoRA"),
+        (
+            (
+                'arch = "relaxed"\nfrom = "deep"\ninit = "average"\nlora_init = "svd"',
+                'arch = "three-part"\nfrom = "deep"\ninit = "average"',
+            ),
+            "from 'deep', init 'average': cannot convert control (n_layers=16) into three-part: "
+            "ThreePart is a prelude / core / coda model: use select, not average",
+        ),
+        (
+            ("model.n_layers=16", "model.n_layers=8"),
+            "from 'deep', init 'average': cannot convert control (n_layers=8) into relaxed: average maps parent layer "
+            "p*L + l to pass p of block l",
+        ),
+        (
+            ('arch = "control"', 'arch = "frailt"'),
+            "variant 'rx': from 'deep', init 'average': a retrofit converts a plain transformer (control), not frailt",
+        ),
+        (
+            ("steps = 3", 'steps = 3\nset = ["model.dim=64"]'),
+            "the parent's tok_embeddings.weight has shape (512, 32) but the target's is (512, 64)",
+        ),
+    ],
+)
 def test_a_bad_conversion_is_one_line_naming_the_file_and_key(tmp_path, edit, says):
     assert edit[0] in PLAN
     path = write(tmp_path, PLAN.replace(*edit))
@@ -122,13 +138,22 @@ def _rows(db_path, sql):
 
 
 def test_study_converts_the_parent_resumes_a_stopped_conversion_and_a_rerun_trains_nothing(
-        tmp_path, tinystories_dir, monkeypatch):
+    tmp_path, tinystories_dir, monkeypatch
+):
     from benchctl.stages.train import engine as train
 
     monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
-    opts = StudyOptions(preset="tiny", plan=str(write(tmp_path, PLAN)), seeds=[0], db_path=tmp_path / "r.db",
-                        out_dir=tmp_path / "reports", overrides={"data.source": str(tinystories_dir), **FAST},
-                        skip=tuple(stages.skippable()), progress=False, bench=False)
+    opts = StudyOptions(
+        preset="tiny",
+        plan=str(write(tmp_path, PLAN)),
+        seeds=[0],
+        db_path=tmp_path / "r.db",
+        out_dir=tmp_path / "reports",
+        overrides={"data.source": str(tinystories_dir), **FAST},
+        skip=tuple(stages.skippable()),
+        progress=False,
+        bench=False,
+    )
     real = train.train_run
 
     def stopping(cfg, *args, **kw):  # the conversion stops after its first step, as if the study were killed there
@@ -138,8 +163,10 @@ def test_study_converts_the_parent_resumes_a_stopped_conversion_and_a_rerun_trai
     lines: list[str] = []
     run_study(opts, log=lines.append)
     ran = [s.name for s in stages.registered() if s.run is not None]
-    assert f"== {ran.index('retrofit') + 1}/{len(ran)} retrofit: plan mini-retrofit: 1 conversion(s) — rx × seeds [0]" \
+    assert (
+        f"== {ran.index('retrofit') + 1}/{len(ran)} retrofit: plan mini-retrofit: 1 conversion(s) — rx × seeds [0]"
         in lines
+    )
     stopped = {r["variant"]: r for r in _rows(opts.db_path, "select * from runs")}["rx"]
     assert stopped["status"] == "running" and stopped["step"] == 1
     monkeypatch.setattr(train, "train_run", real)
@@ -156,15 +183,20 @@ def test_study_converts_the_parent_resumes_a_stopped_conversion_and_a_rerun_trai
     assert rx["parent_tokens"] == deep["tokens_seen"]
     assert f'"init_from": "{deep["id"]}:average+svd"' in rx["config_json"]
     assert {(r["variant"], r["run_id"]) for r in _rows(opts.db_path, "select * from plan_runs")} == {
-        ("deep", deep["id"]), ("rx", rx["id"])}
+        ("deep", deep["id"]),
+        ("rx", rx["id"]),
+    }
     assert "| rx | average+svd |" in report_path.read_text()  # the Retrofit section, under the variant's name
     # a rerun converts and trains nothing: both runs are found done
     again: list[str] = []
     run_study(opts, log=again.append)
     assert [ln for ln in again if ln.startswith("  already done: ")] == [
-        f"  already done: {deep['id']}", f"  already done: {rx['id']}"]
+        f"  already done: {deep['id']}",
+        f"  already done: {rx['id']}",
+    ]
     assert {r["id"]: r["updated_at"] for r in _rows(opts.db_path, "select * from runs")} == {
-        r["id"]: r["updated_at"] for r in runs.values()}
+        r["id"]: r["updated_at"] for r in runs.values()
+    }
 
 
 def test_a_conversion_whose_parent_failed_is_reported_not_run(tmp_path, tinystories_dir, monkeypatch):
@@ -181,11 +213,22 @@ def test_a_conversion_whose_parent_failed_is_reported_not_run(tmp_path, tinystor
     keep = tuple(s for s in stages.registered() if s.name != "train")
     fake = stages.Stage(name="train", order=train.order, run=no_parent, tables=train.tables)
     monkeypatch.setattr(stages, "registered", lambda: tuple(sorted(keep + (fake,), key=lambda s: s.order)))
-    opts = StudyOptions(preset="tiny", plan=str(write(tmp_path, PLAN)), seeds=[0], db_path=tmp_path / "r.db",
-                        out_dir=tmp_path / "reports", overrides={"data.source": str(tinystories_dir), **FAST},
-                        skip=tuple(stages.skippable()), progress=False, bench=False)
-    with pytest.raises(BenchctlError, match="2 training run\\(s\\) failed: .*rx seed 0: its parent deep .* is not "
-                                            "trained, so there is nothing to convert"):
+    opts = StudyOptions(
+        preset="tiny",
+        plan=str(write(tmp_path, PLAN)),
+        seeds=[0],
+        db_path=tmp_path / "r.db",
+        out_dir=tmp_path / "reports",
+        overrides={"data.source": str(tinystories_dir), **FAST},
+        skip=tuple(stages.skippable()),
+        progress=False,
+        bench=False,
+    )
+    with pytest.raises(
+        BenchctlError,
+        match="2 training run\\(s\\) failed: .*rx seed 0: its parent deep .* is not "
+        "trained, so there is nothing to convert",
+    ):
         run_study(opts, log=lambda _: None)
     assert _rows(opts.db_path, "select id from runs") == []
 
@@ -194,10 +237,26 @@ def test_a_conversion_whose_parent_failed_is_reported_not_run(tmp_path, tinystor
 def test_study_plan_retrofit_at_tiny_from_the_command_line(tmp_path, tinystories_dir, monkeypatch, capsys):
     monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
     db = tmp_path / "r.db"
-    args = ["study", "--plan", "retrofit", "--preset", "tiny", "--seeds", "0", "--no-bench", "--skip",
-            "sample,judge,eval,depth",
-            "--db", str(db), "--out", str(tmp_path / "reports"), "--data", str(tinystories_dir), "--no-progress",
-            *[x for k, v in FAST.items() for x in ("--set", f"{k}={v}")]]
+    args = [
+        "study",
+        "--plan",
+        "retrofit",
+        "--preset",
+        "tiny",
+        "--seeds",
+        "0",
+        "--no-bench",
+        "--skip",
+        "sample,judge,eval,depth",
+        "--db",
+        str(db),
+        "--out",
+        str(tmp_path / "reports"),
+        "--data",
+        str(tinystories_dir),
+        "--no-progress",
+        *[x for k, v in FAST.items() for x in ("--set", f"{k}={v}")],
+    ]
     with pytest.raises(SystemExit) as e:
         main(args)
     assert e.value.code == 0, capsys.readouterr().err
@@ -205,9 +264,14 @@ def test_study_plan_retrofit_at_tiny_from_the_command_line(tmp_path, tinystories
     assert all(r["status"] == "done" for r in runs) and len(runs) == 9
     parent = _rows(db, "select id from runs where variant = 'control-16'")[0]["id"]
     conv = {r["variant"]: r["init_method"] for r in runs if r["parent_run_id"] == parent}
-    assert conv == {"relaxed-avg-svd": "average+svd", "relaxed-avg-svd-curr": "average+svd",
-                    "relaxed-step-zero": "stepwise+zero", "relaxed-step-zero-curr": "stepwise+zero",
-                    "three-part-select": "select", "three-part-select-curr": "select"}
+    assert conv == {
+        "relaxed-avg-svd": "average+svd",
+        "relaxed-avg-svd-curr": "average+svd",
+        "relaxed-step-zero": "stepwise+zero",
+        "relaxed-step-zero-curr": "stepwise+zero",
+        "three-part-select": "select",
+        "three-part-select-curr": "select",
+    }
     assert len(_rows(db, "select * from plan_runs where plan = 'retrofit'")) == 9
     md = (tmp_path / "reports" / "report.md").read_text()
     section = md.split("## Retrofit", 1)[1].split("\n## ", 1)[0]

@@ -1,4 +1,5 @@
-"""Tests of benchctl.stages.sample.engine and `benchctl sample`: the prompt rule, the KV-cached ragged generation against a naive
+"""Tests of benchctl.stages.sample.engine and `benchctl sample`: the prompt rule, the KV-cached ragged generation
+against a naive
 full-sequence loop for every architecture, per-row seeding, stopping, and the pipeline on real tiny checkpoints
 (trained for two steps through the real `train-all` once per module) — storage, settings, idempotence, resume,
 reproducibility, recurrence overrides and the CLI."""
@@ -16,13 +17,13 @@ from typer.testing import CliRunner
 
 import architectures
 from architectures.generate import sample_next
-from benchctl.core import db as dbm
 from benchctl import stages
-from benchctl.stages.train import tables as train_tables
+from benchctl.core import db as dbm
+from benchctl.core.errors import CheckpointError, ConfigError, DataError, EvalError
 from benchctl.stages import RunSelection
 from benchctl.stages.sample import engine as smp
 from benchctl.stages.sample.options import DEFAULT_TOP_K, SAMPLER, SampleOptions
-from benchctl.core.errors import CheckpointError, ConfigError, DataError, EvalError
+from benchctl.stages.train import tables as train_tables
 
 # ---- the prompt rule -------------------------------------------------------------------------------------------------
 
@@ -67,8 +68,15 @@ def test_settings_are_validated_and_hashed():
     assert SampleOptions(top_k=0).top_k is None
     # which runs, how many prompts, where and in how many processes do not change what a sample is
     assert SampleOptions(n_prompts=3, device="cpu", jobs=2, select=RunSelection(archs=["control"])).hash == a.hash
-    for bad in ({"temperature": -1.0}, {"top_p": 1.5}, {"max_new_tokens": 0}, {"batch_size": 0}, {"top_k": -3},
-                {"n_prompts": 0}, {"jobs": "0"}):
+    for bad in (
+        {"temperature": -1.0},
+        {"top_p": 1.5},
+        {"max_new_tokens": 0},
+        {"batch_size": 0},
+        {"top_k": -3},
+        {"n_prompts": 0},
+        {"jobs": "0"},
+    ):
         with pytest.raises(ConfigError):
             SampleOptions(**bad)
     with pytest.raises(EvalError, match="--n-recur must be >= 1"):
@@ -121,8 +129,9 @@ def test_greedy_cached_ragged_batch_equals_naive_loop(arch, tiny_model):
         assert o.tokens == _naive_greedy(model, p, n)
     # a prompt longer than the context starts with the window already sliding
     long = _prompts([ctx + 3], model.args.vocab_size, seed=1)
-    assert smp.generate_batch(model, long, max_new_tokens=4, temperature=0.0, stop_ids=())[0].tokens == \
-        _naive_greedy(model, long[0], 4)
+    assert smp.generate_batch(model, long, max_new_tokens=4, temperature=0.0, stop_ids=())[0].tokens == _naive_greedy(
+        model, long[0], 4
+    )
 
 
 def test_sampling_draws_one_stream_per_row_and_matches_the_models_sampler(tiny_model):
@@ -143,7 +152,7 @@ def test_sampling_draws_one_stream_per_row_and_matches_the_models_sampler(tiny_m
         for _ in range(20):
             nxt = sample_next(model(seq)[0][:, -1, :], 0.9, 40, 0.95, g)
             seq = torch.cat([seq, nxt[:, None]], dim=1)
-    assert seq[0, len(prompts[1]):].tolist() == batch[1].tokens
+    assert seq[0, len(prompts[1]) :].tolist() == batch[1].tokens
     other = smp.generate_batch(model, prompts, generators=[torch.Generator().manual_seed(9) for _ in range(4)], **kw)
     assert other != batch
 
@@ -183,9 +192,15 @@ def test_greedy_on_cuda_equals_naive_loop(tiny_model):
 
 # ---- the pipeline on real tiny checkpoints ---------------------------------------------------------------------------
 
-TRAIN_SET = ["train.max_steps=2", "train.warmup_steps=1", "data.max_train_stories=300", "data.tokenizer_stories=300",
-             "data.max_valid_stories=120", "eval.val_windows=4",
-             "model.state_init_std=1.0"]  # three-part's random s0 then changes its samples: seeding must be exact
+TRAIN_SET = [
+    "train.max_steps=2",
+    "train.warmup_steps=1",
+    "data.max_train_stories=300",
+    "data.tokenizer_stories=300",
+    "data.max_valid_stories=120",
+    "eval.val_windows=4",
+    "model.state_init_std=1.0",
+]  # three-part's random s0 then changes its samples: seeding must be exact
 
 
 @pytest.fixture(scope="module")
@@ -196,8 +211,19 @@ def trained(tmp_path_factory, tinystories_dir) -> Path:
     root = tmp_path_factory.mktemp("sample_runs")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("BENCHCTL_CACHE", str(root / "cache"))
-        args = ["train-all", "--preset", "tiny", "--archs", "control,three-part", "--data", str(tinystories_dir),
-                "--db", str(root / "results" / "results.db"), "--no-progress", "--yes"]
+        args = [
+            "train-all",
+            "--preset",
+            "tiny",
+            "--archs",
+            "control,three-part",
+            "--data",
+            str(tinystories_dir),
+            "--db",
+            str(root / "results" / "results.db"),
+            "--no-progress",
+            "--yes",
+        ]
         for s in TRAIN_SET:
             args += ["--set", s]
         with pytest.raises(SystemExit) as exc:
@@ -247,8 +273,14 @@ def test_samples_are_stored_with_every_setting_and_the_same_prompts_for_every_mo
         by_run.setdefault(r["run_id"], []).append(r["prompt_id"])
         assert json.loads(r["settings_json"]) == s.settings.to_dict()
         assert r["settings_hash"] == s.settings_hash
-        assert (r["temperature"], r["top_k"], r["top_p"], r["max_new_tokens"], r["seed"], r["batch_size"]) == \
-            (1.0, 300, None, 10, 0, 2)
+        assert (r["temperature"], r["top_k"], r["top_p"], r["max_new_tokens"], r["seed"], r["batch_size"]) == (
+            1.0,
+            300,
+            None,
+            10,
+            0,
+            2,
+        )
         assert r["n_recur"] == {"control": 1, "three-part": 7}[runs[r["run_id"]]["arch"]]
         assert r["device"] == "cpu" and r["prompt_set"] == s.prompt_sets[0]
         assert r["finish_reason"] in ("eos", "length") and 0 <= r["n_tokens"] <= 10
@@ -284,8 +316,9 @@ def test_a_killed_run_resumes_with_identical_samples(results):
     three = next(r.run_id for r in s.runs if r.arch == "three-part")
     # as if killed after the first batch (prompts 0-1) of three-part: its later batches are missing
     with db.conn:
-        db.execute("delete from samples where run_id = ? and prompt_id not like '%:0' and prompt_id not like '%:1'",
-                   [three])
+        db.execute(
+            "delete from samples where run_id = ? and prompt_id not like '%:0' and prompt_id not like '%:1'", [three]
+        )
     resumed = sample_all(db, results, **SMALL)
     assert (resumed.generated, resumed.skipped) == (3, 7)
     assert {r["id"]: r["completion"] for r in _samples(db)} == full
@@ -310,8 +343,9 @@ def test_two_jobs_store_the_same_samples_as_one(results, capsys):
     assert "sampling: 2 jobs at once, 1 thread(s) each" in capsys.readouterr().out
     assert {r["id"]: (r["completion"], r["n_tokens"], r["dtype"]) for r in _samples(db)} == serial
     assert (two.generated, two.skipped) == (one.generated, one.skipped) == (10, 0)
-    assert [(r.run_id, r.n_samples, r.mean_tokens, r.generated) for r in two.runs] == \
-        [(r.run_id, r.n_samples, r.mean_tokens, r.generated) for r in one.runs]
+    assert [(r.run_id, r.n_samples, r.mean_tokens, r.generated) for r in two.runs] == [
+        (r.run_id, r.n_samples, r.mean_tokens, r.generated) for r in one.runs
+    ]
     assert all(r.tokens_per_s for r in two.runs) and two.example == one.example
     again = sample_all(db, results, **{**SMALL, "jobs": 2})  # nothing to do: no process is started
     assert (again.generated, again.skipped) == (0, 10)
@@ -380,8 +414,22 @@ def test_bad_device_is_a_config_error_before_any_work(tmp_path):
 def test_cli_sample_prints_a_summary_and_an_example(results):
     from benchctl.cli import app
 
-    args = ["sample", "--db", str(results), "--n-prompts", "3", "--max-new-tokens", "6", "--top-k", "0",
-            "--top-p", "0.9", "--archs", "control", "--no-progress"]
+    args = [
+        "sample",
+        "--db",
+        str(results),
+        "--n-prompts",
+        "3",
+        "--max-new-tokens",
+        "6",
+        "--top-k",
+        "0",
+        "--top-p",
+        "0.9",
+        "--archs",
+        "control",
+        "--no-progress",
+    ]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     out = res.output

@@ -10,7 +10,6 @@ from scipy import stats as sps
 
 from benchctl.core import stats
 
-
 # ---------------------------------------------------------------------------------------------------------------------
 # mean with a t-interval
 
@@ -120,8 +119,9 @@ def test_compare_seeds_adds_wilcoxon_from_six_pairs():
     a = {i: float(v - 0.01 + rng.normal(0, 0.003)) for i, v in enumerate(base)}
     b = {i: float(v) for i, v in enumerate(base)}
     c = stats.compare_seeds(a, b)
-    assert c.method == "paired-t" and c.p_wilcoxon == pytest.approx(sps.wilcoxon(list(a.values()),
-                                                                                 list(b.values())).pvalue)
+    assert c.method == "paired-t" and c.p_wilcoxon == pytest.approx(
+        sps.wilcoxon(list(a.values()), list(b.values())).pvalue
+    )
     assert stats.compare_seeds({k: a[k] for k in range(5)}, {k: b[k] for k in range(5)}).p_wilcoxon is None
 
 
@@ -148,8 +148,11 @@ def test_compare_seeds_edge_cases():
 
 def _grades(seeds, prompts, shift=0.0, rng=None):
     rng = rng or np.random.default_rng(0)
-    return {(s, f"p{p}"): float(np.clip(np.round(5 + shift + rng.normal(0, 1.5)), 1, 10))
-            for s in seeds for p in range(prompts)}
+    return {
+        (s, f"p{p}"): float(np.clip(np.round(5 + shift + rng.normal(0, 1.5)), 1, 10))
+        for s in seeds
+        for p in range(prompts)
+    }
 
 
 def test_compare_judge_tests_per_seed_means_with_several_seeds():
@@ -157,8 +160,10 @@ def test_compare_judge_tests_per_seed_means_with_several_seeds():
     a, b = _grades((0, 1, 2), 12, 0.5, rng), _grades((0, 1, 2), 12, 0.0, rng)
     del a[(1, "p3")]  # a failed grade: that (seed, prompt) is left out of both sides
     c = stats.compare_judge(a, b)
-    means = [(np.mean([a[k] for k in a if k[0] == s and k in b]), np.mean([b[k] for k in a if k[0] == s and k in b]))
-             for s in (0, 1, 2)]
+    means = [
+        (np.mean([a[k] for k in a if k[0] == s and k in b]), np.mean([b[k] for k in a if k[0] == s and k in b]))
+        for s in (0, 1, 2)
+    ]
     ref = sps.ttest_rel([m[0] for m in means], [m[1] for m in means])
     assert c.method == "seed-t" and c.n_a == 3 and c.n_prompts == 12 and c.scope == "architectures"
     assert c.p == pytest.approx(ref.pvalue) and c.df == 2
@@ -283,9 +288,20 @@ def test_verdict_never_prints_negative_zero():
 
 # Krippendorff (2011), "Computing Krippendorff's alpha-reliability", the reliability data with missing values
 # (4 coders x 12 units; None = not coded): alpha = 0.849 for interval data.
-KRIPPENDORFF_UNITS = [[1, 1, None, 1], [2, 2, 3, 2], [3, 3, 3, 3], [3, 3, 3, 3], [2, 2, 2, 2], [1, 2, 3, 4],
-                      [4, 4, 4, 4], [1, 1, 2, 1], [2, 2, 2, 2], [None, 5, 5, 5], [None, None, 1, 1],
-                      [None, 3, None, None]]
+KRIPPENDORFF_UNITS = [
+    [1, 1, None, 1],
+    [2, 2, 3, 2],
+    [3, 3, 3, 3],
+    [3, 3, 3, 3],
+    [2, 2, 2, 2],
+    [1, 2, 3, 4],
+    [4, 4, 4, 4],
+    [1, 1, 2, 1],
+    [2, 2, 2, 2],
+    [None, 5, 5, 5],
+    [None, None, 1, 1],
+    [None, 3, None, None],
+]
 
 
 def test_krippendorff_alpha_matches_the_published_value():

@@ -5,14 +5,14 @@ from __future__ import annotations
 import types
 
 import pytest
+from fixtures_db import build_fixture_db
 
 from benchctl import stages, study
-from benchctl.stages.report import engine as report
-from benchctl.stages.train import sweep
 from benchctl.cli import main
 from benchctl.core.errors import Aborted, BenchctlError
+from benchctl.stages.report import engine as report
+from benchctl.stages.train import sweep
 from benchctl.study import StudyOptions, run_study
-from fixtures_db import build_fixture_db
 from tests.conftest import BUILTIN_STAGES
 
 
@@ -23,10 +23,20 @@ def test_registry_is_the_study_in_order():
     assert [n for n in stages.skippable() if n in BUILTIN_STAGES] == ["sample", "judge", "eval", "depth"]
     builtin_figures = tuple(f for s in stages.registered() if s.name in BUILTIN_STAGES for f in s.figures)
     assert [f for f in report.figure_names() if f in builtin_figures] == list(builtin_figures)
-    assert builtin_figures == ("training_time.png", "peak_memory.png", "final_val_loss.png",
-                                     "val_loss_curves.png", "loss_vs_compute.png", "loss_vs_params.png",
-                                     "loss_vs_depth.png", "retrofit_loss_flops.png", "judge_grades.png",
-                                     "depth_loss.png", "depth_frontier.png", "depth_exit_hist.png")
+    assert builtin_figures == (
+        "training_time.png",
+        "peak_memory.png",
+        "final_val_loss.png",
+        "val_loss_curves.png",
+        "loss_vs_compute.png",
+        "loss_vs_params.png",
+        "loss_vs_depth.png",
+        "retrofit_loss_flops.png",
+        "judge_grades.png",
+        "depth_loss.png",
+        "depth_frontier.png",
+        "depth_exit_hist.png",
+    )
     assert not hasattr(study, "STAGES")
 
 
@@ -41,15 +51,20 @@ def test_a_new_stage_runs_in_order_and_adds_its_section(tmp_path, monkeypatch):
                 s.trained = stages.TrainAllResult(done=["r1"])
             if name == "report":
                 s.report_path = tmp_path / "report.md"
+
         return run
 
     def probe_section(frames) -> list[str]:
         return ["## Probe", "", f"{len(frames.ctx.done_models)} models", ""]
 
     depth = stages.Stage(name="probe", order=60, run=fake("probe"), sections=(probe_section,))
-    fakes = tuple(stages.Stage(name=s.name, order=s.order, run=fake(s.name) if s.run else None, sections=s.sections,
-                               tables=s.tables)
-                  for s in stages.registered() if s.name in BUILTIN_STAGES)
+    fakes = tuple(
+        stages.Stage(
+            name=s.name, order=s.order, run=fake(s.name) if s.run else None, sections=s.sections, tables=s.tables
+        )
+        for s in stages.registered()
+        if s.name in BUILTIN_STAGES
+    )
     monkeypatch.setattr(stages, "registered", lambda: tuple(sorted(fakes + (depth,), key=lambda s: s.order)))
     lines: list[str] = []
     path = run_study(StudyOptions(preset="tiny", archs=["control"], db_path=tmp_path / "r.db"), log=lines.append)
@@ -71,8 +86,11 @@ def test_failed_training_runs_are_reported_after_the_report(tmp_path, monkeypatc
 
     only = (stages.Stage("train", 20, train), stages.Stage("report", 100, write))
     monkeypatch.setattr(stages, "registered", lambda: only)
-    with pytest.raises(BenchctlError, match=r"report written to .*report\.md, but 1 training run\(s\) failed: "
-                                            r"bad1: diverged"):
+    with pytest.raises(
+        BenchctlError,
+        match=r"report written to .*report\.md, but 1 training run\(s\) failed: "
+        r"bad1: diverged",
+    ):
         run_study(StudyOptions(preset="tiny", archs=["control"], db_path=tmp_path / "r.db"), log=lambda _: None)
 
 
@@ -83,8 +101,11 @@ def test_duplicate_stage_names_are_refused(monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "benchctl.stages.twin", types.ModuleType("benchctl.stages.twin"))
     monkeypatch.setitem(__import__("sys").modules, "benchctl.stages.twin.stage", fake_mod)
     real_iter = stages.pkgutil.iter_modules
-    monkeypatch.setattr(stages.pkgutil, "iter_modules",
-                        lambda path: list(real_iter(path)) + [types.SimpleNamespace(name="twin", ispkg=True)])
+    monkeypatch.setattr(
+        stages.pkgutil,
+        "iter_modules",
+        lambda path: list(real_iter(path)) + [types.SimpleNamespace(name="twin", ispkg=True)],
+    )
     try:
         with pytest.raises(RuntimeError, match="same name 'judge'"):
             stages.registered()
@@ -105,8 +126,11 @@ def slow_estimate(monkeypatch):
 
 
 def test_long_run_without_anyone_to_ask_needs_yes(slow_estimate):
-    with pytest.raises(Aborted, match=r"would take about 2\.0 h on this CPU \(try --preset small on a CPU\); "
-                                      "pass --yes to start anyway"):
+    with pytest.raises(
+        Aborted,
+        match=r"would take about 2\.0 h on this CPU \(try --preset small on a CPU\); "
+        "pass --yes to start anyway",
+    ):
         sweep.confirm_long_run(slow_estimate, None, yes=False, log=print)
     sweep.confirm_long_run(slow_estimate, None, yes=True, log=print)
 
@@ -114,8 +138,9 @@ def test_long_run_without_anyone_to_ask_needs_yes(slow_estimate):
 def test_long_run_asks_through_the_callback(slow_estimate):
     asked: list[str] = []
     sweep.confirm_long_run(slow_estimate, None, yes=False, log=print, confirm=lambda q: asked.append(q) or True)
-    assert asked == ["1 run(s) of preset 'tiny' would take about 2.0 h on this CPU (try --preset small on a CPU). "
-                     "Start?"]
+    assert asked == [
+        "1 run(s) of preset 'tiny' would take about 2.0 h on this CPU (try --preset small on a CPU). Start?"
+    ]
     with pytest.raises(Aborted, match="not started"):
         sweep.confirm_long_run(slow_estimate, None, yes=False, log=print, confirm=lambda q: False)
 
@@ -131,10 +156,20 @@ def test_study_end_to_end_on_tiny_data(tmp_path, tinystories_dir, monkeypatch):
     """The real stages: prepare, train one small run, skip the rest, write the report."""
     monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
     opts = StudyOptions(
-        preset="tiny", archs=["control"], seeds=[0], db_path=tmp_path / "r.db", out_dir=tmp_path / "reports",
-        overrides={"data.source": str(tinystories_dir), "train.max_steps": 2, "train.eval_interval": 1,
-                   "train.warmup_steps": 1},
-        skip=("sample", "judge", "eval", "depth"), progress=False, bench=False,
+        preset="tiny",
+        archs=["control"],
+        seeds=[0],
+        db_path=tmp_path / "r.db",
+        out_dir=tmp_path / "reports",
+        overrides={
+            "data.source": str(tinystories_dir),
+            "train.max_steps": 2,
+            "train.eval_interval": 1,
+            "train.warmup_steps": 1,
+        },
+        skip=("sample", "judge", "eval", "depth"),
+        progress=False,
+        bench=False,
     )
     lines: list[str] = []
     path = run_study(opts, log=lines.append)
@@ -143,7 +178,12 @@ def test_study_end_to_end_on_tiny_data(tmp_path, tinystories_dir, monkeypatch):
     assert [h.split(":")[0] for h in heads] == [f"== {i}/{len(ran)} {n}" for i, n in enumerate(ran, 1)]
     said = {h.split(":")[0].split()[-1]: h.split(" ", 2)[2] for h in heads}  # stage -> "bench: skipped (...)"
     assert [said[n] for n in ("bench", "retrofit", "sample", "judge", "eval", "depth")] == [
-        "bench: skipped (--no-bench)", "retrofit: no conversions in this plan", "sample: skipped", "judge: skipped",
-        "eval: skipped", "depth: skipped"]
+        "bench: skipped (--no-bench)",
+        "retrofit: no conversions in this plan",
+        "sample: skipped",
+        "judge: skipped",
+        "eval: skipped",
+        "depth: skipped",
+    ]
     assert path == tmp_path / "reports" / "report.md"
     assert "| control | 1 | 0 | 0 | 0 | 0 |" in path.read_text()

@@ -16,11 +16,11 @@ import subprocess
 import sys
 
 from benchctl import report, stages
-from tests.conftest import BUILTIN_STAGES
 from benchctl.core.db import META, SCHEMA_VERSION
+from tests.conftest import BUILTIN_STAGES
 
 EXPECTED_SQL = {
-    'bench': (
+    "bench": (
         'CREATE TABLE "bench" (\n'
         '   "id" INTEGER PRIMARY KEY,\n'
         '   "bench_id" TEXT,\n'
@@ -58,9 +58,9 @@ EXPECTED_SQL = {
         '   "torch_version" TEXT,\n'
         '   "git_commit" TEXT,\n'
         '   "created_at" TEXT\n'
-        ')'
+        ")"
     ),
-    'checkpoints': (
+    "checkpoints": (
         'CREATE TABLE "checkpoints" (\n'
         '   "run_id" TEXT REFERENCES "runs"("id"),\n'
         '   "step" INTEGER,\n'
@@ -68,9 +68,9 @@ EXPECTED_SQL = {
         '   "bytes" INTEGER,\n'
         '   "created_at" TEXT,\n'
         '   PRIMARY KEY ("run_id", "step")\n'
-        ')'
+        ")"
     ),
-    'depth_results': (
+    "depth_results": (
         'CREATE TABLE "depth_results" (\n'
         '   "run_id" TEXT REFERENCES "runs"("id"),\n'
         '   "n_recur" INTEGER,\n'
@@ -86,9 +86,9 @@ EXPECTED_SQL = {
         '   "depth_hist" TEXT,\n'
         '   "created_at" TEXT,\n'
         '   PRIMARY KEY ("run_id", "n_recur", "exit_rule", "threshold", "extrapolate", "windows")\n'
-        ')'
+        ")"
     ),
-    'eval_results': (
+    "eval_results": (
         'CREATE TABLE "eval_results" (\n'
         '   "run_id" TEXT REFERENCES "runs"("id"),\n'
         '   "task" TEXT,\n'
@@ -104,25 +104,15 @@ EXPECTED_SQL = {
         '   "created_at" TEXT,\n'
         '   "dtype" TEXT,\n'
         '   PRIMARY KEY ("run_id", "task", "metric", "n_recur", "limit_n")\n'
-        ')'
+        ")"
     ),
-    'idx_eval_results_task': (
-        'CREATE INDEX "idx_eval_results_task"\n'
-        '    ON "eval_results" ("task")'
+    "idx_eval_results_task": ('CREATE INDEX "idx_eval_results_task"\n    ON "eval_results" ("task")'),
+    "idx_judge_grades_judge_model_prompt_hash": (
+        'CREATE INDEX "idx_judge_grades_judge_model_prompt_hash"\n    ON "judge_grades" ("judge_model", "prompt_hash")'
     ),
-    'idx_judge_grades_judge_model_prompt_hash': (
-        'CREATE INDEX "idx_judge_grades_judge_model_prompt_hash"\n'
-        '    ON "judge_grades" ("judge_model", "prompt_hash")'
-    ),
-    'idx_runs_arch_preset_seed': (
-        'CREATE INDEX "idx_runs_arch_preset_seed"\n'
-        '    ON "runs" ("arch", "preset", "seed")'
-    ),
-    'idx_samples_run_id': (
-        'CREATE INDEX "idx_samples_run_id"\n'
-        '    ON "samples" ("run_id")'
-    ),
-    'judge_grades': (
+    "idx_runs_arch_preset_seed": ('CREATE INDEX "idx_runs_arch_preset_seed"\n    ON "runs" ("arch", "preset", "seed")'),
+    "idx_samples_run_id": ('CREATE INDEX "idx_samples_run_id"\n    ON "samples" ("run_id")'),
+    "judge_grades": (
         'CREATE TABLE "judge_grades" (\n'
         '   "sample_id" TEXT REFERENCES "samples"("id"),\n'
         '   "judge_model" TEXT,\n'
@@ -145,9 +135,9 @@ EXPECTED_SQL = {
         '   "total_tokens" INTEGER,\n'
         '   "created_at" TEXT,\n'
         '   PRIMARY KEY ("sample_id", "judge_model", "prompt_hash", "repeat")\n'
-        ')'
+        ")"
     ),
-    'judge_requests': (
+    "judge_requests": (
         'CREATE TABLE "judge_requests" (\n'
         '   "key" TEXT PRIMARY KEY,\n'
         '   "judge_model" TEXT,\n'
@@ -172,15 +162,10 @@ EXPECTED_SQL = {
         '   "protocol" TEXT,\n'
         '   "created_at" TEXT,\n'
         '   "updated_at" TEXT\n'
-        ')'
+        ")"
     ),
-    'meta': (
-        'CREATE TABLE "meta" (\n'
-        '   "key" TEXT PRIMARY KEY,\n'
-        '   "value" TEXT\n'
-        ')'
-    ),
-    'metrics': (
+    "meta": ('CREATE TABLE "meta" (\n   "key" TEXT PRIMARY KEY,\n   "value" TEXT\n)'),
+    "metrics": (
         'CREATE TABLE "metrics" (\n'
         '   "run_id" TEXT REFERENCES "runs"("id"),\n'
         '   "step" INTEGER,\n'
@@ -189,9 +174,9 @@ EXPECTED_SQL = {
         '   "tokens" INTEGER,\n'
         '   "wall_seconds" REAL,\n'
         '   PRIMARY KEY ("run_id", "step", "name")\n'
-        ')'
+        ")"
     ),
-    'plan_runs': (
+    "plan_runs": (
         'CREATE TABLE "plan_runs" (\n'
         '   "plan" TEXT,\n'
         '   "variant" TEXT,\n'
@@ -203,9 +188,9 @@ EXPECTED_SQL = {
         '   "created_at" TEXT,\n'
         '   "updated_at" TEXT,\n'
         '   PRIMARY KEY ("plan", "variant", "preset", "seed")\n'
-        ')'
+        ")"
     ),
-    'prompts': (
+    "prompts": (
         'CREATE TABLE "prompts" (\n'
         '   "id" TEXT PRIMARY KEY,\n'
         '   "prompt_set" TEXT NOT NULL,\n'
@@ -215,16 +200,16 @@ EXPECTED_SQL = {
         '   "rule" TEXT,\n'
         '   "data_fingerprint" TEXT,\n'
         '   "created_at" TEXT\n'
-        ')'
+        ")"
     ),
-    'runs': (
+    "runs": (
         'CREATE TABLE "runs" (\n'
         '   "id" TEXT PRIMARY KEY,\n'
         '   "arch" TEXT NOT NULL,\n'
         '   "variant" TEXT,\n'
         '   "preset" TEXT NOT NULL,\n'
         '   "seed" INTEGER NOT NULL,\n'
-        '   "status" TEXT NOT NULL DEFAULT \'pending\',\n'
+        "   \"status\" TEXT NOT NULL DEFAULT 'pending',\n"
         '   "config_json" TEXT NOT NULL,\n'
         '   "data_fingerprint" TEXT,\n'
         '   "data_source" TEXT,\n'
@@ -279,9 +264,9 @@ EXPECTED_SQL = {
         '   "load_avg" REAL,\n'
         '   "gpu_util" REAL,\n'
         '   "baseline_rss_bytes" INTEGER\n'
-        ')'
+        ")"
     ),
-    'samples': (
+    "samples": (
         'CREATE TABLE "samples" (\n'
         '   "id" TEXT PRIMARY KEY,\n'
         '   "run_id" TEXT NOT NULL REFERENCES "runs"("id"),\n'
@@ -306,10 +291,9 @@ EXPECTED_SQL = {
         '   "exit_rule" TEXT,\n'
         '   "exit_threshold" REAL,\n'
         '   "mean_depth" REAL\n'
-        ')'
+        ")"
     ),
 }
-
 
 
 def _schema_sql(path) -> dict[str, str]:
@@ -341,9 +325,19 @@ def test_every_table_and_column_is_described():
             assert col.description.strip(), f"{table.name}.{col.name}: empty description"
             assert col.type in (str, int, float), f"{table.name}.{col.name}: type {col.type!r}"
     owners = {t.name: s.name for s in stages.registered() if s.name in BUILTIN_STAGES for t in s.tables}
-    assert owners == {"runs": "train", "metrics": "train", "checkpoints": "train", "plan_runs": "train",
-                      "bench": "bench", "prompts": "sample", "samples": "sample", "judge_requests": "judge",
-                      "judge_grades": "judge", "eval_results": "eval", "depth_results": "depth"}
+    assert owners == {
+        "runs": "train",
+        "metrics": "train",
+        "checkpoints": "train",
+        "plan_runs": "train",
+        "bench": "bench",
+        "prompts": "sample",
+        "samples": "sample",
+        "judge_requests": "judge",
+        "judge_grades": "judge",
+        "eval_results": "eval",
+        "depth_results": "depth",
+    }
     order = [t.name for t in stages.tables()]
     for table in stages.tables():  # created parents first: a foreign key points at a table made before it
         for _col, other, _other_col in table.foreign_keys:
@@ -351,8 +345,7 @@ def test_every_table_and_column_is_described():
 
 
 def test_core_db_imports_no_stage():
-    code = ("import sys, benchctl.core.db; "
-            "print(sorted(m for m in sys.modules if m.startswith('benchctl.stages')))")
+    code = "import sys, benchctl.core.db; print(sorted(m for m in sys.modules if m.startswith('benchctl.stages')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

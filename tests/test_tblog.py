@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchctl.stages.train import tblog
 from benchctl.core.errors import ConfigError
+from benchctl.stages.train import tblog
 
 RUN = "control-tiny-s0-0123456789"
 
@@ -29,9 +29,11 @@ def rows_for(steps, attempt: int) -> list[dict]:
     rows = []
     for s in steps:
         if s > 0:
-            rows += [{"run_id": RUN, "step": s, "name": "train_loss", "value": 10.0 / (s + 1) + attempt},
-                     {"run_id": RUN, "step": s, "name": "lr", "value": 1e-3 * s + attempt},
-                     {"run_id": RUN, "step": s, "name": "grad_norm", "value": 0.5 + 0.01 * s + attempt}]
+            rows += [
+                {"run_id": RUN, "step": s, "name": "train_loss", "value": 10.0 / (s + 1) + attempt},
+                {"run_id": RUN, "step": s, "name": "lr", "value": 1e-3 * s + attempt},
+                {"run_id": RUN, "step": s, "name": "grad_norm", "value": 0.5 + 0.01 * s + attempt},
+            ]
         if s % 5 == 0:
             rows.append({"run_id": RUN, "step": s, "name": "val_loss", "value": 6.0 - 0.1 * s + attempt})
     return rows
@@ -48,8 +50,10 @@ def read_back(directory: Path) -> dict[str, dict[str, list[tuple[int, float]]]]:
     classic = {tag: [(e.step, e.value) for e in ea.Scalars(tag)] for tag in ea.Tags()["scalars"]}
     pa = pea.EventAccumulator(str(directory), size_guidance={"tensors": 0})
     pa.Reload()
-    plugin = {tag: [(e.step, float(tensor_util.make_ndarray(e.tensor_proto))) for e in pa.Tensors(tag)]
-              for tag in pa.Tags()["tensors"]}
+    plugin = {
+        tag: [(e.step, float(tensor_util.make_ndarray(e.tensor_proto))) for e in pa.Tensors(tag)]
+        for tag in pa.Tags()["tensors"]
+    }
     return {"event_accumulator": classic, "plugin_event_accumulator": plugin}
 
 

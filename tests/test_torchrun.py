@@ -22,15 +22,42 @@ TINY = ["--preset", "tiny", "--no-progress", "--set", "train.warmup_steps=1", "-
 
 def torchrun(args: list[str], cache, **kw) -> subprocess.Popen:
     """`torchrun --standalone --nproc_per_node 2 -m benchctl ...` (through python -m, torchrun need not be on PATH)."""
-    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                             "-m", "benchctl", *args], env=env_for(cache), cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "benchctl",
+            *args,
+        ],
+        env=env_for(cache),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
 @pytest.mark.slow
 def test_torchrun_rerun_of_a_done_run_skips_on_every_rank(tmp_path, tinystories_dir):
-    args = ["train", "--arch", "control", *TINY, "--set", "train.max_steps=4", "--data", str(tinystories_dir),
-            "--db", str(tmp_path / "results.db"), "--yes"]
+    args = [
+        "train",
+        "--arch",
+        "control",
+        *TINY,
+        "--set",
+        "train.max_steps=4",
+        "--data",
+        str(tinystories_dir),
+        "--db",
+        str(tmp_path / "results.db"),
+        "--yes",
+    ]
     first = torchrun(args, tmp_path / "cache")
     _, err = first.communicate(timeout=300)
     assert first.returncode == 0, err
@@ -44,8 +71,20 @@ def test_torchrun_rerun_of_a_done_run_skips_on_every_rank(tmp_path, tinystories_
 @pytest.mark.slow
 def test_torchrun_abort_at_the_confirmation_stops_every_rank_cleanly(tmp_path, tinystories_dir):
     """Rank 0 refuses a long run (no --yes, nobody to ask): every rank exits with the abort's code, no traceback."""
-    args = ["train", "--arch", "control", "--preset", "paper", "--no-progress", "--set", "model.vocab_size=512",
-            "--data", str(tinystories_dir), "--db", str(tmp_path / "results.db")]
+    args = [
+        "train",
+        "--arch",
+        "control",
+        "--preset",
+        "paper",
+        "--no-progress",
+        "--set",
+        "model.vocab_size=512",
+        "--data",
+        str(tinystories_dir),
+        "--db",
+        str(tmp_path / "results.db"),
+    ]
     p = torchrun(args, tmp_path / "cache", stdin=subprocess.DEVNULL)
     _, err = p.communicate(timeout=300)
     assert p.returncode != 0
@@ -64,8 +103,19 @@ def _final(db) -> tuple[str, float, list[float]]:
 
 @pytest.mark.slow
 def test_killed_torchrun_run_resumes_to_the_same_final_loss(tmp_path, tinystories_dir):
-    common = ["train", "--arch", "control", *TINY, "--set", "train.max_steps=40", "--set", "train.ckpt_interval=2",
-              "--data", str(tinystories_dir), "--yes"]
+    common = [
+        "train",
+        "--arch",
+        "control",
+        *TINY,
+        "--set",
+        "train.max_steps=40",
+        "--set",
+        "train.ckpt_interval=2",
+        "--data",
+        str(tinystories_dir),
+        "--yes",
+    ]
     whole = torchrun([*common, "--db", str(tmp_path / "whole" / "results.db")], tmp_path / "cache")
     _, err = whole.communicate(timeout=300)
     assert whole.returncode == 0, err
@@ -101,9 +151,26 @@ def test_killed_torchrun_run_resumes_to_the_same_final_loss(tmp_path, tinystorie
 def test_study_under_torchrun_trains_on_every_rank_and_reports_once(tmp_path, tinystories_dir):
     """The study keeps one process group for its training and then rank 0 alone runs the later stages: the other
     rank stops cleanly instead of sampling, evaluating and writing the same report a second time."""
-    args = ["study", "--archs", "control", "--seeds", "0", *TINY, "--no-bench", "--set", "train.max_steps=4", "--skip",
-            "sample,judge,eval", "--data", str(tinystories_dir), "--db", str(tmp_path / "results.db"),
-            "--out", str(tmp_path / "reports"), "--yes"]
+    args = [
+        "study",
+        "--archs",
+        "control",
+        "--seeds",
+        "0",
+        *TINY,
+        "--no-bench",
+        "--set",
+        "train.max_steps=4",
+        "--skip",
+        "sample,judge,eval",
+        "--data",
+        str(tinystories_dir),
+        "--db",
+        str(tmp_path / "results.db"),
+        "--out",
+        str(tmp_path / "reports"),
+        "--yes",
+    ]
     p = torchrun(args, tmp_path / "cache")
     out, err = p.communicate(timeout=300)
     assert p.returncode == 0, err

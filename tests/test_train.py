@@ -16,14 +16,22 @@ import torch
 
 import architectures
 from benchctl import stages
-from benchctl.stages.train import tables as train_tables
 from benchctl.cli import main
 from benchctl.core.config import make_config
+from benchctl.stages.train import tables as train_tables
 from benchctl.stages.train.engine import get_lr, make_optimizer
 
 REPO = Path(__file__).resolve().parents[1]
-FAST = ["--set", "train.max_steps=12", "--set", "train.eval_interval=4", "--set", "train.ckpt_interval=3",
-        "--set", "train.log_interval=2"]
+FAST = [
+    "--set",
+    "train.max_steps=12",
+    "--set",
+    "train.eval_interval=4",
+    "--set",
+    "train.ckpt_interval=3",
+    "--set",
+    "train.log_interval=2",
+]
 
 
 def run_cli(args: list[str], capsys=None) -> int:
@@ -43,8 +51,15 @@ def env_for(cache: Path) -> dict[str, str]:
 
 
 def cli_proc(args: list[str], cache: Path, extra_env: dict[str, str] | None = None, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "benchctl", *args], env={**env_for(cache), **(extra_env or {})},
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "benchctl", *args],
+        env={**env_for(cache), **(extra_env or {})},
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
 def test_lr_schedule_is_llama2c():
@@ -73,11 +88,15 @@ def test_weight_decay_groups():
 
 def _final_state(db_path: Path, arch: str = "control"):
     con = sqlite3.connect(db_path)
-    row = con.execute("select id, status, step, final_val_loss, initial_val_loss from runs where arch = ?",
-                      [arch]).fetchone()
+    row = con.execute(
+        "select id, status, step, final_val_loss, initial_val_loss from runs where arch = ?", [arch]
+    ).fetchone()
     # the model's numbers; the machine's own (memory, speed) differ between any two processes
-    metrics = con.execute("select step, name, value from metrics where run_id = ? and name not in "
-                          "('peak_rss_bytes', 'tokens_per_s') order by step, name", [row[0]]).fetchall()
+    metrics = con.execute(
+        "select step, name, value from metrics where run_id = ? and name not in "
+        "('peak_rss_bytes', 'tokens_per_s') order by step, name",
+        [row[0]],
+    ).fetchall()
     con.close()
     ckpt = torch.load(db_path.parent / "runs" / row[0] / "ckpt.pt", weights_only=False)
     return row, metrics, ckpt["model"]
@@ -89,8 +108,13 @@ def test_resume_in_process_is_bit_identical(tmp_path, tinystories_dir, monkeypat
     from benchctl.stages.train.engine import train_run
 
     monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
-    overrides = {"data.source": str(tinystories_dir), "train.max_steps": 10, "train.eval_interval": 4,
-                 "train.ckpt_interval": 3, "train.log_interval": 1}
+    overrides = {
+        "data.source": str(tinystories_dir),
+        "train.max_steps": 10,
+        "train.eval_interval": 4,
+        "train.ckpt_interval": 3,
+        "train.log_interval": 1,
+    }
     cfg = make_config("tiny", "three-part", overrides=overrides)  # three-part: uses the global RNG in forward
     prepared = data.prepare(cfg.data, cfg.model.vocab_size, progress=False)
 
@@ -177,15 +201,31 @@ def _assert_tensorboard_equals_metrics(db_path: Path) -> None:
 def test_rerun_of_a_done_run_is_skipped(tmp_path, tinystories_dir, monkeypatch, capsys):
     monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
     db_path = tmp_path / "results.db"
-    args = ["train", "--arch", "control", "--preset", "tiny", "--data", str(tinystories_dir), "--db", str(db_path),
-            "--no-progress", "--set", "train.max_steps=3", "--set", "train.warmup_steps=1"]
+    args = [
+        "train",
+        "--arch",
+        "control",
+        "--preset",
+        "tiny",
+        "--data",
+        str(tinystories_dir),
+        "--db",
+        str(db_path),
+        "--no-progress",
+        "--set",
+        "train.max_steps=3",
+        "--set",
+        "train.warmup_steps=1",
+    ]
     assert run_cli(args) == 0
     capsys.readouterr()
     assert run_cli(args) == 0
     assert "already done" in capsys.readouterr().out
     con = sqlite3.connect(db_path)
-    row = con.execute("select status, initial_val_loss, final_val_loss, peak_rss_bytes, peak_gpu_mem_bytes, "
-                      "peak_nvml_mem_bytes, device, torch_version, tokens_per_s, train_seconds from runs").fetchone()
+    row = con.execute(
+        "select status, initial_val_loss, final_val_loss, peak_rss_bytes, peak_gpu_mem_bytes, "
+        "peak_nvml_mem_bytes, device, torch_version, tokens_per_s, train_seconds from runs"
+    ).fetchone()
     assert con.execute("select count(*) from runs").fetchone()[0] == 1
     status, init, final, rss, gpu, nvml, device, tv, tps, secs = row
     assert status == "done" and final < init
@@ -197,8 +237,24 @@ def test_rerun_of_a_done_run_is_skipped(tmp_path, tinystories_dir, monkeypatch, 
 def test_train_all_runs_four_architectures(tmp_path, tinystories_dir, monkeypatch, capsys):
     monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
     db_path = tmp_path / "results.db"
-    code = run_cli(["train-all", "--preset", "tiny", "--data", str(tinystories_dir), "--db", str(db_path),
-                    "--no-progress", "--set", "train.max_steps=4", "--set", "train.eval_interval=2", "--set", "train.warmup_steps=1"])
+    code = run_cli(
+        [
+            "train-all",
+            "--preset",
+            "tiny",
+            "--data",
+            str(tinystories_dir),
+            "--db",
+            str(db_path),
+            "--no-progress",
+            "--set",
+            "train.max_steps=4",
+            "--set",
+            "train.eval_interval=2",
+            "--set",
+            "train.warmup_steps=1",
+        ]
+    )
     assert code == 0
     out = capsys.readouterr().out
     assert "final" in out and "initial" in out
@@ -236,18 +292,40 @@ def test_compile_without_a_compiler_is_one_clear_line(tmp_path, tinystories_dir)
     (tmp_path / "empty").mkdir()
     env = env_for(tmp_path / "cache") | {"PATH": str(tmp_path / "empty")}  # no g++, c++ or clang++
     db_path = tmp_path / "results.db"
-    p = subprocess.run([sys.executable, "-m", "benchctl", "train", "--preset", "tiny", "--arch", "control",
-                        "--data", str(tinystories_dir), "--db", str(db_path), "--no-progress",
-                        "--set", "train.compile=true"], env=env, cwd=REPO, capture_output=True, text=True,
-                       timeout=120)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchctl",
+            "train",
+            "--preset",
+            "tiny",
+            "--arch",
+            "control",
+            "--data",
+            str(tinystories_dir),
+            "--db",
+            str(db_path),
+            "--no-progress",
+            "--set",
+            "train.compile=true",
+        ],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 2, p.stderr
     assert "needs a C++ compiler" in p.stderr and "Traceback" not in p.stderr
     if db_path.exists():  # the check runs before any row is written
         assert sqlite3.connect(db_path).execute("select count(*) from runs").fetchone()[0] == 0
 
 
-@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")),
-                    reason="torch.compile on a CPU needs a C++ compiler")
+@pytest.mark.skipif(
+    not (shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")),
+    reason="torch.compile on a CPU needs a C++ compiler",
+)
 def test_compile_auto_trains_a_bf16_cpu_run_compiled(tmp_path, tinystories_dir, monkeypatch):
     """train.compile=auto on a CPU in bf16: the run compiles, records that and why, ends where the same run trained
     eagerly ends (compilation changes float rounding only), and ends there again when trained again (the embedding's
@@ -256,11 +334,34 @@ def test_compile_auto_trains_a_bf16_cpu_run_compiled(tmp_path, tinystories_dir, 
     finals = {}
     for name, setting in (("auto", "auto"), ("again", "auto"), ("false", "false")):  # each in its own database:
         db_path = tmp_path / name / "results.db"  # auto hashes as false, so all three are the same run id
-        assert run_cli(["train", "--preset", "tiny", "--arch", "control", "--data", str(tinystories_dir), "--db",
-                        str(db_path), "--no-progress", "--set", f"train.compile={setting}",
-                        "--set", "train.dtype=bfloat16", "--set", "train.max_steps=12"]) == 0
-        (row,) = sqlite3.connect(db_path).execute(
-            "select compiled, compile_reason, final_val_loss, status from runs").fetchall()
+        assert (
+            run_cli(
+                [
+                    "train",
+                    "--preset",
+                    "tiny",
+                    "--arch",
+                    "control",
+                    "--data",
+                    str(tinystories_dir),
+                    "--db",
+                    str(db_path),
+                    "--no-progress",
+                    "--set",
+                    f"train.compile={setting}",
+                    "--set",
+                    "train.dtype=bfloat16",
+                    "--set",
+                    "train.max_steps=12",
+                ]
+            )
+            == 0
+        )
+        (row,) = (
+            sqlite3.connect(db_path)
+            .execute("select compiled, compile_reason, final_val_loss, status from runs")
+            .fetchall()
+        )
         finals[name] = row
     assert finals["auto"][:2] == (1, "auto: compiled (cpu, bf16 autocast)")
     assert finals["again"] == finals["auto"]
@@ -272,8 +373,20 @@ def test_compile_auto_trains_a_bf16_cpu_run_compiled(tmp_path, tinystories_dir, 
 def test_checkpoint_from_another_config_is_refused(tmp_path, tinystories_dir, monkeypatch, capsys):
     monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
     db_path = tmp_path / "results.db"
-    base = ["train", "--preset", "tiny", "--data", str(tinystories_dir), "--db", str(db_path), "--no-progress",
-            "--set", "train.max_steps=2", "--set", "train.warmup_steps=1"]
+    base = [
+        "train",
+        "--preset",
+        "tiny",
+        "--data",
+        str(tinystories_dir),
+        "--db",
+        str(db_path),
+        "--no-progress",
+        "--set",
+        "train.max_steps=2",
+        "--set",
+        "train.warmup_steps=1",
+    ]
     assert run_cli([*base, "--arch", "control"]) == 0
     con = sqlite3.connect(db_path)
     (a_id,) = con.execute("select id from runs").fetchone()
@@ -282,7 +395,9 @@ def test_checkpoint_from_another_config_is_refused(tmp_path, tinystories_dir, mo
     from benchctl.core import data
     from benchctl.core.config import run_id
 
-    cfg1 = make_config("tiny", "control", 1, {"data.source": str(tinystories_dir), "train.max_steps": 2, "train.warmup_steps": 1})
+    cfg1 = make_config(
+        "tiny", "control", 1, {"data.source": str(tinystories_dir), "train.max_steps": 2, "train.warmup_steps": 1}
+    )
     prepared = data.prepare(cfg1.data, cfg1.model.vocab_size, progress=False)
     target = db_path.parent / "runs" / run_id(cfg1, prepared.fingerprint)
     target.mkdir(parents=True)
@@ -298,8 +413,22 @@ def test_checkpoint_from_another_config_is_refused(tmp_path, tinystories_dir, mo
 def test_corrupt_checkpoint_is_a_clear_error(tmp_path, tinystories_dir, monkeypatch, capsys):
     monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
     db_path = tmp_path / "results.db"
-    args = ["train", "--preset", "tiny", "--arch", "control", "--data", str(tinystories_dir), "--db", str(db_path),
-            "--no-progress", "--set", "train.max_steps=2", "--set", "train.warmup_steps=1"]
+    args = [
+        "train",
+        "--preset",
+        "tiny",
+        "--arch",
+        "control",
+        "--data",
+        str(tinystories_dir),
+        "--db",
+        str(db_path),
+        "--no-progress",
+        "--set",
+        "train.max_steps=2",
+        "--set",
+        "train.warmup_steps=1",
+    ]
     assert run_cli(args) == 0
     (ckpt,) = (db_path.parent / "runs").glob("*/ckpt.pt")
     ckpt.write_bytes(ckpt.read_bytes()[:1000])  # truncated
@@ -311,9 +440,24 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path, tinystories_dir, monkeypa
 
 def test_paper_on_cpu_asks_first_and_refuses_without_yes(tmp_path, tinystories_dir):
     # vocab 512: paper-scale compute either way, and fits the synthetic stories used where the real sample is absent
-    p = cli_proc(["train", "--arch", "relaxed", "--preset", "paper", "--data", str(tinystories_dir), "--db",
-                  str(tmp_path / "results.db"), "--no-progress", "--set", "model.vocab_size=512"],
-                 tmp_path / "cache", stdin=subprocess.DEVNULL)
+    p = cli_proc(
+        [
+            "train",
+            "--arch",
+            "relaxed",
+            "--preset",
+            "paper",
+            "--data",
+            str(tinystories_dir),
+            "--db",
+            str(tmp_path / "results.db"),
+            "--no-progress",
+            "--set",
+            "model.vocab_size=512",
+        ],
+        tmp_path / "cache",
+        stdin=subprocess.DEVNULL,
+    )
     out, err = p.communicate(timeout=300)
     assert p.returncode == 130, err
     assert "would take about" in err and "--yes" in err and "--preset small" in err
@@ -323,20 +467,51 @@ def test_paper_on_cpu_asks_first_and_refuses_without_yes(tmp_path, tinystories_d
 def test_ddp_two_processes_match_single_process(tmp_path, tinystories_dir):
     """torchrun with 2 CPU processes (gloo): the global batch is split, so the losses match one process."""
     cache = tmp_path / "cache"
-    common = ["train", "--arch", "control", "--preset", "tiny", "--data", str(tinystories_dir), "--no-progress",
-              "--set", "train.max_steps=6", "--set", "train.eval_interval=3", "--set", "train.warmup_steps=1"]
+    common = [
+        "train",
+        "--arch",
+        "control",
+        "--preset",
+        "tiny",
+        "--data",
+        str(tinystories_dir),
+        "--no-progress",
+        "--set",
+        "train.max_steps=6",
+        "--set",
+        "train.eval_interval=3",
+        "--set",
+        "train.warmup_steps=1",
+    ]
     single = cli_proc([*common, "--db", str(tmp_path / "one" / "results.db")], cache)
     out, err = single.communicate(timeout=300)
     assert single.returncode == 0, err
     ddp = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
-         "benchctl", *common, "--db", str(tmp_path / "two" / "results.db")],
-        env=env_for(cache), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "benchctl",
+            *common,
+            "--db",
+            str(tmp_path / "two" / "results.db"),
+        ],
+        env=env_for(cache),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     out, err = ddp.communicate(timeout=300)
     assert ddp.returncode == 0, err
-    (r1, m1, _), (r2, m2, _) = (_final_state(tmp_path / "one" / "results.db"),
-                                _final_state(tmp_path / "two" / "results.db"))
+    (r1, m1, _), (r2, m2, _) = (
+        _final_state(tmp_path / "one" / "results.db"),
+        _final_state(tmp_path / "two" / "results.db"),
+    )
     assert r2[1] == "done"
     assert r2[3] == pytest.approx(r1[3], abs=1e-4)
     v1 = [v for s, n, v in m1 if n == "val_loss"]
@@ -351,8 +526,29 @@ def test_ddp_two_processes_match_single_process(tmp_path, tinystories_dir):
 def test_cuda_run_records_gpu_memory(tmp_path, tinystories_dir, monkeypatch):
     monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
     db_path = tmp_path / "results.db"
-    assert run_cli(["train", "--arch", "three-part", "--preset", "tiny", "--data", str(tinystories_dir), "--db",
-                    str(db_path), "--no-progress", "--set", "train.max_steps=3", "--set", "train.warmup_steps=1"]) == 0
+    assert (
+        run_cli(
+            [
+                "train",
+                "--arch",
+                "three-part",
+                "--preset",
+                "tiny",
+                "--data",
+                str(tinystories_dir),
+                "--db",
+                str(db_path),
+                "--no-progress",
+                "--set",
+                "train.max_steps=3",
+                "--set",
+                "train.warmup_steps=1",
+            ]
+        )
+        == 0
+    )
     con = sqlite3.connect(db_path)
-    gpu, reserved, device = con.execute("select peak_gpu_mem_bytes, peak_gpu_reserved_bytes, device from runs").fetchone()
+    gpu, reserved, device = con.execute(
+        "select peak_gpu_mem_bytes, peak_gpu_reserved_bytes, device from runs"
+    ).fetchone()
     assert device == "cuda" and gpu > 0 and reserved >= gpu

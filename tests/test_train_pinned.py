@@ -42,16 +42,26 @@ def test_tiny_losses_are_pinned(arch, synthetic_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
     # the pins are fp32 numbers: `auto` would pick bf16 autocast on a CPU with native bf16
     monkeypatch.setattr("benchctl.core.runtime.cpu_bf16_capability", lambda: None)
-    overrides = {"data.source": str(synthetic_dir), "train.max_steps": 8, "train.eval_interval": 4,
-                 "train.ckpt_interval": 4, "train.log_interval": 2, "train.warmup_steps": 2}
+    overrides = {
+        "data.source": str(synthetic_dir),
+        "train.max_steps": 8,
+        "train.eval_interval": 4,
+        "train.ckpt_interval": 4,
+        "train.log_interval": 2,
+        "train.warmup_steps": 2,
+    }
     cfg = make_config("tiny", arch, overrides=overrides)
     prepared = data.prepare(cfg.data, cfg.model.vocab_size, progress=False)
     db_path = tmp_path / "results.db"
     result = train_run(cfg, prepared, stages.connect(db_path), db_path, progress=False, log=lambda *_: None)
     assert result.status == "done"
     con = sqlite3.connect(db_path)
-    vals = [v for (v,) in con.execute("select value from metrics where run_id = ? and name = 'val_loss' "
-                                      "order by step", [result.run_id])]
+    vals = [
+        v
+        for (v,) in con.execute(
+            "select value from metrics where run_id = ? and name = 'val_loss' order by step", [result.run_id]
+        )
+    ]
     final = con.execute("select final_val_loss from runs where id = ?", [result.run_id]).fetchone()[0]
     con.close()
     assert final == vals[-1]

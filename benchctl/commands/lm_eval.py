@@ -21,8 +21,9 @@ app = typer.Typer()
 )
 def lm_eval_(
     ctx: typer.Context,
-    record: Annotated[bool, typer.Option(
-        "--record", help="Also store the metrics in results.db (eval_results), like benchctl eval.")] = False,
+    record: Annotated[
+        bool, typer.Option("--record", help="Also store the metrics in results.db (eval_results), like benchctl eval.")
+    ] = False,
     db: DbOpt = None,
 ) -> None:
     """Run lm-eval's CLI (every option, every task) with --model benchctl and the bundled TinyStories tasks."""
@@ -30,10 +31,14 @@ def lm_eval_(
 
     args = list(ctx.args)
     if any(a in ("-h", "--help") for a in args):
-        console.print("benchctl lm-eval: lm-eval's command line with --model benchctl registered and the bundled "
-                      "tasks (tinystories_ppl, tinystories_ending, tinystories_names, tinystories_order) generated "
-                      "for the checkpoint given in --model_args checkpoint=...; benchctl's own options: --record "
-                      "(store the metrics in results.db) and --db PATH. lm-eval's help follows.\n", highlight=False,
-                      soft_wrap=True)
-    lm_eval_cli.run(args, record=record, db_path=db,
-                    log=lambda msg: console.print(msg, highlight=False, soft_wrap=True))
+        console.print(
+            "benchctl lm-eval: lm-eval's command line with --model benchctl registered and the bundled "
+            "tasks (tinystories_ppl, tinystories_ending, tinystories_names, tinystories_order) generated "
+            "for the checkpoint given in --model_args checkpoint=...; benchctl's own options: --record "
+            "(store the metrics in results.db) and --db PATH. lm-eval's help follows.\n",
+            highlight=False,
+            soft_wrap=True,
+        )
+    lm_eval_cli.run(
+        args, record=record, db_path=db, log=lambda msg: console.print(msg, highlight=False, soft_wrap=True)
+    )

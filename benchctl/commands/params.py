@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich import box
 from rich.table import Table
 
-from benchctl.stages.cli import JsonOpt, PresetOpt, SetOpt, console, split_list
 from benchctl.core.config import parse_set
+from benchctl.stages.cli import JsonOpt, PresetOpt, SetOpt, console, split_list
 
 app = typer.Typer()
 
@@ -18,7 +18,7 @@ app = typer.Typer()
 @app.command()
 def params(
     preset: PresetOpt = "paper",
-    arch: Annotated[Optional[str], typer.Option("--arch", "-a", help="One architecture, or a comma list.")] = None,
+    arch: Annotated[str | None, typer.Option("--arch", "-a", help="One architecture, or a comma list.")] = None,
     set_: SetOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -62,5 +62,7 @@ def params(
     )
     overrides = parse_set(set_)
     if overrides.get("model.recur_sampling", "fixed") != "fixed":
-        console.print("Sampled depth is on: depth and effective params are at the configured recurrence, training "
-                      "MFLOP/token is the expectation over the sampled depths (mean recurrence + 1).")
+        console.print(
+            "Sampled depth is on: depth and effective params are at the configured recurrence, training "
+            "MFLOP/token is the expectation over the sampled depths (mean recurrence + 1)."
+        )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich import box
@@ -28,15 +28,17 @@ def plans(ctx: typer.Context) -> None:
     for p in (pl.read(n) for n in pl.builtin_names()):  # read: listing them needs no models (no torch)
         t.add_row(p.name, str(len(p.variants)), p.description)
     console.print(t)
-    console.print(f"default: {pl.DEFAULT_PLAN}. Run one with 'benchctl study --plan NAME' (or a path to a plan file); "
-                  "'benchctl plans show NAME' lists its variants.")
+    console.print(
+        f"default: {pl.DEFAULT_PLAN}. Run one with 'benchctl study --plan NAME' (or a path to a plan file); "
+        "'benchctl plans show NAME' lists its variants."
+    )
 
 
 @plans_app.command("show")
 def show(
     name: Annotated[str, typer.Argument(help="A built-in plan's name or a plan file's path.")],
-    preset: Annotated[Optional[str], PresetOpt.__metadata__[0]] = None,
-    seeds: Annotated[Optional[str], typer.Option("--seeds", help="Comma list or range (default: the plan's).")] = None,
+    preset: Annotated[str | None, PresetOpt.__metadata__[0]] = None,
+    seeds: Annotated[str | None, typer.Option("--seeds", help="Comma list or range (default: the plan's).")] = None,
 ) -> None:
     """Resolve a plan at a preset: each variant's architecture, overrides, steps, parameters and training FLOPs."""
     # torch: kept out of 'benchctl plans' and 'benchctl --help'
@@ -62,11 +64,22 @@ def show(
         sets += [f"steps: {v.match_train_flops}'s training FLOPs"] if v.match_train_flops else []
         lora = f"+{v.lora_init or 'svd'}" if has_lora(cfg) else ""
         sets = [f"from {v.parent} ({v.init}{lora})"] + sets if v.parent else sets
-        t.add_row(v.name, cfg.arch, f"{cfg.train.max_steps:,}", f"{row['total_params']:,}", f"{fpt / 1e6:.3f}",
-                  f"{fpt * cfg.train.max_steps * cfg.tokens_per_step / 1e12:.3f}", ", ".join(sets) or "-")
+        t.add_row(
+            v.name,
+            cfg.arch,
+            f"{cfg.train.max_steps:,}",
+            f"{row['total_params']:,}",
+            f"{fpt / 1e6:.3f}",
+            f"{fpt * cfg.train.max_steps * cfg.tokens_per_step / 1e12:.3f}",
+            ", ".join(sets) or "-",
+        )
     console.print(t)
-    console.print("FLOPs: the analytic count of matmuls (attention scores and the tied head included), forward + "
-                  "backward = 3x forward where gradients flow; train FLOPs = FLOPs/token x steps x tokens/step.")
+    console.print(
+        "FLOPs: the analytic count of matmuls (attention scores and the tied head included), forward + "
+        "backward = 3x forward where gradients flow; train FLOPs = FLOPs/token x steps x tokens/step."
+    )
     if convs:
-        console.print("A variant 'from' another is converted from that variant's trained weights at each seed, after "
-                      "it is trained; its train TFLOP are the healing steps' alone (the parent's are its own row's).")
+        console.print(
+            "A variant 'from' another is converted from that variant's trained weights at each seed, after "
+            "it is trained; its train TFLOP are the healing steps' alone (the parent's are its own row's)."
+        )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -18,49 +18,65 @@ from benchctl.stages.cli import (
     YesOpt,
     console,
     db_path_of,
-    terminal_confirm,
     overrides_with_data,
     parse_seeds,
     split_list,
+    terminal_confirm,
 )
 from benchctl.stages.train.cli import ExecutorOpt, RayAddressOpt, RunsDirOpt
 
 app = typer.Typer()
 
 PlanOpt = Annotated[str, typer.Option("--plan", help="A built-in plan (see 'benchctl plans') or a plan file's path.")]
-PlanPresetOpt = Annotated[Optional[str], typer.Option(
-    "--preset", "-p", help="Named preset: paper, small or tiny (default: the plan's, else paper).")]
+PlanPresetOpt = Annotated[
+    str | None,
+    typer.Option("--preset", "-p", help="Named preset: paper, small or tiny (default: the plan's, else paper)."),
+]
 
 
 @app.command()
 def study(
     plan: PlanOpt = "study",
     preset: PlanPresetOpt = None,
-    seeds: Annotated[Optional[str], typer.Option(
-        "--seeds", help="Comma list or range, e.g. 0,1,2 or 0-4 (default: the plan's, else 0,1,2).")] = None,
-    archs: Annotated[Optional[str], typer.Option(
-        "--archs", help="Keep only the plan's variants of these architectures (comma list).")] = None,
+    seeds: Annotated[
+        str | None,
+        typer.Option("--seeds", help="Comma list or range, e.g. 0,1,2 or 0-4 (default: the plan's, else 0,1,2)."),
+    ] = None,
+    archs: Annotated[
+        str | None, typer.Option("--archs", help="Keep only the plan's variants of these architectures (comma list).")
+    ] = None,
     judge_model: Annotated[str, typer.Option("--judge-model", help="Gemini model that grades the stories.")] = (
         "gemini-2.5-flash"
     ),
-    n_prompts: Annotated[Optional[int], typer.Option("--n-prompts", help="Story beginnings to complete.")] = None,
-    tasks: Annotated[Optional[str], typer.Option("--tasks", help="lm-eval tasks (default: the bundled ones).")] = None,
-    skip: Annotated[Optional[str], typer.Option("--skip", help="Stages to skip: sample, judge, eval.")] = None,
+    n_prompts: Annotated[int | None, typer.Option("--n-prompts", help="Story beginnings to complete.")] = None,
+    tasks: Annotated[str | None, typer.Option("--tasks", help="lm-eval tasks (default: the bundled ones).")] = None,
+    skip: Annotated[str | None, typer.Option("--skip", help="Stages to skip: sample, judge, eval.")] = None,
     out: Annotated[Path, typer.Option("--out", help="Report folder.")] = Path("reports"),
     set_: SetOpt = None,
     data: DataOpt = None,
     db: DbOpt = None,
     yes: YesOpt = False,
     progress: ProgressOpt = True,
-    jobs: Annotated[str, typer.Option(
-        "--jobs", "-j", help="Runs trained, sampled and evaluated at once, each in its own process with its share of "
-        "the cores: a number, or auto (one per core on a CPU, one per GPU on a GPU machine).")] = "1",
+    jobs: Annotated[
+        str,
+        typer.Option(
+            "--jobs",
+            "-j",
+            help="Runs trained, sampled and evaluated at once, each in its own process with its share of "
+            "the cores: a number, or auto (one per core on a CPU, one per GPU on a GPU machine).",
+        ),
+    ] = "1",
     executor: ExecutorOpt = "local",
     ray_address: RayAddressOpt = None,
     runs_dir: RunsDirOpt = None,
-    bench: Annotated[Optional[bool], typer.Option(
-        "--bench/--no-bench", help="Time every model's training step with 'benchctl bench' for a clean cost ratio "
-                                   "[default: on for a CPU at tiny/small].")] = None,
+    bench: Annotated[
+        bool | None,
+        typer.Option(
+            "--bench/--no-bench",
+            help="Time every model's training step with 'benchctl bench' for a clean cost ratio "
+            "[default: on for a CPU at tiny/small].",
+        ),
+    ] = None,
 ) -> None:
     """prepare -> train-all -> sample -> judge (with an API key) -> eval -> report, for every variant × seed of a
     plan (default: the study's four models). Rerun to resume any stage."""
@@ -73,10 +89,24 @@ def study(
     if bad:
         raise ConfigError(f"--skip accepts {', '.join(stages.skippable())}; got {', '.join(bad)}")
     opts = StudyOptions(
-        preset=preset, plan=plan, archs=split_list(archs), seeds=parse_seeds(seeds),
-        overrides=overrides_with_data(set_, data), db_path=db_path_of(db), out_dir=out, judge_model=judge_model,
-        n_prompts=n_prompts, eval_tasks=split_list(tasks), skip=skipped, yes=yes, progress=progress,
-        jobs=jobs, executor=executor, ray_address=ray_address, runs_dir=runs_dir, bench=bench,
+        preset=preset,
+        plan=plan,
+        archs=split_list(archs),
+        seeds=parse_seeds(seeds),
+        overrides=overrides_with_data(set_, data),
+        db_path=db_path_of(db),
+        out_dir=out,
+        judge_model=judge_model,
+        n_prompts=n_prompts,
+        eval_tasks=split_list(tasks),
+        skip=skipped,
+        yes=yes,
+        progress=progress,
+        jobs=jobs,
+        executor=executor,
+        ray_address=ray_address,
+        runs_dir=runs_dir,
+        bench=bench,
     )
     is_main = Dist.from_env().is_main  # under torchrun every rank trains; rank 0 alone speaks and runs the rest
     path = run_study(opts, log=console.print if is_main else _quiet, confirm=terminal_confirm())

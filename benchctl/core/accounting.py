@@ -8,8 +8,9 @@ so a new one is accounted for as soon as it is registered.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -48,10 +49,21 @@ def describe(cfg: RunConfig) -> dict[str, Any]:
     return row
 
 
-_ROW_FIELDS = frozenset({
-    "arch", "preset", "components", "total_params", "effective_params", "n_recur", "effective_depth",
-    "flops_per_token", "seq_len", "paper_total_params", "matches_paper",
-})
+_ROW_FIELDS = frozenset(
+    {
+        "arch",
+        "preset",
+        "components",
+        "total_params",
+        "effective_params",
+        "n_recur",
+        "effective_depth",
+        "flops_per_token",
+        "seq_len",
+        "paper_total_params",
+        "matches_paper",
+    }
+)
 
 
 def training_flops(cfg: RunConfig) -> float:

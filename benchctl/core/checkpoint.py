@@ -78,8 +78,12 @@ def set_rng_state(state: dict[str, Any], device: torch.device | None = None) -> 
 def hardware(device: torch.device, dtype: str, compiled: bool = False) -> dict[str, str]:
     """What a checkpoint's steps were timed on: device type and name, the precision it trained in, and whether the
     step was compiled (a compiled step is another speed, as another device is)."""
-    return {"device": device.type, "device_name": hardware_name(device), "dtype": dtype,
-            "compiled": "yes" if compiled else "no"}
+    return {
+        "device": device.type,
+        "device_name": hardware_name(device),
+        "dtype": dtype,
+        "compiled": "yes" if compiled else "no",
+    }
 
 
 def saved_hardware(state: dict[str, Any]) -> dict[str, str] | None:
@@ -96,8 +100,11 @@ def hardware_change(saved: dict[str, str] | None, now: dict[str, str]) -> str | 
     checkpoint predates the record)."""
     if not saved:
         return None
-    diffs = [f"{k} {saved[k]} -> {now[k]}" for k in ("device", "device_name", "dtype", "compiled")
-             if k in saved and saved[k] != now[k]]
+    diffs = [
+        f"{k} {saved[k]} -> {now[k]}"
+        for k in ("device", "device_name", "dtype", "compiled")
+        if k in saved and saved[k] != now[k]
+    ]
     return "; ".join(diffs) or None
 
 
@@ -133,9 +140,7 @@ def check_config(state: dict[str, Any], cfg: RunConfig, path: Path) -> None:
         )
 
 
-def load_model(
-    ckpt_path: Path, device: str | torch.device = "cpu"
-) -> tuple[torch.nn.Module, RunConfig, Path]:
+def load_model(ckpt_path: Path, device: str | torch.device = "cpu") -> tuple[torch.nn.Module, RunConfig, Path]:
     """(model in eval mode, its config, tokenizer path) from a run's checkpoint, for sampling and evaluation."""
     state = load(Path(ckpt_path), map_location="cpu")
     cfg = RunConfig.from_json(state["config"])

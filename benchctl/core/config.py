@@ -149,7 +149,11 @@ class RunConfig:
 
 
 SECTIONS: dict[str, type] = {
-    "model": ModelArgs, "train": TrainConfig, "data": DataConfig, "eval": EvalConfig, "log": LogConfig,
+    "model": ModelArgs,
+    "train": TrainConfig,
+    "data": DataConfig,
+    "eval": EvalConfig,
+    "log": LogConfig,
 }
 TOP_LEVEL = ("arch", "preset", "seed")
 _NOT_A_KEY = ("model.arch_args",)  # the container of the architecture's keys, not a key itself
@@ -358,9 +362,7 @@ def _apply(flat: dict[str, Any], overrides: dict[str, Any], arch: str, *, skip_o
         if owners:
             whose = " and ".join(f"'{o}'" for o in owners)
             raise ConfigError(f"config key '{key}' belongs to architecture {whose}, not to '{arch}'")
-        raise ConfigError(
-            f"unknown config key '{key}'{did_you_mean(key, known)} valid keys: {', '.join(known)}"
-        )
+        raise ConfigError(f"unknown config key '{key}'{did_you_mean(key, known)} valid keys: {', '.join(known)}")
 
 
 def _flat_defaults(arch: str) -> dict[str, Any]:
@@ -384,12 +386,16 @@ def _build(flat: dict[str, Any]) -> RunConfig:
     kwargs: dict[str, Any] = {k: _parse_scalar(k, top_types[k], flat[k]) for k in TOP_LEVEL}
     for section, cls in SECTIONS.items():
         ftypes = _field_types(cls)
-        sec = {name: _parse_scalar(f"{section}.{name}", tp, flat[f"{section}.{name}"])
-               for name, tp in ftypes.items() if f"{section}.{name}" not in _NOT_A_KEY}
+        sec = {
+            name: _parse_scalar(f"{section}.{name}", tp, flat[f"{section}.{name}"])
+            for name, tp in ftypes.items()
+            if f"{section}.{name}" not in _NOT_A_KEY
+        }
         kwargs[section] = cls(**sec)
     arch_cls = _arch_class(kwargs["arch"])
-    own = {name: _parse_scalar(f"model.{name}", tp, flat[f"model.{name}"])
-           for name, tp in _arch_fields(arch_cls).items()}
+    own = {
+        name: _parse_scalar(f"model.{name}", tp, flat[f"model.{name}"]) for name, tp in _arch_fields(arch_cls).items()
+    }
     kwargs["model"] = replace(kwargs["model"], arch_args=arch_cls.args_cls(**own))
     return RunConfig(**kwargs)
 
@@ -448,8 +454,9 @@ def resolve(cfg: RunConfig) -> RunConfig:
     m = cfg.model
     own = arch_cls.args_cls() if m.arch_args is None else m.arch_args
     if type(own) is not arch_cls.args_cls:
-        raise ConfigError(f"model.arch_args: architecture '{cfg.arch}' takes {arch_cls.args_cls.__name__}, "
-                          f"got {type(own).__name__}")
+        raise ConfigError(
+            f"model.arch_args: architecture '{cfg.arch}' takes {arch_cls.args_cls.__name__}, got {type(own).__name__}"
+        )
     if m.hidden_dim is None:
         if m.dim <= 0 or m.multiple_of <= 0:
             _validate_model(m)
@@ -477,9 +484,7 @@ def _validate_model(m: ModelArgs) -> None:
     _require(m.n_layers > 0, "model.n_layers", f"must be positive, got {m.n_layers}")
     _require(m.n_heads > 0, "model.n_heads", f"must be positive, got {m.n_heads}")
     _require(m.multiple_of > 0, "model.multiple_of", f"must be positive, got {m.multiple_of}")
-    _require(
-        m.dim % m.n_heads == 0, "model.dim", f"{m.dim} is not divisible by model.n_heads={m.n_heads}"
-    )
+    _require(m.dim % m.n_heads == 0, "model.dim", f"{m.dim} is not divisible by model.n_heads={m.n_heads}")
     _require(m.n_kv_heads > 0, "model.n_kv_heads", f"must be positive, got {m.n_kv_heads}")
     _require(
         m.n_heads % m.n_kv_heads == 0,
@@ -531,8 +536,11 @@ def validate(cfg: RunConfig) -> None:
     _require(t.eval_interval >= 1, "train.eval_interval", f"must be >= 1, got {t.eval_interval}")
     _require(t.log_interval >= 1, "train.log_interval", f"must be >= 1, got {t.log_interval}")
     _require(t.ckpt_interval >= 1, "train.ckpt_interval", f"must be >= 1, got {t.ckpt_interval}")
-    _require(0 < t.recur_curriculum_frac <= 1, "train.recur_curriculum_frac",
-             f"must be in (0, 1], got {t.recur_curriculum_frac}")
+    _require(
+        0 < t.recur_curriculum_frac <= 1,
+        "train.recur_curriculum_frac",
+        f"must be in (0, 1], got {t.recur_curriculum_frac}",
+    )
     dev = t.device
     _require(
         dev in ("auto", "cpu", "cuda", "mps") or (dev.startswith("cuda:") and dev[5:].isdigit()),
@@ -554,7 +562,9 @@ _NOT_IDENTITY = ("train.log_interval", "train.ckpt_interval", "train.eval_interv
 # Keys added after runs were already stored: at their default they stay out of the run id, so every run trained
 # before they existed keeps its id (and is found, skipped or resumed as before).
 _ID_OMITTED_AT_DEFAULT: dict[str, Any] = {
-    "train.optimizer": "adamw", "train.recur_curriculum": "none", "train.recur_curriculum_frac": 0.25,
+    "train.optimizer": "adamw",
+    "train.recur_curriculum": "none",
+    "train.recur_curriculum_frac": 0.25,
     "train.init_from": None,
 }
 

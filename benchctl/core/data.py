@@ -54,9 +54,9 @@ from benchctl.core.sources import (  # noqa: F401  (read_stories, cache_root and
     EOT,
     HUB_REPO,
     SPLITS,
-    _HubUnreachable,
     _hub_source,
     _hub_source_at,
+    _HubUnreachable,
     _last_hub_revision,
     _local_source,
     _log,
@@ -121,8 +121,9 @@ class Tokenizer:
         try:
             self._sp = spm.SentencePieceProcessor(model_file=str(self.path))
         except (OSError, RuntimeError) as e:
-            raise DataError(f"{self.path} is not a SentencePiece model ({e}); delete its directory and rerun "
-                            "`benchctl prepare`") from None
+            raise DataError(
+                f"{self.path} is not a SentencePiece model ({e}); delete its directory and rerun `benchctl prepare`"
+            ) from None
 
     def __reduce__(self):  # picklable (dataloader workers, lm-eval): reload from the file
         return (Tokenizer, (str(self.path),))
@@ -177,8 +178,15 @@ def _story_lines(stories: Iterable[str]) -> Iterator[str]:
                 yield line
 
 
-def train_tokenizer(stories: Sequence[str], vocab_size: int, out_dir: Path, *, n_sample: int,
-                    seed: int = TOKENIZER_SEED, progress: Progress | bool = False) -> Tokenizer:
+def train_tokenizer(
+    stories: Sequence[str],
+    vocab_size: int,
+    out_dir: Path,
+    *,
+    n_sample: int,
+    seed: int = TOKENIZER_SEED,
+    progress: Progress | bool = False,
+) -> Tokenizer:
     """Fit the llama2.c BPE recipe on a seeded random sample of `n_sample` stories; writes out_dir/tokenizer.model."""
     if n_sample < len(stories):
         # Sorted indices: the sample's order follows the split, so it depends only on (stories, n_sample, seed).
@@ -198,8 +206,10 @@ def train_tokenizer(stories: Sequence[str], vocab_size: int, out_dir: Path, *, n
             )
     except RuntimeError as e:
         # e.g. "Vocabulary size too high (4096). Please set it to a value <= 1800." on a tiny corpus.
-        raise DataError(f"tokenizer training failed: {e} (fit on {len(sample):,} stories; raise "
-                        "data.tokenizer_stories or use more data, or lower model.vocab_size)") from None
+        raise DataError(
+            f"tokenizer training failed: {e} (fit on {len(sample):,} stories; raise "
+            "data.tokenizer_stories or use more data, or lower model.vocab_size)"
+        ) from None
     return Tokenizer(prefix.with_suffix(".model"))
 
 
@@ -253,8 +263,9 @@ def load_prepared(dir: Path | str) -> Prepared:
     """Open a prepared directory from its manifest, checking every file (size, tokenizer hash, token ids < vocab)."""
     dir = Path(dir).expanduser().resolve()
     if not dir.is_dir():
-        raise DataError(f"prepared data directory {dir} does not exist; rerun `benchctl prepare` with the same "
-                        "data settings")
+        raise DataError(
+            f"prepared data directory {dir} does not exist; rerun `benchctl prepare` with the same data settings"
+        )
     mpath = dir / MANIFEST
     if not mpath.is_file():
         raise _corrupt(dir, f"{mpath} is missing")
@@ -264,8 +275,10 @@ def load_prepared(dir: Path | str) -> Prepared:
         raise _corrupt(dir, f"{mpath} is not valid JSON ({e})") from None
     if not isinstance(m, dict) or m.get("format_version") != FORMAT_VERSION:
         version = m.get("format_version") if isinstance(m, dict) else None
-        raise DataError(f"{mpath} has cache format {version!r}, this benchctl reads {FORMAT_VERSION}; delete {dir} "
-                        "and rerun `benchctl prepare`")
+        raise DataError(
+            f"{mpath} has cache format {version!r}, this benchctl reads {FORMAT_VERSION}; delete {dir} "
+            "and rerun `benchctl prepare`"
+        )
     try:
         files: dict[str, dict[str, Any]] = m["files"]
         vocab = int(m["vocab_size"])
@@ -290,9 +303,16 @@ def load_prepared(dir: Path | str) -> Prepared:
         if (top := _max_token(_memmap(path, n))) >= vocab:
             raise _corrupt(dir, f"{path} contains token id {top} >= vocab size {vocab}")
     return Prepared(
-        dir=dir, fingerprint=fingerprint, source=source, vocab_size=vocab, tokenizer_path=dir / TOKENIZER_FILE,
-        train_path=dir / "train.bin", valid_path=dir / "valid.bin", n_train_stories=counts["n_train_stories"],
-        n_valid_stories=counts["n_valid_stories"], n_train_tokens=counts["n_train_tokens"],
+        dir=dir,
+        fingerprint=fingerprint,
+        source=source,
+        vocab_size=vocab,
+        tokenizer_path=dir / TOKENIZER_FILE,
+        train_path=dir / "train.bin",
+        valid_path=dir / "valid.bin",
+        n_train_stories=counts["n_train_stories"],
+        n_valid_stories=counts["n_valid_stories"],
+        n_train_tokens=counts["n_train_tokens"],
         n_valid_tokens=counts["n_valid_tokens"],
     )
 
@@ -351,8 +371,9 @@ def prepare(data: DataConfig, vocab_size: int, *, progress: Progress | bool = Tr
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise DataError(f"cannot create the data cache {root} ({e}); set BENCHCTL_CACHE to a writable directory") \
-            from None
+        raise DataError(
+            f"cannot create the data cache {root} ({e}); set BENCHCTL_CACHE to a writable directory"
+        ) from None
     spec = str(data.source).strip()
     if spec == "hub":
         try:
@@ -413,8 +434,16 @@ def _pretokenize(stories: Sequence[str], tok: Tokenizer, out: Path, desc: str, p
     return n
 
 
-def _build(tmp: Path, source: _Source, data: DataConfig, vocab_size: int, fingerprint: str, settings: dict[str, Any],
-           progress: Progress, t0: float) -> None:
+def _build(
+    tmp: Path,
+    source: _Source,
+    data: DataConfig,
+    vocab_size: int,
+    fingerprint: str,
+    settings: dict[str, Any],
+    progress: Progress,
+    t0: float,
+) -> None:
     _log(progress, f"preparing {source.description} (vocab {vocab_size}) into {_dir_for(fingerprint, vocab_size)}")
     stories = {
         "train": _read_split(source, "train", data.max_train_stories, progress),
@@ -427,8 +456,10 @@ def _build(tmp: Path, source: _Source, data: DataConfig, vocab_size: int, finger
     with open(tmp / VALID_STORIES_FILE, "w", encoding="utf-8") as f:
         for story in stories["valid"]:
             f.write(json.dumps({"text": story}, ensure_ascii=False) + "\n")
-    files: dict[str, dict[str, Any]] = {name: {"bytes": (tmp / name).stat().st_size}
-                                        for name in (TOKENIZER_FILE, "train.bin", "valid.bin", VALID_STORIES_FILE)}
+    files: dict[str, dict[str, Any]] = {
+        name: {"bytes": (tmp / name).stat().st_size}
+        for name in (TOKENIZER_FILE, "train.bin", "valid.bin", VALID_STORIES_FILE)
+    }
     files[TOKENIZER_FILE]["sha256"] = _sha256_file(tmp / TOKENIZER_FILE)
     manifest = {
         "format_version": FORMAT_VERSION,
@@ -460,8 +491,10 @@ def _check_length(tokens: np.ndarray, seq_len: int) -> None:
     if seq_len < 1:
         raise ConfigError(f"model.max_seq_len: must be >= 1, got {seq_len}")
     if len(tokens) < seq_len + 1:
-        raise DataError(f"the split has {len(tokens):,} tokens, too small for sequence length {seq_len} (windows "
-                        f"need {seq_len + 1}); use more stories or a shorter model.max_seq_len")
+        raise DataError(
+            f"the split has {len(tokens):,} tokens, too small for sequence length {seq_len} (windows "
+            f"need {seq_len + 1}); use more stories or a shorter model.max_seq_len"
+        )
 
 
 def _gather(tokens: np.ndarray, starts: torch.Tensor, width: int) -> torch.Tensor:
@@ -477,14 +510,17 @@ class WindowSampler:
     ranks is exactly the single-process batch, and a resume may even change world_size.
     """
 
-    def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, seed: int, rank: int = 0,
-                 world_size: int = 1):
+    def __init__(
+        self, tokens: np.ndarray, seq_len: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1
+    ):
         _check_length(tokens, seq_len)
         if world_size < 1 or not 0 <= rank < world_size:
             raise ConfigError(f"rank {rank} is not in [0, world_size={world_size})")
         if batch_size < 1 or batch_size % world_size:
-            raise ConfigError(f"train.batch_size={batch_size} must be a positive multiple of the number of "
-                              f"processes ({world_size}) so every rank gets the same share of each micro-batch")
+            raise ConfigError(
+                f"train.batch_size={batch_size} must be a positive multiple of the number of "
+                f"processes ({world_size}) so every rank gets the same share of each micro-batch"
+            )
         self.tokens, self.seq_len, self.batch_size, self.seed = tokens, seq_len, batch_size, seed
         self.rank, self.world_size = rank, world_size
         self.generator = torch.Generator().manual_seed(seed)
@@ -511,8 +547,10 @@ class WindowSampler:
         mine = {"seq_len": self.seq_len, "batch_size": self.batch_size, "n_tokens": len(self.tokens)}
         theirs = {k: d.get(k) for k in mine}
         if theirs != mine:
-            raise CheckpointError(f"the checkpoint's data stream was drawn with {theirs}, this run has {mine}; "
-                                  "resume with the same data and batch settings")
+            raise CheckpointError(
+                f"the checkpoint's data stream was drawn with {theirs}, this run has {mine}; "
+                "resume with the same data and batch settings"
+            )
         self.generator.set_state(d["generator"])
         self.batches = int(d["batches"])
 

@@ -17,9 +17,9 @@ import contextlib
 import os
 import sqlite3
 import time
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Sequence
 
 import sqlite_utils
 
@@ -31,7 +31,9 @@ Database = sqlite_utils.Database  # what `connect` returns; the stages name the 
 DEFAULT_DB = Path("results") / "results.db"
 
 META = Table(
-    "meta", "Schema", "Key-value facts about this database (its schema version).",
+    "meta",
+    "Schema",
+    "Key-value facts about this database (its schema version).",
     (Column("key", str, "fact name, e.g. schema_version"), Column("value", str, "its value")),
     pk="key",
 )
@@ -46,8 +48,9 @@ def default_path() -> Path:
     return Path(os.environ.get("BENCHCTL_DB") or DEFAULT_DB)
 
 
-def connect(path: str | os.PathLike | None = None, *, tables: Sequence[Table], create: bool = True,
-            wal: bool = True) -> sqlite_utils.Database:
+def connect(
+    path: str | os.PathLike | None = None, *, tables: Sequence[Table], create: bool = True, wal: bool = True
+) -> sqlite_utils.Database:
     """Open results.db with WAL, foreign keys and a busy timeout, creating or migrating `tables` (and `meta`).
 
     `tables` are the stages' tables, parents before the tables whose foreign keys point at them. `wal=False` keeps

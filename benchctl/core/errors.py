@@ -8,7 +8,7 @@ Anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import difflib
-from typing import Iterable
+from collections.abc import Iterable
 
 
 class BenchctlError(Exception):
@@ -60,7 +60,7 @@ class Aborted(BenchctlError):
 
 
 def did_you_mean(word: str, options: Iterable[str]) -> str:
-    """"; did you mean 'x'?" for the closest option to a mistyped word, or "" when nothing is close.
+    """ "; did you mean 'x'?" for the closest option to a mistyped word, or "" when nothing is close.
 
     `architectures` has its own copy (it imports nothing from benchctl); importing that one would load torch."""
     close = difflib.get_close_matches(word, list(options), n=1)

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO
 
 
 def atomic_write(path: str | os.PathLike, data: bytes | str | Callable[[BinaryIO], object]) -> None:

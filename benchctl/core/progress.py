@@ -19,7 +19,8 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Any, Iterator, TextIO
+from collections.abc import Iterator
+from typing import Any, TextIO
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
@@ -43,8 +44,15 @@ class Task:
         self._rich_id: Any = None
         self.closed = False
 
-    def update(self, *, advance: int = 0, completed: int | None = None, description: str | None = None,
-               total: int | None = None, **fields: Any) -> None:
+    def update(
+        self,
+        *,
+        advance: int = 0,
+        completed: int | None = None,
+        description: str | None = None,
+        total: int | None = None,
+        **fields: Any,
+    ) -> None:
         """Move the task forward by `advance` or to `completed`; `fields` are shown after the counts as `name value`."""
         if self.closed:
             return
@@ -90,8 +98,15 @@ class Task:
 class Progress:
     """Progress bars (rich) on a terminal, a plain line every `interval` seconds otherwise, nothing when disabled."""
 
-    def __init__(self, enabled: bool = True, *, console: Any = None, interval: float = PLAIN_INTERVAL,
-                 interactive: bool | None = None, stream: TextIO | None = None):
+    def __init__(
+        self,
+        enabled: bool = True,
+        *,
+        console: Any = None,
+        interval: float = PLAIN_INTERVAL,
+        interactive: bool | None = None,
+        stream: TextIO | None = None,
+    ):
         if console is None:
             console = Console(file=stream) if stream is not None else Console()
         self.console = console
@@ -116,8 +131,9 @@ class Progress:
             self._tasks.append(t)
             if self.enabled and self.interactive:
                 self._rich_start()
-                t._rich_id = self._rich.add_task(description, total=total, completed=completed,
-                                                 extra=_fields_text(t.fields))
+                t._rich_id = self._rich.add_task(
+                    description, total=total, completed=completed, extra=_fields_text(t.fields)
+                )
         if self.enabled and not self.interactive:
             self.console.print(t.summary(), highlight=False, markup=False, soft_wrap=True)
             t._last_line = time.monotonic()
@@ -129,8 +145,13 @@ class Progress:
         if self.interactive:
             with self._lock:
                 if self._rich is not None and t._rich_id is not None:
-                    self._rich.update(t._rich_id, completed=t.completed, total=t.total, description=t.description,
-                                      extra=_fields_text(t.fields))
+                    self._rich.update(
+                        t._rich_id,
+                        completed=t.completed,
+                        total=t.total,
+                        description=t.description,
+                        extra=_fields_text(t.fields),
+                    )
             return
         now = time.monotonic()
         if final or now - t._last_line >= self.interval:
@@ -151,8 +172,13 @@ class Progress:
         if self._rich is not None:
             return
         self._rich = RichProgress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[extra]}"), TimeRemainingColumn(), console=self.console, transient=False,
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[extra]}"),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=False,
         )
         self._rich.start()
 

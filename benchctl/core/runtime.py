@@ -12,10 +12,11 @@ import functools
 import importlib.util
 import os
 import shutil
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -53,11 +54,15 @@ def check_compile_available(device: torch.device, what: str) -> None:
     """torch.compile's inductor backend generates C++ on the CPU and Triton kernels on CUDA: without them the first
     step would fail deep inside inductor. Fail first, naming the fix."""
     if device.type == "cpu" and not _cpp_compiler():
-        raise ConfigError(f"{what} on CPU needs a C++ compiler (g++ or clang++) on PATH; install one (e.g. "
-                          "apt install g++) or train without compile (it does not change the results)")
+        raise ConfigError(
+            f"{what} on CPU needs a C++ compiler (g++ or clang++) on PATH; install one (e.g. "
+            "apt install g++) or train without compile (it does not change the results)"
+        )
     if device.type == "cuda" and importlib.util.find_spec("triton") is None:
-        raise ConfigError(f"{what} on CUDA needs Triton (pip install triton, normally installed with torch); or "
-                          "train without compile (it does not change the results)")
+        raise ConfigError(
+            f"{what} on CUDA needs Triton (pip install triton, normally installed with torch); or "
+            "train without compile (it does not change the results)"
+        )
 
 
 @dataclass(frozen=True)
@@ -68,8 +73,14 @@ class CompileChoice:
     reason: str
 
 
-def resolve_compile(setting: bool | None, device: torch.device, amp: torch.dtype | None, sampled_depth: bool,
-                    curriculum: bool, arch: str = "the model") -> CompileChoice:
+def resolve_compile(
+    setting: bool | None,
+    device: torch.device,
+    amp: torch.dtype | None,
+    sampled_depth: bool,
+    curriculum: bool,
+    arch: str = "the model",
+) -> CompileChoice:
     """`train.compile`: true or false as set (true checks for the compiler first, and refuses a sampled training depth:
     every sampled depth is a new graph, so it would recompile until its cache limit, then silently fall back to eager,
     and the step times would measure compilation); None (auto) compiles where it was measured to pay and nothing
@@ -81,8 +92,10 @@ def resolve_compile(setting: bool | None, device: torch.device, amp: torch.dtype
     never the maths."""
     if setting is not None:
         if setting and sampled_depth:
-            raise ConfigError(f"train.compile=true with {arch}'s sampled training depth recompiles at every new "
-                              "depth; train without compile (it does not change the results)")
+            raise ConfigError(
+                f"train.compile=true with {arch}'s sampled training depth recompiles at every new "
+                "depth; train without compile (it does not change the results)"
+            )
         if setting:
             check_compile_available(device, "train.compile=true")
         return CompileChoice(bool(setting), f"set: train.compile={str(bool(setting)).lower()}")

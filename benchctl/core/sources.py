@@ -242,8 +242,9 @@ def _hub_source() -> _Source:
 
 
 def _hub_source_at(sha: str) -> _Source:
-    return _Source(f"hub:{HUB_REPO}", _sha256_json({"kind": "hub", "repo": HUB_REPO, "revision": sha}),
-                   {s: sha for s in SPLITS})
+    return _Source(
+        f"hub:{HUB_REPO}", _sha256_json({"kind": "hub", "repo": HUB_REPO, "revision": sha}), {s: sha for s in SPLITS}
+    )
 
 
 def _hub_revision_file() -> Path:
@@ -288,8 +289,7 @@ def _read_hub_split(split: str, revision: str, limit: int | None, progress: Prog
     return out
 
 
-def read_stories(source: str, split: str, limit: int | None = None, *,
-                 progress: Progress | bool = False) -> list[str]:
+def read_stories(source: str, split: str, limit: int | None = None, *, progress: Progress | bool = False) -> list[str]:
     """The stories of one split ("train" or "valid") of a source ("hub" or a directory), stripped, first `limit`."""
     progress = _reporter(progress)
     if split not in SPLITS:
@@ -307,8 +307,11 @@ def read_stories(source: str, split: str, limit: int | None = None, *,
 def _read_split(source: _Source, split: str, limit: int | None, progress: Progress) -> list[str]:
     where = source.splits[split]
     if isinstance(where, _SplitFiles):
-        _log(progress, f"reading {split} stories from {', '.join(p.name for p in where.files[:3])}"
-                       + (" ..." if len(where.files) > 3 else ""))
+        _log(
+            progress,
+            f"reading {split} stories from {', '.join(p.name for p in where.files[:3])}"
+            + (" ..." if len(where.files) > 3 else ""),
+        )
         return _read_local_split(where, limit)
     return _read_hub_split(split, where, limit, progress)
 

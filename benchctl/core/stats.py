@@ -40,8 +40,9 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Hashable, Iterable, Mapping, Sequence, TypeGuard, TypeVar
+from typing import Any, TypeGuard, TypeVar
 
 import numpy as np
 from scipy import stats as sps
@@ -143,8 +144,9 @@ def welch(a: Iterable[float | None], b: Iterable[float | None], level: float = L
     va, vb = float(xa.var(ddof=1)) / na, float(xb.var(ddof=1)) / nb
     se = math.sqrt(va + vb)
     if se == 0.0:
-        return Comparison("welch", na, nb, ma, mb, diff, None, None, None, level,
-                          reason="no variation within either group")
+        return Comparison(
+            "welch", na, nb, ma, mb, diff, None, None, None, level, reason="no variation within either group"
+        )
     df = (va + vb) ** 2 / (va**2 / (na - 1) + vb**2 / (nb - 1))
     t = diff / se
     p = float(2 * sps.t.sf(abs(t), df))
@@ -187,12 +189,22 @@ def compare_seeds(a: Mapping[int, float | None], b: Mapping[int, float | None], 
     if set(fa) != set(fb) or not fa:
         return welch(fa.values(), fb.values(), level)
     keys = _sorted_keys(fa)
-    return _paired_t(np.array([fa[k] for k in keys]), np.array([fb[k] for k in keys]), "paired-t", level,
-                     unit="seed", wilcoxon=True)
+    return _paired_t(
+        np.array([fa[k] for k in keys]), np.array([fb[k] for k in keys]), "paired-t", level, unit="seed", wilcoxon=True
+    )
 
 
-def _paired_t(xa: np.ndarray, xb: np.ndarray, method: str, level: float, *, unit: str, wilcoxon: bool,
-              n_prompts: int | None = None, scope: str = "architectures") -> Comparison:
+def _paired_t(
+    xa: np.ndarray,
+    xb: np.ndarray,
+    method: str,
+    level: float,
+    *,
+    unit: str,
+    wilcoxon: bool,
+    n_prompts: int | None = None,
+    scope: str = "architectures",
+) -> Comparison:
     """Paired t-test of xa − xb (scipy.stats.ttest_rel) with its t interval; untestable below 2 pairs or without
     any spread in the differences (t would be 0/0 or ±∞)."""
     n = len(xa)
@@ -212,12 +224,22 @@ def _paired_t(xa: np.ndarray, xb: np.ndarray, method: str, level: float, *, unit
         with warnings.catch_warnings():  # ties and zeros switch scipy to the normal approximation; fine here
             warnings.simplefilter("ignore")
             p_w = float(sps.wilcoxon(xa, xb).pvalue)
-    return replace(base, lo=float(ci.low), hi=float(ci.high), p=float(res.pvalue), df=float(res.df),
-                   t=float(res.statistic), p_wilcoxon=p_w)
+    return replace(
+        base,
+        lo=float(ci.low),
+        hi=float(ci.high),
+        p=float(res.pvalue),
+        df=float(res.df),
+        t=float(res.statistic),
+        p_wilcoxon=p_w,
+    )
 
 
-def compare_judge(a: Mapping[tuple[Hashable, Hashable], float | None],
-                  b: Mapping[tuple[Hashable, Hashable], float | None], level: float = LEVEL) -> Comparison:
+def compare_judge(
+    a: Mapping[tuple[Hashable, Hashable], float | None],
+    b: Mapping[tuple[Hashable, Hashable], float | None],
+    level: float = LEVEL,
+) -> Comparison:
     """Compare two models' judge grades, {(seed, prompt): grade averaged over repeats}, paired by (seed, prompt).
 
     Two or more shared seeds: each seed's mean paired difference over its shared prompts, then a one-sample t over
@@ -238,8 +260,9 @@ def compare_judge(a: Mapping[tuple[Hashable, Hashable], float | None],
         return _paired_t(xa, xb, "seed-t", level, unit="seed", wilcoxon=False, n_prompts=n_prompts)
     pairs = next(iter(by_seed.values()), [])
     xa, xb = np.array([x for x, _ in pairs]), np.array([y for _, y in pairs])
-    return _paired_t(xa, xb, "prompt-t", level, unit="prompt", wilcoxon=False, n_prompts=n_prompts,
-                     scope="trained models")
+    return _paired_t(
+        xa, xb, "prompt-t", level, unit="prompt", wilcoxon=False, n_prompts=n_prompts, scope="trained models"
+    )
 
 
 def holm(pvalues: Sequence[float | None]) -> list[float | None]:
@@ -317,8 +340,11 @@ def verdict(
         detail += f", Holm-adjusted {fmt_p(p_adj)}" + (f" over {family}" if family else "")
     if c.p_wilcoxon is not None:
         detail += f"; Wilcoxon signed-rank {fmt_p(c.p_wilcoxon)}"
-    scope = ("; about these two trained models only: one seed cannot separate the architecture from the "
-             "initialization" if c.scope == "trained models" else "")
+    scope = (
+        "; about these two trained models only: one seed cannot separate the architecture from the initialization"
+        if c.scope == "trained models"
+        else ""
+    )
     decisive = p_adj if p_adj is not None else c.p
     assert decisive is not None and c.p is not None
     if decisive < alpha and (c.lo > 0 or c.hi < 0):
@@ -326,12 +352,16 @@ def verdict(
             word, mag, lo, hi = "lower", -c.diff, -c.hi, -c.lo
         else:
             word, mag, lo, hi = "higher", c.diff, c.lo, c.hi
-        return (f"{a}'s {quantity} is {_fmt(mag, digits)} {word} than {b}'s "
-                f"({pct} CI {_fmt(lo, digits)} to {_fmt(hi, digits)}; {detail}{scope}).")
+        return (
+            f"{a}'s {quantity} is {_fmt(mag, digits)} {word} than {b}'s "
+            f"({pct} CI {_fmt(lo, digits)} to {_fmt(hi, digits)}; {detail}{scope})."
+        )
     numbers = f"difference {_fmt(c.diff, digits)}, {pct} CI {_fmt(c.lo, digits)} to {_fmt(c.hi, digits)}; {detail}"
     if c.p < alpha and p_adj is not None and p_adj >= alpha:
-        return (f"{a}'s and {b}'s {quantity} are not distinguishable once adjusted for multiple comparisons "
-                f"({numbers}{scope}).")
+        return (
+            f"{a}'s and {b}'s {quantity} are not distinguishable once adjusted for multiple comparisons "
+            f"({numbers}{scope})."
+        )
     return f"{a}'s and {b}'s {quantity} are not distinguishable ({numbers}{scope})."
 
 
@@ -399,8 +429,9 @@ def krippendorff_alpha(units: Iterable[Iterable[float | None]]) -> float | None:
     return a if math.isfinite(a) else None
 
 
-def alpha_ci(units: Iterable[Iterable[float | None]], *, n_boot: int = 1000, seed: int = 0,
-             level: float = LEVEL) -> Agreement:
+def alpha_ci(
+    units: Iterable[Iterable[float | None]], *, n_boot: int = 1000, seed: int = 0, level: float = LEVEL
+) -> Agreement:
     """Alpha with a percentile bootstrap CI that resamples units (samples), seeded and deterministic."""
     s = _unit_sums(units)
     n_units, n_values = len(s), int(s[:, 0].sum()) if len(s) else 0
@@ -456,9 +487,11 @@ def length_bias(rows: Iterable[tuple[str, float | None, float | None]]) -> Lengt
         slope, intercept = float(fit.slope), float(fit.intercept)
     grand = float(allxy[:, 1].mean()) if len(allxy) else 0.0
     raw = {m: float(np.mean([g for _, g in xy])) for m, xy in data.items()}
-    adj = dict(raw) if slope is None else {
-        m: grand + float(np.mean([g - (intercept + slope * x) for x, g in xy])) for m, xy in data.items()
-    }
+    adj = (
+        dict(raw)
+        if slope is None
+        else {m: grand + float(np.mean([g - (intercept + slope * x) for x, g in xy])) for m, xy in data.items()}
+    )
 
     def order(d: dict[str, float]) -> list[str]:
         return sorted(d, key=lambda k: (-d[k], k))

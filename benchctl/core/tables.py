@@ -12,8 +12,8 @@ opened. Table and column names, types, keys and NOT NULL constraints are the sto
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 
 @dataclass(frozen=True)
@@ -59,13 +59,23 @@ class Table:
     def __post_init__(self) -> None:
         names = [c.name for c in self.columns]
         keys = (self.pk,) if isinstance(self.pk, str) else self.pk
-        named = [*keys, *(fk[0] for fk in self.foreign_keys), *self.not_null, *self.defaults,
-                 *(c for index in self.indexes for c in index), *self.backfill, *self.facets, *self.report_skip,
-                 *self.report_sort]
+        named = [
+            *keys,
+            *(fk[0] for fk in self.foreign_keys),
+            *self.not_null,
+            *self.defaults,
+            *(c for index in self.indexes for c in index),
+            *self.backfill,
+            *self.facets,
+            *self.report_skip,
+            *self.report_sort,
+        ]
         unknown = sorted({c for c in named if c not in names})
         if len(set(names)) != len(names) or unknown:
-            raise ValueError(f"table {self.name}: columns named twice or not declared: "
-                             f"{sorted({n for n in names if names.count(n) > 1} | set(unknown))}")
+            raise ValueError(
+                f"table {self.name}: columns named twice or not declared: "
+                f"{sorted({n for n in names if names.count(n) > 1} | set(unknown))}"
+            )
 
     @property
     def column_names(self) -> list[str]:

@@ -326,8 +326,11 @@ class NvmlSampler(_Periodic):
                 pass
 
 
-_HANDLE_BY = {"uuid": "nvmlDeviceGetHandleByUUID", "pci": "nvmlDeviceGetHandleByPciBusId",
-              "index": "nvmlDeviceGetHandleByIndex"}
+_HANDLE_BY = {
+    "uuid": "nvmlDeviceGetHandleByUUID",
+    "pci": "nvmlDeviceGetHandleByPciBusId",
+    "index": "nvmlDeviceGetHandleByIndex",
+}
 
 
 def reset_peak_memory(device: torch.device) -> None:
@@ -353,7 +356,11 @@ def git_commit() -> str | None:
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=PROJECT_DIR, capture_output=True, text=True, timeout=5, check=True,
+            cwd=PROJECT_DIR,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
@@ -393,8 +400,9 @@ def tune_cpu_allocator() -> str | None:
     unchanged. Process-wide, once (cached); not applied when the user set MALLOC_MMAP_THRESHOLD_ /
     MALLOC_TRIM_THRESHOLD_ or the C library is not glibc. Returns what was set, or None.
     """
-    if platform.libc_ver()[0] != "glibc" or any(k in os.environ for k in ("MALLOC_MMAP_THRESHOLD_",
-                                                                         "MALLOC_TRIM_THRESHOLD_")):
+    if platform.libc_ver()[0] != "glibc" or any(
+        k in os.environ for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+    ):
         return None
     try:
         libc = ctypes.CDLL(None)
@@ -427,10 +435,23 @@ def environment(device: torch.device, driver_version: str | None = None) -> dict
 # checkpoint written before it existed lacks is unknown (None), not zero: adding only the later processes' share to it
 # would understate it.
 FRESH_RUN_TELEMETRY: dict[str, Any] = {
-    "train_seconds": 0.0, "warmup_seconds": 0.0, "eval_seconds": 0.0, "step_times": [], "peak_rss": 0,
-    "peak_alloc": None, "peak_reserved": None, "peak_nvml": None, "initial_val_loss": None,
-    "cpu_seconds": 0.0, "cuda_seconds": 0.0, "timed_steps": 0, "load_total": 0.0, "load_n": 0, "util_total": 0,
-    "util_n": 0, "baseline_rss": None,
+    "train_seconds": 0.0,
+    "warmup_seconds": 0.0,
+    "eval_seconds": 0.0,
+    "step_times": [],
+    "peak_rss": 0,
+    "peak_alloc": None,
+    "peak_reserved": None,
+    "peak_nvml": None,
+    "initial_val_loss": None,
+    "cpu_seconds": 0.0,
+    "cuda_seconds": 0.0,
+    "timed_steps": 0,
+    "load_total": 0.0,
+    "load_n": 0,
+    "util_total": 0,
+    "util_n": 0,
+    "baseline_rss": None,
 }
 ADDED_LATER = ("cpu_seconds", "cuda_seconds", "timed_steps")
 

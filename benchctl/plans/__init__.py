@@ -11,7 +11,8 @@ A plan has a `name`, a one-line `description`, optionally a default `preset` and
     train_tokens = 5_000_000       # steps = ceil(tokens / tokens per step)
     match_train_flops = "frailt"   # steps so that training FLOPs equal that variant's
 
-A variant can instead be a conversion of another variant of the same plan (a retrofit, see benchctl.stages.retrofit.engine):
+A variant can instead be a conversion of another variant of the same plan (a retrofit, see
+benchctl.stages.retrofit.engine):
 
     [[variant]]
     name = "relaxed-avg-svd"
@@ -100,7 +101,8 @@ class PlannedRun:
 @dataclass(frozen=True)
 class PlannedConversion:
     """One conversion of a plan at one seed: the converted model's config (without `train.init_from`, which names
-    the parent's run id, known once the parent is trained: see benchctl.stages.retrofit.engine.attach) and its parent's config."""
+    the parent's run id, known once the parent is trained: see benchctl.stages.retrofit.engine.attach) and its parent's
+    config."""
 
     variant: str
     parent: str  # the parent's variant name
@@ -135,8 +137,10 @@ def read(name_or_path: str | Path) -> Plan:
     text = str(name_or_path)
     path = _DIR / f"{text}.toml" if text in builtin_names() else Path(text)
     if not path.is_file():
-        raise ConfigError(f"unknown plan '{text}'{did_you_mean(text, builtin_names())} built-in plans: "
-                          f"{', '.join(builtin_names())}; or give the path of a plan file")
+        raise ConfigError(
+            f"unknown plan '{text}'{did_you_mean(text, builtin_names())} built-in plans: "
+            f"{', '.join(builtin_names())}; or give the path of a plan file"
+        )
     raw_bytes = path.read_bytes()
     try:
         raw = tomllib.loads(raw_bytes.decode("utf-8"))
@@ -182,11 +186,20 @@ def _parse(raw: dict[str, Any], path: Path, sha: str) -> Plan:
         raise ConfigError(f"{path}: variant name '{dup[0]}' is used twice; each variant needs its own name")
     for v in variants:
         if v.match_train_flops is not None and v.match_train_flops not in names:
-            raise ConfigError(f"{path}: variant '{v.name}': match_train_flops names no variant of this plan: "
-                              f"'{v.match_train_flops}'{did_you_mean(v.match_train_flops, names)}")
+            raise ConfigError(
+                f"{path}: variant '{v.name}': match_train_flops names no variant of this plan: "
+                f"'{v.match_train_flops}'{did_you_mean(v.match_train_flops, names)}"
+            )
         _check_parent(v, variants, path)
-    return Plan(name=raw["name"], description=raw["description"], path=path, sha256=sha, variants=tuple(variants),
-                preset=preset, seeds=seeds)
+    return Plan(
+        name=raw["name"],
+        description=raw["description"],
+        path=path,
+        sha256=sha,
+        variants=tuple(variants),
+        preset=preset,
+        seeds=seeds,
+    )
 
 
 def _variant(t: dict[str, Any], path: Path, i: int) -> Variant:
@@ -203,7 +216,7 @@ def _variant(t: dict[str, Any], path: Path, i: int) -> Variant:
         raise ConfigError(f"{path}: {where}'name' must not be empty")
     items = _typed(path, where, "set", t.get("set", []), list, 'a list of "section.key=value" strings')
     if not all(isinstance(s, str) for s in items):
-        raise ConfigError(f'{path}: {where}\'set\' must be a list of "section.key=value" strings, got {items!r}')
+        raise ConfigError(f"{path}: {where}'set' must be a list of \"section.key=value\" strings, got {items!r}")
     try:
         sets = parse_set(items)
     except ConfigError as e:
@@ -218,9 +231,17 @@ def _variant(t: dict[str, Any], path: Path, i: int) -> Variant:
     if match is not None:
         _typed(path, where, "match_train_flops", match, str, "a variant name")
     parent, init, lora_init = _conversion_keys(t, path, where)
-    return Variant(name=t["name"], arch=t["arch"], sets=sets, steps=t.get("steps"),
-                   train_tokens=t.get("train_tokens"), match_train_flops=match, parent=parent, init=init,
-                   lora_init=lora_init)
+    return Variant(
+        name=t["name"],
+        arch=t["arch"],
+        sets=sets,
+        steps=t.get("steps"),
+        train_tokens=t.get("train_tokens"),
+        match_train_flops=match,
+        parent=parent,
+        init=init,
+        lora_init=lora_init,
+    )
 
 
 def _conversion_keys(t: dict[str, Any], path: Path, where: str) -> tuple[str | None, str | None, str | None]:
@@ -269,12 +290,17 @@ def _check_parent(v: Variant, variants: list[Variant], path: Path) -> None:
     if v.parent == v.name:
         raise ConfigError(f"{where} names the variant itself")
     if by[v.parent].parent is not None:
-        raise ConfigError(f"{where} '{v.parent}' is itself a conversion (from '{by[v.parent].parent}'); "
-                          "convert a variant trained from scratch")
+        raise ConfigError(
+            f"{where} '{v.parent}' is itself a conversion (from '{by[v.parent].parent}'); "
+            "convert a variant trained from scratch"
+        )
 
 
 def planned_runs(
-    plan_name: str, preset: str | None, archs: list[str] | None, seeds: list[int] | None,
+    plan_name: str,
+    preset: str | None,
+    archs: list[str] | None,
+    seeds: list[int] | None,
     overrides: dict[str, Any] | None = None,
 ) -> tuple[Plan, str, list[PlannedRun]]:
     """(plan, preset, runs): the plan by name or path, the preset (given, else the plan's, else paper) and every
@@ -331,8 +357,9 @@ def conversions(
     return _resolve(plan, preset, seeds, overrides, archs)[1]
 
 
-def _resolve(plan: Plan, preset: str, seeds: list[int], overrides: dict[str, Any] | None,
-             archs: list[str] | None) -> tuple[list[PlannedRun], list[PlannedConversion]]:
+def _resolve(
+    plan: Plan, preset: str, seeds: list[int], overrides: dict[str, Any] | None, archs: list[str] | None
+) -> tuple[list[PlannedRun], list[PlannedConversion]]:
     import architectures  # torch: kept out of 'benchctl plans'
 
     for a in archs or []:
@@ -342,15 +369,20 @@ def _resolve(plan: Plan, preset: str, seeds: list[int], overrides: dict[str, Any
             raise ConfigError(f"--archs: {e}") from None
     kept = {v.name for v in plan.variants if not archs or v.arch in archs}
     if not kept:
-        raise ConfigError(f"plan '{plan.name}' has no variant of architecture(s) {', '.join(archs or [])}; "
-                          f"its architectures: {', '.join(plan.archs)}")
+        raise ConfigError(
+            f"plan '{plan.name}' has no variant of architecture(s) {', '.join(archs or [])}; "
+            f"its architectures: {', '.join(plan.archs)}"
+        )
     kept |= {v.parent for v in plan.variants if v.name in kept and v.parent is not None}  # a conversion needs it
     keep = [v for v in plan.variants if v.name in kept]
     scope = list(dict.fromkeys(v.arch for v in keep))  # an architecture's own --set key skips the others
     base: dict[str, RunConfig] = {}
     for v in sorted(plan.variants, key=lambda v: v.parent is not None):  # parents first
-        base[v.name] = (_base_config(plan, v, preset, overrides, scope) if v.parent is None
-                        else _conversion_config(plan, v, base[v.parent], overrides, scope))
+        base[v.name] = (
+            _base_config(plan, v, preset, overrides, scope)
+            if v.parent is None
+            else _conversion_config(plan, v, base[v.parent], overrides, scope)
+        )
     lengths: dict[str, RunConfig] = {}
     for v in plan.variants:
         _with_length(plan, v, base, lengths, ())
@@ -373,8 +405,9 @@ def _lora_init(v: Variant, cfg: RunConfig) -> str | None:
     return (v.lora_init or "svd") if has_lora(cfg) else None
 
 
-def _conversion_config(plan: Plan, v: Variant, parent: RunConfig, overrides: dict[str, Any] | None,
-                       scope: list[str]) -> RunConfig:
+def _conversion_config(
+    plan: Plan, v: Variant, parent: RunConfig, overrides: dict[str, Any] | None, scope: list[str]
+) -> RunConfig:
     """A conversion's config (as `benchctl retrofit` builds it from the parent's), checked by trying the weight
     surgery on shape-only models of the parent and the target."""
     from benchctl.stages.retrofit import engine as rf  # torch: kept out of 'benchctl plans'
@@ -385,8 +418,9 @@ def _conversion_config(plan: Plan, v: Variant, parent: RunConfig, overrides: dic
     except ConfigError as e:
         raise ConfigError(f"{_where(plan, v)}: {e}") from None
     if v.lora_init is not None and not rf.has_lora(cfg):
-        raise ConfigError(f"{_where(plan, v)}: lora_init: {v.arch} has no per-pass LoRA (model.lora_rank) "
-                          "to initialise; drop the key")
+        raise ConfigError(
+            f"{_where(plan, v)}: lora_init: {v.arch} has no per-pass LoRA (model.lora_rank) to initialise; drop the key"
+        )
     try:
         rf.check_conversion(parent, cfg, v.init or "", _lora_init(v, cfg))
     except ConfigError as e:
@@ -398,8 +432,7 @@ def _where(plan: Plan, v: Variant) -> str:
     return f"{plan.path}: variant '{v.name}'"
 
 
-def _base_config(plan: Plan, v: Variant, preset: str, overrides: dict[str, Any] | None,
-                 scope: list[str]) -> RunConfig:
+def _base_config(plan: Plan, v: Variant, preset: str, overrides: dict[str, Any] | None, scope: list[str]) -> RunConfig:
     sets = {**overrides_for(v.arch, overrides, scope), **v.sets}
     try:
         return make_config(preset, v.arch, 0, sets)
@@ -407,14 +440,16 @@ def _base_config(plan: Plan, v: Variant, preset: str, overrides: dict[str, Any] 
         raise ConfigError(f"{_where(plan, v)}: {e}") from None
 
 
-def _with_length(plan: Plan, v: Variant, base: dict[str, RunConfig], done: dict[str, RunConfig],
-                 chain: tuple[str, ...]) -> RunConfig:
+def _with_length(
+    plan: Plan, v: Variant, base: dict[str, RunConfig], done: dict[str, RunConfig], chain: tuple[str, ...]
+) -> RunConfig:
     """The variant's config with its training length set; a variant it matches is resolved first."""
     if v.name in done:
         return done[v.name]
     if v.name in chain:
-        raise ConfigError(f"{_where(plan, v)}: match_train_flops goes round in a circle: "
-                          f"{' -> '.join([*chain, v.name])}")
+        raise ConfigError(
+            f"{_where(plan, v)}: match_train_flops goes round in a circle: {' -> '.join([*chain, v.name])}"
+        )
     cfg = base[v.name]
     steps = v.steps
     if v.train_tokens is not None:

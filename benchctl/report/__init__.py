@@ -18,6 +18,15 @@ from benchctl.report.frames import Frames
 from benchctl.report.load import Data, load, open_db, read
 
 __all__ = [
-    "FIG_DPI", "Context", "Data", "Frames", "build_context", "choose_preset", "colours_for", "load", "open_db", "read",
+    "FIG_DPI",
+    "Context",
+    "Data",
+    "Frames",
+    "build_context",
+    "choose_preset",
+    "colours_for",
+    "load",
+    "open_db",
+    "read",
     "save_figure",
 ]

@@ -25,7 +25,16 @@ from benchctl.core.errors import ConfigError, did_you_mean
 # other architectures and config variants take EXTRA_COLOURS in a fixed order.
 ARCH_COLOURS = {"control": "#4D4D4D", "frailt": "#0173B2", "three-part": "#DE8F05", "relaxed": "#029E73"}
 EXTRA_COLOURS = (
-    "#CC78BC", "#D55E00", "#56B4E9", "#CA9161", "#FBAFE4", "#949494", "#ECE133", "#8C564B", "#17BECF", "#BCBD22",
+    "#CC78BC",
+    "#D55E00",
+    "#56B4E9",
+    "#CA9161",
+    "#FBAFE4",
+    "#949494",
+    "#ECE133",
+    "#8C564B",
+    "#17BECF",
+    "#BCBD22",
 )
 CONTROL = "control"
 
@@ -138,8 +147,9 @@ def _natural(name: str) -> list[Any]:
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
 
 
-def build_context(runs: pd.DataFrame, preset: str | None, plan_runs: pd.DataFrame | None = None,
-                  plan: str | None = None) -> Context:
+def build_context(
+    runs: pd.DataFrame, preset: str | None, plan_runs: pd.DataFrame | None = None, plan: str | None = None
+) -> Context:
     """Select a preset's runs and split them into models, named by variant (see the module docstring). Pure: runs
     (and plan_runs) frames in, Context out."""
     chosen, others = choose_preset(runs, preset)
@@ -181,20 +191,28 @@ def build_context(runs: pd.DataFrame, preset: str | None, plan_runs: pd.DataFram
         sel.loc[rows, "overrides"] = groups[rank][3]
         has_variant = name != groups[rank][2]
         # within an architecture: the arch-named model first, then variant names (numbers in order), then labels
-        ordered.append(((arch_rank(arch), name != arch, not has_variant, _natural(name) if has_variant else [],
-                         rank), name))
+        ordered.append(
+            ((arch_rank(arch), name != arch, not has_variant, _natural(name) if has_variant else [], rank), name)
+        )
         arch_of[name] = arch
         overrides[name] = groups[rank][3]
     models = [name for _, name in sorted(ordered)]
     return Context(
-        preset=chosen, runs=sel.reset_index(drop=True), done=sel[sel["status"] == "done"].reset_index(drop=True),
-        models=models, colours=colours_for(models, arch_of), arch_of=arch_of, overrides=overrides,
-        other_presets=others, plan=plan,
+        preset=chosen,
+        runs=sel.reset_index(drop=True),
+        done=sel[sel["status"] == "done"].reset_index(drop=True),
+        models=models,
+        colours=colours_for(models, arch_of),
+        arch_of=arch_of,
+        overrides=overrides,
+        other_presets=others,
+        plan=plan,
     )
 
 
-def _name_groups(sel: pd.DataFrame, groups: list[tuple[str, list[int], str, str]],
-                 names: dict[str, str]) -> list[tuple[str, list[int], str]]:
+def _name_groups(
+    sel: pd.DataFrame, groups: list[tuple[str, list[int], str, str]], names: dict[str, str]
+) -> list[tuple[str, list[int], str]]:
     """(arch, rows, name) per group: the variant name all its runs share, when no earlier group claimed it; else the
     generated label (made unique with a suffix should a variant name have taken it)."""
     claimed: set[str] = set()

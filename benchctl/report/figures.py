@@ -27,8 +27,9 @@ def _style():
     stack = ExitStack()
     stack.enter_context(sns.axes_style("whitegrid"))
     stack.enter_context(sns.plotting_context("paper", font_scale=1.35))
-    stack.enter_context(matplotlib.rc_context({"font.family": "DejaVu Sans", "svg.hashsalt": "benchctl",
-                                               "axes.titleweight": "bold"}))
+    stack.enter_context(
+        matplotlib.rc_context({"font.family": "DejaVu Sans", "svg.hashsalt": "benchctl", "axes.titleweight": "bold"})
+    )
     return stack
 
 
@@ -52,8 +53,12 @@ def _x_labels(ax, models: list[str]) -> None:
     ax.set_xticks(range(len(models)))
     ticks = [tick(m) for m in models]
     crowded = len(models) > 7
-    ax.set_xticklabels(ticks, rotation=25 if crowded else 0, ha="right" if crowded else "center",
-                       fontsize=9 if any("\n" in t for t in ticks) or crowded else None)
+    ax.set_xticklabels(
+        ticks,
+        rotation=25 if crowded else 0,
+        ha="right" if crowded else "center",
+        fontsize=9 if any("\n" in t for t in ticks) or crowded else None,
+    )
 
 
 def _title(ax: Any, main: str, lines: list[str]) -> None:
@@ -61,8 +66,12 @@ def _title(ax: Any, main: str, lines: list[str]) -> None:
     width_in = ax.figure.get_size_inches()[0]
     chars = max(40, int(width_in * 14))
     ax.figure.suptitle(main, fontsize=12.5, fontweight="bold")
-    ax.set_title("\n".join(textwrap.fill(line, chars) for line in lines if line), fontsize=9.5, color="#333333",
-                 fontweight="normal")
+    ax.set_title(
+        "\n".join(textwrap.fill(line, chars) for line in lines if line),
+        fontsize=9.5,
+        color="#333333",
+        fontweight="normal",
+    )
 
 
 def hardware_line(ctx: Context) -> str:
@@ -94,8 +103,15 @@ def fig_loss_curves(ctx: Context, curves: pd.DataFrame) -> Any:
                 if c.empty:
                     continue
                 x = c["tokens"].to_numpy(float) / scale
-                ax.plot(x, c["mean"], color=ctx.colours[m], linewidth=1.8, label=m, marker="o" if len(c) < 12 else None,
-                        markersize=3.5)
+                ax.plot(
+                    x,
+                    c["mean"],
+                    color=ctx.colours[m],
+                    linewidth=1.8,
+                    label=m,
+                    marker="o" if len(c) < 12 else None,
+                    markersize=3.5,
+                )
                 if (c["n"] > 1).any():
                     ax.fill_between(x, c["min"], c["max"], color=ctx.colours[m], alpha=0.2, linewidth=0)
                 ymin, ymax = min(ymin, float(c["min"].min())), max(ymax, float(c["max"].max()))
@@ -108,9 +124,16 @@ def fig_loss_curves(ctx: Context, curves: pd.DataFrame) -> Any:
         handles, labels = axes[0].get_legend_handles_labels()
         n = int(curves["n"].max())
         band = "band = min–max over seeds" if n > 1 else "one seed per model: no band"
-        fig.legend(handles, [tick(lab) for lab in labels], title=f"model (line = mean over seeds, {band})",
-                   frameon=True, fontsize=9, title_fontsize=9.5, loc="outside lower center",
-                   ncols=min(len(labels), 6))  # outside the axes: never covers a curve
+        fig.legend(
+            handles,
+            [tick(lab) for lab in labels],
+            title=f"model (line = mean over seeds, {band})",
+            frameon=True,
+            fontsize=9,
+            title_fontsize=9.5,
+            loc="outside lower center",
+            ncols=min(len(labels), 6),
+        )  # outside the axes: never covers a curve
         fig.suptitle(f"Validation loss during training · preset {ctx.preset}", fontsize=12.5, fontweight="bold")
     return fig
 
@@ -127,28 +150,64 @@ def fig_final_loss(ctx: Context, loss: pd.DataFrame) -> Any:
         for i, row in enumerate(df.itertuples()):
             seeds = vals(ctx.done[ctx.done["model"] == row.model], "final_val_loss")
             offs = np.linspace(-0.12, 0.12, len(seeds)) if len(seeds) > 1 else np.zeros(1)
-            ax.scatter(i + offs, seeds, s=22, color=ctx.colours[row.model], edgecolor="black", linewidth=0.6,
-                       alpha=0.8, zorder=3, label="seed" if i == 0 else None)
+            ax.scatter(
+                i + offs,
+                seeds,
+                s=22,
+                color=ctx.colours[row.model],
+                edgecolor="black",
+                linewidth=0.6,
+                alpha=0.8,
+                zorder=3,
+                label="seed" if i == 0 else None,
+            )
             if not missing(row.final_lo):
-                ax.errorbar(i + 0.28, row.final_mean, yerr=[[row.final_mean - row.final_lo],
-                                                            [row.final_hi - row.final_mean]],
-                            fmt="D", color="black", markersize=5, capsize=5, zorder=4,
-                            label="mean ± 95% CI" if i == 0 else None)
+                ax.errorbar(
+                    i + 0.28,
+                    row.final_mean,
+                    yerr=[[row.final_mean - row.final_lo], [row.final_hi - row.final_mean]],
+                    fmt="D",
+                    color="black",
+                    markersize=5,
+                    capsize=5,
+                    zorder=4,
+                    label="mean ± 95% CI" if i == 0 else None,
+                )
             else:
-                ax.plot(i + 0.28, row.final_mean, "D", color="black", markersize=5, zorder=4,
-                        label="mean (no CI)" if i == 0 else None)
+                ax.plot(
+                    i + 0.28,
+                    row.final_mean,
+                    "D",
+                    color="black",
+                    markersize=5,
+                    zorder=4,
+                    label="mean (no CI)" if i == 0 else None,
+                )
             if ctx.is_paper and row.study_final is not None:
-                ax.plot(i - 0.3, row.study_final, marker="*", color="#C00000", markersize=11, linestyle="none",
-                        zorder=4, label="study" if i == 0 else None)
+                ax.plot(
+                    i - 0.3,
+                    row.study_final,
+                    marker="*",
+                    color="#C00000",
+                    markersize=11,
+                    linestyle="none",
+                    zorder=4,
+                    label="study" if i == 0 else None,
+                )
         _x_labels(ax, models)
         ax.set_xlim(-0.6, len(models) - 0.4)
         ax.margins(y=0.15)  # room above the highest point for the legend
         ax.set_xlabel("model")
         ax.set_ylabel("final validation loss (nats/token)")
         ax.legend(fontsize=9, frameon=True, loc="best")
-        _title(ax, "Final validation loss per model",
-               [f"preset {ctx.preset} · {ftokens(df['tokens'].max())} tokens per run · dots = seeds, "
-                + ("diamond = mean ± 95% CI" if df["final_n"].max() > 1 else "diamond = mean (one seed: no CI)")])
+        _title(
+            ax,
+            "Final validation loss per model",
+            [
+                f"preset {ctx.preset} · {ftokens(df['tokens'].max())} tokens per run · dots = seeds, "
+                + ("diamond = mean ± 95% CI" if df["final_n"].max() > 1 else "diamond = mean (one seed: no CI)")
+            ],
+        )
         ax.grid(axis="x", visible=False)
     return fig
 

@@ -6,7 +6,8 @@ A missing value is always '-', never 'nan' or 'None', and never '-0.000'.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -60,8 +61,10 @@ def cell(x: Any) -> str:
 
 def md_table(headers: list[str], rows: Iterable[Iterable[Any]], right: Iterable[int] = ()) -> list[str]:
     r = set(right)
-    out = ["| " + " | ".join(cell(h) for h in headers) + " |",
-           "|" + "|".join("---:" if i in r else "---" for i in range(len(headers))) + "|"]
+    out = [
+        "| " + " | ".join(cell(h) for h in headers) + " |",
+        "|" + "|".join("---:" if i in r else "---" for i in range(len(headers))) + "|",
+    ]
     out += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
     return out
 

@@ -8,19 +8,20 @@ the lm-eval means, the benchmarks) live in the stage, and `Frames.once` keeps on
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 import architectures
-from benchctl.core import accounting, paper
-from benchctl.core import stats
+from benchctl.core import accounting, paper, stats
 from benchctl.core.config import RunConfig
 from benchctl.core.errors import ConfigError
 from benchctl.report.context import Context, model_keys
 from benchctl.report.load import Data
+
 
 def vals(df: pd.DataFrame, col: str) -> list[float]:
     return [float(v) for v in pd.to_numeric(df[col], errors="coerce") if pd.notna(v)]
@@ -60,16 +61,18 @@ def accounting_frame(ctx: Context) -> pd.DataFrame:
         try:
             described = _describe(first["config_json"])
         except (ConfigError, TypeError):  # config from another benchctl version: use what training recorded
-            row.update({
-                "components": [],
-                "total_params": _first_num(g["n_params"]),
-                "effective_params": _first_num(g["effective_params"]),
-                "flops_per_token": _first_num(g["flops_per_token"]),
-                "effective_depth": None,
-                "paper_total_params": None,
-                "matches_paper": None,
-                "source": "runs table",
-            })
+            row.update(
+                {
+                    "components": [],
+                    "total_params": _first_num(g["n_params"]),
+                    "effective_params": _first_num(g["effective_params"]),
+                    "flops_per_token": _first_num(g["flops_per_token"]),
+                    "effective_depth": None,
+                    "paper_total_params": None,
+                    "matches_paper": None,
+                    "source": "runs table",
+                }
+            )
         else:
             row.update(described)
             row.update({"model": m, "components": _components_of(described), "source": "config"})
@@ -98,7 +101,7 @@ def component_order(per_model: Iterable[list[str]]) -> list[str]:
         for i, name in enumerate(names):
             if name in out:
                 continue
-            after = [n for n in names[i + 1:] if n in out]
+            after = [n for n in names[i + 1 :] if n in out]
             out.insert(out.index(after[0]) if after else len(out), name)
     return out
 
@@ -165,8 +168,13 @@ def curve_frame(ctx: Context, metrics: pd.DataFrame) -> pd.DataFrame:
     df["tokens"] = pd.to_numeric(df["tokens"], errors="coerce").fillna(df["step"] * pd.to_numeric(tps))
     out = (
         df.groupby(["model", "step"], sort=True)
-        .agg(tokens=("tokens", "mean"), mean=("value", "mean"), min=("value", "min"), max=("value", "max"),
-             n=("value", "count"))
+        .agg(
+            tokens=("tokens", "mean"),
+            mean=("value", "mean"),
+            min=("value", "min"),
+            max=("value", "max"),
+            n=("value", "count"),
+        )
         .reset_index()
     )
     order = {m: i for i, m in enumerate(ctx.models)}

@@ -6,7 +6,8 @@ functions that write them in its `tables.py`), and the report sections that show
 study` runs the registered stages in order and the report renders their sections in the same order, so adding a
 stage is adding one folder to this package; neither the study loop nor the report's top level names any stage.
 
-Orders in use: prepare 10, train 20, bench 22, retrofit 25, sample 30, judge 40, eval 50, depth 55, report 100 (the report
+Orders in use: prepare 10, train 20, bench 22, retrofit 25, sample 30, judge 40, eval 50, depth 55, report 100 (the
+report
 stage closes the report with the comparisons across stages, benchmark rows and provenance). Leave gaps so new stages
 can slot in between.
 
@@ -22,9 +23,10 @@ import functools
 import importlib
 import os
 import pkgutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from benchctl.stages.train.executors import Execution
 
@@ -53,7 +55,7 @@ class Stage:
 
     name: str
     order: int
-    run: Callable[["StudyRun"], None] | None = None
+    run: Callable[[StudyRun], None] | None = None
     sections: tuple[Section, ...] = ()
     figures: tuple[str, ...] = ()
     skippable: bool = False
@@ -111,8 +113,7 @@ class StudyOptions:
 
     def execution(self) -> Execution:
         """The executors.Execution these options describe (validated: a bad --jobs is one clear error)."""
-        return Execution(executor=self.executor, jobs=self.jobs, ray_address=self.ray_address,
-                         runs_dir=self.runs_dir)
+        return Execution(executor=self.executor, jobs=self.jobs, ray_address=self.ray_address, runs_dir=self.runs_dir)
 
 
 @dataclass
@@ -177,8 +178,10 @@ def registered() -> tuple[Stage, ...]:
         for s in found:
             other = seen.setdefault(getattr(s, attr), s)
             if other is not s:
-                raise RuntimeError(f"two stages ({other.name} at {other.order}, {s.name} at {s.order}) have the "
-                                   f"same {attr} {getattr(s, attr)!r}")
+                raise RuntimeError(
+                    f"two stages ({other.name} at {other.order}, {s.name} at {s.order}) have the "
+                    f"same {attr} {getattr(s, attr)!r}"
+                )
     return tuple(sorted(found, key=lambda s: s.order))
 
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Callable, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -27,15 +28,15 @@ err_console = Console(stderr=True)
 # Options shared by many commands, declared once.
 PresetOpt = Annotated[str, typer.Option("--preset", "-p", help="Named preset: paper, small or tiny.")]
 SetOpt = Annotated[
-    Optional[list[str]],
+    list[str] | None,
     typer.Option("--set", "-s", help="Override a config key, e.g. --set train.lr=3e-4 (repeatable)."),
 ]
 DbOpt = Annotated[
-    Optional[Path],
+    Path | None,
     typer.Option("--db", help="results database [env BENCHCTL_DB; default results/results.db]."),
 ]
 DataOpt = Annotated[
-    Optional[str],
+    str | None,
     typer.Option(
         "--data",
         help="Data source: 'hub' (roneneldan/TinyStories) or a path (directory with train.txt/valid.txt, .jsonl, "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich import box
@@ -18,14 +18,17 @@ app = typer.Typer()
 @app.command()
 def bench(
     preset: PresetOpt = "paper",
-    archs: Annotated[Optional[str], typer.Option("--archs", help="Comma list (default: all registered).")] = None,
+    archs: Annotated[str | None, typer.Option("--archs", help="Comma list (default: all registered).")] = None,
     steps: Annotated[int, typer.Option("--steps", help="Timed optimizer steps per repeat.")] = 10,
     repeats: Annotated[int, typer.Option("--repeats", help="Repeats (median and spread are over these).")] = 3,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed steps first (compilation happens there).")] = 2,
     compile_: Annotated[
-        Optional[bool],
-        typer.Option("--compile/--no-compile", help="torch.compile the model [default: as train decides from "
-                                                     "train.compile; auto compiles a bf16 CPU step]."),
+        bool | None,
+        typer.Option(
+            "--compile/--no-compile",
+            help="torch.compile the model [default: as train decides from "
+            "train.compile; auto compiles a bf16 CPU step].",
+        ),
     ] = None,
     device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")] = "auto",
     reference: Annotated[
@@ -34,17 +37,25 @@ def bench(
     check_steps: Annotated[
         int, typer.Option("--check-steps", help="Also train control and reference N seeded steps; compare losses.")
     ] = 0,
-    threads: Annotated[
-        Optional[int], typer.Option("--threads", help="torch intra-op threads [default: torch's].")
-    ] = None,
+    threads: Annotated[int | None, typer.Option("--threads", help="torch intra-op threads [default: torch's].")] = None,
     set_: SetOpt = None,
     db: DbOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Tokens/s, step time, memory, FLOPs, MFU per architecture, and the speed-up over an eager llama2.c step."""
-    opts = BenchOptions(preset=preset, archs=split_list(archs), steps=steps, repeats=repeats, warmup=warmup,
-                        compile=compile_, device=device, overrides=parse_set(set_), reference=reference,
-                        check_steps=check_steps, threads=threads)
+    opts = BenchOptions(
+        preset=preset,
+        archs=split_list(archs),
+        steps=steps,
+        repeats=repeats,
+        warmup=warmup,
+        compile=compile_,
+        device=device,
+        overrides=parse_set(set_),
+        reference=reference,
+        check_steps=check_steps,
+        threads=threads,
+    )
     from benchctl.stages.bench import engine as B  # torch: kept out of 'benchctl --help'
 
     out = err_console if as_json else console  # keep stdout pure JSON with --json
@@ -60,12 +71,14 @@ def bench(
     console.print(_table(objs, preset))
     o0 = objs[0]
     loads = [f"{o['arch']} {o['load_avg']:.2f}" for o in objs if o["load_avg"] is not None]
-    notes = [f"device: {o0['device_name']}; tok/s: median over repeats, spread: half their range; MF/tok: "
-             "training MFLOP per token; MiB: the step's peak memory",
-             f"MFU: {o0['peak_flops_source']}" + (f" = {B._fmt_flops(o0['peak_flops'])}" if o0["peak_flops"] else ""),
-             "load average during the repeats: " + ", ".join(loads),
-             "cost = (time per token / control's) / (FLOPs per token / control's); target <= 1.15",
-             f"bench id {o0['bench_id']} (table 'bench' in {path})"]
+    notes = [
+        f"device: {o0['device_name']}; tok/s: median over repeats, spread: half their range; MF/tok: "
+        "training MFLOP per token; MiB: the step's peak memory",
+        f"MFU: {o0['peak_flops_source']}" + (f" = {B._fmt_flops(o0['peak_flops'])}" if o0["peak_flops"] else ""),
+        "load average during the repeats: " + ", ".join(loads),
+        "cost = (time per token / control's) / (FLOPs per token / control's); target <= 1.15",
+        f"bench id {o0['bench_id']} (table 'bench' in {path})",
+    ]
     ctrl = next((o for o in objs if "speedup" in o), None)
     if ctrl is not None:
         notes = _reference_notes(ctrl, B.PROFILED_STEPS) + notes
@@ -75,27 +88,63 @@ def bench(
 
 def _table(objs: list[dict], preset: str) -> Table:
     """One row per architecture, plus the reference's row under the control."""
-    t = Table(title=f"training step — preset '{preset}'", title_justify="left", box=box.SIMPLE_HEAD,
-              pad_edge=False)
+    t = Table(title=f"training step — preset '{preset}'", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for head in ("arch", "dtype", "tok/s", "spread", "step", "MF/tok", "GF/s", "MFU", "MiB", "cost"):
         t.add_column(head, justify="left" if head in ("arch", "dtype") else "right", no_wrap=True)
     for o in objs:
-        rows = [(o["arch"], o.get("dtype"), o["tokens_per_s"], o["tokens_per_s_min"], o["tokens_per_s_max"],
-                 o["step_seconds"], o["peak_mem_bytes"], o.get("cost_ratio"))]
+        rows = [
+            (
+                o["arch"],
+                o.get("dtype"),
+                o["tokens_per_s"],
+                o["tokens_per_s_min"],
+                o["tokens_per_s_max"],
+                o["step_seconds"],
+                o["peak_mem_bytes"],
+                o.get("cost_ratio"),
+            )
+        ]
         if "reference_tokens_per_s" in o:
-            rows.append(("reference", o.get("reference_dtype"), o["reference_tokens_per_s"],
-                         o["reference_tokens_per_s_min"], o["reference_tokens_per_s_max"], o["reference_step_seconds"],
-                         o["reference_peak_mem_bytes"], None))
+            rows.append(
+                (
+                    "reference",
+                    o.get("reference_dtype"),
+                    o["reference_tokens_per_s"],
+                    o["reference_tokens_per_s_min"],
+                    o["reference_tokens_per_s_max"],
+                    o["reference_step_seconds"],
+                    o["reference_peak_mem_bytes"],
+                    None,
+                )
+            )
             if o.get("reference_dtype") != "float32":
-                rows.append(("reference", "float32", o["reference_fp32_tokens_per_s"],
-                             o["reference_fp32_tokens_per_s_min"], o["reference_fp32_tokens_per_s_max"],
-                             o["reference_fp32_step_seconds"], o["reference_fp32_peak_mem_bytes"], None))
+                rows.append(
+                    (
+                        "reference",
+                        "float32",
+                        o["reference_fp32_tokens_per_s"],
+                        o["reference_fp32_tokens_per_s_min"],
+                        o["reference_fp32_tokens_per_s_max"],
+                        o["reference_fp32_step_seconds"],
+                        o["reference_fp32_peak_mem_bytes"],
+                        None,
+                    )
+                )
         for name, dtype, tps, lo, hi, step_s, mem, ratio in rows:
             achieved = tps * o["flops_per_token"]
             mfu = f"{achieved / o['peak_flops']:.0%}" if o["peak_flops"] else "-"
-            t.add_row(name, _short(dtype), f"{tps:,.0f}", f"±{(hi - lo) / 2 / tps:.0%}", f"{step_s:.2f}s",
-                      f"{o['flops_per_token'] / 1e6:.1f}", f"{achieved / 1e9:.1f}", mfu, f"{mem / 2**20:,.0f}",
-                      f"{ratio:.2f}" if ratio is not None else "")
+            t.add_row(
+                name,
+                _short(dtype),
+                f"{tps:,.0f}",
+                f"±{(hi - lo) / 2 / tps:.0%}",
+                f"{step_s:.2f}s",
+                f"{o['flops_per_token'] / 1e6:.1f}",
+                f"{achieved / 1e9:.1f}",
+                mfu,
+                f"{mem / 2**20:,.0f}",
+                f"{ratio:.2f}" if ratio is not None else "",
+            )
     return t
 
 
@@ -107,18 +156,29 @@ def _reference_notes(ctrl: dict, profiled_steps: int) -> list[str]:
     """What the control's comparison with the eager reference showed: both speed-ups (against the reference in fp32,
     as llama2.c runs on a CPU, and at the same precision), then the loss check, then the kernel-time ceiling (each
     only when measured)."""
-    notes = [f"speed-up over the eager llama2.c reference in fp32 (as llama2.c runs on a CPU; control, same run, "
-             f"steps interleaved): {ctrl['speedup_fp32']:.2f}x in tokens/s"]
-    notes.append(f"speed-up over the same reference at benchctl's precision ({_short(ctrl.get('reference_dtype'))}): "
-                 f"{ctrl['speedup']:.2f}x in tokens/s, {ctrl['speedup_cpu']:.2f}x in CPU time per step")
+    notes = [
+        f"speed-up over the eager llama2.c reference in fp32 (as llama2.c runs on a CPU; control, same run, "
+        f"steps interleaved): {ctrl['speedup_fp32']:.2f}x in tokens/s"
+    ]
+    notes.append(
+        f"speed-up over the same reference at benchctl's precision ({_short(ctrl.get('reference_dtype'))}): "
+        f"{ctrl['speedup']:.2f}x in tokens/s, {ctrl['speedup_cpu']:.2f}x in CPU time per step"
+    )
     if "equivalence" in ctrl:
         e = ctrl["equivalence"]
-        notes.append(f"loss after {e['steps']} seeded steps: benchctl {e['loss']:.6f}, reference "
-                     f"{e['reference_loss']:.6f} (max |difference| over the steps {e['max_abs_diff']:.2e})")
+        notes.append(
+            f"loss after {e['steps']} seeded steps: benchctl {e['loss']:.6f}, reference "
+            f"{e['reference_loss']:.6f} (max |difference| over the steps {e['max_abs_diff']:.2e})"
+        )
     if "speedup_ceiling" in ctrl:
-        notes.append(f"ceiling: the control's step spends {ctrl['kernel_seconds']:.2f}s in matmul and attention "
-                     f"kernels (best of {profiled_steps} profiled steps); with everything else free it would "
-                     f"be {ctrl['speedup_ceiling']:.2f}x the reference at the same precision"
-                     + (f" and {ctrl['speedup_ceiling_fp32']:.2f}x the reference in fp32"
-                        if ctrl.get("reference_dtype") != "float32" and "speedup_ceiling_fp32" in ctrl else ""))
+        notes.append(
+            f"ceiling: the control's step spends {ctrl['kernel_seconds']:.2f}s in matmul and attention "
+            f"kernels (best of {profiled_steps} profiled steps); with everything else free it would "
+            f"be {ctrl['speedup_ceiling']:.2f}x the reference at the same precision"
+            + (
+                f" and {ctrl['speedup_ceiling_fp32']:.2f}x the reference in fp32"
+                if ctrl.get("reference_dtype") != "float32" and "speedup_ceiling_fp32" in ctrl
+                else ""
+            )
+        )
     return notes

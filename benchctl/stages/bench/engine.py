@@ -1,6 +1,7 @@
 """Benchmark of the training step: benchctl's step beside a plain eager llama2.c reference, timed in the same run.
 
-What is timed is `benchctl.stages.train.engine.train_step`, the exact optimizer step `train` runs (grad_accum micro-batches,
+What is timed is `benchctl.stages.train.engine.train_step`, the exact optimizer step `train` runs (grad_accum
+micro-batches,
 clipping, AdamW), on a model and optimizer built exactly as `train` builds them (`make_optimizer`, `autocast_dtype`,
 `resolve_device`, optional `torch.compile`), fed random token batches of the preset's shape (no data prep needed).
 Warm-up steps (allocator, caches, compilation) are excluded; then every subject runs `steps` steps per repeat, the
@@ -37,21 +38,29 @@ import re
 import statistics
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn as nn
 from torch.profiler import ProfilerActivity, profile
 
 import architectures
-from benchctl.core import db as dbm
 from benchctl import stages
-from benchctl.stages.bench import tables as bench_tables
-from benchctl.stages.train import curriculum
+from benchctl.core import db as dbm
 from benchctl.core import telemetry
 from benchctl.core.config import RunConfig, make_config
+from benchctl.core.runtime import (
+    autocast_dtype,
+    check_compile_available,
+    matmul_precision,
+    precision,
+    resolve_compile,
+    resolve_device,
+)
+from benchctl.stages.bench import tables as bench_tables
 from benchctl.stages.bench.options import BenchOptions
 from benchctl.stages.bench.reference import (  # noqa: F401  (Reference is part of this module's interface)
     Reference,
@@ -59,8 +68,7 @@ from benchctl.stages.bench.reference import (  # noqa: F401  (Reference is part 
     reference_optimizer,
     reference_step,
 )
-from benchctl.core.runtime import (autocast_dtype, check_compile_available, matmul_precision, precision,
-                              resolve_compile, resolve_device)
+from benchctl.stages.train import curriculum
 from benchctl.stages.train.engine import get_lr, make_optimizer, train_step
 
 # ---- device peaks ---------------------------------------------------------------------------------------------------
@@ -99,8 +107,9 @@ def gpu_peak(name: str, dtype: str = "bfloat16") -> tuple[float | None, str]:
     return None, f"no datasheet peak for '{name}' in benchctl.stages.bench.engine.GPU_PEAKS: MFU left empty"
 
 
-def measure_matmul_peak(device: torch.device, n: int = 2048, repeats: int = 5,
-                        dtype: torch.dtype = torch.float32) -> float:
+def measure_matmul_peak(
+    device: torch.device, n: int = 2048, repeats: int = 5, dtype: torch.dtype = torch.float32
+) -> float:
     """Best FLOP/s of an n x n matmul in `dtype` over `repeats` timed runs on this device, with the current threads."""
     g = torch.Generator(device="cpu").manual_seed(0)
     a = torch.randn(n, n, generator=g).to(device, dtype)  # (n, n)
@@ -242,8 +251,9 @@ class Subject:
     loads: list[float] = field(default_factory=list)
 
 
-def build_subject(cfg: RunConfig, device: torch.device, impl: str, compile_model: bool,
-                  control: nn.Module | None = None) -> Subject:
+def build_subject(
+    cfg: RunConfig, device: torch.device, impl: str, compile_model: bool, control: nn.Module | None = None
+) -> Subject:
     """Model, optimizer and batches built exactly as `train` builds them (reference: as llama2.c does; the
     'reference-fp32' subject without autocast, as llama2.c's train.py runs on a CPU)."""
     amp = None if impl == "reference-fp32" else autocast_dtype(cfg, device)
@@ -257,8 +267,16 @@ def build_subject(cfg: RunConfig, device: torch.device, impl: str, compile_model
             g["lr"] = lr
         with torch.device("meta"):  # shapes only
             flops = architectures.build("control", cfg.model).flops_per_token(cfg.model.max_seq_len)
-        return Subject(cfg.arch, impl, cfg, model, optimizer,
-                       lambda: reference_step(model, optimizer, batches, cfg, device, amp), flops, dtype=dtype)
+        return Subject(
+            cfg.arch,
+            impl,
+            cfg,
+            model,
+            optimizer,
+            lambda: reference_step(model, optimizer, batches, cfg, device, amp),
+            flops,
+            dtype=dtype,
+        )
     torch.manual_seed(cfg.seed)
     model = architectures.build(cfg.arch, cfg.model).to(device)
     model.train()
@@ -267,9 +285,17 @@ def build_subject(cfg: RunConfig, device: torch.device, impl: str, compile_model
         g["lr"] = lr
     train_model = torch.compile(model) if compile_model else model
     flops = model.flops_per_token(cfg.model.max_seq_len)
-    return Subject(cfg.arch, impl, cfg, model, optimizer,
-                   lambda: train_step(train_model, model, optimizer, batches, cfg, device, amp), flops,
-                   compiled=compile_model, dtype=dtype)
+    return Subject(
+        cfg.arch,
+        impl,
+        cfg,
+        model,
+        optimizer,
+        lambda: train_step(train_model, model, optimizer, batches, cfg, device, amp),
+        flops,
+        compiled=compile_model,
+        dtype=dtype,
+    )
 
 
 def _load() -> float | None:
@@ -317,8 +343,9 @@ def time_repeat(subjects: list[Subject], device: torch.device, steps: int) -> No
             s.loads.append(load)
 
 
-def run(opts: BenchOptions, db_path: Path | None = None, log: Callable[[str], None] = lambda _m: None
-        ) -> list[dict[str, Any]]:
+def run(
+    opts: BenchOptions, db_path: Path | None = None, log: Callable[[str], None] = lambda _m: None
+) -> list[dict[str, Any]]:
     """Benchmark every architecture of `opts`; write the rows to results.db (when `db_path`) and return them.
 
     The returned list has one object per architecture (benchctl's step), with the reference's numbers and the
@@ -349,12 +376,12 @@ def _compile_choice(cfg: RunConfig, device: torch.device, flag: bool | None) -> 
     with torch.device("meta"):  # the architecture's resolved arguments only
         args = architectures.build(cfg.arch, cfg.model).arch_args
     sampled = getattr(args, "recur_sampling", "fixed") != "fixed"
-    return resolve_compile(cfg.train.compile, device, autocast_dtype(cfg, device), sampled,
-                           curriculum.enabled(cfg), cfg.arch).on
+    return resolve_compile(
+        cfg.train.compile, device, autocast_dtype(cfg, device), sampled, curriculum.enabled(cfg), cfg.arch
+    ).on
 
 
-def _subjects(cfgs: list[RunConfig], device: torch.device, compile_model: list[bool], reference: bool
-              ) -> list[Subject]:
+def _subjects(cfgs: list[RunConfig], device: torch.device, compile_model: list[bool], reference: bool) -> list[Subject]:
     """benchctl's step per architecture (compiled where `compile_model` says so); beside the control, the eager
     reference at the same precision and, when that is not fp32, the reference in fp32 too (how llama2.c's users run
     it on a CPU)."""
@@ -369,12 +396,19 @@ def _subjects(cfgs: list[RunConfig], device: torch.device, compile_model: list[b
     return subjects
 
 
-def _measure(opts: BenchOptions, cfgs: list[RunConfig], device: torch.device, compile_model: list[bool],
-             log: Callable[[str], None]) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+def _measure(
+    opts: BenchOptions,
+    cfgs: list[RunConfig],
+    device: torch.device,
+    compile_model: list[bool],
+    log: Callable[[str], None],
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     bench_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     peak, peak_source = _device_peak(device, cfgs[0])
-    log(f"bench {bench_id}: {telemetry.device_name(device)}, {torch.get_num_threads()} threads; peak "
-        f"{_fmt_flops(peak)} ({peak_source}); load average {_load_str()}")
+    log(
+        f"bench {bench_id}: {telemetry.device_name(device)}, {torch.get_num_threads()} threads; peak "
+        f"{_fmt_flops(peak)} ({peak_source}); load average {_load_str()}"
+    )
 
     subjects = _subjects(cfgs, device, compile_model, opts.reference)
     for s in subjects:
@@ -398,15 +432,19 @@ def _measure(opts: BenchOptions, cfgs: list[RunConfig], device: torch.device, co
             profs = [profile_cpu_step(s.step) for _ in range(PROFILED_STEPS)]
             growths = [p.peak_growth for p in profs if p.peak_growth is not None]
             s.peak_growth = max(growths, default=0)
-            s.mem_method = ("torch CPU allocations (profiler memory events)" if growths else
-                            "unavailable (this PyTorch's profiler has no memory events)")
+            s.mem_method = (
+                "torch CPU allocations (profiler memory events)"
+                if growths
+                else "unavailable (this PyTorch's profiler has no memory events)"
+            )
             best = min(profs, key=lambda p: p.kernel_seconds)
             s.kernel_seconds, s.profiled_step_seconds = best.kernel_seconds, best.step_seconds
     rows = [_row(s, bench_id, opts, device, peak, peak_source) for s in subjects]
     check = None
     if opts.check_steps > 0:
-        check = check_equivalence(make_config(opts.preset, "control", opts.seed, opts.overrides), device,
-                                  opts.check_steps)
+        check = check_equivalence(
+            make_config(opts.preset, "control", opts.seed, opts.overrides), device, opts.check_steps
+        )
         log(f"  equivalence over {opts.check_steps} steps: max |loss difference| {check['max_abs_diff']:.2e}")
         for row in rows:
             if row["arch"] == "control" and row["impl"] == "benchctl":
@@ -427,24 +465,32 @@ def _device_peak(device: torch.device, cfg: RunConfig) -> tuple[float | None, st
         return gpu_peak(torch.cuda.get_device_name(device), prec.dtype)
     if device.type == "cpu":
         short = {"bfloat16": "bf16", "float32": "fp32"}[prec.dtype]
-        return (measure_matmul_peak(device, dtype=_matmul_dtype(cfg, device)),
-                f"of measured matmul peak ({short} 2048x2048 matmul, best reading before and between the repeats of "
-                "this run)")
+        return (
+            measure_matmul_peak(device, dtype=_matmul_dtype(cfg, device)),
+            f"of measured matmul peak ({short} 2048x2048 matmul, best reading before and between the repeats of "
+            "this run)",
+        )
     return None, f"no peak known for device type '{device.type}': MFU left empty"
 
 
-def _row(s: Subject, bench_id: str, opts: BenchOptions, device: torch.device, peak: float | None,
-         peak_source: str) -> dict[str, Any]:
+def _row(
+    s: Subject, bench_id: str, opts: BenchOptions, device: torch.device, peak: float | None, peak_source: str
+) -> dict[str, Any]:
     tps = [opts.steps * s.cfg.tokens_per_step / t for t in s.repeat_seconds]
     med = statistics.median(tps)
     achieved = med * s.flops_per_token
     env = telemetry.environment(device)
-    notes = [f"threads={torch.get_num_threads()}", f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}",
-             telemetry.tune_cpu_allocator() or "malloc: defaults",
-             f"memory: parameters + optimizer state + peak growth during a step ({s.mem_method})"]
+    notes = [
+        f"threads={torch.get_num_threads()}",
+        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}",
+        telemetry.tune_cpu_allocator() or "malloc: defaults",
+        f"memory: parameters + optimizer state + peak growth during a step ({s.mem_method})",
+    ]
     if s.impl.startswith("reference"):
-        notes.append("llama2.c model.py/train.py step (eager), from the control's weights"
-                     + (", in fp32" if s.impl == "reference-fp32" else ", at benchctl's precision"))
+        notes.append(
+            "llama2.c model.py/train.py step (eager), from the control's weights"
+            + (", in fp32" if s.impl == "reference-fp32" else ", at benchctl's precision")
+        )
     return {
         "bench_id": bench_id,
         "arch": s.arch,
@@ -496,11 +542,32 @@ def summarize(rows: list[dict[str, Any]], check: dict[str, Any] | None = None) -
     ctrl = next((r for r in ours if r["arch"] == "control"), None)
     out = []
     for r in ours:
-        o = {k: r[k] for k in ("bench_id", "arch", "preset", "compiled", "dtype", "device", "device_name",
-                               "tokens_per_s", "tokens_per_s_min", "tokens_per_s_max", "step_seconds",
-                               "flops_per_token",
-                               "achieved_flops", "peak_flops", "peak_flops_source", "mfu", "peak_mem_bytes",
-                               "load_avg", "threads", "warmup_seconds", "step_cpu_seconds")}
+        o = {
+            k: r[k]
+            for k in (
+                "bench_id",
+                "arch",
+                "preset",
+                "compiled",
+                "dtype",
+                "device",
+                "device_name",
+                "tokens_per_s",
+                "tokens_per_s_min",
+                "tokens_per_s_max",
+                "step_seconds",
+                "flops_per_token",
+                "achieved_flops",
+                "peak_flops",
+                "peak_flops_source",
+                "mfu",
+                "peak_mem_bytes",
+                "load_avg",
+                "threads",
+                "warmup_seconds",
+                "step_cpu_seconds",
+            )
+        }
         if ctrl is not None:
             flops_ratio = r["flops_per_token"] / ctrl["flops_per_token"]
             o["cost_ratio"] = (ctrl["tokens_per_s"] / r["tokens_per_s"]) / flops_ratio
@@ -559,8 +626,14 @@ def check_equivalence(cfg: RunConfig, device: torch.device, steps: int) -> dict[
         losses.append(float(loss))
         ref_losses.append(float(reference_step(ref, ref_opt, ref_b, cfg, device, amp)))
     diffs = [abs(a - b) for a, b in zip(losses, ref_losses)]
-    return {"steps": steps, "loss": losses[-1], "reference_loss": ref_losses[-1], "max_abs_diff": max(diffs),
-            "losses": losses, "reference_losses": ref_losses}
+    return {
+        "steps": steps,
+        "loss": losses[-1],
+        "reference_loss": ref_losses[-1],
+        "max_abs_diff": max(diffs),
+        "losses": losses,
+        "reference_losses": ref_losses,
+    }
 
 
 # ---- formatting -----------------------------------------------------------------------------------------------------

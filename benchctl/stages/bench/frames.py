@@ -21,5 +21,3 @@ def bench_frame(ctx: Context, bench: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     b["_o"] = b["arch"].map(lambda a: arch_rank(str(a)))
     b = b.sort_values(["_o", "impl", "compiled", "id"]).drop(columns="_o").reset_index(drop=True)
     return b, len(ids) - 1
-
-

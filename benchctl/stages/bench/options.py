@@ -33,5 +33,6 @@ class BenchOptions:
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"--threads must be >= 1, got {self.threads}")
         if self.steps < 1 or self.repeats < 1 or self.warmup < 0:
-            raise ConfigError(f"--steps and --repeats must be >= 1 and warm-up >= 0 (got {self.steps}, "
-                              f"{self.repeats}, {self.warmup})")
+            raise ConfigError(
+                f"--steps and --repeats must be >= 1 and warm-up >= 0 (got {self.steps}, {self.repeats}, {self.warmup})"
+            )

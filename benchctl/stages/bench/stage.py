@@ -14,7 +14,6 @@ import json
 import time
 from typing import Any
 
-from benchctl.stages.bench import tables as bench_tables
 from benchctl.core import telemetry
 from benchctl.core.config import make_config, overrides_for
 from benchctl.core.progress import format_duration
@@ -22,6 +21,7 @@ from benchctl.core.runtime import resolve_device
 from benchctl.report.context import model_keys
 from benchctl.stages import Stage, StudyRun
 from benchctl.stages.bench import engine as B
+from benchctl.stages.bench import tables as bench_tables
 from benchctl.stages.bench.options import BenchOptions
 from benchctl.stages.bench.tables import TABLES, browse_queries
 
@@ -60,11 +60,15 @@ def run(study: StudyRun) -> None:
     overrides = common_overrides(study, archs)
     wanted = {(a, _key(make_config(opts.preset, a, 0, overrides).to_json())) for a in archs}
     hardware = telemetry.hardware_name(device)
-    have = {(r["arch"], _key(r["config_json"])) for r in bench_tables.bench_configs(study.db, opts.preset, device.type)
-            if r["impl"] == "benchctl" and str(r["device_name"] or "").split(" (", 1)[0] == hardware}
+    have = {
+        (r["arch"], _key(r["config_json"]))
+        for r in bench_tables.bench_configs(study.db, opts.preset, device.type)
+        if r["impl"] == "benchctl" and str(r["device_name"] or "").split(" (", 1)[0] == hardware
+    }
     if wanted <= have:
-        study.say(f"{', '.join(archs)} at preset {opts.preset} already benchmarked on this {device.type}; "
-                  "not measured again")
+        study.say(
+            f"{', '.join(archs)} at preset {opts.preset} already benchmarked on this {device.type}; not measured again"
+        )
         return
     study.say(f"timing the training step of {', '.join(archs)} (preset {opts.preset}, steps interleaved)")
     t0 = time.perf_counter()

@@ -9,14 +9,20 @@ import sqlite_utils
 from benchctl.core.tables import Column, Table
 
 BENCH = Table(
-    "bench", "Speed benchmarks", "One row per architecture and implementation per `benchctl bench` invocation.",
+    "bench",
+    "Speed benchmarks",
+    "One row per architecture and implementation per `benchctl bench` invocation.",
     (
         Column("id", int, "row id"),
         Column("bench_id", str, "one `benchctl bench` invocation"),
         Column("arch", str, "architecture"),
         Column("preset", str, "named recipe"),
-        Column("impl", str, "benchctl, reference (an eager llama2.c copy at benchctl's precision) or reference-fp32 "
-                            "(that copy in fp32, as llama2.c runs on a CPU)"),
+        Column(
+            "impl",
+            str,
+            "benchctl, reference (an eager llama2.c copy at benchctl's precision) or reference-fp32 "
+            "(that copy in fp32, as llama2.c runs on a CPU)",
+        ),
         Column("compiled", int, "1 when torch.compile was on"),
         Column("dtype", str, "the precision the row's step ran in (bfloat16 autocast or float32)"),
         Column("device", str, "device type"),
@@ -34,8 +40,9 @@ BENCH = Table(
         Column("peak_flops", float, "the device's peak FLOPs per second", "FLOP/s"),
         Column("peak_flops_source", str, "where the peak comes from (datasheet or measured matmul)"),
         Column("mfu", float, "model FLOPs utilisation: achieved / peak"),
-        Column("peak_mem_bytes", int, "parameters + optimizer state + peak growth of torch allocations in a step",
-               "bytes"),
+        Column(
+            "peak_mem_bytes", int, "parameters + optimizer state + peak growth of torch allocations in a step", "bytes"
+        ),
         Column("peak_rss_bytes", int, "the bench process's peak resident set size when the row was written", "bytes"),
         Column("warmup_steps", int, "untimed steps before the repeats", "steps"),
         Column("warmup_seconds", float, "their time (compilation happens there)", "s"),
@@ -61,14 +68,16 @@ def browse_queries(columns: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
     """`benchctl browse`'s query over the benchmarks, for a file that has them."""
     if "bench" not in columns:
         return {}
-    return {"bench_history": {
-        "title": "Speed benchmark history",
-        "description": "Every `benchctl bench` measurement, newest first: throughput (tokens/s), step time "
-                       "(s), MFU and peak memory (bytes), with the commit and device they were measured on.",
-        "sql": """select b.created_at, b.bench_id, b.arch, b.preset, b.impl, b.compiled, b.device_name,
+    return {
+        "bench_history": {
+            "title": "Speed benchmark history",
+            "description": "Every `benchctl bench` measurement, newest first: throughput (tokens/s), step time "
+            "(s), MFU and peak memory (bytes), with the commit and device they were measured on.",
+            "sql": """select b.created_at, b.bench_id, b.arch, b.preset, b.impl, b.compiled, b.device_name,
   b.tokens_per_s, b.step_seconds, b.mfu, b.peak_mem_bytes, b.threads, b.load_avg, b.git_commit, b.torch_version
 from bench b order by b.created_at desc, b.bench_id, b.arch, b.impl""",
-    }}
+        }
+    }
 
 
 def record_bench_rows(db: sqlite_utils.Database, rows: list[dict[str, Any]]) -> None:
@@ -80,5 +89,10 @@ def record_bench_rows(db: sqlite_utils.Database, rows: list[dict[str, Any]]) -> 
 def bench_configs(db: sqlite_utils.Database, preset: str, device: str) -> list[dict[str, Any]]:
     """(arch, impl, device_name, config_json) of every bench row of a preset on a device type, newest first: what
     `study --bench` checks before benchmarking again."""
-    return list(db.query("select arch, impl, device_name, config_json from bench where preset = ? and device = ? "
-                         "order by created_at desc, id desc", [preset, device]))
+    return list(
+        db.query(
+            "select arch, impl, device_name, config_json from bench where preset = ? and device = ? "
+            "order by created_at desc, id desc",
+            [preset, device],
+        )
+    )

@@ -39,13 +39,13 @@ import torch
 import architectures
 from architectures.base import ExitRule
 from benchctl.core import checkpoint, data
-from benchctl.stages.depth import tables as depth_tables
-from benchctl.stages.train import tables as train_tables
 from benchctl.core.config import RunConfig
 from benchctl.core.errors import ConfigError, DataError, EvalError
 from benchctl.core.progress import Progress, as_progress, silent
 from benchctl.core.runtime import autocast_dtype, resolve_device
+from benchctl.stages.depth import tables as depth_tables
 from benchctl.stages.depth.options import DEFAULT_DEPTHS, DepthOptions
+from benchctl.stages.train import tables as train_tables
 
 
 @dataclass(frozen=True, order=True)
@@ -71,16 +71,25 @@ class DepthSummary:
     seconds: float = 0.0
 
 
-def settings_for(arch_cls: Any, trained: int, *, depths: Sequence[int], exit_rule: str | None,
-                 thresholds: Sequence[float], max_depth: int | None, extrapolate: str | None,
-                 with_trained: bool = False) -> list[Setting]:
+def settings_for(
+    arch_cls: Any,
+    trained: int,
+    *,
+    depths: Sequence[int],
+    exit_rule: str | None,
+    thresholds: Sequence[float],
+    max_depth: int | None,
+    extrapolate: str | None,
+    with_trained: bool = False,
+) -> list[Setting]:
     """The settings to measure for one run of `arch_cls` trained at depth `trained`; `with_trained` adds the trained
     depth and twice it to the depths (the report judges extrapolation from those two)."""
     if not arch_cls.iterable():  # fixed depth: one reference row in a depth sweep, nothing to exit from
         return [Setting(trained)] if exit_rule is None else []
     if extrapolate is not None and arch_cls.extrapolate_rules and extrapolate not in arch_cls.extrapolate_rules:
-        raise ConfigError(f"--extrapolate: {arch_cls.name} accepts {', '.join(arch_cls.extrapolate_rules)}; "
-                          f"got {extrapolate!r}")
+        raise ConfigError(
+            f"--extrapolate: {arch_cls.name} accepts {', '.join(arch_cls.extrapolate_rules)}; got {extrapolate!r}"
+        )
     rule = arch_cls.resolve_extrapolate(extrapolate) if arch_cls.extrapolate_rules else None
     ext = rule or ""
     if exit_rule is None:
@@ -98,8 +107,7 @@ def flops_at(model: Any, depth: float) -> float:
     return f_lo + (depth - lo) * (model.flops_per_token(training=False, n_recur=lo + 1) - f_lo)
 
 
-def measure(model: Any, windows: Any, batch_size: int, device: Any, amp: Any, seed: int, s: Setting
-            ) -> dict[str, Any]:
+def measure(model: Any, windows: Any, batch_size: int, device: Any, amp: Any, seed: int, s: Setting) -> dict[str, Any]:
     """Loss, exit-depth histogram and timing of one setting over the windows (N, T+1)."""
     model.eval()
     rule = ExitRule(s.exit_rule, s.threshold) if s.exit_rule else None
@@ -118,8 +126,9 @@ def measure(model: Any, windows: Any, batch_size: int, device: Any, amp: Any, se
                     _, loss = model(x, y, n_recur=s.n_recur, return_logits=False, **kw)
                     depths = {s.n_recur: y.numel()}
                 else:
-                    out = model.iterate(x, y, n_recur=s.n_recur, return_logits=False,
-                                        extrapolate=s.extrapolate or None, exit=rule)
+                    out = model.iterate(
+                        x, y, n_recur=s.n_recur, return_logits=False, extrapolate=s.extrapolate or None, exit=rule
+                    )
                     loss = out.loss
                     vals, counts = torch.unique(out.depths, return_counts=True)
                     depths = dict(zip(vals.tolist(), counts.tolist()))
@@ -131,8 +140,13 @@ def measure(model: Any, windows: Any, batch_size: int, device: Any, amp: Any, se
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - t0
     mean_depth = sum(d * c for d, c in hist.items()) / count
-    return {"val_loss": total / count, "mean_depth": mean_depth, "tokens": count, "seconds": seconds,
-            "depth_hist": json.dumps({str(d): hist[d] for d in sorted(hist)})}
+    return {
+        "val_loss": total / count,
+        "mean_depth": mean_depth,
+        "tokens": count,
+        "seconds": seconds,
+        "depth_hist": json.dumps({str(d): hist[d] for d in sorted(hist)}),
+    }
 
 
 @dataclass
@@ -144,21 +158,37 @@ class _RunPlan:
     n_windows: int
 
 
-def plan(db, rows: list[dict[str, Any]], *, depths: Sequence[int], exit_rule: str | None,
-         thresholds: Sequence[float], max_depth: int | None, extrapolate: str | None, windows: int | None,
-         progress: bool = False, with_trained: bool = False) -> tuple[list[_RunPlan], int]:
+def plan(
+    db,
+    rows: list[dict[str, Any]],
+    *,
+    depths: Sequence[int],
+    exit_rule: str | None,
+    thresholds: Sequence[float],
+    max_depth: int | None,
+    extrapolate: str | None,
+    windows: int | None,
+    progress: bool = False,
+    with_trained: bool = False,
+) -> tuple[list[_RunPlan], int]:
     """Settings still to measure per run (every check done before any work), and how many are already stored."""
     plans, skipped, prepared_by_key = [], 0, {}
     for row in rows:
         cfg = RunConfig.from_json(row["config_json"])
         cls = architectures.get(cfg.arch)
-        settings = settings_for(cls, int(cfg.model.n_recur), depths=depths, exit_rule=exit_rule,
-                                thresholds=thresholds, max_depth=max_depth, extrapolate=extrapolate,
-                                with_trained=with_trained)
+        settings = settings_for(
+            cls,
+            int(cfg.model.n_recur),
+            depths=depths,
+            exit_rule=exit_rule,
+            thresholds=thresholds,
+            max_depth=max_depth,
+            extrapolate=extrapolate,
+            with_trained=with_trained,
+        )
         n = min(windows or cfg.eval.val_windows, cfg.eval.val_windows)
         have = depth_tables.depth_keys(db, row["id"])
-        todo = [s for s in settings
-                if (s.n_recur, s.exit_rule, s.threshold, s.extrapolate, n) not in have]
+        todo = [s for s in settings if (s.n_recur, s.exit_rule, s.threshold, s.extrapolate, n) not in have]
         skipped += len(settings) - len(todo)
         if not todo:
             continue
@@ -167,10 +197,13 @@ def plan(db, rows: list[dict[str, Any]], *, depths: Sequence[int], exit_rule: st
             prepared_by_key[key] = data.prepare(cfg.data, cfg.model.vocab_size, progress=progress)
         prepared = prepared_by_key[key]
         if row.get("data_fingerprint") and row["data_fingerprint"] != prepared.fingerprint:
-            raise DataError(f"run {row['id']} was trained on data {row['data_fingerprint'][:12]}, but its source "
-                            f"{cfg.data.source} now gives {prepared.fingerprint[:12]}; restore the original data")
-        win = data.val_windows(prepared.valid_tokens(), cfg.model.max_seq_len, cfg.eval.val_windows,
-                               cfg.eval.val_seed)[:n]
+            raise DataError(
+                f"run {row['id']} was trained on data {row['data_fingerprint'][:12]}, but its source "
+                f"{cfg.data.source} now gives {prepared.fingerprint[:12]}; restore the original data"
+            )
+        win = data.val_windows(prepared.valid_tokens(), cfg.model.max_seq_len, cfg.eval.val_windows, cfg.eval.val_seed)[
+            :n
+        ]
         plans.append(_RunPlan(row, cfg, todo, win, n))
     return plans, skipped
 
@@ -181,10 +214,21 @@ def measure_run(db, db_path: Path, p: _RunPlan, device: Any, on_row: Callable[[d
     amp = autocast_dtype(cfg, device)
     for s in p.settings:
         m = measure(model, p.windows, cfg.eval.val_batch_size, device, amp, cfg.eval.val_seed, s)
-        flops = flops_at(model, m["mean_depth"]) if s.exit_rule else model.flops_per_token(
-            training=False, n_recur=s.n_recur)
-        row = {"run_id": p.row["id"], "n_recur": s.n_recur, "exit_rule": s.exit_rule, "threshold": s.threshold,
-               "extrapolate": s.extrapolate, "windows": p.n_windows, **m, "flops_per_token": flops}
+        flops = (
+            flops_at(model, m["mean_depth"])
+            if s.exit_rule
+            else model.flops_per_token(training=False, n_recur=s.n_recur)
+        )
+        row = {
+            "run_id": p.row["id"],
+            "n_recur": s.n_recur,
+            "exit_rule": s.exit_rule,
+            "threshold": s.threshold,
+            "extrapolate": s.extrapolate,
+            "windows": p.n_windows,
+            **m,
+            "flops_per_token": flops,
+        }
         depth_tables.record_depth_result(db, row)
         on_row({**row, "arch": p.row["arch"], "seed": p.row["seed"], "trained_n_recur": int(cfg.model.n_recur)})
 
@@ -195,11 +239,21 @@ def depth_all(db, db_path: str | Path, opts: DepthOptions, *, progress: bool | P
     reporter = as_progress(progress)
     dev = resolve_device(opts.device, option="--device")
     sel = opts.select
-    rows = train_tables.finished_runs(db, run_ids=sel.run_ids, archs=sel.archs, preset=sel.preset, none_left=EvalError,
-                             purpose="to measure")
-    plans, skipped = plan(db, rows, depths=opts.depths or DEFAULT_DEPTHS, exit_rule=opts.exit_rule,
-                          thresholds=opts.thresholds, max_depth=opts.max_depth, extrapolate=opts.extrapolate,
-                          windows=opts.windows, progress=reporter.enabled, with_trained=opts.depths is None)
+    rows = train_tables.finished_runs(
+        db, run_ids=sel.run_ids, archs=sel.archs, preset=sel.preset, none_left=EvalError, purpose="to measure"
+    )
+    plans, skipped = plan(
+        db,
+        rows,
+        depths=opts.depths or DEFAULT_DEPTHS,
+        exit_rule=opts.exit_rule,
+        thresholds=opts.thresholds,
+        max_depth=opts.max_depth,
+        extrapolate=opts.extrapolate,
+        windows=opts.windows,
+        progress=reporter.enabled,
+        with_trained=opts.depths is None,
+    )
     summary = DepthSummary(skipped=skipped)
     total = sum(len(p.settings) for p in plans)
     bar = reporter.task("depth", total=total) if total else silent().task("depth")
@@ -207,27 +261,49 @@ def depth_all(db, db_path: str | Path, opts: DepthOptions, *, progress: bool | P
     with bar:
         for p in plans:
             label = f"{p.row['arch']} s{p.row['seed']}"
-            measure_run(db, Path(db_path), p, dev, on_row=lambda r, label=label: (
-                summary.rows.append(r), bar.update(advance=1, description=label)))
+            measure_run(
+                db,
+                Path(db_path),
+                p,
+                dev,
+                on_row=lambda r, label=label: (summary.rows.append(r), bar.update(advance=1, description=label)),
+            )
     summary.seconds = time.perf_counter() - t0
     return summary
 
 
-def estimate_seconds(db, db_path: str | Path, run_ids: Sequence[str], *, depths: Sequence[int] = DEFAULT_DEPTHS,
-                     device: str = "auto") -> float:
+def estimate_seconds(
+    db, db_path: str | Path, run_ids: Sequence[str], *, depths: Sequence[int] = DEFAULT_DEPTHS, device: str = "auto"
+) -> float:
     """Time one batch of one run at depth 1 and scale it to every run, depth and window batch of a default sweep.
 
     Cost grows linearly with depth for the recurrent part, so depth d is estimated as d times the depth-1 batch."""
     rows = train_tables.finished_runs(db, run_ids=run_ids, none_left=EvalError, purpose="to measure")
     dev = resolve_device(device, option="--device")
-    plans, _ = plan(db, rows[:1], depths=[1], exit_rule=None, thresholds=[], max_depth=None, extrapolate=None,
-                    windows=None, progress=False)
+    plans, _ = plan(
+        db,
+        rows[:1],
+        depths=[1],
+        exit_rule=None,
+        thresholds=[],
+        max_depth=None,
+        extrapolate=None,
+        windows=None,
+        progress=False,
+    )
     if not plans:
         return 0.0
     p = plans[0]
     model, cfg, _ = checkpoint.load_model(checkpoint.run_dir(Path(db_path), p.row["id"]) / checkpoint.CKPT_NAME, dev)
-    one = measure(model, p.windows[: cfg.eval.val_batch_size], cfg.eval.val_batch_size, dev, None,
-                  cfg.eval.val_seed, Setting(1, "", 0.0, p.settings[0].extrapolate))["seconds"]
+    one = measure(
+        model,
+        p.windows[: cfg.eval.val_batch_size],
+        cfg.eval.val_batch_size,
+        dev,
+        None,
+        cfg.eval.val_seed,
+        Setting(1, "", 0.0, p.settings[0].extrapolate),
+    )["seconds"]
     batches = math.ceil(p.n_windows / cfg.eval.val_batch_size)
     del model
     if dev.type == "cuda":

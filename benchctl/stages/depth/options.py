@@ -19,7 +19,7 @@ EXIT_RULES = ("kl", "latent")
 
 
 def parse_depths(text: str | Sequence[int] | None, option: str = "--depths") -> list[int]:
-    """"1,2,4" -> [1, 2, 4]: positive integers, duplicates dropped; a ConfigError naming the option otherwise."""
+    """ "1,2,4" -> [1, 2, 4]: positive integers, duplicates dropped; a ConfigError naming the option otherwise."""
     if text is None:
         return list(DEFAULT_DEPTHS)
     parts = [p.strip() for p in text.split(",")] if isinstance(text, str) else [str(p) for p in text]
@@ -47,8 +47,9 @@ def parse_thresholds(text: str | Sequence[float] | None) -> list[float]:
 
 def check_exit_rule(rule: str | None) -> str | None:
     if rule is not None and rule not in EXIT_RULES:
-        raise ConfigError(f"--exit: unknown rule '{rule}'{did_you_mean(rule, EXIT_RULES)} "
-                          f"choose {' or '.join(EXIT_RULES)}")
+        raise ConfigError(
+            f"--exit: unknown rule '{rule}'{did_you_mean(rule, EXIT_RULES)} choose {' or '.join(EXIT_RULES)}"
+        )
     return rule
 
 
@@ -60,8 +61,7 @@ def check_extrapolate(rule: str | None) -> str | None:
 
     known = sorted({r for a in architectures.names() for r in architectures.get(a).extrapolate_rules})
     if rule not in known:
-        raise ConfigError(f"--extrapolate: unknown rule '{rule}'{did_you_mean(rule, known)} "
-                          f"known: {', '.join(known)}")
+        raise ConfigError(f"--extrapolate: unknown rule '{rule}'{did_you_mean(rule, known)} known: {', '.join(known)}")
     return rule
 
 

@@ -59,8 +59,16 @@ def _curve(g: pd.DataFrame, by: str = "n_recur") -> pd.DataFrame:
     rows = []
     for key, h in g.groupby(by, sort=True):
         ci = stats.mean_ci(h["val_loss"].astype(float))
-        rows.append({by: key, "n": ci.n, "mean": ci.mean, "lo": ci.lo, "hi": ci.hi,
-                     "mean_depth": float(h["mean_depth"].astype(float).mean())})
+        rows.append(
+            {
+                by: key,
+                "n": ci.n,
+                "mean": ci.mean,
+                "lo": ci.lo,
+                "hi": ci.hi,
+                "mean_depth": float(h["mean_depth"].astype(float).mean()),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -74,25 +82,31 @@ def verdicts(ctx: Any, df: pd.DataFrame) -> list[str]:
             continue  # a fixed-depth architecture: the reference line
         per_seed = g.pivot_table(index="seed", columns="n_recur", values="val_loss", aggfunc="first")
         if T not in per_seed.columns or 2 * T not in per_seed.columns:
-            out.append(f"- {line}: depths {T} (trained) and {2 * T} are not both measured; run `benchctl depth "
-                       f"--depths {T},{2 * T}`.")
+            out.append(
+                f"- {line}: depths {T} (trained) and {2 * T} are not both measured; run `benchctl depth "
+                f"--depths {T},{2 * T}`."
+            )
             continue
         diff = (per_seed[2 * T] - per_seed[T]).dropna()
         ci = stats.mean_ci(diff.astype(float))
         base = float(per_seed[T].mean())
-        what = (f"loss {fnum(base, 4)} at its trained depth {T} and {fnum(float(per_seed[2 * T].mean()), 4)} at "
-                f"depth {2 * T} (change {ci.mean:+.4f}")
+        what = (
+            f"loss {fnum(base, 4)} at its trained depth {T} and {fnum(float(per_seed[2 * T].mean()), 4)} at "
+            f"depth {2 * T} (change {ci.mean:+.4f}"
+        )
         if ci.n >= 2:
             verdict = "improves" if ci.hi < 0 else "degrades" if ci.lo > 0 else "saturates"
             what += f", 95% CI [{ci.lo:+.4f}, {ci.hi:+.4f}] over {ci.n} seeds)"
         else:
-            verdict = ("saturates" if abs(ci.mean) < SATURATION_ONE_SEED
-                       else "improves" if ci.mean < 0 else "degrades")
-            what += (f"; one seed, so this is about that trained model only; 'saturates' = within "
-                     f"{SATURATION_ONE_SEED} nats)")
+            verdict = "saturates" if abs(ci.mean) < SATURATION_ONE_SEED else "improves" if ci.mean < 0 else "degrades"
+            what += (
+                f"; one seed, so this is about that trained model only; 'saturates' = within "
+                f"{SATURATION_ONE_SEED} nats)"
+            )
         ext = g["extrapolate"].iloc[0]
-        out.append(f"- {line} {verdict} past its trained depth: {what}" + (f", extrapolation rule `{ext}`." if ext
-                                                                            else "."))
+        out.append(
+            f"- {line} {verdict} past its trained depth: {what}" + (f", extrapolation rule `{ext}`." if ext else ".")
+        )
     return out
 
 
@@ -116,8 +130,15 @@ def fig_depth_loss(ctx: Any, df: pd.DataFrame) -> Any:
             T = int(g["trained"].iloc[0])
             at = c[c["n_recur"] == T]
             if not at.empty:
-                ax.plot([T], [at["mean"].iloc[0]], marker="*", markersize=14, color=colour, markeredgecolor="black",
-                        linestyle="none")
+                ax.plot(
+                    [T],
+                    [at["mean"].iloc[0]],
+                    marker="*",
+                    markersize=14,
+                    color=colour,
+                    markeredgecolor="black",
+                    linestyle="none",
+                )
         ax.set_xscale("log", base=2)
         ax.set_xticks(xs, [str(x) for x in xs])
         ax.set_xlabel("inference depth (iterations, log2)")
@@ -140,15 +161,35 @@ def fig_frontier(ctx: Any, df: pd.DataFrame) -> Any:
             colour = ctx.colours.get(g["model"].iloc[0])
             fixed = _curve(g[g["exit_rule"] == ""])
             if len(fixed) > 1:
-                ax.plot(fixed["n_recur"], fixed["mean"], color=colour, marker="o", markersize=4, linewidth=1.5,
-                        label=f"{tick(line)}: fixed depth")
+                ax.plot(
+                    fixed["n_recur"],
+                    fixed["mean"],
+                    color=colour,
+                    marker="o",
+                    markersize=4,
+                    linewidth=1.5,
+                    label=f"{tick(line)}: fixed depth",
+                )
             for rule, h in g[g["exit_rule"] != ""].groupby("exit_rule"):
                 c = _curve(h, by="threshold")
-                ax.plot(c["mean_depth"], c["mean"], color=colour, marker="D" if rule == "kl" else "s",
-                        markersize=6, linestyle=":", linewidth=1.2, label=f"{tick(line)}: exit {rule}")
+                ax.plot(
+                    c["mean_depth"],
+                    c["mean"],
+                    color=colour,
+                    marker="D" if rule == "kl" else "s",
+                    markersize=6,
+                    linestyle=":",
+                    linewidth=1.2,
+                    label=f"{tick(line)}: exit {rule}",
+                )
                 for r in c.itertuples():
-                    ax.annotate(f"{r.threshold:g}", (r.mean_depth, r.mean), fontsize=7, xytext=(4, 4),
-                                textcoords="offset points")
+                    ax.annotate(
+                        f"{r.threshold:g}",
+                        (r.mean_depth, r.mean),
+                        fontsize=7,
+                        xytext=(4, 4),
+                        textcoords="offset points",
+                    )
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_formatter(ScalarFormatter())
         ax.set_xlabel("mean depth per token (iterations; exit: what skipping exited tokens would compute)")
@@ -164,8 +205,11 @@ def fig_exit_hist(df: pd.DataFrame) -> tuple[Any, str]:
     if ex.empty:
         return None, ""
     first = ex.sort_values(["model", "seed", "run_id"]).iloc[0]
-    rows = ex[(ex["run_id"] == first["run_id"]) & (ex["exit_rule"] == first["exit_rule"])
-              & (ex["n_recur"] == first["n_recur"])].sort_values("threshold", ascending=False)
+    rows = ex[
+        (ex["run_id"] == first["run_id"])
+        & (ex["exit_rule"] == first["exit_rule"])
+        & (ex["n_recur"] == first["n_recur"])
+    ].sort_values("threshold", ascending=False)
     maxd = int(first["n_recur"])
     width = 0.8 / max(len(rows), 1)
     with _style():
@@ -175,8 +219,12 @@ def fig_exit_hist(df: pd.DataFrame) -> tuple[Any, str]:
             hist = {int(k): v for k, v in json.loads(r.depth_hist or "{}").items()}
             total = sum(hist.values()) or 1
             ys = [hist.get(d, 0) / total for d in range(1, maxd + 1)]
-            ax.bar(np.arange(1, maxd + 1) + (i - (len(rows) - 1) / 2) * width, ys, width=width,
-                   label=f"threshold {r.threshold:g} (mean {r.mean_depth:.2f})")
+            ax.bar(
+                np.arange(1, maxd + 1) + (i - (len(rows) - 1) / 2) * width,
+                ys,
+                width=width,
+                label=f"threshold {r.threshold:g} (mean {r.mean_depth:.2f})",
+            )
         ax.set_xticks(range(1, maxd + 1))
         ax.set_xlabel("exit depth (iteration the token froze at)")
         ax.set_ylabel("share of tokens")
@@ -197,10 +245,13 @@ def _tables(df: pd.DataFrame) -> list[str]:
             T = int(g["trained"].iloc[0])
             cells = [_cell(c, d) + (" ★" if d == T else "") if d in c.index else "-" for d in depths]
             rows.append([line, T, int(g["seed"].nunique())] + cells)
-        out += md_table(["model", "trained", "seeds"] + [f"depth {d}" for d in depths], rows,
-                        right=range(1, len(depths) + 3)) + [""]
-        out.append("Validation loss (nats/token), mean over seeds ± half-width of the 95% CI; ★ = trained depth. "
-                   "A fixed-depth architecture has one value (its own depth).")
+        out += md_table(
+            ["model", "trained", "seeds"] + [f"depth {d}" for d in depths], rows, right=range(1, len(depths) + 3)
+        ) + [""]
+        out.append(
+            "Validation loss (nats/token), mean over seeds ± half-width of the 95% CI; ★ = trained depth. "
+            "A fixed-depth architecture has one value (its own depth)."
+        )
         out.append("")
     ex = df[df["exit_rule"] != ""]
     if not ex.empty:
@@ -208,13 +259,27 @@ def _tables(df: pd.DataFrame) -> list[str]:
         for (line, rule, maxd), g in ex.groupby(["line", "exit_rule", "n_recur"], sort=False):
             for thr, h in g.groupby("threshold", sort=False):
                 ci = stats.mean_ci(h["val_loss"].astype(float))
-                rows.append([line, rule, f"{thr:g}", int(maxd), fnum(float(h["mean_depth"].mean()), 2),
-                             _fmt_ci(ci), fnum(float(h["flops_per_token"].mean()) / 1e6, 2)])
-        out += md_table(["model", "exit", "threshold", "max depth", "mean depth", "val loss", "MFLOP/token"], rows,
-                        right=range(2, 7)) + [""]
-        out.append("Mean depth = average exit iteration over tokens. Every iteration is still computed for every "
-                   "token here, so mean depth (and the FLOPs/token at it) is the compute an implementation that "
-                   "skips exited tokens would spend.")
+                rows.append(
+                    [
+                        line,
+                        rule,
+                        f"{thr:g}",
+                        int(maxd),
+                        fnum(float(h["mean_depth"].mean()), 2),
+                        _fmt_ci(ci),
+                        fnum(float(h["flops_per_token"].mean()) / 1e6, 2),
+                    ]
+                )
+        out += md_table(
+            ["model", "exit", "threshold", "max depth", "mean depth", "val loss", "MFLOP/token"],
+            rows,
+            right=range(2, 7),
+        ) + [""]
+        out.append(
+            "Mean depth = average exit iteration over tokens. Every iteration is still computed for every "
+            "token here, so mean depth (and the FLOPs/token at it) is the compute an implementation that "
+            "skips exited tokens would spend."
+        )
         out.append("")
     return out
 
@@ -237,9 +302,11 @@ def depth_section(frames: Frames) -> list[str]:
     df = depth_frame(frames)
     if df.empty:
         return out + need("No test-time depth rows: `benchctl depth` (and `benchctl depth --exit kl`) produce them.")
-    out.append("Validation loss on the runs' fixed validation windows when the recurrent models run more or fewer "
-               "iterations than they were trained with (past the trained depth FraiLT and relaxed follow the "
-               "extrapolation rule shown), and with the per-token adaptive exit.")
+    out.append(
+        "Validation loss on the runs' fixed validation windows when the recurrent models run more or fewer "
+        "iterations than they were trained with (past the trained depth FraiLT and relaxed follow the "
+        "extrapolation rule shown), and with the per-token adaptive exit."
+    )
     out.append("")
     out += _tables(df)
     sentences = verdicts(frames.ctx, df)
@@ -248,9 +315,11 @@ def depth_section(frames: Frames) -> list[str]:
         out += sentences + [""]
     ctx = frames.ctx
     hist, what = fig_exit_hist(df)
-    for name, f, alt in (("depth_loss.png", fig_depth_loss(ctx, df), "Validation loss against inference depth"),
-                         ("depth_frontier.png", fig_frontier(ctx, df), "Loss against mean depth: exit vs fixed"),
-                         ("depth_exit_hist.png", hist, f"Per-token exit depths ({what})")):
+    for name, f, alt in (
+        ("depth_loss.png", fig_depth_loss(ctx, df), "Validation loss against inference depth"),
+        ("depth_frontier.png", fig_frontier(ctx, df), "Loss against mean depth: exit vs fixed"),
+        ("depth_exit_hist.png", hist, f"Per-token exit depths ({what})"),
+    ):
         if f is not None:
             frames.figures[name] = f
             out += [f"![{alt}](figures/{name})", ""]

@@ -22,16 +22,28 @@ def run(study: StudyRun) -> None:
         return
     if study.opts.preset == "paper":
         secs = depth.estimate_seconds(study.db, study.opts.db_path, ids)
-        study.say(f"off by default on the paper preset (estimated {secs / 60:.0f} min for the fixed-depth sweep on "
-                  f"this machine); run 'benchctl depth --preset paper' and 'benchctl depth --preset paper --exit kl'")
+        study.say(
+            f"off by default on the paper preset (estimated {secs / 60:.0f} min for the fixed-depth sweep on "
+            f"this machine); run 'benchctl depth --preset paper' and 'benchctl depth --preset paper --exit kl'"
+        )
         return
     study.say("validation loss against inference depth, and with the adaptive exit")
     for exit_rule in (None, "kl"):
         opts = DepthOptions(select=RunSelection(run_ids=ids), exit_rule=exit_rule)
         s = depth.depth_all(study.db, study.opts.db_path, opts, progress=study.opts.progress)
-        study.log(f"   {'exit kl' if exit_rule else 'fixed depths'}: {len(s.rows)} row(s) measured, "
-                  f"{s.skipped} already stored")
+        study.log(
+            f"   {'exit kl' if exit_rule else 'fixed depths'}: {len(s.rows)} row(s) measured, "
+            f"{s.skipped} already stored"
+        )
 
 
-STAGE = Stage(name="depth", order=55, run=run, tables=TABLES, queries=browse_queries, sections=(depth_section,),
-              figures=FIGURES, skippable=True)
+STAGE = Stage(
+    name="depth",
+    order=55,
+    run=run,
+    tables=TABLES,
+    queries=browse_queries,
+    sections=(depth_section,),
+    figures=FIGURES,
+    skippable=True,
+)

@@ -11,7 +11,8 @@ from benchctl.core.tables import Column, Table
 from benchctl.stages.train.tables import model_label
 
 DEPTH_RESULTS = Table(
-    "depth_results", "Test-time depth",
+    "depth_results",
+    "Test-time depth",
     "Validation loss per (run, inference depth or adaptive-exit setting, extrapolation rule, windows), from `benchctl "
     "depth`.",
     (
@@ -25,8 +26,12 @@ DEPTH_RESULTS = Table(
         Column("mean_depth", float, "mean exit iteration over tokens (= n_recur at a fixed depth)"),
         Column("tokens", int, "tokens measured", "tokens"),
         Column("seconds", float, "wall time of the measurement", "s"),
-        Column("flops_per_token", float, "forward FLOPs per token at n_recur (at the mean depth for exit rows)",
-               "FLOPs/token"),
+        Column(
+            "flops_per_token",
+            float,
+            "forward FLOPs per token at n_recur (at the mean depth for exit rows)",
+            "FLOPs/token",
+        ),
         Column("depth_hist", str, "JSON {depth: tokens} of per-token exit depths"),
         Column("created_at", str, "when it was measured (UTC)"),
     ),
@@ -45,20 +50,29 @@ def browse_queries(columns: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
     if "depth_results" not in columns:
         return {}
     if "run_id" in columns["depth_results"]:
-        sql = (f"select {model_label(columns)} as model, r.preset, r.seed, d.* from depth_results d "
-               "left join runs r on r.id = d.run_id order by model, r.preset, r.seed")
+        sql = (
+            f"select {model_label(columns)} as model, r.preset, r.seed, d.* from depth_results d "
+            "left join runs r on r.id = d.run_id order by model, r.preset, r.seed"
+        )
     else:
         sql = "select d.* from depth_results d"
-    return {"depth_results": {"title": "Depth results", "description": "Results at each test-time depth, per run.",
-                              "sql": sql}}
+    return {
+        "depth_results": {
+            "title": "Depth results",
+            "description": "Results at each test-time depth, per run.",
+            "sql": sql,
+        }
+    }
+
 
 _DEPTH_PK = DEPTH_RESULTS.pk
 
 
 def depth_keys(db: sqlite_utils.Database, run_id: str) -> set[tuple[Any, ...]]:
     """(n_recur, exit_rule, threshold, extrapolate, windows) of every depth_results row stored for a run."""
-    return {tuple(r[k] for k in _DEPTH_PK[1:]) for r in db.query("select * from depth_results where run_id = ?",
-                                                                 [run_id])}
+    return {
+        tuple(r[k] for k in _DEPTH_PK[1:]) for r in db.query("select * from depth_results where run_id = ?", [run_id])
+    }
 
 
 def record_depth_result(db: sqlite_utils.Database, row: dict[str, Any]) -> None:
@@ -69,4 +83,3 @@ def record_depth_result(db: sqlite_utils.Database, row: dict[str, Any]) -> None:
             db["depth_results"].insert({"created_at": now(), **row}, pk=_DEPTH_PK, ignore=True)
 
     retry_locked(write)
-

@@ -131,8 +131,9 @@ class BenchctlLM(TemplateLM):
     def device(self) -> torch.device:
         return self._device
 
-    def tok_encode(self, string: str, add_special_tokens: bool | None = None, left_truncate_len: int | None = None,
-                   **kwargs: Any) -> list[int]:
+    def tok_encode(
+        self, string: str, add_special_tokens: bool | None = None, left_truncate_len: int | None = None, **kwargs: Any
+    ) -> list[int]:
         """Token ids; BOS first unless add_special_tokens is False (contexts are prefixed with BOS, as in training)."""
         ids = self.tok.encode(string, bos=add_special_tokens is not False, eos=False)
         if left_truncate_len:
@@ -143,8 +144,13 @@ class BenchctlLM(TemplateLM):
         return self.tok.decode(tokens)
 
     def get_model_info(self) -> dict[str, Any]:
-        return {"benchctl_checkpoint": self.checkpoint, "arch": self.arch, "n_recur": self.n_recur,
-                "max_length": self.max_length, "benchctl_seed": self.seed}
+        return {
+            "benchctl_checkpoint": self.checkpoint,
+            "arch": self.arch,
+            "n_recur": self.n_recur,
+            "max_length": self.max_length,
+            "benchctl_seed": self.seed,
+        }
 
     # ---- forward passes ------------------------------------------------------------------------------------------
 
@@ -173,8 +179,9 @@ class BenchctlLM(TemplateLM):
         # lm-eval's "Tokenizing inputs" bar is noise next to ours (on `self.progress`).
         return super().loglikelihood(requests, disable_tqdm=True)
 
-    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs: int | None = None,
-                              **kwargs: Any) -> list[tuple[float, bool]]:
+    def _loglikelihood_tokens(
+        self, requests, disable_tqdm: bool = False, override_bs: int | None = None, **kwargs: Any
+    ) -> list[tuple[float, bool]]:
         """[(request key, context ids, continuation ids)] -> [(sum log p(continuation | context), is greedy)]."""
         L = self.max_length
         # A continuation longer than the context is scored in pieces of <= L tokens, each after all that precedes it.
@@ -227,9 +234,15 @@ class BenchctlLM(TemplateLM):
         for i, req in enumerate(requests):
             (string,) = req.args
             tokens = self.tok_encode(string, add_special_tokens=False)
-            for ctx, cont in map(make_disjoint_window, get_rolling_token_windows(
-                token_list=tokens, prefix_token=self.prefix_token_id, max_seq_len=self.max_length, context_len=1,
-            )):
+            for ctx, cont in map(
+                make_disjoint_window,
+                get_rolling_token_windows(
+                    token_list=tokens,
+                    prefix_token=self.prefix_token_id,
+                    max_seq_len=self.max_length,
+                    context_len=1,
+                ),
+            ):
                 windows.append((None, ctx, cont))
                 owner.append(i)
         results = self._loglikelihood_tokens(windows)
@@ -268,8 +281,9 @@ class BenchctlLM(TemplateLM):
         temperature = float(kw.get("temperature", 0.0)) if kw.get("do_sample") else 0.0
         for b in range(0, len(members), self.batch_size):
             chunk = members[b : b + self.batch_size]
-            new = self._generate(torch.tensor([ids for _, ids, _ in chunk], dtype=torch.long), max_new, until,
-                                 temperature)
+            new = self._generate(
+                torch.tensor([ids for _, ids, _ in chunk], dtype=torch.long), max_new, until, temperature
+            )
             for (i, _, _), toks in zip(chunk, new, strict=True):
                 text = self.tok.decode(toks)
                 for s in until:  # cut at the first stop sequence (it may end inside the last token)
@@ -286,14 +300,20 @@ class BenchctlLM(TemplateLM):
         if max_new <= 0:
             return [[] for _ in range(idx.shape[0])]
         base = self._batch_seed(idx)
-        gens = [torch.Generator(device=self._device).manual_seed((base + r) % (2**63 - 1))
-                for r in range(idx.shape[0])]
+        gens = [torch.Generator(device=self._device).manual_seed((base + r) % (2**63 - 1)) for r in range(idx.shape[0])]
 
         def should_stop(_row: int, new: list[int]) -> bool:
             return bool(until) and any(s in self.tok.decode(new) for s in until)
 
         with self._seeded(idx), self.precision.autocast(self._device):
-            outs = generate(self.model, idx.tolist(), max_new_tokens=max_new, temperature=temperature,
-                            stop_ids=(self.eot_token_id,), n_recur=self.n_recur, generators=gens,
-                            should_stop=should_stop)
+            outs = generate(
+                self.model,
+                idx.tolist(),
+                max_new_tokens=max_new,
+                temperature=temperature,
+                stop_ids=(self.eot_token_id,),
+                n_recur=self.n_recur,
+                generators=gens,
+                should_stop=should_stop,
+            )
         return [g.tokens for g in outs]

@@ -19,7 +19,6 @@ Modules:
 
 from __future__ import annotations
 
-
 from benchctl.stages.eval.adapter import DEFAULT_SEED, BenchctlLM  # noqa: E402
 from benchctl.stages.eval.engine import (  # noqa: E402
     BOOTSTRAP_ITERS,
@@ -56,10 +55,38 @@ from benchctl.stages.eval.tasks import (  # noqa: E402
 )
 
 __all__ = [
-    "BOOTSTRAP_ITERS", "BUNDLED_TASKS", "DEFAULT_BATCH_SIZE", "DEFAULT_DOCS", "DEFAULT_SEED", "GENERATORS",
-    "HUB_PROBE_TIMEOUT", "NOT_CONTENT", "NOT_NAMES", "SWAP_WORDS", "TASKS_SUBDIR", "TASK_SEED", "TASK_VERSIONS",
-    "TEMPLATES", "BenchctlLM", "BundledTasks", "EvalOptions", "EvalSummary", "allowed_recurrence", "build_bundled_tasks",
-    "check_recurrence", "evaluate_runs", "find_protagonist", "hub_offline", "hub_reachable", "last_sentence_split",
-    "make_ending_docs", "make_names_docs", "make_order_docs", "make_ppl_docs", "order_pairs", "result_rows",
-    "summary_tables", "swap_words",
+    "BOOTSTRAP_ITERS",
+    "BUNDLED_TASKS",
+    "DEFAULT_BATCH_SIZE",
+    "DEFAULT_DOCS",
+    "DEFAULT_SEED",
+    "GENERATORS",
+    "HUB_PROBE_TIMEOUT",
+    "NOT_CONTENT",
+    "NOT_NAMES",
+    "SWAP_WORDS",
+    "TASKS_SUBDIR",
+    "TASK_SEED",
+    "TASK_VERSIONS",
+    "TEMPLATES",
+    "BenchctlLM",
+    "BundledTasks",
+    "EvalOptions",
+    "EvalSummary",
+    "allowed_recurrence",
+    "build_bundled_tasks",
+    "check_recurrence",
+    "evaluate_runs",
+    "find_protagonist",
+    "hub_offline",
+    "hub_reachable",
+    "last_sentence_split",
+    "make_ending_docs",
+    "make_names_docs",
+    "make_order_docs",
+    "make_ppl_docs",
+    "order_pairs",
+    "result_rows",
+    "summary_tables",
+    "swap_words",
 ]

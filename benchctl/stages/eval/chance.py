@@ -85,8 +85,19 @@ def chance_frame(ctx: Context, evals: pd.DataFrame) -> pd.DataFrame:
             correct = int(sum(round(v * k) for v, k in zip(g["value"], g["n_samples"])))
             n = int(g["n_samples"].sum())
             p = stats.binom_above_chance(correct, n, chance)
-        rows.append({"model": m, "n_recur": int(r), "limit_n": int(lim), "task": str(task), "metric": str(metric),
-                     "chance": chance, "correct": correct, "n": n, "p": p})
+        rows.append(
+            {
+                "model": m,
+                "n_recur": int(r),
+                "limit_n": int(lim),
+                "task": str(task),
+                "metric": str(metric),
+                "chance": chance,
+                "correct": correct,
+                "n": n,
+                "p": p,
+            }
+        )
     order = {m: i for i, m in enumerate(ctx.models)}
     out = pd.DataFrame(rows, columns=COLUMNS[:-2])
     out = out.sort_values(["task", "metric"], kind="stable")
@@ -109,8 +120,10 @@ def task_verdicts(chance: pd.DataFrame, preset: str | None) -> list[str]:
             continue
         above = list(dict.fromkeys(tested.loc[tested["above"], "model"]))
         if not above:
-            lines.append(f"- **{task}** (chance {level}): no model is above chance at {where}, so this task cannot "
-                         "separate the models here; its differences are noise, not a comparison.")
+            lines.append(
+                f"- **{task}** (chance {level}): no model is above chance at {where}, so this task cannot "
+                "separate the models here; its differences are noise, not a comparison."
+            )
             continue
         below = [m for m in dict.fromkeys(tested["model"]) if m not in above]
         text = f"- **{task}** (chance {level}): above chance for {', '.join(above)}"

@@ -1,13 +1,14 @@
 """`benchctl eval`: lm-eval tasks (bundled offline TinyStories tasks, or any lm-eval task) on finished runs.
 
-Thin: parse the options, call `benchctl.stages.eval.api.evaluate_runs`, print the closing tables. The adapter, the bundled
+Thin: parse the options, call `benchctl.stages.eval.api.evaluate_runs`, print the closing tables. The adapter, the
+bundled
 tasks and the runner are described in the `benchctl.stages.eval.api` package.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich import box
@@ -23,36 +24,67 @@ app = typer.Typer()
 
 @app.command("eval")
 def eval_(
-    tasks: Annotated[Optional[str], typer.Option(
-        "--tasks", "-t", help="Comma list: tinystories_ppl, tinystories_ending, tinystories_names, "
-        "tinystories_order (default: all four), or lm-eval task names / globs (hellaswag, lambada_openai, "
-        "blimp_*).")] = None,
-    runs: Annotated[Optional[str], typer.Option("--runs", help="Comma list of run ids (default: every done run).")]
-    = None,
-    archs: Annotated[Optional[str], typer.Option("--archs", help="Only these architectures (comma list).")] = None,
-    preset: Annotated[Optional[str], typer.Option("--preset", "-p", help="Only runs of this preset.")] = None,
-    n_recur: Annotated[Optional[int], typer.Option(
-        "--n-recur", help="Test-time recurrence (default: each run's trained one); each run's architecture "
-        "says which depths it accepts, and a depth it cannot run is an error naming the limit.")] = None,
-    limit: Annotated[Optional[int], typer.Option("--limit", help="Only the first N documents of each task.")] = None,
+    tasks: Annotated[
+        str | None,
+        typer.Option(
+            "--tasks",
+            "-t",
+            help="Comma list: tinystories_ppl, tinystories_ending, tinystories_names, "
+            "tinystories_order (default: all four), or lm-eval task names / globs (hellaswag, lambada_openai, "
+            "blimp_*).",
+        ),
+    ] = None,
+    runs: Annotated[str | None, typer.Option("--runs", help="Comma list of run ids (default: every done run).")] = None,
+    archs: Annotated[str | None, typer.Option("--archs", help="Only these architectures (comma list).")] = None,
+    preset: Annotated[str | None, typer.Option("--preset", "-p", help="Only runs of this preset.")] = None,
+    n_recur: Annotated[
+        int | None,
+        typer.Option(
+            "--n-recur",
+            help="Test-time recurrence (default: each run's trained one); each run's architecture "
+            "says which depths it accepts, and a depth it cannot run is an error naming the limit.",
+        ),
+    ] = None,
+    limit: Annotated[int | None, typer.Option("--limit", help="Only the first N documents of each task.")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Requests per forward pass.")] = 32,
     device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda, cuda:N or mps.")] = "auto",
-    threads: Annotated[Optional[int], typer.Option(
-        "--threads", help="CPU threads for torch (default: torch's choice; 1 is fastest for tiny models on a "
-        "shared machine).")] = None,
+    threads: Annotated[
+        int | None,
+        typer.Option(
+            "--threads",
+            help="CPU threads for torch (default: torch's choice; 1 is fastest for tiny models on a shared machine).",
+        ),
+    ] = None,
     force: Annotated[bool, typer.Option("--force", help="Recompute results already in the database.")] = False,
-    include_path: Annotated[Optional[list[Path]], typer.Option(
-        "--include-path", help="A directory of your own lm-eval task YAMLs (repeatable).")] = None,
-    jobs: Annotated[str, typer.Option(
-        "--jobs", "-j", help="Runs evaluated at once, each share in its own process with its share of the cores: a "
-        "number, or auto (one per core on a CPU, one per GPU on a GPU machine).")] = "1",
+    include_path: Annotated[
+        list[Path] | None,
+        typer.Option("--include-path", help="A directory of your own lm-eval task YAMLs (repeatable)."),
+    ] = None,
+    jobs: Annotated[
+        str,
+        typer.Option(
+            "--jobs",
+            "-j",
+            help="Runs evaluated at once, each share in its own process with its share of the cores: a "
+            "number, or auto (one per core on a CPU, one per GPU on a GPU machine).",
+        ),
+    ] = "1",
     db: DbOpt = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress.")] = True,
 ) -> None:
     """Evaluate finished runs with lm-eval and store every metric in results.db (table eval_results)."""
-    opts = EvalOptions(select=RunSelection(run_ids=split_list(runs), archs=split_list(archs), preset=preset),
-                       tasks=split_list(tasks), n_recur=n_recur, limit=limit, batch_size=batch_size, device=device,
-                       force=force, include_paths=include_path or (), threads=threads, jobs=jobs)
+    opts = EvalOptions(
+        select=RunSelection(run_ids=split_list(runs), archs=split_list(archs), preset=preset),
+        tasks=split_list(tasks),
+        n_recur=n_recur,
+        limit=limit,
+        batch_size=batch_size,
+        device=device,
+        force=force,
+        include_paths=include_path or (),
+        threads=threads,
+        jobs=jobs,
+    )
     # lm_eval and torch, and sqlite_utils with pandas: kept out of 'benchctl --help'
     from benchctl import stages
     from benchctl.stages.eval import api as evaluate
@@ -69,11 +101,17 @@ def eval_(
         for row in rows:
             table.add_row(*row)
         console.print(table)
-    notes = [f"{len(summary.evaluated)} evaluated, {len(summary.skipped)} already in the database"
-             + (" (--force recomputes)" if summary.skipped else "") + f", {summary.seconds:.1f} s."]
+    notes = [
+        f"{len(summary.evaluated)} evaluated, {len(summary.skipped)} already in the database"
+        + (" (--force recomputes)" if summary.skipped else "")
+        + f", {summary.seconds:.1f} s."
+    ]
     if summary.unavailable:
         notes.append(f"not run (dataset not available; see above): {', '.join(summary.unavailable)}.")
-    notes.append("bits/byte and word ppl: lower is better; acc (chance: 1/4 on tinystories_ending and _names, 1/2 "
-                 "on tinystories_order), acc_norm (length-normalised): higher is better; ± = standard error. Every metric: sqlite-utils "
-                 f"{path} 'select * from eval_results' --table")
+    notes.append(
+        "bits/byte and word ppl: lower is better; acc (chance: 1/4 on tinystories_ending and _names, 1/2 "
+        "on tinystories_order), acc_norm (length-normalised): higher is better; ± = standard error. "
+        "Every metric: sqlite-utils "
+        f"{path} 'select * from eval_results' --table"
+    )
     console.print("\n".join(notes), highlight=False, soft_wrap=True)

@@ -33,18 +33,18 @@ import torch
 import architectures
 from benchctl.core import data as datamod
 from benchctl.core import db as dbm
-from benchctl.stages.eval import tables as eval_tables
-from benchctl.stages.train import tables as train_tables
 from benchctl.core.checkpoint import CKPT_NAME, rng_state, run_dir, set_rng_state
 from benchctl.core.config import RunConfig
 from benchctl.core.errors import EvalError
+from benchctl.core.progress import Progress, as_progress
 from benchctl.core.telemetry import git_commit
 from benchctl.stages import RunSelection
+from benchctl.stages.eval import tables as eval_tables
 from benchctl.stages.eval.adapter import BenchctlLM
 from benchctl.stages.eval.options import EvalOptions
 from benchctl.stages.eval.tasks import TaskIndex
+from benchctl.stages.train import tables as train_tables
 from benchctl.stages.train.executors.local import in_shares
-from benchctl.core.progress import Progress, as_progress
 
 BOOTSTRAP_ITERS = 1000  # lm-eval stderr for bootstrapped metrics (acc uses the closed form)
 HUB_PROBE_TIMEOUT = 3.0
@@ -85,8 +85,10 @@ def check_recurrence(run: dict[str, Any], cfg: Any, n_recur: int | None) -> int:
         return int(cfg.model.n_recur)
     top = architectures.get(cfg.arch).max_n_recur(cfg.model)
     if n_recur < 1 or (top is not None and n_recur > top):
-        raise EvalError(f"--n-recur {n_recur} is not allowed for run {run['id']} ({cfg.arch}): it accepts "
-                        f"{allowed_recurrence(cfg.arch, cfg.model)}; select other runs with --runs/--archs")
+        raise EvalError(
+            f"--n-recur {n_recur} is not allowed for run {run['id']} ({cfg.arch}): it accepts "
+            f"{allowed_recurrence(cfg.arch, cfg.model)}; select other runs with --runs/--archs"
+        )
     return n_recur
 
 
@@ -101,8 +103,15 @@ def _split_metric(key: str) -> tuple[str, bool] | None:
     return (name if filt == "none" else f"{name}[{filt}]"), is_stderr
 
 
-def result_rows(results: dict[str, Any], run_id: str, n_recur: int, limit: int | None, batch_size: int,
-                versions: dict[str, str], dtype: str | None = None) -> list[dict[str, Any]]:
+def result_rows(
+    results: dict[str, Any],
+    run_id: str,
+    n_recur: int,
+    limit: int | None,
+    batch_size: int,
+    versions: dict[str, str],
+    dtype: str | None = None,
+) -> list[dict[str, Any]]:
     """simple_evaluate's output -> eval_results rows (stderr "N/A" -> None)."""
     rows = []
     created = dbm.now()
@@ -124,12 +133,23 @@ def result_rows(results: dict[str, Any], run_id: str, n_recur: int, limit: int |
             if not isinstance(value, (int, float)):
                 continue
             err = errs.get(name)
-            rows.append({
-                "run_id": run_id, "task": task, "metric": name, "n_recur": n_recur, "limit_n": limit or 0,
-                "value": float(value), "stderr": float(err) if isinstance(err, (int, float)) else None,
-                "n_samples": n_samples, "task_version": version, "batch_size": batch_size,
-                "lm_eval_version": lm_eval.__version__, "created_at": created, "dtype": dtype,
-            })
+            rows.append(
+                {
+                    "run_id": run_id,
+                    "task": task,
+                    "metric": name,
+                    "n_recur": n_recur,
+                    "limit_n": limit or 0,
+                    "value": float(value),
+                    "stderr": float(err) if isinstance(err, (int, float)) else None,
+                    "n_samples": n_samples,
+                    "task_version": version,
+                    "batch_size": batch_size,
+                    "lm_eval_version": lm_eval.__version__,
+                    "created_at": created,
+                    "dtype": dtype,
+                }
+            )
     return rows
 
 
@@ -139,8 +159,9 @@ def result_rows(results: dict[str, Any], run_id: str, n_recur: int, limit: int |
 
 def hub_reachable(timeout: float = HUB_PROBE_TIMEOUT) -> bool:
     """Can this machine open a TCP connection to the Hugging Face hub (honouring HF_ENDPOINT / HF_HUB_OFFLINE)?"""
-    if os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE") or \
-            os.environ.get("HF_DATASETS_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE"):
+    if os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE") or os.environ.get(
+        "HF_DATASETS_OFFLINE", ""
+    ).upper() in ("1", "ON", "YES", "TRUE"):
         return False
     url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
     port = url.port or (443 if url.scheme == "https" else 80)
@@ -180,8 +201,11 @@ def _quiet() -> Iterator[None]:
     # pip list, nvidia-smi, ...) and `git describe` in the working directory, whose "fatal: not a git repository" goes
     # straight to our stderr outside a checkout. benchctl stores none of it (runs record versions and the commit), so
     # while we evaluate, lm-eval gets a quick, quiet version of both.
-    saved_env = {k: evaluator_module.__dict__[k] for k in ("add_env_info", "get_git_commit_hash")
-                 if k in evaluator_module.__dict__}
+    saved_env = {
+        k: evaluator_module.__dict__[k]
+        for k in ("add_env_info", "get_git_commit_hash")
+        if k in evaluator_module.__dict__
+    }
     if "add_env_info" in saved_env:
         evaluator_module.add_env_info = _light_env_info
     if "get_git_commit_hash" in saved_env:
@@ -196,8 +220,13 @@ def _quiet() -> Iterator[None]:
 
 def _light_env_info(storage: dict[str, Any]) -> None:
     """What lm-eval's add_env_info records that is quick to get (its versions), without torch's collect_env."""
-    storage.update({"pretty_env_info": "not collected by benchctl (see the runs table)",
-                    "lm_eval_version": metadata.version("lm_eval"), "torch_version": torch.__version__})
+    storage.update(
+        {
+            "pretty_env_info": "not collected by benchctl (see the runs table)",
+            "lm_eval_version": metadata.version("lm_eval"),
+            "torch_version": torch.__version__,
+        }
+    )
 
 
 def _probe_standard(tm, names: list[str], offline: bool) -> dict[str, str]:
@@ -213,7 +242,6 @@ def _probe_standard(tm, names: list[str], offline: bool) -> dict[str, str]:
     return bad
 
 
-
 # ====================================================================================================================
 # The runner
 
@@ -222,8 +250,15 @@ def _plan(db, db_path: Path, opts: EvalOptions) -> list[tuple[dict[str, Any], An
     """(run row, config, n_recur to evaluate) per selected run; every run's recurrence and checkpoint are checked
     before any work starts."""
     sel = opts.select
-    runs = train_tables.finished_runs(db, run_ids=sel.run_ids, archs=sel.archs, preset=sel.preset, bad_selection=EvalError,
-                             none_left=EvalError, purpose="to evaluate")
+    runs = train_tables.finished_runs(
+        db,
+        run_ids=sel.run_ids,
+        archs=sel.archs,
+        preset=sel.preset,
+        bad_selection=EvalError,
+        none_left=EvalError,
+        purpose="to evaluate",
+    )
     plan = []
     for run in runs:
         cfg = RunConfig.from_json(run["config_json"])
@@ -239,8 +274,9 @@ class _Session:
     """What one `evaluate_runs` call carries from run to run: a task index per prepared data directory (built on
     first use), the standard task names resolved once, and the summary being filled."""
 
-    def __init__(self, db, db_path: Path, opts: EvalOptions, summary: EvalSummary, progress: Progress,
-                 log: Callable[[str], None]):
+    def __init__(
+        self, db, db_path: Path, opts: EvalOptions, summary: EvalSummary, progress: Progress, log: Callable[[str], None]
+    ):
         self.db, self.db_path, self.opts, self.summary = db, db_path, opts, summary
         self.progress, self.log = progress, log
         self.offline = bool(opts.standard) and not hub_reachable()
@@ -259,8 +295,10 @@ class _Session:
         index = self.index(prepared)
         runnable = self.opts.bundled + [t for t in (self.standard or []) if t not in self.summary.unavailable]
         if not runnable:
-            raise EvalError("none of the requested tasks can run here: "
-                            + "; ".join(f"{t}: {why}" for t, why in self.summary.unavailable.items()))
+            raise EvalError(
+                "none of the requested tasks can run here: "
+                + "; ".join(f"{t}: {why}" for t, why in self.summary.unavailable.items())
+            )
         todo = self.todo(run, r, runnable, index.versions())
         if not todo:
             self.note(f"{label}: already evaluated ({', '.join(runnable)}); --force recomputes")
@@ -282,14 +320,21 @@ class _Session:
         """Expand the standard task names once, and leave out (with a message) those whose dataset cannot load."""
         self.standard = index.resolve(self.opts.standard)
         if self.offline:
-            self.note("the Hugging Face hub is unreachable: standard tasks run only if their dataset is in the "
-                      "local cache")
+            self.note(
+                "the Hugging Face hub is unreachable: standard tasks run only if their dataset is in the local cache"
+            )
         unavailable = self.summary.unavailable = _probe_standard(index.tm, self.standard, self.offline)
         if unavailable:
-            why = ("the Hugging Face hub is unreachable and their dataset is not cached locally" if self.offline
-                   else "their dataset could not be loaded")
-            self.log(f"skipping {', '.join(unavailable)}: {why} ("
-                     + "; ".join(f"{t}: {e}" for t, e in unavailable.items()) + ")")
+            why = (
+                "the Hugging Face hub is unreachable and their dataset is not cached locally"
+                if self.offline
+                else "their dataset could not be loaded"
+            )
+            self.log(
+                f"skipping {', '.join(unavailable)}: {why} ("
+                + "; ".join(f"{t}: {e}" for t, e in unavailable.items())
+                + ")"
+            )
         self.summary.tasks = self.opts.bundled + self.standard
 
     def todo(self, run: dict[str, Any], r: int, runnable: list[str], versions: dict[str, str]) -> list[str]:
@@ -307,31 +352,60 @@ class _Session:
     def evaluate(self, run: dict[str, Any], r: int, todo: list[str], index: TaskIndex, label: str) -> None:
         """Run lm-eval on one run's checkpoint and replace its rows for `todo` in one transaction."""
         opts, t_run = self.opts, time.perf_counter()
-        lm = BenchctlLM(checkpoint=run_dir(self.db_path, run["id"]) / CKPT_NAME, n_recur=r,
-                        batch_size=opts.batch_size, device=opts.device, progress=self.progress)
+        lm = BenchctlLM(
+            checkpoint=run_dir(self.db_path, run["id"]) / CKPT_NAME,
+            n_recur=r,
+            batch_size=opts.batch_size,
+            device=opts.device,
+            progress=self.progress,
+        )
         self.note(f"{label}: {', '.join(todo)}")
         with _quiet(), hub_offline(self.offline):
             results = lm_eval.simple_evaluate(
-                model=lm, tasks=todo, task_manager=index.tm, limit=opts.limit, bootstrap_iters=BOOTSTRAP_ITERS,
-                log_samples=False, batch_size=opts.batch_size, device=str(lm.device),
+                model=lm,
+                tasks=todo,
+                task_manager=index.tm,
+                limit=opts.limit,
+                bootstrap_iters=BOOTSTRAP_ITERS,
+                log_samples=False,
+                batch_size=opts.batch_size,
+                device=str(lm.device),
             )
-        rows = result_rows(results, run["id"], r, opts.limit, opts.batch_size, index.versions(),
-                           dtype=lm.precision.dtype)
+        rows = result_rows(
+            results, run["id"], r, opts.limit, opts.batch_size, index.versions(), dtype=lm.precision.dtype
+        )
         done_tasks = {row["task"] for row in rows}
-        eval_tables.replace_eval_results(self.db, rows, {(run["id"], t) for t in set(todo) | done_tasks}, r, opts.limit_n)
+        eval_tables.replace_eval_results(
+            self.db, rows, {(run["id"], t) for t in set(todo) | done_tasks}, r, opts.limit_n
+        )
         self.summary.evaluated += [(run["id"], t) for t in todo]
         self.note(f"{label}: done in {time.perf_counter() - t_run:.1f} s")
 
 
-def _evaluate_in_jobs(db_path: str | os.PathLike, plan: list[tuple[dict[str, Any], Any, int]], opts: EvalOptions,
-                      reporter: Progress, log: Callable[[str], None], summary: EvalSummary) -> bool:
+def _evaluate_in_jobs(
+    db_path: str | os.PathLike,
+    plan: list[tuple[dict[str, Any], Any, int]],
+    opts: EvalOptions,
+    reporter: Progress,
+    log: Callable[[str], None],
+    summary: EvalSummary,
+) -> bool:
     """With more than one job, the runs split into that many shares of about equal work, each evaluated by
     `evaluate_runs` in its own process (benchctl.stages.train.executors.local.in_shares), their summaries merged into
     `summary`. False (nothing done) when everything runs here."""
     work = [float(run.get("flops_per_token") or 1.0) * r for run, _, r in plan]
-    parts = in_shares(evaluate_runs, [run["id"] for run, _, _ in plan], work,
-                      lambda ids: {"opts": replace(opts, select=RunSelection(run_ids=ids), jobs=1)}, jobs=opts.jobs,
-                      db_path=Path(db_path), device_spec=opts.device, progress=reporter, log=log, what="evaluation")
+    parts = in_shares(
+        evaluate_runs,
+        [run["id"] for run, _, _ in plan],
+        work,
+        lambda ids: {"opts": replace(opts, select=RunSelection(run_ids=ids), jobs=1)},
+        jobs=opts.jobs,
+        db_path=Path(db_path),
+        device_spec=opts.device,
+        progress=reporter,
+        log=log,
+        what="evaluation",
+    )
     if parts is None:
         return False
     for part in parts:
@@ -357,8 +431,14 @@ def _preserved(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(saved_threads)
 
 
-def evaluate_runs(db, db_path: str | os.PathLike, opts: EvalOptions, *, progress: bool | Progress = True,
-                  log: Callable[[str], None] | None = None) -> EvalSummary:
+def evaluate_runs(
+    db,
+    db_path: str | os.PathLike,
+    opts: EvalOptions,
+    *,
+    progress: bool | Progress = True,
+    log: Callable[[str], None] | None = None,
+) -> EvalSummary:
     """Evaluate every finished run `opts` selects on `opts.tasks` and store one row per metric in eval_results.
 
     `opts.n_recur` overrides the recurrence (validated for every run before any work starts); `opts.limit` passes
@@ -374,10 +454,22 @@ def evaluate_runs(db, db_path: str | os.PathLike, opts: EvalOptions, *, progress
     t0 = time.perf_counter()
     reporter = as_progress(progress)
     plan = _plan(db, Path(db_path), opts)
-    summary = EvalSummary(tasks=list(opts.tasks), limit=opts.limit, n_recur=opts.n_recur,
-                          runs=[{"id": r["id"], "arch": r["arch"], "variant": r.get("variant") or r["arch"],
-                                 "preset": r["preset"], "seed": r["seed"],
-                                 "n_recur": n} for r, _, n in plan])
+    summary = EvalSummary(
+        tasks=list(opts.tasks),
+        limit=opts.limit,
+        n_recur=opts.n_recur,
+        runs=[
+            {
+                "id": r["id"],
+                "arch": r["arch"],
+                "variant": r.get("variant") or r["arch"],
+                "preset": r["preset"],
+                "seed": r["seed"],
+                "n_recur": n,
+            }
+            for r, _, n in plan
+        ],
+    )
     if not _evaluate_in_jobs(db_path, plan, opts, reporter, log or reporter.log, summary):
         session = _Session(db, Path(db_path), opts, summary, reporter, log or reporter.log)
         with _preserved(opts.threads), reporter.library_bars():
@@ -385,7 +477,10 @@ def evaluate_runs(db, db_path: str | os.PathLike, opts: EvalOptions, *, progress
                 session.run(k, len(plan), run, cfg, r)
     wanted = set(summary.tasks)
     for run in summary.runs:
-        summary.rows += [row for row in eval_tables.eval_results(db, run["id"], run["n_recur"], opts.limit_n)
-                         if row["task"] in wanted]
+        summary.rows += [
+            row
+            for row in eval_tables.eval_results(db, run["id"], run["n_recur"], opts.limit_n)
+            if row["task"] in wanted
+        ]
     summary.seconds = time.perf_counter() - t0
     return summary

@@ -31,15 +31,15 @@ import lm_eval.evaluator as evaluator
 from lm_eval._cli import HarnessCLI
 from lm_eval.utils import setup_logging
 
+from benchctl import stages
 from benchctl.core import checkpoint as ckpt
 from benchctl.core import data as datamod
 from benchctl.core import db as dbm
-from benchctl import stages
-from benchctl.stages.eval import tables as eval_tables
-from benchctl.stages.train import tables as train_tables
 from benchctl.core.config import RunConfig
 from benchctl.core.errors import DatabaseError, EvalError
 from benchctl.stages.eval import api as ev  # importing it registers the "benchctl" model with lm-eval
+from benchctl.stages.eval import tables as eval_tables
+from benchctl.stages.train import tables as train_tables
 
 
 @dataclass
@@ -85,8 +85,10 @@ def _bundled_tasks(args, source: _Checkpoint | None, log: Callable[[str], None])
     if not wanted:
         return {}
     if source is None:
-        raise EvalError(f"{', '.join(wanted)} are generated from a run's validation data: pass --model benchctl "
-                        "--model_args checkpoint=results/runs/<run id>/ckpt.pt")
+        raise EvalError(
+            f"{', '.join(wanted)} are generated from a run's validation data: pass --model benchctl "
+            "--model_args checkpoint=results/runs/<run id>/ckpt.pt"
+        )
     log(f"preparing {', '.join(wanted)} from the validation data of {source.path}")
     prepared = datamod.prepare(source.cfg.data, source.cfg.model.vocab_size, progress=False)
     bundled = ev.build_bundled_tasks(prepared, wanted)
@@ -124,8 +126,10 @@ class _Record:
 def _prepare_record(args, source: _Checkpoint | None, db_path: Path) -> _Record:
     """Check everything --record needs before lm-eval runs, so a long evaluation is never thrown away."""
     if getattr(args, "command", None) != "run" or source is None:
-        raise EvalError("--record stores the results of a benchctl checkpoint: pass --model benchctl "
-                        "--model_args checkpoint=results/runs/<run id>/ckpt.pt")
+        raise EvalError(
+            "--record stores the results of a benchctl checkpoint: pass --model benchctl "
+            "--model_args checkpoint=results/runs/<run id>/ckpt.pt"
+        )
     if getattr(args, "predict_only", False):
         raise EvalError("--record stores metrics, and --predict_only computes none; drop one of them")
     limit = args.limit
@@ -137,12 +141,14 @@ def _prepare_record(args, source: _Checkpoint | None, db_path: Path) -> _Record:
         raise EvalError(f"{source.path} does not name its run; it cannot be recorded")
     db = stages.connect(db_path, create=False)
     if train_tables.get_run(db, source.run_id) is None:
-        raise DatabaseError(f"run {source.run_id} (from {source.path}) is not in {db_path}; pass the --db it was "
-                            "trained into")
+        raise DatabaseError(
+            f"run {source.run_id} (from {source.path}) is not in {db_path}; pass the --db it was trained into"
+        )
     raw = (args.model_args or {}).get("n_recur")
     n_recur = int(raw) if raw not in (None, "") else int(source.cfg.model.n_recur)
-    return _Record(db=db, db_path=db_path, run_id=source.run_id, n_recur=n_recur,
-                   limit=None if limit is None else int(limit))
+    return _Record(
+        db=db, db_path=db_path, run_id=source.run_id, n_recur=n_recur, limit=None if limit is None else int(limit)
+    )
 
 
 def _store(rec: _Record, results: dict[str, Any], versions: dict[str, str]) -> int:
@@ -157,8 +163,13 @@ def _store(rec: _Record, results: dict[str, Any], versions: dict[str, str]) -> i
     return len(rows)
 
 
-def run(argv: list[str], *, record: bool = False, db_path: str | os.PathLike | None = None,
-        log: Callable[[str], None] = print) -> None:
+def run(
+    argv: list[str],
+    *,
+    record: bool = False,
+    db_path: str | os.PathLike | None = None,
+    log: Callable[[str], None] = print,
+) -> None:
     """Run lm-eval's command line on `argv` (see the module docstring); argparse errors exit as lm-eval's do."""
     setup_logging()
     cli, args = _parse(argv)
@@ -173,5 +184,7 @@ def run(argv: list[str], *, record: bool = False, db_path: str | os.PathLike | N
         if box.get("results") is None:
             raise EvalError("lm-eval returned no results to record")
         n = _store(rec, box["results"], versions)
-        log(f"recorded {n} metric rows for run {rec.run_id} (n_recur {rec.n_recur}, limit {rec.limit or 'none'}) "
-            f"in {rec.db_path} (table eval_results)")
+        log(
+            f"recorded {n} metric rows for run {rec.run_id} (n_recur {rec.n_recur}, limit {rec.limit or 'none'}) "
+            f"in {rec.db_path} (table eval_results)"
+        )

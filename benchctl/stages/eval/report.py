@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pandas as pd
 
-from benchctl.stages.eval.chance import ALPHA, chance_frame, chance_levels, fraction, task_verdicts
-from benchctl.report.fmt import fnum, fp, md_table, missing, need, py
 from benchctl.report.context import Context, model_keys
+from benchctl.report.fmt import fnum, fp, md_table, missing, need, py
 from benchctl.report.frames import Frames
+from benchctl.stages.eval.chance import ALPHA, chance_frame, chance_levels, fraction, task_verdicts
 
 ABOVE = "✓"  # the mark of an accuracy above chance
 AT_CHANCE = "(chance)"  # the mark of one not distinguishable from chance
@@ -31,11 +31,19 @@ def eval_frame(ctx: Context, evals: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (m, r, lim, task, metric), g in df.groupby(["model", "n_recur", "limit_n", "task", "metric"], sort=True):
         se = g["stderr"].dropna()
-        rows.append({
-            "model": m, "n_recur": int(r), "trained_n_recur": py(g["trained_n_recur"].iloc[0]), "limit_n": int(lim),
-            "task": str(task), "metric": str(metric), "value": float(g["value"].mean()),
-            "stderr": float(se.mean()) if not se.empty else None, "seeds": int(g["run_id"].nunique()),
-        })
+        rows.append(
+            {
+                "model": m,
+                "n_recur": int(r),
+                "trained_n_recur": py(g["trained_n_recur"].iloc[0]),
+                "limit_n": int(lim),
+                "task": str(task),
+                "metric": str(metric),
+                "value": float(g["value"].mean()),
+                "stderr": float(se.mean()) if not se.empty else None,
+                "seeds": int(g["run_id"].nunique()),
+            }
+        )
     out = pd.DataFrame(rows, columns=cols)
     order = {m: i for i, m in enumerate(ctx.models)}
     out["_o"] = out["model"].map(order)
@@ -53,8 +61,12 @@ def _keys(ev: pd.DataFrame) -> list[tuple[str, int, int]]:
 
 def _lead(m: str, r: int, lim: int, g: pd.DataFrame) -> list:
     trained = g["trained_n_recur"].iloc[0]
-    return [m, f"{r}" + ("" if missing(trained) or int(trained) == r else f" (trained {int(trained)})"),
-            "all" if lim == 0 else f"{lim:,}", int(g["seeds"].max())]
+    return [
+        m,
+        f"{r}" + ("" if missing(trained) or int(trained) == r else f" (trained {int(trained)})"),
+        "all" if lim == 0 else f"{lim:,}",
+        int(g["seeds"].max()),
+    ]
 
 
 def _mark(tested: pd.DataFrame) -> str:
@@ -77,8 +89,11 @@ def _results_table(ev: pd.DataFrame, chance: pd.DataFrame) -> list[str]:
                 row.append("-")
                 continue
             v, se = c["value"].iloc[0], c["stderr"].iloc[0]
-            row.append(fnum(v, 4) + ("" if missing(se) else f" ± {fnum(se, 4)}")
-                       + _mark(cg[(cg["task"] == t) & (cg["metric"] == met)]))
+            row.append(
+                fnum(v, 4)
+                + ("" if missing(se) else f" ± {fnum(se, 4)}")
+                + _mark(cg[(cg["task"] == t) & (cg["metric"] == met)])
+            )
         rows.append(row)
     return md_table(headers, rows, right=range(1, len(headers)))
 
@@ -114,16 +129,20 @@ def eval_section(frames: Frames) -> list[str]:
         return out + need("No lm-eval results: `benchctl eval` produces them.")
     chance = chance_frame(ctx, data.eval_results)
     out += _results_table(ev, chance) + [""]
-    out.append("value = mean over seeds; ± = lm-eval's standard error of one run (averaged over seeds when there "
-               "are several); limit = documents per task (all = the full task).")
+    out.append(
+        "value = mean over seeds; ± = lm-eval's standard error of one run (averaged over seeds when there "
+        "are several); limit = documents per task (all = the full task)."
+    )
     out.append("")
     if chance.empty:
         return out
     levels = ", ".join(f"{t} {fraction(c)}" for t, c in sorted(chance_levels().items()))
-    out.append(f"{ABOVE} = above chance, {AT_CHANCE} = not distinguishable from chance: one-sided exact binomial "
-               "test of the correct answers of all seeds against the task's chance level (a model that ignores what "
-               f"the task tests scores exactly that: {levels}), Holm-adjusted across the {len(chance)} accuracy "
-               f"cells of the table, α = {ALPHA}.")
+    out.append(
+        f"{ABOVE} = above chance, {AT_CHANCE} = not distinguishable from chance: one-sided exact binomial "
+        "test of the correct answers of all seeds against the task's chance level (a model that ignores what "
+        f"the task tests scores exactly that: {levels}), Holm-adjusted across the {len(chance)} accuracy "
+        f"cells of the table, α = {ALPHA}."
+    )
     out.append("")
     out += task_verdicts(chance, ctx.preset) + [""]
     out.append("Against chance (correct answers / documents over all seeds, one-sided binomial p, Holm-adjusted p):")

@@ -21,4 +21,6 @@ def run(study: StudyRun) -> None:
     evaluate.evaluate_runs(study.db, study.opts.db_path, opts, progress=study.opts.progress, log=study.log)
 
 
-STAGE = Stage(name="eval", order=50, run=run, tables=TABLES, queries=browse_queries, sections=(eval_section,), skippable=True)
+STAGE = Stage(
+    name="eval", order=50, run=run, tables=TABLES, queries=browse_queries, sections=(eval_section,), skippable=True
+)

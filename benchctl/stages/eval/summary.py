@@ -36,8 +36,12 @@ def summary_tables(summary: EvalSummary) -> list[tuple[str, list[str], list[list
             metrics[task].append(metric)
         cells[(row["run_id"], task, metric)] = row
     order = {t: i for i, t in enumerate(summary.tasks)}
-    short = {"bits_per_byte": "bits/byte", "word_perplexity": "word ppl", "byte_perplexity": "byte ppl",
-             "acc_mutual_info": "acc_mi"}
+    short = {
+        "bits_per_byte": "bits/byte",
+        "word_perplexity": "word ppl",
+        "byte_perplexity": "byte ppl",
+        "acc_mutual_info": "acc_mi",
+    }
     tables = []
     for task in sorted(metrics, key=lambda t: (order.get(t, len(order)), t)):
         shown = _SHOW.get(task, ())

@@ -11,7 +11,9 @@ from benchctl.core.tables import Column, Table
 from benchctl.stages.train.tables import model_label
 
 EVAL_RESULTS = Table(
-    "eval_results", "lm-eval results", "One row per (run, task, metric, test-time recurrence, document limit).",
+    "eval_results",
+    "lm-eval results",
+    "One row per (run, task, metric, test-time recurrence, document limit).",
     (
         Column("run_id", str, "the evaluated run (runs.id)"),
         Column("task", str, "lm-eval task, e.g. tinystories_ppl"),
@@ -40,20 +42,23 @@ def browse_queries(columns: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
     """`benchctl browse`'s query over the lm-eval results, for a file that has them."""
     if "eval_results" not in columns:
         return {}
-    return {"eval_results_by_model": {
-        "title": "lm-eval results by model",
-        "description": "Mean over seeds of every lm-eval metric per model, task, test-time recurrence and "
-                       "document limit (0 = all), with the mean standard error.",
-        "sql": f"""select {model_label(columns)} as model, r.preset, e.task, e.metric, e.n_recur, e.limit_n,
+    return {
+        "eval_results_by_model": {
+            "title": "lm-eval results by model",
+            "description": "Mean over seeds of every lm-eval metric per model, task, test-time recurrence and "
+            "document limit (0 = all), with the mean standard error.",
+            "sql": f"""select {model_label(columns)} as model, r.preset, e.task, e.metric, e.n_recur, e.limit_n,
   count(*) as n_runs, avg(e.value) as mean_value, avg(e.stderr) as mean_stderr, max(e.n_samples) as n_samples
 from eval_results e join runs r on r.id = e.run_id
 group by model, r.preset, e.task, e.metric, e.n_recur, e.limit_n
 order by e.task, e.metric, r.preset, model, e.n_recur""",
-    }}
+        }
+    }
 
 
-def replace_eval_results(db: sqlite_utils.Database, rows: list[dict[str, Any]], keys: set[tuple[str, str]],
-                         n_recur: int, limit_n: int) -> None:
+def replace_eval_results(
+    db: sqlite_utils.Database, rows: list[dict[str, Any]], keys: set[tuple[str, str]], n_recur: int, limit_n: int
+) -> None:
     """Replace every row of the (run, task) pairs in `keys` at (n_recur, limit_n) by `rows`, in one transaction: a
     task that now reports fewer metrics leaves none of its old ones behind."""
 
@@ -62,20 +67,23 @@ def replace_eval_results(db: sqlite_utils.Database, rows: list[dict[str, Any]], 
             for run_id, task in keys:
                 db.conn.execute(
                     "delete from eval_results where run_id = ? and task = ? and n_recur = ? and limit_n = ?",
-                    [run_id, task, n_recur, limit_n])
+                    [run_id, task, n_recur, limit_n],
+                )
             if rows:
-                db["eval_results"].insert_all(rows, pk=("run_id", "task", "metric", "n_recur", "limit_n"),
-                                              replace=True)
+                db["eval_results"].insert_all(rows, pk=("run_id", "task", "metric", "n_recur", "limit_n"), replace=True)
 
     retry_locked(write)
 
 
-def eval_task_versions(db: sqlite_utils.Database, run_id: str, n_recur: int, limit_n: int
-                       ) -> dict[str, set[str | None]]:
+def eval_task_versions(
+    db: sqlite_utils.Database, run_id: str, n_recur: int, limit_n: int
+) -> dict[str, set[str | None]]:
     """task -> task versions already stored for (run, n_recur, limit)."""
     out: dict[str, set[str | None]] = {}
-    for r in db.query("select task, task_version from eval_results where run_id = ? and n_recur = ? and limit_n = ?",
-                      [run_id, n_recur, limit_n]):
+    for r in db.query(
+        "select task, task_version from eval_results where run_id = ? and n_recur = ? and limit_n = ?",
+        [run_id, n_recur, limit_n],
+    ):
         out.setdefault(r["task"], set()).add(r["task_version"])
     return out
 

@@ -63,14 +63,16 @@ _CAP_WORD = re.compile(r"\b[A-Z][a-z]+\b")
 _INTRO = re.compile(r"\b(?:named|called)\s+([A-Z][a-z]+)\b|\b[Nn]ame (?:was|is)\s+([A-Z][a-z]+)\b")
 # Capitalised words that are not character names in TinyStories: roles used as names, interjections, sentence
 # openers, calendar words. (Capitalised words seen only at sentence starts are excluded by the rule itself.)
-NOT_NAMES = frozenset("""
+NOT_NAMES = frozenset(
+    """
 Mom Mommy Mum Mummy Mama Momma Dad Daddy Papa Pa Ma Grandma Grandpa Granny Grandad Nana Papa Mr Mrs Ms Miss Sir
 Madam Aunt Auntie Uncle Doctor Teacher King Queen Prince Princess God Santa The Once One Then When But And So They
 She He It Yes No Oh Wow Okay Ok Hello Hi Bye Goodbye Thank Thanks Please Sorry Let Look Come Go Stop Don Can What Why
 How Where Who Good Hey Help Sure Ouch Yay Hooray Monday Tuesday Wednesday Thursday Friday Saturday Sunday January
 February March April May June July August September October November December Christmas Halloween Easter Spring
 Summer Autumn Fall Winter Earth English
-""".split())
+""".split()
+)
 
 
 def last_sentence_split(story: str) -> tuple[str, str] | None:
@@ -145,8 +147,9 @@ class _Item:
     story: str
 
 
-def _balanced_groups(rng: random.Random, items: Sequence[_Item], k: int, n_groups: int,
-                     compatible: Callable[[_Item, _Item], bool]) -> list[list[_Item]]:
+def _balanced_groups(
+    rng: random.Random, items: Sequence[_Item], k: int, n_groups: int, compatible: Callable[[_Item, _Item], bool]
+) -> list[list[_Item]]:
     """Up to n_groups groups of k mutually compatible items, greedily from a seeded shuffle of `items`."""
     order = list(items)
     rng.shuffle(order)
@@ -167,8 +170,9 @@ def _balanced_groups(rng: random.Random, items: Sequence[_Item], k: int, n_group
     return groups
 
 
-def _group_docs(rng: random.Random, groups: list[list[_Item]], extra: Callable[[_Item], dict[str, Any]]
-                ) -> list[dict[str, Any]]:
+def _group_docs(
+    rng: random.Random, groups: list[list[_Item]], extra: Callable[[_Item], dict[str, Any]]
+) -> list[dict[str, Any]]:
     """Every document of a group gets the same choices (the group's answers) in the same seeded order: each choice
     is the right answer exactly once per group, so any scorer that ignores the story (a prior over names or
     sentences, a favourite position) scores exactly 1/k on whole groups. Groups are contiguous (for --limit)."""
@@ -177,13 +181,21 @@ def _group_docs(rng: random.Random, groups: list[list[_Item]], extra: Callable[[
         choices = [it.answer for it in g]
         rng.shuffle(choices)
         for it in g:
-            docs.append({"context": it.context, "choices": choices, "label": choices.index(it.answer),
-                         "story_idx": it.story_idx, **extra(it)})
+            docs.append(
+                {
+                    "context": it.context,
+                    "choices": choices,
+                    "label": choices.index(it.answer),
+                    "story_idx": it.story_idx,
+                    **extra(it),
+                }
+            )
     return docs
 
 
-def make_ending_docs(stories: Sequence[str], n_docs: int = DEFAULT_DOCS, seed: int = TASK_SEED,
-                     n_choices: int = 4) -> list[dict[str, Any]]:
+def make_ending_docs(
+    stories: Sequence[str], n_docs: int = DEFAULT_DOCS, seed: int = TASK_SEED, n_choices: int = 4
+) -> list[dict[str, Any]]:
     """The story without its last sentence; choices: the last sentences of a group of n_choices stories (all
     different), the story's own among them. About n_docs documents (whole groups)."""
     rng = random.Random(f"tinystories_ending:{seed}")
@@ -192,8 +204,7 @@ def make_ending_docs(stories: Sequence[str], n_docs: int = DEFAULT_DOCS, seed: i
         split = last_sentence_split(s)
         if split is not None and _ending_ok(*split):
             items.append(_Item(story_idx=i, context=split[0], answer=split[1], story=s))
-    groups = _balanced_groups(rng, items, n_choices, -(-n_docs // n_choices),
-                              lambda a, b: a.answer != b.answer)
+    groups = _balanced_groups(rng, items, n_choices, -(-n_docs // n_choices), lambda a, b: a.answer != b.answer)
     return _group_docs(rng, groups, lambda it: {})
 
 
@@ -201,8 +212,9 @@ def _mentions(name: str, text: str) -> bool:
     return re.search(rf"\b{re.escape(name)}\b", text) is not None
 
 
-def make_names_docs(stories: Sequence[str], n_docs: int = DEFAULT_DOCS, seed: int = TASK_SEED,
-                    n_choices: int = 4) -> list[dict[str, Any]]:
+def make_names_docs(
+    stories: Sequence[str], n_docs: int = DEFAULT_DOCS, seed: int = TASK_SEED, n_choices: int = 4
+) -> list[dict[str, Any]]:
     """The story up to the protagonist's next mention after its introduction; choices: the protagonists of a group
     of n_choices stories with different protagonists, none of which occurs in another story of the group (so the
     context never contains a wrong name). About n_docs documents (whole groups)."""
@@ -220,7 +232,10 @@ def make_names_docs(stories: Sequence[str], n_docs: int = DEFAULT_DOCS, seed: in
             continue
         items.append(_Item(story_idx=i, context=story[: after + nxt.start()], answer=name, story=story))
     groups = _balanced_groups(
-        rng, items, n_choices, -(-n_docs // n_choices),
+        rng,
+        items,
+        n_choices,
+        -(-n_docs // n_choices),
         lambda a, b: a.answer != b.answer and not _mentions(a.answer, b.story) and not _mentions(b.answer, a.story),
     )
     return _group_docs(rng, groups, lambda it: {"name": it.answer})
@@ -228,17 +243,20 @@ def make_names_docs(stories: Sequence[str], n_docs: int = DEFAULT_DOCS, seed: in
 
 # The words that move in tinystories_order: articles, prepositions that cannot be verb particles, auxiliaries and
 # modals, personal pronouns (not "her", which is also a determiner), coordinating and subordinating conjunctions.
-SWAP_WORDS = frozenset("""
+SWAP_WORDS = frozenset(
+    """
 a an the
 to of with for at from into onto
 is are was were am has have had do does did will would can could should must
 he she it they we you him them me us
 and but or because if
-""".split())
+""".split()
+)
 # Words that are neither: the rest of the closed classes, the adverbs that can stand in several places (a pair with
 # one of these could be reordered grammatically: "she was always" -> "she always was"), and "close", whose
 # "was close to the park" would become the grammatical "was to close the park". Never swapped.
-NOT_CONTENT = SWAP_WORDS | frozenset("""
+NOT_CONTENT = SWAP_WORDS | frozenset(
+    """
 this that these those her his my your our their its some any no every each all both many much more most few such
 what which who whom whose where when why how than as while until since though although unless whether so yet nor
 up down out off on in over under away back around through about by along across after before behind near inside
@@ -246,7 +264,8 @@ outside between upon without not never always often still again also too very ju
 soon once today tomorrow yesterday later together home ever already almost quite really well maybe perhaps
 be been being shall may might i myself himself herself itself themselves yourself ourselves one everyone everything
 someone something anyone anything nobody nothing everywhere somewhere let lets close
-""".split())
+""".split()
+)
 _ORDER_WORD = re.compile(r"[a-z]+")
 _ORDER_SENTENCE = re.compile(r"[A-Z][a-z]*(?:'[a-z]+)?,?(?: [A-Za-z]+(?:'[a-z]+)?,?)+\.")
 
@@ -264,9 +283,14 @@ def order_pairs(sentence: str) -> list[int]:
     words = sentence.split(" ")
     if not 5 <= len(words) <= 25:
         return []
-    return [i for i in range(2, len(words))
-            if words[i] in SWAP_WORDS and _ORDER_WORD.fullmatch(words[i - 1])
-            and words[i - 1] not in NOT_CONTENT and not words[i - 1].endswith("ly")]
+    return [
+        i
+        for i in range(2, len(words))
+        if words[i] in SWAP_WORDS
+        and _ORDER_WORD.fullmatch(words[i - 1])
+        and words[i - 1] not in NOT_CONTENT
+        and not words[i - 1].endswith("ly")
+    ]
 
 
 def swap_words(sentence: str, i: int) -> str:
@@ -276,8 +300,7 @@ def swap_words(sentence: str, i: int) -> str:
     return " ".join(words)
 
 
-def make_order_docs(stories: Sequence[str], n_docs: int = DEFAULT_DOCS, seed: int = TASK_SEED
-                    ) -> list[dict[str, Any]]:
+def make_order_docs(stories: Sequence[str], n_docs: int = DEFAULT_DOCS, seed: int = TASK_SEED) -> list[dict[str, Any]]:
     """Minimal pairs of local word order: a validation sentence against the same sentence with a function word moved
     in front of the open-class word before it ("the dog was happy" -> "the was dog happy"). About n_docs documents
     (an even number), at most one per story.
@@ -311,8 +334,15 @@ def make_order_docs(stories: Sequence[str], n_docs: int = DEFAULT_DOCS, seed: in
             continue
         k, sentence = rng.choice(eligible)
         i = rng.choice(order_pairs(sentence))
-        docs.append({"sentence": sentence, "swapped": swap_words(sentence, i), "position": i,
-                     "sentence_idx": k, "story_idx": idx})
+        docs.append(
+            {
+                "sentence": sentence,
+                "swapped": swap_words(sentence, i),
+                "position": i,
+                "sentence_idx": k,
+                "story_idx": idx,
+            }
+        )
         if len(docs) == n_docs:
             break
     docs = docs[: len(docs) - len(docs) % 2]
@@ -339,8 +369,13 @@ class BundledTasks:
     n_docs: dict[str, int]
 
 
-def build_bundled_tasks(prepared: datamod.Prepared, tasks: Sequence[str] = BUNDLED_TASKS, *,
-                        n_docs: int = DEFAULT_DOCS, seed: int = TASK_SEED) -> BundledTasks:
+def build_bundled_tasks(
+    prepared: datamod.Prepared,
+    tasks: Sequence[str] = BUNDLED_TASKS,
+    *,
+    n_docs: int = DEFAULT_DOCS,
+    seed: int = TASK_SEED,
+) -> BundledTasks:
     """Generate the documents of `tasks` from the validation split and write loadable lm-eval YAMLs beside them.
 
     Deterministic: the same validation stories, n_docs and seed give byte-identical files. Rewritten every call
@@ -356,32 +391,42 @@ def build_bundled_tasks(prepared: datamod.Prepared, tasks: Sequence[str] = BUNDL
     for task in tasks:
         docs = GENERATORS[task](stories, n_docs=n_docs, seed=seed)
         if not docs:
-            raise EvalError(f"{task}: no usable documents in the {len(stories)} validation stories of "
-                            f"{prepared.dir}; use a larger validation split (data.max_valid_stories)")
+            raise EvalError(
+                f"{task}: no usable documents in the {len(stories)} validation stories of "
+                f"{prepared.dir}; use a larger validation split (data.max_valid_stories)"
+            )
         body = "".join(json.dumps(d, ensure_ascii=False, sort_keys=True) + "\n" for d in docs)
         digest = hashlib.sha256(body.encode("utf-8")).hexdigest()
         data_path = out_dir / f"{task}.jsonl"
         atomic_write(data_path, body)
-        atomic_write(out_dir / f"{task}.yaml", _render_yaml(task, data_path, out_dir, seed, len(docs), digest,
-                                                            prepared.fingerprint))
+        atomic_write(
+            out_dir / f"{task}.yaml",
+            _render_yaml(task, data_path, out_dir, seed, len(docs), digest, prepared.fingerprint),
+        )
         versions[task] = f"{TASK_VERSIONS[task]}+{digest[:12]}"
         counts[task] = len(docs)
     return BundledTasks(dir=out_dir, versions=versions, n_docs=counts)
 
 
-def _render_yaml(task: str, data_path: Path, out_dir: Path, seed: int, n_docs: int, digest: str,
-                 fingerprint: str) -> str:
+def _render_yaml(
+    task: str, data_path: Path, out_dir: Path, seed: int, n_docs: int, digest: str, fingerprint: str
+) -> str:
     """The task's template with its absolute data path and the generator's version, seed and document hash."""
     cfg = yaml.safe_load((TEMPLATES / f"{task}.yaml").read_text(encoding="utf-8"))
     cfg["dataset_kwargs"] = {
         "data_files": {"test": str(data_path.resolve())},
         "cache_dir": str((out_dir / "hf_datasets").resolve()),  # datasets' arrow cache stays in benchctl's cache
     }
-    cfg["metadata"] = {**(cfg.get("metadata") or {}), "version": float(TASK_VERSIONS[task]),
-                       "generator": f"benchctl.stages.eval.api.{task}", "seed": seed, "n_docs": n_docs,
-                       "docs_sha256": digest, "data_fingerprint": fingerprint}
-    header = (f"# Generated by benchctl (template benchctl/tasks/{task}.yaml); regenerated on every "
-              "`benchctl eval`.\n")
+    cfg["metadata"] = {
+        **(cfg.get("metadata") or {}),
+        "version": float(TASK_VERSIONS[task]),
+        "generator": f"benchctl.stages.eval.api.{task}",
+        "seed": seed,
+        "n_docs": n_docs,
+        "docs_sha256": digest,
+        "data_fingerprint": fingerprint,
+    }
+    header = f"# Generated by benchctl (template benchctl/tasks/{task}.yaml); regenerated on every `benchctl eval`.\n"
     return header + yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True)
 
 
@@ -394,16 +439,24 @@ class TaskIndex:
     include paths, and lm-eval's own tasks only when a requested name is not found in those (indexing lm-eval's
     many thousands of task entries is slow)."""
 
-    def __init__(self, prepared: datamod.Prepared, bundled: list[str], standard: list[str], n_docs: int,
-                 include_paths: Sequence[Path]):
+    def __init__(
+        self,
+        prepared: datamod.Prepared,
+        bundled: list[str],
+        standard: list[str],
+        n_docs: int,
+        include_paths: Sequence[Path],
+    ):
         self.bundled = build_bundled_tasks(prepared, bundled, n_docs=n_docs) if bundled else None
         paths = ([str(self.bundled.dir)] if self.bundled else []) + [str(Path(p).resolve()) for p in include_paths]
         self.tm = TaskManager(include_path=paths or None, include_defaults=False)
         missing = [t for t in bundled if t not in self.tm.all_tasks]
         if missing:  # lm-eval skips a YAML it cannot parse without a word
-            raise EvalError(f"lm-eval did not find the generated task(s) {', '.join(missing)} in "
-                            f"{self.bundled.dir if self.bundled else '-'}; the YAML there does not parse — delete "
-                            "the directory and rerun")
+            raise EvalError(
+                f"lm-eval did not find the generated task(s) {', '.join(missing)} in "
+                f"{self.bundled.dir if self.bundled else '-'}; the YAML there does not parse — delete "
+                "the directory and rerun"
+            )
         if any(not _matches(self.tm, name) for name in standard):
             self.tm = TaskManager(include_path=paths or None, include_defaults=True)
 
@@ -417,8 +470,10 @@ class TaskIndex:
             matched = _matches(self.tm, name)
             if not matched:
                 hint = did_you_mean(name, list(BUNDLED_TASKS) + self.tm.all_tasks)
-                raise EvalError(f"unknown task '{name}'{hint} (bundled: {', '.join(BUNDLED_TASKS)}; or any lm-eval "
-                                "task name, e.g. hellaswag, lambada_openai, blimp_*)")
+                raise EvalError(
+                    f"unknown task '{name}'{hint} (bundled: {', '.join(BUNDLED_TASKS)}; or any lm-eval "
+                    "task name, e.g. hellaswag, lambada_openai, blimp_*)"
+                )
             out += [m for m in matched if m not in out]
         return out
 

@@ -18,18 +18,18 @@ the assessment is stored with the grade; `json` (`judge_prompts/story_grading.md
 
 from benchctl.stages.judge.client import (
     API_KEY_VARS,
-    AssessedGrade,
-    answer_schema,
     CHARS_PER_TOKEN,
     CRITERIA,
     OUTPUT_TOKENS_ESTIMATE,
     PRICES_USD_PER_M,
     SCORE_MAX,
     SCORE_MIN,
+    AssessedGrade,
     Grade,
     Outcome,
     Usage,
     WorkItem,
+    answer_schema,
     api_key,
     backoff_delay,
     default_thinking_budget,
@@ -39,15 +39,6 @@ from benchctl.stages.judge.client import (
     require_api_key,
     server_retry_delay,
 )
-from benchctl.stages.judge.prompt import (
-    PROMPT_PATH,
-    PROMPT_PATHS,
-    STORY_SEPARATOR,
-    STORY_SLOT,
-    Template,
-    format_story,
-    load_template,
-)
 from benchctl.stages.judge.engine import judge_all, judge_all_async
 from benchctl.stages.judge.options import (
     AUTO,
@@ -56,6 +47,15 @@ from benchctl.stages.judge.options import (
     DEFAULT_TEMPERATURE,
     PROTOCOLS,
     JudgeOptions,
+)
+from benchctl.stages.judge.prompt import (
+    PROMPT_PATH,
+    PROMPT_PATHS,
+    STORY_SEPARATOR,
+    STORY_SLOT,
+    Template,
+    format_story,
+    load_template,
 )
 from benchctl.stages.judge.storage import select_samples
 from benchctl.stages.judge.summary import ArchSummary, CriterionStat, JudgeSummary, criterion_stat

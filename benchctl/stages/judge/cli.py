@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich import box
@@ -23,7 +23,7 @@ def judge(
     model: Annotated[str, typer.Option("--model", "-m", help="Gemini model that grades.")] = "gemini-2.5-flash",
     concurrency: Annotated[int, typer.Option("--concurrency", "-c", help="Requests in flight at most.")] = 8,
     limit: Annotated[
-        Optional[int],
+        int | None,
         typer.Option("--limit", "-n", help="Grade only the first N samples (the first prompts of every run)."),
     ] = None,
     repeats: Annotated[int, typer.Option("--repeats", "-k", help="Grade each sample K times (judge reliability).")] = 1,
@@ -31,12 +31,12 @@ def judge(
         bool,
         typer.Option("--dry-run", help="Count the requests and estimate tokens and cost; send nothing, no key needed."),
     ] = False,
-    runs: Annotated[Optional[str], typer.Option("--runs", help="Only these run ids (comma list).")] = None,
+    runs: Annotated[str | None, typer.Option("--runs", help="Only these run ids (comma list).")] = None,
     temperature: Annotated[
         float, typer.Option("--temperature", help="Judge sampling temperature (stored per request).")
     ] = 0.0,
     thinking_budget: Annotated[
-        Optional[int],
+        int | None,
         typer.Option(
             "--thinking-budget",
             help="Thinking tokens allowed [default: 0 on gemini-2.5-flash(-lite), the model's own default elsewhere].",
@@ -71,10 +71,17 @@ def judge(
     `--protocol` on the same samples feed the report's judge reliability section.
     """
     opts = JudgeOptions(
-        select=RunSelection(run_ids=split_list(runs)), judge_model=model, concurrency=concurrency, repeats=repeats,
-        limit=limit, dry_run=dry_run, temperature=temperature,
-        thinking_budget=AUTO if thinking_budget is None else thinking_budget, max_attempts=max_attempts,
-        retry_failed=not skip_failed, protocol=protocol,
+        select=RunSelection(run_ids=split_list(runs)),
+        judge_model=model,
+        concurrency=concurrency,
+        repeats=repeats,
+        limit=limit,
+        dry_run=dry_run,
+        temperature=temperature,
+        thinking_budget=AUTO if thinking_budget is None else thinking_budget,
+        max_attempts=max_attempts,
+        retry_failed=not skip_failed,
+        protocol=protocol,
     )
     # google.genai, and sqlite_utils with pandas: kept out of 'benchctl --help'
     from benchctl import stages
@@ -84,7 +91,8 @@ def judge(
         engine.require_api_key()  # before opening anything: a missing key costs nothing
     database = stages.connect(db, create=False)
     summary = engine.judge_all(
-        database, opts,
+        database,
+        opts,
         progress=Progress(enabled=progress and not as_json, console=err_console),  # stderr: stdout is the result
     )
     if as_json:
@@ -134,8 +142,7 @@ def print_summary(summary) -> None:
     # number of architectures.
     keys = (*CRITERIA, "average")
     means = Table(title="judge grades per model (mean over samples)", title_justify="left", box=box.SIMPLE_HEAD)
-    cis = Table(title="± half-width of the 95% CI (t, over samples)", title_justify="left",
-                box=box.SIMPLE_HEAD)
+    cis = Table(title="± half-width of the 95% CI (t, over samples)", title_justify="left", box=box.SIMPLE_HEAD)
     for col in ("model", "n", "G", "Cr", "Co", "P", "avg", "failed", "study avg"):
         means.add_column(col, justify="left" if col == "model" else "right", no_wrap=True)
     for col in ("model", "G", "Cr", "Co", "P", "avg"):
@@ -144,8 +151,13 @@ def print_summary(summary) -> None:
         # the study's average belongs to its own four models, not to a plan's other variants of an architecture
         named_as_study = a.label.split(" (")[0] == a.arch
         study = paper.JUDGE.get(a.arch, {}).get("average") if named_as_study else None
-        means.add_row(a.label, str(a.n_samples), *(_mean(a.stats[c]) for c in keys), str(a.n_failed),
-                      "-" if study is None else f"{study:.2f}")
+        means.add_row(
+            a.label,
+            str(a.n_samples),
+            *(_mean(a.stats[c]) for c in keys),
+            str(a.n_failed),
+            "-" if study is None else f"{study:.2f}",
+        )
         cis.add_row(a.label, *(_half_width(a.stats[c]) for c in keys))
     console.print(means)
     console.print(cis)

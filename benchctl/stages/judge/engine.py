@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from benchctl.core.errors import JudgeError
+from benchctl.core.progress import Progress, as_progress
 from benchctl.stages.judge.client import (
     ASSESS_OUTPUT_TOKENS_ESTIMATE,
     CHARS_PER_TOKEN,
@@ -32,11 +33,11 @@ from benchctl.stages.judge.options import AUTO, JudgeOptions
 from benchctl.stages.judge.prompt import Template, load_template
 from benchctl.stages.judge.storage import Database, existing_status, record, select_samples
 from benchctl.stages.judge.summary import JudgeSummary, summarize
-from benchctl.core.progress import Progress, as_progress
 
 
 def reporter(progress: bool | Progress) -> Progress:
-    """The given Progress, or one built from a flag: True draws on stderr (stdout stays for results), False is silent."""
+    """The given Progress, or one built from a flag: True draws on stderr (stdout stays for results), False is
+    silent."""
     return as_progress(progress, stderr=True)
 
 
@@ -51,8 +52,15 @@ async def judge_all_async(db: Database, opts: JudgeOptions, *, progress: bool | 
         no_thinking = MAX_OUTPUT_ASSESS_NO_THINKING if opts.protocol == "assess" else MAX_OUTPUT_NO_THINKING
         max_output_tokens = no_thinking if budget == 0 else MAX_OUTPUT_THINKING
     s = Settings(
-        opts.judge_model, template.hash, opts.temperature, budget, max_output_tokens, opts.max_attempts,
-        opts.base_delay, opts.max_delay, opts.protocol,
+        opts.judge_model,
+        template.hash,
+        opts.temperature,
+        budget,
+        max_output_tokens,
+        opts.max_attempts,
+        opts.base_delay,
+        opts.max_delay,
+        opts.protocol,
     )
 
     samples = _selected(select_samples(db, opts.select.run_ids, opts.limit), opts)
@@ -78,8 +86,18 @@ async def judge_all_async(db: Database, opts: JudgeOptions, *, progress: bool | 
     if opts.dry_run:
         _estimate(todo, s, summary)
     elif todo:
-        await _run(db, todo, s, summary, key=key, base_url=opts.base_url, timeout_s=opts.timeout_s,
-                   concurrency=opts.concurrency, seed=opts.seed, progress=reporter(progress))
+        await _run(
+            db,
+            todo,
+            s,
+            summary,
+            key=key,
+            base_url=opts.base_url,
+            timeout_s=opts.timeout_s,
+            concurrency=opts.concurrency,
+            seed=opts.seed,
+            progress=reporter(progress),
+        )
 
     summarize(db, samples, s, opts.repeats, summary)
     summary.elapsed_s = time.monotonic() - t0
@@ -89,12 +107,16 @@ async def judge_all_async(db: Database, opts: JudgeOptions, *, progress: bool | 
 def _selected(samples: list[dict[str, Any]], opts: JudgeOptions) -> list[dict[str, Any]]:
     """The samples of the runs `opts` selects by architecture and preset (by run id: already in the query)."""
     sel = opts.select
-    return [r for r in samples if (not sel.archs or r["arch"] in sel.archs)
-            and (sel.preset is None or r["preset"] == sel.preset)]
+    return [
+        r
+        for r in samples
+        if (not sel.archs or r["arch"] in sel.archs) and (sel.preset is None or r["preset"] == sel.preset)
+    ]
 
 
-def _todo(db: Database, samples: list[dict[str, Any]], template: Template, s: Settings, repeats: int,
-          retry_failed: bool) -> list[WorkItem]:
+def _todo(
+    db: Database, samples: list[dict[str, Any]], template: Template, s: Settings, repeats: int, retry_failed: bool
+) -> list[WorkItem]:
     """The keys to grade: every (sample, repeat) without an ok grade (nor a failed one unless `retry_failed`)."""
     status = existing_status(db, s.judge_model, s.prompt_hash)
     skip = {"ok"} | (set() if retry_failed else {"failed"})
@@ -118,14 +140,26 @@ def _estimate(todo: list[WorkItem], s: Settings, summary: JudgeSummary) -> None:
     )
     summary.notes.append(
         f"estimate only: prompt tokens ~ characters/{CHARS_PER_TOKEN:g}, output ~ {per_answer} tokens "
-        "per request" + (f" + a thinking budget of {budget}" if budget else "")
+        "per request"
+        + (f" + a thinking budget of {budget}" if budget else "")
         + ("; thinking tokens not included (the model thinks by default)" if budget is None else "")
         + "; retries not included"
     )
 
 
-async def _run(db: Database, todo: list[WorkItem], s: Settings, summary: JudgeSummary, *, key: str,
-               base_url: str | None, timeout_s: float, concurrency: int, seed: int | None, progress: Progress) -> None:
+async def _run(
+    db: Database,
+    todo: list[WorkItem],
+    s: Settings,
+    summary: JudgeSummary,
+    *,
+    key: str,
+    base_url: str | None,
+    timeout_s: float,
+    concurrency: int,
+    seed: int | None,
+    progress: Progress,
+) -> None:
     """Grade every key of `todo`, storing each outcome as it completes; raise JudgeError if the service refused."""
     client = make_client(key, base_url, timeout_s)
     job = Job(client.aio, s, concurrency, seed)

@@ -20,8 +20,6 @@ JUDGE_COLUMNS = CRITERIA + ("average",)
 N_BOOT = 2_000  # bootstrap resamples behind the judge's agreement intervals (Krippendorff's alpha)
 
 
-
-
 @dataclass
 class JudgeGroup:
     """Grades from one judge model, protocol and prompt file on samples drawn with one set of sampling settings.
@@ -58,22 +56,28 @@ def judge_groups(ctx: Context, samples: pd.DataFrame, grades: pd.DataFrame) -> l
             lambda r: json.dumps([py(r[c]) for c in ("temperature", "top_k", "top_p", "max_new_tokens", "n_recur")]),
             axis=1,
         )
-    g = grades.merge(s[["sample_id", "run_id", "prompt_id", "model", "run_seed", "n_tokens", "settings_key"]],
-                     on="sample_id", how="inner")
+    g = grades.merge(
+        s[["sample_id", "run_id", "prompt_id", "model", "run_seed", "n_tokens", "settings_key"]],
+        on="sample_id",
+        how="inner",
+    )
     if g.empty:
         return []
     for c in CRITERIA + ("average",):
         g[c] = pd.to_numeric(g[c], errors="coerce")
     g["average"] = g["average"].fillna(g[list(CRITERIA)].mean(axis=1, skipna=False))
-    out = [_judge_group(ctx, s[s["settings_key"] == sk], gg, str(jm), str(ph))
-           for (jm, ph, sk), gg in g.groupby(["judge_model", "prompt_hash", "settings_key"], sort=True)]
+    out = [
+        _judge_group(ctx, s[s["settings_key"] == sk], gg, str(jm), str(ph))
+        for (jm, ph, sk), gg in g.groupby(["judge_model", "prompt_hash", "settings_key"], sort=True)
+    ]
     return sorted(out, key=lambda j: (-j.n_ok, j.judge_model, j.prompt_hash, json.dumps(j.settings, sort_keys=True)))
 
 
 def _judge_group(ctx: Context, ss: pd.DataFrame, gg: pd.DataFrame, jm: str, ph: str) -> JudgeGroup:
     ok = gg[gg["status"] == "ok"]
-    per_sample = (ok.groupby(["model", "run_seed", "sample_id", "prompt_id"], sort=True)[list(JUDGE_COLUMNS)]
-                  .mean().reset_index())
+    per_sample = (
+        ok.groupby(["model", "run_seed", "sample_id", "prompt_id"], sort=True)[list(JUDGE_COLUMNS)].mean().reset_index()
+    )
     rows, per_prompt, per_seed_prompt = [], {}, {}
     for m in ctx.done_models:
         ms = ss[ss["model"] == m]
@@ -96,23 +100,29 @@ def _judge_group(ctx: Context, ss: pd.DataFrame, gg: pd.DataFrame, jm: str, ph: 
             row.update(ci_cols(c, stats.mean_ci(values)))
         rows.append(row)
         per_prompt[m] = {str(k): float(v) for k, v in mps.groupby("prompt_id", sort=True)["average"].mean().items()}
-        per_seed_prompt[m] = {(int(r.run_seed), str(r.prompt_id)): float(r.average)
-                              for r in mps.groupby(["run_seed", "prompt_id"], sort=True)["average"].mean()
-                              .reset_index().itertuples()}
+        per_seed_prompt[m] = {
+            (int(r.run_seed), str(r.prompt_id)): float(r.average)
+            for r in mps.groupby(["run_seed", "prompt_id"], sort=True)["average"].mean().reset_index().itertuples()
+        }
     first = ss.sort_values("sample_id").iloc[0] if not ss.empty else None
     settings = {} if first is None else {c: py(first[c]) for c in ("temperature", "top_k", "top_p", "max_new_tokens")}
     protocols = sorted({str(p) for p in gg["protocol"].dropna()}) if "protocol" in gg else []
-    return JudgeGroup(jm, ph, settings, pd.DataFrame(rows), per_prompt, len(ok),
-                      protocol="/".join(protocols) or "json", per_seed_prompt=per_seed_prompt,
-                      grades=gg.reset_index(drop=True))
-
-
+    return JudgeGroup(
+        jm,
+        ph,
+        settings,
+        pd.DataFrame(rows),
+        per_prompt,
+        len(ok),
+        protocol="/".join(protocols) or "json",
+        per_seed_prompt=per_seed_prompt,
+        grades=gg.reset_index(drop=True),
+    )
 
 
 def judge_groups_of(frames: Frames) -> list[JudgeGroup]:
     """The report's judge groups (`judge_groups`), computed once per report: several sections read them."""
-    return frames.once("judge_groups", lambda: judge_groups(frames.ctx, frames.data.samples,
-                                                            frames.data.judge_grades))
+    return frames.once("judge_groups", lambda: judge_groups(frames.ctx, frames.data.samples, frames.data.judge_grades))
 
 
 def primary_judge(frames: Frames) -> JudgeGroup | None:

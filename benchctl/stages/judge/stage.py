@@ -4,10 +4,10 @@ can be trusted (agreement between repeats and judges, length bias, failure rates
 
 from __future__ import annotations
 
-from benchctl.stages.judge.report import judge_section
-from benchctl.stages.judge.reliability import reliability_section
 from benchctl.stages import RunSelection, Stage, StudyRun
 from benchctl.stages.judge.options import JudgeOptions
+from benchctl.stages.judge.reliability import reliability_section
+from benchctl.stages.judge.report import judge_section
 from benchctl.stages.judge.tables import TABLES, browse_queries
 
 
@@ -19,14 +19,29 @@ def run(study: StudyRun) -> None:
     if study.skips("judge") or not ids:
         study.say("skipped")
     elif not judge.has_api_key():
-        study.say("skipped — no GEMINI_API_KEY (or GOOGLE_API_KEY) set; set one and rerun "
-                  f"'benchctl study' (or 'benchctl judge --model {opts.judge_model}') to grade the stories")
+        study.say(
+            "skipped — no GEMINI_API_KEY (or GOOGLE_API_KEY) set; set one and rerun "
+            f"'benchctl study' (or 'benchctl judge --model {opts.judge_model}') to grade the stories"
+        )
     else:
         study.say(f"grading with {opts.judge_model}")
-        js = judge.judge_all(study.db, JudgeOptions(select=RunSelection(run_ids=ids), judge_model=opts.judge_model,
-                                                    concurrency=opts.judge_concurrency), progress=opts.progress)
+        js = judge.judge_all(
+            study.db,
+            JudgeOptions(
+                select=RunSelection(run_ids=ids), judge_model=opts.judge_model, concurrency=opts.judge_concurrency
+            ),
+            progress=opts.progress,
+        )
         study.log(f"   {js.n_ok} graded, {js.n_failed} failed, {js.n_cached} already graded")
 
 
-STAGE = Stage(name="judge", order=40, run=run, tables=TABLES, queries=browse_queries, sections=(judge_section, reliability_section),
-              figures=("judge_grades.png",), skippable=True)
+STAGE = Stage(
+    name="judge",
+    order=40,
+    run=run,
+    tables=TABLES,
+    queries=browse_queries,
+    sections=(judge_section, reliability_section),
+    figures=("judge_grades.png",),
+    skippable=True,
+)

@@ -10,13 +10,14 @@ are written together as soon as the answer arrives.
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
+from benchctl.core.errors import ConfigError
 from benchctl.stages.judge import tables as judge_tables
+from benchctl.stages.judge.client import CRITERIA, Outcome, Settings, request_record
 from benchctl.stages.sample import tables as sample_tables
 from benchctl.stages.train import tables as train_tables
-from benchctl.core.errors import ConfigError
-from benchctl.stages.judge.client import CRITERIA, Outcome, Settings, request_record
 
 # A results.db connection as benchctl.stages.connect returns it; the judge only ever hands it to the tables modules.
 Database = Any

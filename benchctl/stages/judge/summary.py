@@ -90,8 +90,9 @@ def _add_totals(db: Database, s: Settings, ids: list[str], repeats: int, summary
     for r in requests_in_scope(db, s, ids):
         if r["repeat"] >= repeats:
             continue
-        usage_total += Usage(r["prompt_tokens"] or 0, r["output_tokens"] or 0, r["thinking_tokens"] or 0,
-                             r["total_tokens"] or 0)
+        usage_total += Usage(
+            r["prompt_tokens"] or 0, r["output_tokens"] or 0, r["thinking_tokens"] or 0, r["total_tokens"] or 0
+        )
         if r["status"] == "ok" and (r["temperature"] != s.temperature or r["thinking_budget"] != s.thinking_budget):
             mismatched += 1
     summary.usage_total = usage_total
@@ -121,18 +122,22 @@ def per_arch(samples: list[dict[str, Any]], grades: list[dict[str, Any]], repeat
         arch_ids = [i for i in group_of if group_of[i] == (preset, arch, variant)]
         keys = [(i, r) for i in arch_ids for r in range(repeats)]
         per_sample = {i: ok[i] for i in arch_ids if i in ok}
-        rows.append(ArchSummary(
-            arch=arch,
-            preset=preset,
-            label=variant if len(presets) == 1 else f"{variant} ({preset})",
-            n_samples=len(per_sample),
-            n_grades=sum(len(gs) for gs in per_sample.values()),
-            n_failed=sum(1 for k in keys if status.get(k) == "failed"),
-            n_pending=sum(1 for k in keys if k not in status),
-            # A sample's repeats are averaged first: the unit of the interval is the sample, not the request.
-            stats={c: criterion_stat([sum(g[c] for g in gs) / len(gs) for gs in per_sample.values()])
-                   for c in (*CRITERIA, "average")},
-        ))
+        rows.append(
+            ArchSummary(
+                arch=arch,
+                preset=preset,
+                label=variant if len(presets) == 1 else f"{variant} ({preset})",
+                n_samples=len(per_sample),
+                n_grades=sum(len(gs) for gs in per_sample.values()),
+                n_failed=sum(1 for k in keys if status.get(k) == "failed"),
+                n_pending=sum(1 for k in keys if k not in status),
+                # A sample's repeats are averaged first: the unit of the interval is the sample, not the request.
+                stats={
+                    c: criterion_stat([sum(g[c] for g in gs) / len(gs) for gs in per_sample.values()])
+                    for c in (*CRITERIA, "average")
+                },
+            )
+        )
     return rows
 
 

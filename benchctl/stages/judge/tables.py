@@ -5,7 +5,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import sqlite_utils
 
@@ -16,7 +17,8 @@ from benchctl.stages.train.tables import model_label
 _PROTOCOL = "json (grades only) or assess (a general assessment first); empty: made before protocols existed, i.e. json"
 
 JUDGE_REQUESTS = Table(
-    "judge_requests", "Judge requests",
+    "judge_requests",
+    "Judge requests",
     "Cache of every request to the judge model and its answer, with tokens, attempts and latency, keyed by (judge "
     "model, prompt hash, sample, repeat).",
     (
@@ -51,7 +53,8 @@ JUDGE_REQUESTS = Table(
 )
 
 JUDGE_GRADES = Table(
-    "judge_grades", "Judge grades",
+    "judge_grades",
+    "Judge grades",
     "Parsed grades (1-10 per criterion) or failures, per (sample, judge model, prompt hash, repeat). Failed rows are "
     "never scores.",
     (
@@ -69,8 +72,11 @@ JUDGE_GRADES = Table(
         Column("raw_text", str, "the judge's raw answer"),
         Column("error", str, "why parsing failed"),
         Column("protocol", str, _PROTOCOL),
-        Column("assessment", str, "the judge's general assessment of the story, written before the grades (protocol "
-                                  "assess)"),
+        Column(
+            "assessment",
+            str,
+            "the judge's general assessment of the story, written before the grades (protocol assess)",
+        ),
         Column("prompt_tokens", int, "input tokens of the call", "tokens"),
         Column("output_tokens", int, "output tokens of the call", "tokens"),
         Column("thinking_tokens", int, "thinking tokens of the call", "tokens"),
@@ -92,17 +98,20 @@ def browse_queries(columns: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
     """`benchctl browse`'s query over the grades, for a file that has them and the samples they grade."""
     if "judge_grades" not in columns or "samples" not in columns:
         return {}
-    return {"judge_grades_by_model": {
-        "title": "Judge grades by model and criterion",
-        "description": "Mean grade (1-10) per criterion for each model, judge model and judge prompt; failed "
-                       "gradings are counted, never scored.",
-        "sql": f"""select {model_label(columns)} as model, r.preset, g.judge_model, g.prompt_hash,
+    return {
+        "judge_grades_by_model": {
+            "title": "Judge grades by model and criterion",
+            "description": "Mean grade (1-10) per criterion for each model, judge model and judge prompt; failed "
+            "gradings are counted, never scored.",
+            "sql": f"""select {model_label(columns)} as model, r.preset, g.judge_model, g.prompt_hash,
   count(distinct r.seed) as n_seeds, sum(g.status = 'ok') as n_graded, sum(g.status != 'ok') as n_failed,
   avg(g.grammar) as grammar, avg(g.creativity) as creativity, avg(g.consistency) as consistency,
   avg(g.plot) as plot, avg(g.average) as average
 from judge_grades g join samples s on s.id = g.sample_id join runs r on r.id = s.run_id
 group by model, r.preset, g.judge_model, g.prompt_hash order by g.judge_model, r.preset, average desc""",
-    }}
+        }
+    }
+
 
 _JUDGE_GRADE_PK = ("sample_id", "judge_model", "prompt_hash", "repeat")
 # judge_requests columns that add up over every run that called the service for a key, so retrying a failed key
@@ -119,20 +128,23 @@ def judge_status(db: sqlite_utils.Database, judge_model: str, prompt_hash: str) 
     return {(r["sample_id"], r["repeat"]): r["status"] for r in rows}
 
 
-def judge_grades(db: sqlite_utils.Database, judge_model: str, prompt_hash: str,
-                 sample_ids: Iterable[str]) -> list[dict[str, Any]]:
+def judge_grades(
+    db: sqlite_utils.Database, judge_model: str, prompt_hash: str, sample_ids: Iterable[str]
+) -> list[dict[str, Any]]:
     """Every judge_grades row of this judge model and prompt for the given samples."""
     return _judge_rows(db, "judge_grades", judge_model, prompt_hash, sample_ids)
 
 
-def judge_requests(db: sqlite_utils.Database, judge_model: str, prompt_hash: str,
-                   sample_ids: Iterable[str]) -> list[dict[str, Any]]:
+def judge_requests(
+    db: sqlite_utils.Database, judge_model: str, prompt_hash: str, sample_ids: Iterable[str]
+) -> list[dict[str, Any]]:
     """Every judge_requests row of this judge model and prompt for the given samples."""
     return _judge_rows(db, "judge_requests", judge_model, prompt_hash, sample_ids)
 
 
-def _judge_rows(db: sqlite_utils.Database, table: str, judge_model: str, prompt_hash: str,
-                sample_ids: Iterable[str]) -> list[dict[str, Any]]:
+def _judge_rows(
+    db: sqlite_utils.Database, table: str, judge_model: str, prompt_hash: str, sample_ids: Iterable[str]
+) -> list[dict[str, Any]]:
     ids = list(sample_ids)
     rows: list[dict[str, Any]] = []
     for start in range(0, len(ids), 500):  # SQLite limits the number of ? parameters in one statement

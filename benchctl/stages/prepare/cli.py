@@ -11,8 +11,8 @@ import typer
 from rich.table import Table
 
 from benchctl.core.config import make_config
-from benchctl.stages.prepare.options import PrepareOptions
 from benchctl.stages.cli import DataOpt, PresetOpt, SetOpt, console, make_progress, overrides_with_data
+from benchctl.stages.prepare.options import PrepareOptions
 
 app = typer.Typer()
 

@@ -13,8 +13,9 @@ def run(study: StudyRun) -> None:
     study.say(f"data source {first.data.source!r}, vocab {first.model.vocab_size}")
     dist_info = Dist.from_env()  # under torchrun rank 0 fills the cache, then the other ranks read it
     opts = PrepareOptions(data=first.data, vocab_size=first.model.vocab_size)
-    study.prepared = main_first(dist_info, lambda: engine.prepare(
-        opts, progress=study.opts.progress and dist_info.is_main))
+    study.prepared = main_first(
+        dist_info, lambda: engine.prepare(opts, progress=study.opts.progress and dist_info.is_main)
+    )
 
 
 STAGE = Stage(name="prepare", order=10, run=run, every_rank=True)

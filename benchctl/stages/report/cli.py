@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -19,11 +19,15 @@ def report(
         "reports"
     ),
     preset: Annotated[
-        Optional[str],
+        str | None,
         typer.Option("--preset", "-p", help="Preset to report [default: the one with most finished runs]."),
     ] = None,
-    plan: Annotated[Optional[str], typer.Option(
-        "--plan", help="Report only the runs this plan trained, named by its variants (see 'benchctl plans').")] = None,
+    plan: Annotated[
+        str | None,
+        typer.Option(
+            "--plan", help="Report only the runs this plan trained, named by its variants (see 'benchctl plans')."
+        ),
+    ] = None,
     fmt: Annotated[str, typer.Option("--format", help="Output format (md: markdown with PNG figures).")] = "md",
     db: DbOpt = None,
 ) -> None:
@@ -33,11 +37,15 @@ def report(
 
     rendered, path = reporting.run(db_path_of(db), opts)
     n = len(rendered.figures)
-    console.print(f"wrote {path} and {n} figure{'s' if n != 1 else ''} in {path.parent / 'figures'}",
-                  highlight=False, soft_wrap=True)
+    console.print(
+        f"wrote {path} and {n} figure{'s' if n != 1 else ''} in {path.parent / 'figures'}",
+        highlight=False,
+        soft_wrap=True,
+    )
     if rendered.preset is None:
-        console.print("the database has no runs yet; the report says which commands produce each section",
-                      highlight=False)
+        console.print(
+            "the database has no runs yet; the report says which commands produce each section", highlight=False
+        )
     else:
         console.print(f"preset: {rendered.preset}", highlight=False)
     if rendered.other_presets:

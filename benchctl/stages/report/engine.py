@@ -38,12 +38,15 @@ def figure_names() -> tuple[str, ...]:
 def header(ctx: Context) -> list[str]:
     title = f"# benchctl report: preset `{ctx.preset}`" if ctx.preset else "# benchctl report"
     out = [title, ""]
-    out.append("Every number below is computed from results.db by `benchctl report`; only runs with status `done` "
-               "enter the statistics. 95% CIs are t-intervals over seeds unless a table says otherwise.")
+    out.append(
+        "Every number below is computed from results.db by `benchctl report`; only runs with status `done` "
+        "enter the statistics. 95% CIs are t-intervals over seeds unless a table says otherwise."
+    )
     out.append("")
     if ctx.preset is None:
-        out += need("The database has no runs yet: `benchctl train-all --preset tiny` (or `benchctl study`) "
-                    "produces them.")
+        out += need(
+            "The database has no runs yet: `benchctl train-all --preset tiny` (or `benchctl study`) produces them."
+        )
         return out
     st = ctx.runs["status"].value_counts()
     counts = ", ".join(f"{int(st[s])} {s}" for s in sorted(st.index, key=_status_rank))
@@ -74,8 +77,9 @@ def render(data: Data, preset: str | None = None, plan: str | None = None) -> Re
     return Rendered("\n".join(lines) + "\n", frames.figures, ctx.preset, ctx.other_presets)
 
 
-def build(db: str | os.PathLike | Any, preset: str | None = None, plan: str | None = None,
-          only_plan: bool = False) -> Rendered:
+def build(
+    db: str | os.PathLike | Any, preset: str | None = None, plan: str | None = None, only_plan: bool = False
+) -> Rendered:
     """Read results.db (a path, opened read-only, or an open connection) and render the report in memory.
     `only_plan` keeps just the runs `plan` reached (a database often holds several plans' runs of one preset)."""
     data = read(db, stages.tables())
@@ -93,8 +97,10 @@ def plan_only(data: Data, plan: str) -> Data:
         have = f"plans with runs here: {', '.join(known)}" if known else "no plan has runs here yet"
         raise ConfigError(f"the database has no runs of plan '{plan}' ({have})")
     ids = set(pr.loc[pr["plan"] == plan, "run_id"].astype(str))
-    return data.replace(runs=data.runs[data.runs["id"].astype(str).isin(ids)].reset_index(drop=True),
-                        plan_runs=pr[pr["plan"] == plan].reset_index(drop=True))
+    return data.replace(
+        runs=data.runs[data.runs["id"].astype(str).isin(ids)].reset_index(drop=True),
+        plan_runs=pr[pr["plan"] == plan].reset_index(drop=True),
+    )
 
 
 def save(rendered: Rendered, out_dir: str | os.PathLike) -> Path:
@@ -114,8 +120,13 @@ def save(rendered: Rendered, out_dir: str | os.PathLike) -> Path:
     return path
 
 
-def write_report(db: str | os.PathLike | Any, out_dir: str | os.PathLike,
-                 preset: str | None = None, plan: str | None = None, only_plan: bool = False) -> Path:
+def write_report(
+    db: str | os.PathLike | Any,
+    out_dir: str | os.PathLike,
+    preset: str | None = None,
+    plan: str | None = None,
+    only_plan: bool = False,
+) -> Path:
     """results.db -> out_dir/report.md (+ out_dir/figures/*.png); returns the path of report.md.
 
     preset=None reports the preset with most finished runs (the report names it and lists the others); `plan`

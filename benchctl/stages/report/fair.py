@@ -24,8 +24,11 @@ ALPHA = 0.05
 # design: a 16-block control has the recurrent models' FLOPs per token, hence, at equal tokens, their training
 # FLOPs too, as has a 4-block control trained longer; the training-FLOPs match is the one closest in parameters
 # (compute spent on more tokens, not more weights), the other two the ones closest in tokens (the same data).
-CRITERIA = (("params", "tokens", "unique parameters"), ("fpt", "tokens", "FLOPs per token"),
-            ("train_flops", "params", "training FLOPs"))
+CRITERIA = (
+    ("params", "tokens", "unique parameters"),
+    ("fpt", "tokens", "FLOPs per token"),
+    ("train_flops", "params", "training FLOPs"),
+)
 NEAR_TIE = 0.05  # within 5% (on a log scale) of the closest match counts as equally close
 
 
@@ -62,8 +65,21 @@ def closest(per: pd.DataFrame, model: str, col: str, family: list[str], tie: str
 def fair_frame(frames: Frames) -> pd.DataFrame:
     """One row per (recurrent model, matched control-family model): the criteria it is matched on, the ratio of
     each quantity, the difference in final loss with its CI, p and Holm-adjusted p over the rows."""
-    cols = ["a", "b", "matched", "params_ratio", "fpt_ratio", "train_flops_ratio", "n_a", "n_b", "diff", "lo", "hi",
-            "p", "p_holm"]
+    cols = [
+        "a",
+        "b",
+        "matched",
+        "params_ratio",
+        "fpt_ratio",
+        "train_flops_ratio",
+        "n_a",
+        "n_b",
+        "diff",
+        "lo",
+        "hi",
+        "p",
+        "p_holm",
+    ]
     ctx = frames.ctx
     runs = run_frame(frames)
     per = model_frame(runs, ctx)
@@ -82,11 +98,21 @@ def fair_frame(frames: Frames) -> pd.DataFrame:
         for c, words in matches.items():
             d = fair_test(runs[runs["model"] == m], runs[runs["model"] == c])
             ra, rb = per[per["model"] == m].iloc[0], per[per["model"] == c].iloc[0]
-            rows.append({
-                "a": m, "b": c, "matched": ", ".join(words),
-                **{f"{col}_ratio": _ratio(ra[col], rb[col]) for col, _, _ in CRITERIA},
-                "n_a": d.n_a, "n_b": d.n_b, "diff": d.diff, "lo": d.lo, "hi": d.hi, "p": d.p, "p_holm": None,
-            })
+            rows.append(
+                {
+                    "a": m,
+                    "b": c,
+                    "matched": ", ".join(words),
+                    **{f"{col}_ratio": _ratio(ra[col], rb[col]) for col, _, _ in CRITERIA},
+                    "n_a": d.n_a,
+                    "n_b": d.n_b,
+                    "diff": d.diff,
+                    "lo": d.lo,
+                    "hi": d.hi,
+                    "p": d.p,
+                    "p_holm": None,
+                }
+            )
     df = pd.DataFrame(rows, columns=cols)
     if not df.empty:
         df["p_holm"] = pd.Series(stats.holm([None if missing(p) else float(p) for p in df["p"]]), dtype=object)
@@ -118,24 +144,52 @@ def fair_section(frames: Frames) -> list[str]:
     out = ["## Fair comparisons", ""]
     df = fair_frame(frames)
     if df.empty:
-        return out + ["Needs finished runs of a recurrent model and of at least one control-family model "
-                      "(`benchctl study --plan controls` trains controls matched in parameters and compute).", ""]
-    headers = ["a (recurrent)", "b (control family)", "closest in", "params a/b", "FLOPs/token a/b",
-               "train FLOPs a/b", "n (a, b)", "a − b", "95% CI", "p", "p (Holm)"]
-    rows = [[r["a"], r["b"], r["matched"], _x(r["params_ratio"]), _x(r["fpt_ratio"]), _x(r["train_flops_ratio"]),
-             f"{r['n_a']}, {r['n_b']}", fnum(r["diff"]),
-             "-" if missing(r["lo"]) else f"{fnum(r['lo'])} to {fnum(r['hi'])}", fp(r["p"]), fp(r["p_holm"])]
-            for r in df.to_dict("records")]
+        return out + [
+            "Needs finished runs of a recurrent model and of at least one control-family model "
+            "(`benchctl study --plan controls` trains controls matched in parameters and compute).",
+            "",
+        ]
+    headers = [
+        "a (recurrent)",
+        "b (control family)",
+        "closest in",
+        "params a/b",
+        "FLOPs/token a/b",
+        "train FLOPs a/b",
+        "n (a, b)",
+        "a − b",
+        "95% CI",
+        "p",
+        "p (Holm)",
+    ]
+    rows = [
+        [
+            r["a"],
+            r["b"],
+            r["matched"],
+            _x(r["params_ratio"]),
+            _x(r["fpt_ratio"]),
+            _x(r["train_flops_ratio"]),
+            f"{r['n_a']}, {r['n_b']}",
+            fnum(r["diff"]),
+            "-" if missing(r["lo"]) else f"{fnum(r['lo'])} to {fnum(r['hi'])}",
+            fp(r["p"]),
+            fp(r["p_holm"]),
+        ]
+        for r in df.to_dict("records")
+    ]
     out += md_table(headers, rows, right=range(3, len(headers))) + [""]
     out += [f"- {sentence(r)}" for r in df.to_dict("records")] + [""]
-    out.append(f"Each recurrent model is set against the control-family model (any model of the control "
-               f"architecture) closest to it, on a log scale, in unique parameters, in FLOPs per token and in "
-               f"training FLOPs (within {NEAR_TIE:.0%} counts as a tie: for training FLOPs the tie goes to the "
-               f"control closest in parameters, otherwise to the one closest in tokens); a control closest on "
-               f"several criteria is one row. a − b is the difference in final "
-               f"validation loss (negative: the recurrent model is better). Test: {fair_test_name()}; p (Holm) "
-               f"adjusts over the rows of this table. Ratios a/b near 1 mean a close match; a plan such as "
-               f"`controls` trains controls that match each criterion.")
+    out.append(
+        f"Each recurrent model is set against the control-family model (any model of the control "
+        f"architecture) closest to it, on a log scale, in unique parameters, in FLOPs per token and in "
+        f"training FLOPs (within {NEAR_TIE:.0%} counts as a tie: for training FLOPs the tie goes to the "
+        f"control closest in parameters, otherwise to the one closest in tokens); a control closest on "
+        f"several criteria is one row. a − b is the difference in final "
+        f"validation loss (negative: the recurrent model is better). Test: {fair_test_name()}; p (Holm) "
+        f"adjusts over the rows of this table. Ratios a/b near 1 mean a close match; a plan such as "
+        f"`controls` trains controls that match each criterion."
+    )
     out.append("")
     return out
 
@@ -154,13 +208,22 @@ def plan_section(frames: Frames) -> list[str]:
         return []
     out = ["## Plans", ""]
     if ctx.plan:
-        out.append(f"Models are named by plan `{ctx.plan}`'s variants, else by the name each run was first "
-                   "trained under.")
+        out.append(
+            f"Models are named by plan `{ctx.plan}`'s variants, else by the name each run was first trained under."
+        )
         out.append("")
     headers = ["plan", "file", "sha256", "variants", "seeds", "runs"]
     rows = []
     for (plan, path, sha), g in pr.groupby(["plan", "plan_path", "plan_sha256"], sort=True, dropna=False):
-        rows.append([plan, f"`{path}`", f"`{str(sha)[:12]}`", g["variant"].nunique(),
-                     ", ".join(str(s) for s in sorted({int(x) for x in g["seed"]})), g["run_id"].nunique()])
+        rows.append(
+            [
+                plan,
+                f"`{path}`",
+                f"`{str(sha)[:12]}`",
+                g["variant"].nunique(),
+                ", ".join(str(s) for s in sorted({int(x) for x in g["seed"]})),
+                g["run_id"].nunique(),
+            ]
+        )
     out += md_table(headers, rows, right=range(3, len(headers))) + [""]
     return out

@@ -28,6 +28,7 @@ class ReportOptions:
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
-            raise ConfigError(f"--format {self.format!r} is not supported; the only format is 'md' (markdown with PNG "
-                              "figures)")
+            raise ConfigError(
+                f"--format {self.format!r} is not supported; the only format is 'md' (markdown with PNG figures)"
+            )
         object.__setattr__(self, "out_dir", Path(self.out_dir))

@@ -4,15 +4,18 @@ unit), the latest `benchctl bench` rows, and the provenance of every run (versio
 from __future__ import annotations
 
 from benchctl.report.context import CONTROL
-from benchctl.report.fmt import counts, date, fnum, fp, md_table, max_str, min_str, missing, need, py, scaled
+from benchctl.report.fmt import counts, date, fnum, fp, max_str, md_table, min_str, missing, need, py, scaled
 from benchctl.report.frames import Frames
 from benchctl.stages.bench.frames import bench_frame
 from benchctl.stages.judge.frames import judge_groups_of, primary_judge
 from benchctl.stages.report.frames import LOSS, comparison_frame
 
-
-_TESTS = {"paired-t": "paired t over shared seeds", "welch": "Welch t over seeds",
-          "seed-t": "t over per-seed means", "prompt-t": "paired t over prompts (one seed)"}
+_TESTS = {
+    "paired-t": "paired t over shared seeds",
+    "welch": "Welch t over seeds",
+    "seed-t": "t over per-seed means",
+    "prompt-t": "paired t over prompts (one seed)",
+}
 
 
 def comparisons_section(frames: Frames) -> list[str]:
@@ -30,29 +33,46 @@ def comparisons_section(frames: Frames) -> list[str]:
         if r["method"] == "seed-t":
             n += f" ({int(r['n_prompts'])} prompts)"
         ci = "-" if missing(r["lo"]) else f"{fnum(r['lo'], digits)} to {fnum(r['hi'], digits)}"
-        rows.append([r["a"], r["b"], r["quantity"], _TESTS.get(r["method"], r["method"]), n,
-                     fnum(r["diff"], digits), ci, fp(r["p"]), fp(r["p_holm"]), fp(r["p_wilcoxon"])])
+        rows.append(
+            [
+                r["a"],
+                r["b"],
+                r["quantity"],
+                _TESTS.get(r["method"], r["method"]),
+                n,
+                fnum(r["diff"], digits),
+                ci,
+                fp(r["p"]),
+                fp(r["p_holm"]),
+                fp(r["p_wilcoxon"]),
+            ]
+        )
     out += md_table(headers, rows, right=range(4, len(headers))) + [""]
     out += [f"- {v}" for v in cmp["verdict"]] + [""]
-    out.append("a − b: negative means a has the lower value (lower loss is better; a higher judge grade is better). "
-               "Loss: at a given seed every model trains on the same data stream, so models with the same seeds are "
-               "compared by a paired t-test over those seeds (from 6 pairs on a Wilcoxon signed-rank p is shown "
-               "beside it); models with different seeds by Welch's t-test. Judge: each sample's repeats are "
-               "averaged, each seed's paired difference is averaged over the prompts both models were graded on, "
-               "and a t-test over those per-seed means decides, so the verdict is about the architectures; with "
-               "one seed a paired t over prompts decides, and the verdict is about the two trained models only. "
-               "p (Holm) adjusts each quantity's family of pairwise comparisons for multiple testing; a verdict "
-               "calls a difference real only when its Holm-adjusted p is below 0.05. The CI is unadjusted.")
+    out.append(
+        "a − b: negative means a has the lower value (lower loss is better; a higher judge grade is better). "
+        "Loss: at a given seed every model trains on the same data stream, so models with the same seeds are "
+        "compared by a paired t-test over those seeds (from 6 pairs on a Wilcoxon signed-rank p is shown "
+        "beside it); models with different seeds by Welch's t-test. Judge: each sample's repeats are "
+        "averaged, each seed's paired difference is averaged over the prompts both models were graded on, "
+        "and a t-test over those per-seed means decides, so the verdict is about the architectures; with "
+        "one seed a paired t over prompts decides, and the verdict is about the two trained models only. "
+        "p (Holm) adjusts each quantity's family of pairwise comparisons for multiple testing; a verdict "
+        "calls a difference real only when its Holm-adjusted p is below 0.05. The CI is unadjusted."
+    )
     out.append("")
     if primary is None:
         out += need("Judge comparisons need grades: `benchctl sample` then `benchctl judge`.")
     else:
         others = [g for g in judge_groups_of(frames) if g is not primary]
-        line = (f"Judge comparisons use one set of grades: judge `{primary.judge_model}`, protocol "
-                f"`{primary.protocol}`, prompt `{primary.prompt_hash}` ({primary.n_ok} ok grades, the most complete)")
+        line = (
+            f"Judge comparisons use one set of grades: judge `{primary.judge_model}`, protocol "
+            f"`{primary.protocol}`, prompt `{primary.prompt_hash}` ({primary.n_ok} ok grades, the most complete)"
+        )
         if others:
             line += "; not mixed with: " + "; ".join(
-                f"`{g.judge_model}` / `{g.protocol}` / `{g.prompt_hash}` ({g.n_ok})" for g in others)
+                f"`{g.judge_model}` / `{g.protocol}` / `{g.prompt_hash}` ({g.n_ok})" for g in others
+            )
         out += [line + ".", ""]
     return out
 
@@ -63,11 +83,27 @@ def bench_section(frames: Frames) -> list[str]:
     b, earlier = bench_frame(ctx, data.bench)
     if b.empty:
         return out + need("No benchmark rows for this preset: `benchctl bench` produces them.")
-    out.append(f"`benchctl bench` invocation `{b['bench_id'].iloc[0]}` ({date(b['created_at'].max())}"
-               + (f"; {earlier} earlier invocation{'s' if earlier != 1 else ''} not shown" if earlier else "") + ").")
+    out.append(
+        f"`benchctl bench` invocation `{b['bench_id'].iloc[0]}` ({date(b['created_at'].max())}"
+        + (f"; {earlier} earlier invocation{'s' if earlier != 1 else ''} not shown" if earlier else "")
+        + ")."
+    )
     out.append("")
-    headers = ["arch", "impl", "compiled", "device", "tokens/s", "range", "step (ms)", "MFLOP/token", "MFU",
-               "peak FLOP/s source", "peak memory (MiB)", "cost ratio", "cost ratio (CPU)"]
+    headers = [
+        "arch",
+        "impl",
+        "compiled",
+        "device",
+        "tokens/s",
+        "range",
+        "step (ms)",
+        "MFLOP/token",
+        "MFU",
+        "peak FLOP/s source",
+        "peak memory (MiB)",
+        "cost ratio",
+        "cost ratio (CPU)",
+    ]
     ref = b[(b["arch"] == CONTROL) & (b["impl"] == "reference")]
     ours = b[(b["arch"] == CONTROL) & (b["impl"] == "benchctl")]
     ctrl = ours.to_dict("records")[0] if not ours.empty else None
@@ -82,33 +118,50 @@ def bench_section(frames: Frames) -> list[str]:
                 # the same in process CPU time per step (every row has the preset's tokens per step)
                 cost_cpu = fnum(float(r["step_cpu_seconds"]) / float(ctrl["step_cpu_seconds"]) / flops, 2)
         impl = r["impl"] if missing(r.get("dtype")) else f"{r['impl']} ({r['dtype']})"
-        rows.append([r["arch"], impl, "yes" if py(r["compiled"]) else "no", r["device_name"] or r["device"],
-                     fnum(r["tokens_per_s"], 0), f"{fnum(r['tokens_per_s_min'], 0)}–{fnum(r['tokens_per_s_max'], 0)}",
-                     fnum(scaled(r["step_seconds"], 1e-3), 1), fnum(scaled(r["flops_per_token"], 1e6), 2),
-                     "-" if missing(r["mfu"]) else f"{100 * float(r['mfu']):.1f}%",
-                     r["peak_flops_source"] if not missing(r["peak_flops_source"]) else "-",
-                     fnum(scaled(r["peak_mem_bytes"], 2**20), 1), cost, cost_cpu])
+        rows.append(
+            [
+                r["arch"],
+                impl,
+                "yes" if py(r["compiled"]) else "no",
+                r["device_name"] or r["device"],
+                fnum(r["tokens_per_s"], 0),
+                f"{fnum(r['tokens_per_s_min'], 0)}–{fnum(r['tokens_per_s_max'], 0)}",
+                fnum(scaled(r["step_seconds"], 1e-3), 1),
+                fnum(scaled(r["flops_per_token"], 1e6), 2),
+                "-" if missing(r["mfu"]) else f"{100 * float(r['mfu']):.1f}%",
+                r["peak_flops_source"] if not missing(r["peak_flops_source"]) else "-",
+                fnum(scaled(r["peak_mem_bytes"], 2**20), 1),
+                cost,
+                cost_cpu,
+            ]
+        )
     out += md_table(headers, rows, right=[4, 5, 6, 7, 8, 10, 11, 12]) + [""]
     if not ref.empty and ctrl is not None:
         ref_row = ref.to_dict("records")[0]
         ratio = float(ctrl["tokens_per_s"]) / float(ref_row["tokens_per_s"])
-        out.append(f"benchctl's control step runs at {ratio:.2f}× the eager reference's tokens/s at the same "
-                   "precision, measured side by side in the same invocation.")
+        out.append(
+            f"benchctl's control step runs at {ratio:.2f}× the eager reference's tokens/s at the same "
+            "precision, measured side by side in the same invocation."
+        )
         ref32 = b[(b["arch"] == CONTROL) & (b["impl"] == "reference-fp32")]
         if not ref32.empty:
             ratio32 = float(ctrl["tokens_per_s"]) / float(ref32.iloc[0]["tokens_per_s"])
             out.append(f"Against the reference in fp32 (as llama2.c runs on a CPU) it runs at {ratio32:.2f}×.")
         kernel = ctrl.get("kernel_seconds")
         if not missing(kernel) and float(kernel) > 0:
-            out.append(f"Its step spends {fnum(kernel, 2)} s in matmul and attention kernels (best profiled step), so "
-                       f"even with everything else free it could run at most "
-                       f"{float(ref_row['step_seconds']) / float(kernel):.2f}× the reference on this machine.")
+            out.append(
+                f"Its step spends {fnum(kernel, 2)} s in matmul and attention kernels (best profiled step), so "
+                f"even with everything else free it could run at most "
+                f"{float(ref_row['step_seconds']) / float(kernel):.2f}× the reference on this machine."
+            )
         out.append("")
-    out.append("Cost ratio: an architecture's time per token over the control's, divided by its FLOPs per token over "
-               "the control's (1.00 = its recurrence costs exactly its arithmetic); cost ratio (CPU): the same from "
-               "the process CPU time of a step, which time spent waiting for a core on a shared machine does not "
-               "distort. "
-               "MFU is empty when the device's peak FLOP/s is unknown (never a guessed peak).")
+    out.append(
+        "Cost ratio: an architecture's time per token over the control's, divided by its FLOPs per token over "
+        "the control's (1.00 = its recurrence costs exactly its arithmetic); cost ratio (CPU): the same from "
+        "the process CPU time of a step, which time spent waiting for a core on a shared machine does not "
+        "distort. "
+        "MFU is empty when the device's peak FLOP/s is unknown (never a guessed peak)."
+    )
     out.append("")
     return out
 
@@ -122,8 +175,15 @@ def provenance_section(frames: Frames) -> list[str]:
     items = [
         ("benchctl version", counts(r["benchctl_version"])),
         ("git commit", counts(r["git_commit"])),
-        ("preset", f"{ctx.preset}" + (f" (others in the database: {', '.join(p for p, _, _ in ctx.other_presets)})"
-                                       if ctx.other_presets else "")),
+        (
+            "preset",
+            f"{ctx.preset}"
+            + (
+                f" (others in the database: {', '.join(p for p, _, _ in ctx.other_presets)})"
+                if ctx.other_presets
+                else ""
+            ),
+        ),
         ("data source", counts(r["data_source"])),
         ("data fingerprint", counts(r["data_fingerprint"])),
         ("device", counts(f"{a} / {b}" if not missing(b) else a for a, b in zip(r["device"], r["device_name"]))),
@@ -139,8 +199,14 @@ def provenance_section(frames: Frames) -> list[str]:
         ("last run finished", date(max_str(r["finished_at"]))),
     ]
     if groups:
-        items.append(("judge", "; ".join(f"{g.judge_model} / {g.protocol} / prompt {g.prompt_hash} ({g.n_ok} ok grades)"
-                                         for g in groups)))
+        items.append(
+            (
+                "judge",
+                "; ".join(
+                    f"{g.judge_model} / {g.protocol} / prompt {g.prompt_hash} ({g.n_ok} ok grades)" for g in groups
+                ),
+            )
+        )
     ev = data.eval_results[data.eval_results["run_id"].isin(ctx.done["id"])]
     if not ev.empty:
         items.append(("lm-eval", counts(ev.drop_duplicates(["run_id", "lm_eval_version"])["lm_eval_version"])))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -28,14 +28,20 @@ app = typer.Typer()
 @app.command()
 def retrofit(
     from_: Annotated[str, typer.Option("--from", help="The finished parent run: its id, or its name when unique.")],
-    to: Annotated[str, typer.Option(
-        "--to", help="Target architecture: a registered one, e.g. relaxed ('benchctl params' lists them all).")],
+    to: Annotated[
+        str,
+        typer.Option(
+            "--to", help="Target architecture: a registered one, e.g. relaxed ('benchctl params' lists them all)."
+        ),
+    ],
     init: Annotated[str, typer.Option("--init", help="stepwise | average (looped models) | select (three-part).")],
-    lora_init: Annotated[str, typer.Option("--lora-init", help="Relaxed LoRA init: svd (of the residuals) | zero.")]
-    = "svd",
-    steps: Annotated[Optional[int], typer.Option("--steps", help="Healing steps (default: the preset's).")] = None,
-    preset: Annotated[Optional[str], typer.Option("--preset", "-p", help="Look --from up among this preset's runs.")]
-    = None,
+    lora_init: Annotated[
+        str, typer.Option("--lora-init", help="Relaxed LoRA init: svd (of the residuals) | zero.")
+    ] = "svd",
+    steps: Annotated[int | None, typer.Option("--steps", help="Healing steps (default: the preset's).")] = None,
+    preset: Annotated[
+        str | None, typer.Option("--preset", "-p", help="Look --from up among this preset's runs.")
+    ] = None,
     set_: SetOpt = None,
     data: DataOpt = None,
     db: DbOpt = None,
@@ -43,12 +49,19 @@ def retrofit(
     progress: ProgressOpt = True,
 ) -> None:
     """Start a recurrent model from a trained control's weights and heal it by training (resumable like train)."""
-    opts = RetrofitOptions(parent=from_, to=to, init=init, lora_init=lora_init, steps=steps, preset=preset,
-                           overrides=overrides_with_data(set_, data))
+    opts = RetrofitOptions(
+        parent=from_,
+        to=to,
+        init=init,
+        lora_init=lora_init,
+        steps=steps,
+        preset=preset,
+        overrides=overrides_with_data(set_, data),
+    )
     # torch, and sqlite_utils with pandas: kept out of 'benchctl --help'
     from benchctl import stages
-    from benchctl.stages.train import tables as train_tables
     from benchctl.stages.retrofit import engine as rf
+    from benchctl.stages.train import tables as train_tables
     from benchctl.stages.train.sweep import confirm_long_run
 
     path = db_path_of(db)

@@ -13,9 +13,10 @@ every run measures, is here the loss right after conversion, before any healing 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -23,16 +24,26 @@ import architectures
 from architectures.retrofit import describe, retrofit_state
 from benchctl.core import checkpoint as ckpt
 from benchctl.core import db as dbm
-from benchctl.stages.train import tables as train_tables
 from benchctl.core.config import RunConfig, make_config, run_id
 from benchctl.core.errors import CheckpointError, ConfigError
 from benchctl.stages.retrofit.options import RetrofitOptions
 from benchctl.stages.train import engine as train_engine
+from benchctl.stages.train import tables as train_tables
 
 # The parent's trunk widths and data carry over to the target (the depth, n_layers and n_recur, does not: the target
 # takes its preset's, or --set). Everything else comes from the preset and --set as for any run.
-_CARRIED_MODEL = ("dim", "n_heads", "n_kv_heads", "hidden_dim", "multiple_of", "vocab_size", "max_seq_len",
-                  "norm_eps", "rope_theta", "init_std")
+_CARRIED_MODEL = (
+    "dim",
+    "n_heads",
+    "n_kv_heads",
+    "hidden_dim",
+    "multiple_of",
+    "vocab_size",
+    "max_seq_len",
+    "norm_eps",
+    "rope_theta",
+    "init_std",
+)
 PARENT_ARCHS = ("control",)
 
 
@@ -55,8 +66,10 @@ def plan(db: dbm.Database, opts: RetrofitOptions) -> Retrofit:
     trained."""
     parent = train_tables.retrofit_parent(db, opts.parent, opts.preset)
     if parent["arch"] not in PARENT_ARCHS:
-        raise ConfigError(f"--from {parent['id']}: a retrofit converts a plain transformer ({', '.join(PARENT_ARCHS)}),"
-                          f" not a {parent['arch']} run")
+        raise ConfigError(
+            f"--from {parent['id']}: a retrofit converts a plain transformer ({', '.join(PARENT_ARCHS)}),"
+            f" not a {parent['arch']} run"
+        )
     base = {} if opts.steps is None else {"train.max_steps": opts.steps}
     cfg = target_config(RunConfig.from_json(parent["config_json"]), opts.to, {**base, **opts.overrides})
     return attach(cfg, parent, opts.init, opts.lora_init)
@@ -102,8 +115,9 @@ def check_conversion(pcfg: RunConfig, cfg: RunConfig, init: str, lora_init: str 
         try:
             retrofit_state(_meta_model(pcfg).state_dict(), _meta_model(cfg), init, lora_init or "zero")
         except ValueError as e:
-            raise ConfigError(f"cannot convert {pcfg.arch} (n_layers={pcfg.model.n_layers}) into {cfg.arch}: {e}") \
-                from None
+            raise ConfigError(
+                f"cannot convert {pcfg.arch} (n_layers={pcfg.model.n_layers}) into {cfg.arch}: {e}"
+            ) from None
     _CONVERTIBLE.add(key)
 
 
@@ -154,16 +168,31 @@ def convert(job: Retrofit, db_path: Path) -> dict[str, Any]:
         raise ConfigError(f"cannot convert {job.parent['id']} into {job.cfg.arch}: {e}") from None
 
 
-def run(job: Retrofit, prepared: Any, db: dbm.Database, db_path: Path, *, progress: Any = True,
-        log: Callable[[str], None] = print, variant: str | None = None) -> Any:
+def run(
+    job: Retrofit,
+    prepared: Any,
+    db: dbm.Database,
+    db_path: Path,
+    *,
+    progress: Any = True,
+    log: Callable[[str], None] = print,
+    variant: str | None = None,
+) -> Any:
     """Convert and train the retrofitted run (resume it when it has a checkpoint; skip it when done)."""
     if job.parent.get("data_fingerprint") and job.parent["data_fingerprint"] != prepared.fingerprint:
-        raise ConfigError(f"--from {job.parent['id']}: the parent was trained on other data "
-                          f"({job.parent['data_fingerprint']}, here {prepared.fingerprint}); its tokenizer would not fit")
+        raise ConfigError(
+            f"--from {job.parent['id']}: the parent was trained on other data "
+            f"({job.parent['data_fingerprint']}, here {prepared.fingerprint}); its tokenizer would not fit"
+        )
     rid = run_id(job.cfg, prepared.fingerprint)
     started = (ckpt.run_dir(db_path, rid) / ckpt.CKPT_NAME).exists()
     state = None if started else convert(job, db_path)
-    values = {"parent_run_id": job.parent["id"], "init_method": job.method,
-              "parent_tokens": job.parent.get("tokens_seen"), "parent_flops": parent_flops(db, job.parent)}
-    return train_engine.train_run(job.cfg, prepared, db, db_path, progress=progress, log=log, init_state=state,
-                                  run_values=values, variant=variant)
+    values = {
+        "parent_run_id": job.parent["id"],
+        "init_method": job.method,
+        "parent_tokens": job.parent.get("tokens_seen"),
+        "parent_flops": parent_flops(db, job.parent),
+    }
+    return train_engine.train_run(
+        job.cfg, prepared, db, db_path, progress=progress, log=log, init_state=state, run_values=values, variant=variant
+    )

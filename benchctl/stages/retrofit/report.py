@@ -52,8 +52,13 @@ def _curve(run: dict[str, Any], metrics: pd.DataFrame, offset: float) -> pd.Data
     m["step"] = pd.to_numeric(m["step"]).astype(int)
     m = m.sort_values("step")
     flops = _flops_at(run["config_json"], m["step"].tolist())
-    return pd.DataFrame({"step": m["step"].to_numpy(), "flops": [offset + f for f in flops],
-                         "loss": pd.to_numeric(m["value"]).to_numpy()})
+    return pd.DataFrame(
+        {
+            "step": m["step"].to_numpy(),
+            "flops": [offset + f for f in flops],
+            "loss": pd.to_numeric(m["value"]).to_numpy(),
+        }
+    )
 
 
 def _reach(curve: pd.DataFrame, target: float | None) -> float | None:
@@ -83,15 +88,26 @@ def _row(frames: Frames, run: dict[str, Any], parents: dict[str, dict[str, Any]]
     s_flops = [float(c["flops"].iloc[-1]) for c in s_cost if not c.empty]
     reach = _reach(curve, s_loss)
     heal = None if curve.empty else float(curve["flops"].iloc[-1]) - offset
-    cells = [run["model"], str(run.get("init_method") or "-"), fnum(parent.get("final_val_loss"), 4),
-             fnum(run.get("initial_val_loss"), 4), fnum(run.get("final_val_loss"), 4),
-             fnum(offset / 1e12, 3), fnum(None if heal is None else heal / 1e12, 3), fnum(s_loss, 4),
-             fnum(sum(s_flops) / len(s_flops) / 1e12 if s_flops else None, 3),
-             fnum(None if reach is None else reach / 1e12, 3) if s_loss is not None else "-"]
+    cells = [
+        run["model"],
+        str(run.get("init_method") or "-"),
+        fnum(parent.get("final_val_loss"), 4),
+        fnum(run.get("initial_val_loss"), 4),
+        fnum(run.get("final_val_loss"), 4),
+        fnum(offset / 1e12, 3),
+        fnum(None if heal is None else heal / 1e12, 3),
+        fnum(s_loss, 4),
+        fnum(sum(s_flops) / len(s_flops) / 1e12 if s_flops else None, 3),
+        fnum(None if reach is None else reach / 1e12, 3) if s_loss is not None else "-",
+    ]
     if s_loss is not None and reach is None and run["status"] == "done":
         cells[-1] = "not reached"
-    return cells, {"curve": curve, "scratch": s_cost, "arch": run["arch"],
-                   "label": f"{run['model']} ({run.get('init_method')})"}
+    return cells, {
+        "curve": curve,
+        "scratch": s_cost,
+        "arch": run["arch"],
+        "label": f"{run['model']} ({run.get('init_method')})",
+    }
 
 
 def retrofit_section(frames: Frames) -> list[str]:
@@ -100,10 +116,12 @@ def retrofit_section(frames: Frames) -> list[str]:
     if not mask.any():
         return []
     out = ["## Retrofit", ""]
-    out.append("Recurrent models started from a trained control's weights (`benchctl retrofit`) and then trained "
-               "(healed). Compute is training FLOPs (TFLOP) and includes the parent's: a converted model is only "
-               "cheaper if parent + healing costs less than training the same architecture from scratch to the same "
-               "loss.")
+    out.append(
+        "Recurrent models started from a trained control's weights (`benchctl retrofit`) and then trained "
+        "(healed). Compute is training FLOPs (TFLOP) and includes the parent's: a converted model is only "
+        "cheaper if parent + healing costs less than training the same architecture from scratch to the same "
+        "loss."
+    )
     out.append("")
     all_runs = frames.data.runs
     parents = {r["id"]: r for r in all_runs.to_dict("records")}
@@ -112,13 +130,25 @@ def retrofit_section(frames: Frames) -> list[str]:
         cells, curve = _row(frames, run, parents)
         rows.append(cells)
         curves.append(curve)
-    headers = ["model", "init", "parent final", "after conversion", "final", "parent TFLOP", "healing TFLOP",
-               "scratch final", "scratch TFLOP", "TFLOP to scratch final"]
+    headers = [
+        "model",
+        "init",
+        "parent final",
+        "after conversion",
+        "final",
+        "parent TFLOP",
+        "healing TFLOP",
+        "scratch final",
+        "scratch TFLOP",
+        "TFLOP to scratch final",
+    ]
     out += md_table(headers, rows, right=range(2, len(headers))) + [""]
-    out.append("after conversion = validation loss at step 0, before any healing step (the init methods compared "
-               "as such); scratch = the same architecture at the preset's defaults trained from scratch (mean over "
-               "its seeds); TFLOP to scratch final = parent + healing FLOPs at the first evaluation whose loss is at "
-               "or below the scratch run's final loss.")
+    out.append(
+        "after conversion = validation loss at step 0, before any healing step (the init methods compared "
+        "as such); scratch = the same architecture at the preset's defaults trained from scratch (mean over "
+        "its seeds); TFLOP to scratch final = parent + healing FLOPs at the first evaluation whose loss is at "
+        "or below the scratch run's final loss."
+    )
     out.append("")
     fig = _figure_of(frames, curves)
     if fig is not None:
@@ -142,14 +172,27 @@ def _figure_of(frames: Frames, curves: list[dict[str, Any]]) -> Any:
         ax = fig.subplots()
         for c in curves:
             if not c["curve"].empty:
-                ax.plot(c["curve"]["flops"] / 1e12, c["curve"]["loss"], marker="o", markersize=3, linewidth=1.6,
-                        label=tick(c["label"]))
+                ax.plot(
+                    c["curve"]["flops"] / 1e12,
+                    c["curve"]["loss"],
+                    marker="o",
+                    markersize=3,
+                    linewidth=1.6,
+                    label=tick(c["label"]),
+                )
         for arch, s in scratch.items():
-            ax.plot(s["flops"] / 1e12, s["loss"], linestyle="--", linewidth=1.4,
-                    color=frames.ctx.colours.get(arch, "grey"), label=f"{arch} from scratch")
+            ax.plot(
+                s["flops"] / 1e12,
+                s["loss"],
+                linestyle="--",
+                linewidth=1.4,
+                color=frames.ctx.colours.get(arch, "grey"),
+                label=f"{arch} from scratch",
+            )
         ax.set_xlabel("training FLOPs including the parent's (TFLOP)")
         ax.set_ylabel("validation loss (nats/token)")
         ax.legend(fontsize=8)
-        fig.suptitle(f"Retrofit against training from scratch · preset {frames.ctx.preset}", fontsize=12,
-                     fontweight="bold")
+        fig.suptitle(
+            f"Retrofit against training from scratch · preset {frames.ctx.preset}", fontsize=12, fontweight="bold"
+        )
     return fig

@@ -14,27 +14,32 @@ from __future__ import annotations
 from typing import Any
 
 from benchctl import plans
-from benchctl.stages.train import tables as train_tables
 from benchctl.core.config import run_id
 from benchctl.core.errors import BenchctlError
 from benchctl.stages import Stage, StudyRun, TrainAllResult
 from benchctl.stages.retrofit import engine as rf
 from benchctl.stages.retrofit.report import FIGURE, retrofit_section
+from benchctl.stages.train import tables as train_tables
 from benchctl.stages.train.sweep import confirm_long_run
 
 
 def run(study: StudyRun) -> None:
     opts = study.opts
-    convs = [] if study.plan is None else plans.conversions(study.plan, opts.preset, list(opts.seeds or [0]),
-                                                            opts.overrides, opts.archs)
+    convs = (
+        []
+        if study.plan is None
+        else plans.conversions(study.plan, opts.preset, list(opts.seeds or [0]), opts.overrides, opts.archs)
+    )
     if not convs:
         study.say("no conversions in this plan")
         return
     if study.trained is None:
         study.trained = TrainAllResult()
     names = list(dict.fromkeys(c.variant for c in convs))
-    study.say(f"plan {study.plan.name}: {len(convs)} conversion(s) — {', '.join(names)} × seeds "
-              f"{sorted({c.cfg.seed for c in convs})}")
+    study.say(
+        f"plan {study.plan.name}: {len(convs)} conversion(s) — {', '.join(names)} × seeds "
+        f"{sorted({c.cfg.seed for c in convs})}"
+    )
     jobs = _jobs(study, convs)
     _confirm(study, [job for _, job in jobs])
     for i, (conv, job) in enumerate(jobs, 1):
@@ -53,8 +58,13 @@ def _jobs(study: StudyRun, convs: list[Any]) -> list[tuple[Any, Any]]:
         if parent is None or parent["status"] != "done":
             rid = run_id(rf.with_parent(conv.cfg, pid, conv.init, conv.lora_init), fingerprint)
             status = "not trained" if parent is None else parent["status"]
-            study.trained.failed.append((rid, f"{conv.variant} seed {conv.cfg.seed}: its parent {conv.parent} "
-                                              f"({pid}) is {status}, so there is nothing to convert"))
+            study.trained.failed.append(
+                (
+                    rid,
+                    f"{conv.variant} seed {conv.cfg.seed}: its parent {conv.parent} "
+                    f"({pid}) is {status}, so there is nothing to convert",
+                )
+            )
             study.log(f"  {conv.variant} seed {conv.cfg.seed}: parent {pid} is {status}; not converted")
             continue
         out.append((conv, rf.attach(conv.cfg, parent, conv.init, conv.lora_init)))
@@ -64,7 +74,11 @@ def _jobs(study: StudyRun, convs: list[Any]) -> list[tuple[Any, Any]]:
 def _confirm(study: StudyRun, jobs: list[Any]) -> None:
     """Ask before long healing as the train stage asks before long training (only the runs not done yet count)."""
     fingerprint = study.prepared.fingerprint
-    todo = [j.cfg for j in jobs if (train_tables.get_run(study.db, run_id(j.cfg, fingerprint)) or {}).get("status") != "done"]
+    todo = [
+        j.cfg
+        for j in jobs
+        if (train_tables.get_run(study.db, run_id(j.cfg, fingerprint)) or {}).get("status") != "done"
+    ]
     confirm_long_run(todo, study.prepared, yes=study.opts.yes, log=study.log, confirm=study.confirm)
 
 
@@ -72,8 +86,9 @@ def _convert_and_train(study: StudyRun, conv: Any, job: Any) -> None:
     opts, trained = study.opts, study.trained
     rid = run_id(job.cfg, study.prepared.fingerprint)
     try:
-        r = rf.run(job, study.prepared, study.db, opts.db_path, progress=opts.progress, log=study.log,
-                   variant=conv.variant)
+        r = rf.run(
+            job, study.prepared, study.db, opts.db_path, progress=opts.progress, log=study.log, variant=conv.variant
+        )
     except BenchctlError as e:
         trained.failed.append((rid, str(e)))
         study.log(f"  failed: {e}")
@@ -83,9 +98,20 @@ def _convert_and_train(study: StudyRun, conv: Any, job: Any) -> None:
             study.log(f"  already done: {r.run_id}")
     if train_tables.get_run(study.db, rid) is not None:  # a run that failed before starting has no row to point at
         plan = study.plan
-        train_tables.record_plan_runs(study.db, [{"plan": plan.name, "variant": conv.variant, "preset": job.cfg.preset,
-                                         "seed": job.cfg.seed, "run_id": rid, "plan_path": str(plan.path),
-                                         "plan_sha256": plan.sha256}])
+        train_tables.record_plan_runs(
+            study.db,
+            [
+                {
+                    "plan": plan.name,
+                    "variant": conv.variant,
+                    "preset": job.cfg.preset,
+                    "seed": job.cfg.seed,
+                    "run_id": rid,
+                    "plan_path": str(plan.path),
+                    "plan_sha256": plan.sha256,
+                }
+            ],
+        )
 
 
 STAGE = Stage(name="retrofit", order=25, run=run, sections=(retrofit_section,), figures=(FIGURE,))

@@ -1,11 +1,12 @@
 """`benchctl sample`: complete the fixed prompt set with every finished run and store the samples.
 
-See `benchctl.stages.sample.engine` for the prompt rule, the generation procedure and how seeds make samples reproducible.
+See `benchctl.stages.sample.engine` for the prompt rule, the generation procedure and how seeds make samples
+reproducible.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich import box
@@ -13,8 +14,8 @@ from rich.table import Table
 from rich.text import Text
 
 from benchctl.core.progress import Progress
-from benchctl.stages.cli import DbOpt, console, db_path_of, split_list
 from benchctl.stages import RunSelection
+from benchctl.stages.cli import DbOpt, console, db_path_of, split_list
 from benchctl.stages.sample import options as opt
 
 app = typer.Typer()
@@ -28,33 +29,49 @@ def sample(
     ] = opt.DEFAULT_TEMPERATURE,
     top_k: Annotated[int, typer.Option("--top-k", help="Keep the k most likely tokens (0 = off).")] = opt.DEFAULT_TOP_K,
     top_p: Annotated[
-        Optional[float], typer.Option("--top-p", help="Nucleus sampling: keep the smallest set with this mass.")
+        float | None, typer.Option("--top-p", help="Nucleus sampling: keep the smallest set with this mass.")
     ] = None,
     max_new_tokens: Annotated[
         int, typer.Option("--max-new-tokens", help="Token limit of a completion.")
     ] = opt.DEFAULT_MAX_NEW_TOKENS,
     seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = opt.DEFAULT_SEED,
-    runs: Annotated[Optional[str], typer.Option("--runs", help="Only these run ids (comma list).")] = None,
-    archs: Annotated[Optional[str], typer.Option("--archs", help="Only these architectures (comma list).")] = None,
-    preset: Annotated[Optional[str], typer.Option("--preset", "-p", help="Only runs of this preset.")] = None,
+    runs: Annotated[str | None, typer.Option("--runs", help="Only these run ids (comma list).")] = None,
+    archs: Annotated[str | None, typer.Option("--archs", help="Only these architectures (comma list).")] = None,
+    preset: Annotated[str | None, typer.Option("--preset", "-p", help="Only runs of this preset.")] = None,
     n_recur: Annotated[
-        Optional[int], typer.Option("--n-recur", help="Test-time recurrence override (default: as trained; the "
-                                    "maximum depth with --exit).")
+        int | None,
+        typer.Option(
+            "--n-recur", help="Test-time recurrence override (default: as trained; the maximum depth with --exit)."
+        ),
     ] = None,
-    extrapolate: Annotated[Optional[str], typer.Option(
-        "--extrapolate", help="Passes past the trained depth: frailt last|cycle|none (default last), relaxed "
-        "cycle|last|none (default cycle).")] = None,
-    exit_rule: Annotated[Optional[str], typer.Option(
-        "--exit", help="Per-token adaptive exit: kl (next-token distributions) or latent (state change).")] = None,
-    threshold: Annotated[Optional[float], typer.Option(
-        "--threshold", help=f"Exit threshold (default {opt.DEFAULT_EXIT_THRESHOLD:g}).")] = None,
+    extrapolate: Annotated[
+        str | None,
+        typer.Option(
+            "--extrapolate",
+            help="Passes past the trained depth: frailt last|cycle|none (default last), relaxed "
+            "cycle|last|none (default cycle).",
+        ),
+    ] = None,
+    exit_rule: Annotated[
+        str | None,
+        typer.Option("--exit", help="Per-token adaptive exit: kl (next-token distributions) or latent (state change)."),
+    ] = None,
+    threshold: Annotated[
+        float | None, typer.Option("--threshold", help=f"Exit threshold (default {opt.DEFAULT_EXIT_THRESHOLD:g}).")
+    ] = None,
     batch_size: Annotated[
         int, typer.Option("--batch-size", help="Prompts generated together (recorded: it fixes three-part's noise).")
     ] = opt.DEFAULT_BATCH_SIZE,
     device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda, cuda:N or mps.")] = "auto",
-    jobs: Annotated[str, typer.Option(
-        "--jobs", "-j", help="Runs sampled at once, each share in its own process with its share of the cores: a "
-        "number, or auto (one per core on a CPU, one per GPU on a GPU machine).")] = "1",
+    jobs: Annotated[
+        str,
+        typer.Option(
+            "--jobs",
+            "-j",
+            help="Runs sampled at once, each share in its own process with its share of the cores: a "
+            "number, or auto (one per core on a CPU, one per GPU on a GPU machine).",
+        ),
+    ] = "1",
     db: DbOpt = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a live progress bar.")] = True,
 ) -> None:
@@ -64,24 +81,42 @@ def sample(
     from benchctl.stages.sample import engine as smp
 
     opts = opt.SampleOptions(
-        select=RunSelection(run_ids=split_list(runs), archs=split_list(archs), preset=preset), n_prompts=n_prompts,
-        temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed, n_recur=n_recur,
-        batch_size=batch_size, extrapolate=extrapolate, exit_rule=exit_rule, exit_threshold=threshold, device=device,
+        select=RunSelection(run_ids=split_list(runs), archs=split_list(archs), preset=preset),
+        n_prompts=n_prompts,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        max_new_tokens=max_new_tokens,
+        seed=seed,
+        n_recur=n_recur,
+        batch_size=batch_size,
+        extrapolate=extrapolate,
+        exit_rule=exit_rule,
+        exit_threshold=threshold,
+        device=device,
         jobs=jobs,
     )
     path = db_path_of(db)
     handle = stages.connect(path, create=False)
     s = smp.sample_all(handle, path, opts, progress=Progress(enabled=progress, console=console))
-    t = Table(title=f"samples — prompt set {', '.join(s.prompt_sets)}, settings {s.settings_hash}",
-              title_justify="left", box=box.SIMPLE_HEAD)
+    t = Table(
+        title=f"samples — prompt set {', '.join(s.prompt_sets)}, settings {s.settings_hash}",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+    )
     exiting = s.settings.exit_rule is not None
-    heads = ("model", "seed", "R", "samples", "new", "mean tokens", "ended", "tok/s") + (("mean depth",) if exiting
-                                                                                      else ())
+    heads = ("model", "seed", "R", "samples", "new", "mean tokens", "ended", "tok/s") + (
+        ("mean depth",) if exiting else ()
+    )
     for head in heads:
         t.add_column(head, justify="left" if head == "model" else "right", no_wrap=True)
     for r in s.runs:
         t.add_row(
-            r.variant or r.arch, str(r.seed), str(r.n_recur), str(r.n_samples), str(r.generated),
+            r.variant or r.arch,
+            str(r.seed),
+            str(r.n_recur),
+            str(r.n_samples),
+            str(r.generated),
             "-" if r.mean_tokens is None else f"{r.mean_tokens:.1f}",
             "-" if r.eos_share is None else f"{100 * r.eos_share:.0f}%",
             "-" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}",
@@ -89,12 +124,16 @@ def sample(
         )
     console.print(t)
     st = s.settings
-    knobs = (f"temperature {st.temperature}, top-k {st.top_k or 'off'}, top-p {st.top_p or 'off'}, "
-             f"max {st.max_new_tokens} new tokens, seed {st.seed}, batch {st.batch_size}, device {s.device}")
+    knobs = (
+        f"temperature {st.temperature}, top-k {st.top_k or 'off'}, top-p {st.top_p or 'off'}, "
+        f"max {st.max_new_tokens} new tokens, seed {st.seed}, batch {st.batch_size}, device {s.device}"
+    )
     if exiting:
-        knobs += (f"; adaptive exit {st.exit_rule} < {st.exit_threshold:g} (R = maximum depth; mean depth = mean exit "
-                  "iteration over the positions processed: every iteration is still computed, so it is what "
-                  "skipping exited tokens would spend)")
+        knobs += (
+            f"; adaptive exit {st.exit_rule} < {st.exit_threshold:g} (R = maximum depth; mean depth = mean exit "
+            "iteration over the positions processed: every iteration is still computed, so it is what "
+            "skipping exited tokens would spend)"
+        )
     console.print(
         f"{s.generated} generated, {s.skipped} already stored. {knobs}. R = recurrence used; ended = share that "
         "ended the story (BOS) before the token limit; tok/s = generation speed of this call.",

@@ -69,15 +69,15 @@ from architectures.base import ExitRule
 from architectures.generate import Generation, generate
 from benchctl.core import checkpoint, data
 from benchctl.core import db as dbm
-from benchctl.stages.sample import tables as sample_tables
-from benchctl.stages.train import tables as train_tables
 from benchctl.core.config import RunConfig
 from benchctl.core.data import Tokenizer
 from benchctl.core.errors import ConfigError, DataError, EvalError
 from benchctl.core.progress import Progress, as_progress, silent
 from benchctl.core.runtime import precision, resolve_device
 from benchctl.stages import RunSelection
+from benchctl.stages.sample import tables as sample_tables
 from benchctl.stages.sample.options import DEFAULT_TEMPERATURE, SampleOptions
+from benchctl.stages.train import tables as train_tables
 from benchctl.stages.train.executors.local import in_shares
 
 RULE = "opening-sentences-v1"
@@ -175,11 +175,22 @@ def build_prompt_set(stories: Sequence[str], data_fingerprint: str, n: int) -> P
 def store_prompt_set(db, pset: PromptSet) -> int:
     """Insert the set's prompts that are not stored yet; returns how many were inserted (0 when reused)."""
     created = dbm.now()
-    return sample_tables.insert_prompts(db, [
-        {"id": p.id, "prompt_set": pset.id, "idx": p.idx, "text": p.text, "source_story": p.source_story,
-         "rule": pset.rule, "data_fingerprint": pset.data_fingerprint, "created_at": created}
-        for p in pset.prompts
-    ])
+    return sample_tables.insert_prompts(
+        db,
+        [
+            {
+                "id": p.id,
+                "prompt_set": pset.id,
+                "idx": p.idx,
+                "text": p.text,
+                "source_story": p.source_story,
+                "rule": pset.rule,
+                "data_fingerprint": pset.data_fingerprint,
+                "created_at": created,
+            }
+            for p in pset.prompts
+        ],
+    )
 
 
 def sample_id(run_id: str, prompt_id: str, settings_hash: str) -> str:
@@ -224,9 +235,19 @@ def generate_batch(
     end-of-story ids BOS and EOS) or after `max_new_tokens` new tokens. `extrapolate` and `exit` (an ExitRule) are
     the test-time depth options of `architectures.generate.generate`.
     """
-    return generate(model, prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                    top_p=top_p, stop_ids=stop_ids, n_recur=n_recur, generators=generators,
-                    extrapolate=extrapolate, exit=exit)
+    return generate(
+        model,
+        prompts,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        stop_ids=stop_ids,
+        n_recur=n_recur,
+        generators=generators,
+        extrapolate=extrapolate,
+        exit=exit,
+    )
 
 
 def exit_rule(settings: SampleOptions) -> ExitRule | None:
@@ -254,7 +275,9 @@ def decode_completion(tok, prompt_ids: Sequence[int], new_ids: Sequence[int]) ->
 
 def select_runs(db, select: RunSelection) -> list[dict[str, Any]]:
     """The finished runs to sample, in architecture order then seed; clear errors for unknown or unfinished ones."""
-    return train_tables.finished_runs(db, run_ids=select.run_ids, archs=select.archs, preset=select.preset, purpose="to sample")
+    return train_tables.finished_runs(
+        db, run_ids=select.run_ids, archs=select.archs, preset=select.preset, purpose="to sample"
+    )
 
 
 def _check_n_recur(row: dict[str, Any], cfg, settings: SampleOptions) -> tuple[int, str | None]:
@@ -266,11 +289,14 @@ def _check_n_recur(row: dict[str, Any], cfg, settings: SampleOptions) -> tuple[i
     try:
         n = model.resolve_n_recur(n_recur)
     except architectures.RecurrenceError as e:
-        raise EvalError(f"--n-recur {n_recur} cannot run on {row['id']}: {e}; choose another value or narrow "
-                        "the runs with --archs / --runs") from None
+        raise EvalError(
+            f"--n-recur {n_recur} cannot run on {row['id']}: {e}; choose another value or narrow "
+            "the runs with --archs / --runs"
+        ) from None
     if settings.exit_rule is not None and not model.iterable():
-        raise EvalError(f"--exit cannot run on {row['id']}: {cfg.arch} runs at a fixed depth; narrow the runs "
-                        "with --archs / --runs")
+        raise EvalError(
+            f"--exit cannot run on {row['id']}: {cfg.arch} runs at a fixed depth; narrow the runs with --archs / --runs"
+        )
     rule = None
     if model.extrapolate_rules:
         try:
@@ -338,8 +364,9 @@ class SampleSummary:
         return sum(r.new_tokens for r in self.runs) / secs if secs > 0 else None
 
 
-def plan(db, rows: list[dict[str, Any]], settings: SampleOptions, n_prompts: int, *, progress: bool = False
-         ) -> list[RunPlan]:
+def plan(
+    db, rows: list[dict[str, Any]], settings: SampleOptions, n_prompts: int, *, progress: bool = False
+) -> list[RunPlan]:
     """Prompt sets (stored), resolved recurrences and missing batches for every run — all checks before any work."""
     prepared_by_key: dict[str, Any] = {}
     psets: dict[str, PromptSet] = {}
@@ -372,7 +399,12 @@ def plan(db, rows: list[dict[str, Any]], settings: SampleOptions, n_prompts: int
 
 
 def sample_run(
-    db, db_path: Path, p: RunPlan, settings: SampleOptions, device: torch.device, result: RunSamples,
+    db,
+    db_path: Path,
+    p: RunPlan,
+    settings: SampleOptions,
+    device: torch.device,
+    result: RunSamples,
     on_batch: Callable[[int], None] = lambda n: None,
 ) -> None:
     """Generate and store the missing batches of one run, one transaction per batch."""
@@ -396,29 +428,54 @@ def sample_run(
         t0 = time.perf_counter()
         with prec.autocast(device):
             outs = generate_batch(
-                model, encoded, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
-                top_k=settings.top_k, top_p=settings.top_p, stop_ids=stop_ids, n_recur=p.n_recur, generators=gens,
-                extrapolate=p.extrapolate, exit=exit_rule(settings),
+                model,
+                encoded,
+                max_new_tokens=settings.max_new_tokens,
+                temperature=settings.temperature,
+                top_k=settings.top_k,
+                top_p=settings.top_p,
+                stop_ids=stop_ids,
+                n_recur=p.n_recur,
+                generators=gens,
+                extrapolate=p.extrapolate,
+                exit=exit_rule(settings),
             )
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         result.gen_seconds += time.perf_counter() - t0
         result.new_tokens += sum(len(o.tokens) + (o.finish_reason == "eos") for o in outs)
         now = dbm.now()
-        added = sample_tables.insert_samples(db, [
-            {
-                "id": sid, "run_id": run_id, "prompt_id": q.id, "prompt_set": p.pset.id,
-                "completion": decode_completion(tok, ids_in, o.tokens),
-                "settings_json": settings.to_json(), "settings_hash": settings.hash,
-                "temperature": settings.temperature, "top_k": settings.top_k, "top_p": settings.top_p,
-                "max_new_tokens": settings.max_new_tokens, "seed": settings.seed, "n_recur": p.n_recur,
-                "batch_size": settings.batch_size, "device": device.type, "dtype": prec.dtype,
-                "n_tokens": len(o.tokens), "finish_reason": o.finish_reason, "created_at": now,
-                "extrapolate": p.extrapolate, "exit_rule": settings.exit_rule,
-                "exit_threshold": settings.exit_threshold, "mean_depth": o.mean_depth,
-            }
-            for sid, q, ids_in, o in zip(ids, batch, encoded, outs)
-        ])
+        added = sample_tables.insert_samples(
+            db,
+            [
+                {
+                    "id": sid,
+                    "run_id": run_id,
+                    "prompt_id": q.id,
+                    "prompt_set": p.pset.id,
+                    "completion": decode_completion(tok, ids_in, o.tokens),
+                    "settings_json": settings.to_json(),
+                    "settings_hash": settings.hash,
+                    "temperature": settings.temperature,
+                    "top_k": settings.top_k,
+                    "top_p": settings.top_p,
+                    "max_new_tokens": settings.max_new_tokens,
+                    "seed": settings.seed,
+                    "n_recur": p.n_recur,
+                    "batch_size": settings.batch_size,
+                    "device": device.type,
+                    "dtype": prec.dtype,
+                    "n_tokens": len(o.tokens),
+                    "finish_reason": o.finish_reason,
+                    "created_at": now,
+                    "extrapolate": p.extrapolate,
+                    "exit_rule": settings.exit_rule,
+                    "exit_threshold": settings.exit_threshold,
+                    "mean_depth": o.mean_depth,
+                }
+                for sid, q, ids_in, o in zip(ids, batch, encoded, outs)
+            ],
+        )
         result.generated += added
         on_batch(len(batch))
 
@@ -445,31 +502,57 @@ def sample_all(db, db_path: str | Path, opts: SampleOptions, *, progress: bool |
     with torch.random.fork_rng(devices=cuda_ids), bar:
         for p in plans:
             r = p.row
-            res = elsewhere.get(r["id"]) or RunSamples(r["id"], r["arch"], r["preset"], r["seed"], p.n_recur,
-                                                       skipped=p.existing, variant=r.get("variant") or r["arch"])
+            res = elsewhere.get(r["id"]) or RunSamples(
+                r["id"],
+                r["arch"],
+                r["preset"],
+                r["seed"],
+                p.n_recur,
+                skipped=p.existing,
+                variant=r.get("variant") or r["arch"],
+            )
             summary.runs.append(res)
             if p.batches and r["id"] not in elsewhere:
                 label = f"{r['arch']} s{r['seed']}"
-                sample_run(db, Path(db_path), p, settings, dev, res,
-                           on_batch=lambda n, label=label, res=res: bar.update(
-                               advance=n, description=label, **{"tok/s": _rate(res.tokens_per_s)}))
-            res.n_samples, res.mean_tokens, res.eos_share = sample_tables.sample_stats(db, r["id"], p.pset.id, settings.hash)
+                sample_run(
+                    db,
+                    Path(db_path),
+                    p,
+                    settings,
+                    dev,
+                    res,
+                    on_batch=lambda n, label=label, res=res: bar.update(
+                        advance=n, description=label, **{"tok/s": _rate(res.tokens_per_s)}
+                    ),
+                )
+            res.n_samples, res.mean_tokens, res.eos_share = sample_tables.sample_stats(
+                db, r["id"], p.pset.id, settings.hash
+            )
             res.mean_depth = sample_tables.sample_mean_depth(db, r["id"], p.pset.id, settings.hash)
     summary.example = _example(db, plans[0], settings)
     return summary
 
 
-def _sample_in_jobs(db_path: str | Path, plans: list[RunPlan], opts: SampleOptions,
-                    reporter: Progress) -> dict[str, RunSamples]:
+def _sample_in_jobs(
+    db_path: str | Path, plans: list[RunPlan], opts: SampleOptions, reporter: Progress
+) -> dict[str, RunSamples]:
     """With more than one job, the runs that have samples to generate, split into that many shares of about equal
     work, each sampled by `sample_all` in its own process (benchctl.stages.train.executors.local.in_shares): run id ->
     what its process did. Empty when everything runs here."""
     busy = [p for p in plans if p.batches]
     work = [sum(len(b) for b in p.batches) * float(p.row.get("flops_per_token") or 1.0) * p.n_recur for p in busy]
-    summaries = in_shares(sample_all, [p.row["id"] for p in busy], work,
-                          lambda ids: {"opts": replace(opts, select=RunSelection(run_ids=ids), jobs=1)},
-                          jobs=opts.jobs, db_path=Path(db_path), device_spec=opts.device, progress=reporter,
-                          log=reporter.log, what="sampling")
+    summaries = in_shares(
+        sample_all,
+        [p.row["id"] for p in busy],
+        work,
+        lambda ids: {"opts": replace(opts, select=RunSelection(run_ids=ids), jobs=1)},
+        jobs=opts.jobs,
+        db_path=Path(db_path),
+        device_spec=opts.device,
+        progress=reporter,
+        log=reporter.log,
+        what="sampling",
+    )
     if summaries is None:
         return {}
     return {r.run_id: r for s in summaries for r in s.runs}
@@ -484,5 +567,11 @@ def _example(db, first: RunPlan, settings: SampleOptions) -> dict[str, Any] | No
     ex = sample_tables.first_sample(db, first.row["id"], settings.hash, first.pset.id)
     if ex is None:
         return None
-    return {"arch": first.row["arch"], "run_id": first.row["id"], "prompt": ex["text"],
-            "completion": ex["completion"], "finish_reason": ex["finish_reason"], "n_tokens": ex["n_tokens"]}
+    return {
+        "arch": first.row["arch"],
+        "run_id": first.row["id"],
+        "prompt": ex["text"],
+        "completion": ex["completion"],
+        "finish_reason": ex["finish_reason"],
+        "n_tokens": ex["n_tokens"],
+    }

@@ -31,8 +31,18 @@ DEFAULT_EXIT_THRESHOLD = 5e-4  # Huginn's default for its KL exit
 # The options that decide what a sample is, besides the run and the prompt: recorded with every sample (its
 # settings_json) and hashed into its id. The others (which runs, how many prompts, where, how many processes) do not
 # change a sample's text.
-SETTINGS = ("temperature", "top_k", "top_p", "max_new_tokens", "seed", "n_recur", "batch_size", "extrapolate",
-            "exit_rule", "exit_threshold")
+SETTINGS = (
+    "temperature",
+    "top_k",
+    "top_p",
+    "max_new_tokens",
+    "seed",
+    "n_recur",
+    "batch_size",
+    "extrapolate",
+    "exit_rule",
+    "exit_threshold",
+)
 _ONLY_WHEN_SET = ("extrapolate", "exit_rule", "exit_threshold")  # absent when None: default samples keep their hash
 
 

@@ -14,8 +14,9 @@ def run(study: StudyRun) -> None:
         study.say("skipped" + ("" if ids else " (no finished runs)"))
         return
     study.say("story completions from the fixed prompt set")
-    opts = SampleOptions(select=RunSelection(run_ids=ids), n_prompts=study.opts.n_prompts or DEFAULT_N_PROMPTS,
-                         jobs=study.opts.jobs)
+    opts = SampleOptions(
+        select=RunSelection(run_ids=ids), n_prompts=study.opts.n_prompts or DEFAULT_N_PROMPTS, jobs=study.opts.jobs
+    )
     s = sample.sample_all(study.db, study.opts.db_path, opts, progress=study.opts.progress)
     study.log(f"   {s.generated} new sample(s), {s.skipped} already stored")
 

@@ -5,7 +5,8 @@ The judge and the depth stage read samples through the queries here; only this m
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import sqlite_utils
 
@@ -13,7 +14,9 @@ from benchctl.core.db import retry_locked
 from benchctl.core.tables import Column, Table
 
 PROMPTS = Table(
-    "prompts", "Story beginnings", "The versioned validation-story beginnings every model completes for the judge.",
+    "prompts",
+    "Story beginnings",
+    "The versioned validation-story beginnings every model completes for the judge.",
     (
         Column("id", str, "'<prompt_set>:<idx>'"),
         Column("prompt_set", str, "version of the set: hash of source fingerprint, selection rule and count"),
@@ -30,7 +33,9 @@ PROMPTS = Table(
 )
 
 SAMPLES = Table(
-    "samples", "Completions", "Generated completions of the story beginnings, with every sampling setting.",
+    "samples",
+    "Completions",
+    "Generated completions of the story beginnings, with every sampling setting.",
     (
         Column("id", str, "hash of (run, prompt, settings)"),
         Column("run_id", str, "the model that wrote it (runs.id)"),
@@ -47,13 +52,15 @@ SAMPLES = Table(
         Column("n_recur", int, "test-time recurrence that ran (the run's trained one unless overridden)"),
         Column("batch_size", int, "generation batch size (fixes three-part's random initial states)"),
         Column("device", str, "device type it ran on (samples reproduce on the same type)"),
-        Column("dtype", str, "precision the forward ran in: the run's rule on that device (bfloat16 autocast or "
-                             "float32)"),
+        Column(
+            "dtype", str, "precision the forward ran in: the run's rule on that device (bfloat16 autocast or float32)"
+        ),
         Column("n_tokens", int, "new tokens, end-of-story token excluded", "tokens"),
         Column("finish_reason", str, "eos or length"),
         Column("created_at", str, "when it was generated (UTC)"),
-        Column("extrapolate", str, "rule for passes past the trained depth (empty: none applied, or the arch has "
-                                   "none)"),
+        Column(
+            "extrapolate", str, "rule for passes past the trained depth (empty: none applied, or the arch has none)"
+        ),
         Column("exit_rule", str, "adaptive exit rule, kl or latent (empty: fixed depth)"),
         Column("exit_threshold", float, "adaptive exit threshold"),
         Column("mean_depth", float, "mean exit iteration over the positions processed (adaptive exit)"),
@@ -102,39 +109,64 @@ def _insert_counted(db: sqlite_utils.Database, table: str, rows: list[dict[str, 
 
 def sample_ids(db: sqlite_utils.Database, run_id: str, settings_hash: str, prompt_set: str) -> set[str]:
     """Ids of the samples already stored for a run, settings and prompt set (what a rerun skips)."""
-    return {r["id"] for r in db.query(
-        "select id from samples where run_id = ? and settings_hash = ? and prompt_set = ?",
-        [run_id, settings_hash, prompt_set])}
+    return {
+        r["id"]
+        for r in db.query(
+            "select id from samples where run_id = ? and settings_hash = ? and prompt_set = ?",
+            [run_id, settings_hash, prompt_set],
+        )
+    }
 
 
-def sample_stats(db: sqlite_utils.Database, run_id: str, prompt_set: str, settings_hash: str
-                 ) -> tuple[int, float | None, float | None]:
+def sample_stats(
+    db: sqlite_utils.Database, run_id: str, prompt_set: str, settings_hash: str
+) -> tuple[int, float | None, float | None]:
     """(samples stored, mean new tokens, share that ended the story) for a run, prompt set and settings."""
-    r = next(iter(db.query(
-        "select count(*) as n, avg(n_tokens) as mean_tokens, avg(finish_reason = 'eos') as eos_share from samples "
-        "where run_id = ? and prompt_set = ? and settings_hash = ?", [run_id, prompt_set, settings_hash])))
+    r = next(
+        iter(
+            db.query(
+                "select count(*) as n, avg(n_tokens) as mean_tokens, avg(finish_reason = 'eos') as eos_share "
+                "from samples "
+                "where run_id = ? and prompt_set = ? and settings_hash = ?",
+                [run_id, prompt_set, settings_hash],
+            )
+        )
+    )
     return r["n"], r["mean_tokens"], r["eos_share"]
 
 
 def sample_mean_depth(db: sqlite_utils.Database, run_id: str, prompt_set: str, settings_hash: str) -> float | None:
     """Mean of the stored samples' mean exit depths for a run, prompt set and settings (None without an exit)."""
-    r = next(iter(db.query("select avg(mean_depth) as d from samples where run_id = ? and prompt_set = ? and "
-                           "settings_hash = ?", [run_id, prompt_set, settings_hash])))
+    r = next(
+        iter(
+            db.query(
+                "select avg(mean_depth) as d from samples where run_id = ? and prompt_set = ? and settings_hash = ?",
+                [run_id, prompt_set, settings_hash],
+            )
+        )
+    )
     return r["d"]
 
 
-def first_sample(db: sqlite_utils.Database, run_id: str, settings_hash: str, prompt_set: str
-                 ) -> dict[str, Any] | None:
+def first_sample(db: sqlite_utils.Database, run_id: str, settings_hash: str, prompt_set: str) -> dict[str, Any] | None:
     """The stored sample of the set's first prompt, with the prompt's text (completion, finish_reason, n_tokens,
     text), or None."""
-    return next(iter(db.query(
-        "select s.completion, s.finish_reason, s.n_tokens, p.text from samples s join prompts p on p.id = s.prompt_id "
-        "where s.run_id = ? and s.settings_hash = ? and s.prompt_set = ? order by p.idx limit 1",
-        [run_id, settings_hash, prompt_set])), None)
+    return next(
+        iter(
+            db.query(
+                "select s.completion, s.finish_reason, s.n_tokens, p.text "
+                "from samples s join prompts p on p.id = s.prompt_id "
+                "where s.run_id = ? and s.settings_hash = ? and s.prompt_set = ? order by p.idx limit 1",
+                [run_id, settings_hash, prompt_set],
+            )
+        ),
+        None,
+    )
 
 
-def judge_samples(db: sqlite_utils.Database, run_ids: Iterable[str] | None = None,
-                  limit: int | None = None) -> list[dict[str, Any]]:
+def judge_samples(
+    db: sqlite_utils.Database, run_ids: Iterable[str] | None = None, limit: int | None = None
+) -> list[dict[str, Any]]:
     """Samples to judge, each with its run's architecture and preset and the prompt text (`beginning`).
 
     Ordered by prompt index first, so `limit` takes the same first prompts from every run rather than all of one run.

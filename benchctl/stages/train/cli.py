@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich import box
@@ -33,16 +33,36 @@ from benchctl.stages.train.options import TrainOptions
 app = typer.Typer()
 
 
-JobsOpt = Annotated[str, typer.Option(
-    "--jobs", "-j", help="Runs trained at once, each in its own process with its share of the cores: a number, or "
-    "auto (one per core on a CPU, one per GPU on a GPU machine).")]
-ExecutorOpt = Annotated[str, typer.Option(
-    "--executor", help="local (this machine) or ray (every run a task on a Ray cluster; pip install benchctl[ray]).")]
-RayAddressOpt = Annotated[Optional[str], typer.Option(
-    "--ray-address", help="The Ray cluster to join, e.g. 10.0.0.1:6379 (default: $RAY_ADDRESS, else a new local one).")]
-RunsDirOpt = Annotated[Optional[Path], typer.Option(
-    "--runs-dir", help="Where run directories (checkpoints) live; with Ray, a directory every machine sees at this "
-    "path (default: runs/ beside results.db).")]
+JobsOpt = Annotated[
+    str,
+    typer.Option(
+        "--jobs",
+        "-j",
+        help="Runs trained at once, each in its own process with its share of the cores: a number, or "
+        "auto (one per core on a CPU, one per GPU on a GPU machine).",
+    ),
+]
+ExecutorOpt = Annotated[
+    str,
+    typer.Option(
+        "--executor", help="local (this machine) or ray (every run a task on a Ray cluster; pip install benchctl[ray])."
+    ),
+]
+RayAddressOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--ray-address",
+        help="The Ray cluster to join, e.g. 10.0.0.1:6379 (default: $RAY_ADDRESS, else a new local one).",
+    ),
+]
+RunsDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--runs-dir",
+        help="Where run directories (checkpoints) live; with Ray, a directory every machine sees at this "
+        "path (default: runs/ beside results.db).",
+    ),
+]
 
 
 def prepare_for(cfg, progress: bool):
@@ -55,14 +75,22 @@ def prepare_for(cfg, progress: bool):
     dist_info = Dist.from_env()
     if dist_info.enabled:
         init_distributed(dist_info, resolve_device(cfg.train.device, dist_info.local_rank))
-    return main_first(dist_info, lambda: data.prepare(
-        cfg.data, cfg.model.vocab_size, progress=make_progress(progress and dist_info.is_main, stderr=True)))
+    return main_first(
+        dist_info,
+        lambda: data.prepare(
+            cfg.data, cfg.model.vocab_size, progress=make_progress(progress and dist_info.is_main, stderr=True)
+        ),
+    )
 
 
 @app.command()
 def train(
-    arch: Annotated[str, typer.Option(
-        "--arch", "-a", help="Architecture: a registered one, e.g. control ('benchctl params' lists them all).")],
+    arch: Annotated[
+        str,
+        typer.Option(
+            "--arch", "-a", help="Architecture: a registered one, e.g. control ('benchctl params' lists them all)."
+        ),
+    ],
     preset: PresetOpt = "paper",
     seed: Annotated[int, typer.Option("--seed", help="Training seed (weights, batches).")] = 0,
     set_: SetOpt = None,
@@ -74,8 +102,8 @@ def train(
     """Train one architecture (resumes an interrupted run; skips a finished one). Works under torchrun for DDP."""
     # torch, and sqlite_utils with pandas: kept out of 'benchctl --help'
     from benchctl import stages
-    from benchctl.stages.train import tables as train_tables
     from benchctl.core.runtime import Dist, decide_on_main
+    from benchctl.stages.train import tables as train_tables
     from benchctl.stages.train.engine import train_run
     from benchctl.stages.train.sweep import confirm_long_run
 
@@ -103,14 +131,21 @@ def train(
 
 @app.command("train-all")
 def train_all(
-    preset: Annotated[Optional[str], typer.Option(
-        "--preset", "-p", help="Named preset: paper, small or tiny (default: the plan's, else paper).")] = None,
-    archs: Annotated[Optional[str], typer.Option("--archs", help="Comma list (default: all registered).")] = None,
-    seeds: Annotated[Optional[str], typer.Option(
-        "--seeds", help="Comma list or range, e.g. 0,1,2 or 0-4 (default: 0; with --plan the plan's, else 0,1,2).")
+    preset: Annotated[
+        str | None,
+        typer.Option("--preset", "-p", help="Named preset: paper, small or tiny (default: the plan's, else paper)."),
     ] = None,
-    plan: Annotated[Optional[str], typer.Option(
-        "--plan", help="Train a plan's variants (a built-in plan's name or a plan file's path).")] = None,
+    archs: Annotated[str | None, typer.Option("--archs", help="Comma list (default: all registered).")] = None,
+    seeds: Annotated[
+        str | None,
+        typer.Option(
+            "--seeds", help="Comma list or range, e.g. 0,1,2 or 0-4 (default: 0; with --plan the plan's, else 0,1,2)."
+        ),
+    ] = None,
+    plan: Annotated[
+        str | None,
+        typer.Option("--plan", help="Train a plan's variants (a built-in plan's name or a plan file's path)."),
+    ] = None,
     set_: SetOpt = None,
     data: DataOpt = None,
     db: DbOpt = None,
@@ -126,9 +161,9 @@ def train_all(
     opts = TrainOptions(yes=yes, jobs=jobs, executor=executor, ray_address=ray_address, runs_dir=runs_dir)
     # torch, and sqlite_utils with pandas: kept out of 'benchctl --help'
     from benchctl import stages
-    from benchctl.stages.train import tables as train_tables
     from benchctl.core.runtime import Dist
     from benchctl.stages.train import sweep
+    from benchctl.stages.train import tables as train_tables
 
     overrides = overrides_with_data(set_, data)
     plan_, variants = None, None
@@ -142,8 +177,17 @@ def train_all(
     prepared = prepare_for(cfgs[0], progress)
     path = db_path_of(db)
     is_main = Dist.from_env().is_main  # under torchrun every rank trains each run; rank 0 alone reports
-    res = sweep.train_all(cfgs, prepared, path, opts, progress=progress, log=console.print if is_main else _quiet,
-                          confirm=terminal_confirm(), variants=variants, plan=plan_)
+    res = sweep.train_all(
+        cfgs,
+        prepared,
+        path,
+        opts,
+        progress=progress,
+        log=console.print if is_main else _quiet,
+        confirm=terminal_confirm(),
+        variants=variants,
+        plan=plan_,
+    )
     if not is_main:
         return
     handle = stages.connect(path)
@@ -179,10 +223,14 @@ def summarize(rows: list[dict[str, Any] | None]) -> None:
         else:
             mem = "-"
         t.add_row(
-            r.get("variant") or r["arch"], str(r["seed"]), f"{r['n_params']:,}" if r.get("n_params") else "-",
-            _f(r.get("initial_val_loss")), _f(r.get("final_val_loss")),
+            r.get("variant") or r["arch"],
+            str(r["seed"]),
+            f"{r['n_params']:,}" if r.get("n_params") else "-",
+            _f(r.get("initial_val_loss")),
+            _f(r.get("final_val_loss")),
             f"{r['train_seconds']:.1f}s" if r.get("train_seconds") is not None else "-",
-            f"{r['tokens_per_s']:,.0f}" if r.get("tokens_per_s") else "-", mem,
+            f"{r['tokens_per_s']:,.0f}" if r.get("tokens_per_s") else "-",
+            mem,
         )
     console.print(t)
     devs = sorted({r.get("device_name") or "?" for r in rows})
@@ -217,8 +265,8 @@ def _f(x: float | None) -> str:
 @app.command()
 def runs(
     db: DbOpt = None,
-    preset: Annotated[Optional[str], typer.Option("--preset", "-p", help="Only this preset.")] = None,
-    status: Annotated[Optional[str], typer.Option("--status", help="pending, running, done or failed.")] = None,
+    preset: Annotated[str | None, typer.Option("--preset", "-p", help="Only this preset.")] = None,
+    status: Annotated[str | None, typer.Option("--status", help="pending, running, done or failed.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """List the runs in results.db."""
@@ -229,10 +277,34 @@ def runs(
     handle = stages.connect(db_path_of(db), create=False)
     rows = train_tables.runs(handle, status=status, preset=preset)
     if as_json:
-        keep = ("id", "arch", "variant", "preset", "seed", "status", "step", "max_steps", "initial_val_loss",
-                "final_val_loss", "train_seconds", "cpu_seconds", "cuda_seconds", "threads", "concurrent_jobs",
-                "load_avg", "gpu_util", "tokens_per_s", "peak_rss_bytes", "baseline_rss_bytes", "device", "dtype",
-                "precision_reason", "compiled", "compile_reason", "error")
+        keep = (
+            "id",
+            "arch",
+            "variant",
+            "preset",
+            "seed",
+            "status",
+            "step",
+            "max_steps",
+            "initial_val_loss",
+            "final_val_loss",
+            "train_seconds",
+            "cpu_seconds",
+            "cuda_seconds",
+            "threads",
+            "concurrent_jobs",
+            "load_avg",
+            "gpu_util",
+            "tokens_per_s",
+            "peak_rss_bytes",
+            "baseline_rss_bytes",
+            "device",
+            "dtype",
+            "precision_reason",
+            "compiled",
+            "compile_reason",
+            "error",
+        )
         print(json.dumps([{k: r.get(k) for k in keep} for r in rows], indent=2))
         return
     if not rows:
@@ -245,25 +317,46 @@ def runs(
     extra = (("dtype",) if len(precisions) > 1 else ()) + (("error",) if errors else ())
     for head in ("id", "variant", "status", "step", "final loss", *timing, *extra):
         # the id (and an error) fold onto more lines before any number is cut short on a narrow terminal
-        t.add_column(head, no_wrap=head not in ("id", "error"), overflow="fold", min_width=12 if head == "id" else None,
-                     justify="right" if head in ("step", "final loss", *timing) else "left")
+        t.add_column(
+            head,
+            no_wrap=head not in ("id", "error"),
+            overflow="fold",
+            min_width=12 if head == "id" else None,
+            justify="right" if head in ("step", "final loss", *timing) else "left",
+        )
     for r in rows:
         dtype = {"bfloat16": "bf16", "float32": "fp32"}.get(r.get("dtype") or "", r.get("dtype") or "-")
-        t.add_row(r["id"], r.get("variant") or r["arch"], r["status"],
-                  f"{r.get('step') or 0}/{r.get('max_steps') or '?'}", _f(r.get("final_val_loss")), *_timing(r),
-                  *([dtype] if len(precisions) > 1 else []), *([(r.get("error") or "")[:60]] if errors else []))
+        t.add_row(
+            r["id"],
+            r.get("variant") or r["arch"],
+            r["status"],
+            f"{r.get('step') or 0}/{r.get('max_steps') or '?'}",
+            _f(r.get("final_val_loss")),
+            *_timing(r),
+            *([dtype] if len(precisions) > 1 else []),
+            *([(r.get("error") or "")[:60]] if errors else []),
+        )
     console.print(t)
-    console.print("wall, CPU: seconds of the timed training steps in wall time and in process CPU time (all threads); "
-                  "thr: threads; jobs: benchctl jobs run side by side; load: the machine's mean 1-minute load "
-                  "average during training. Above the core count, wall time is no cost measure: see the report."
-                  + (f" precision: {precisions[0]}." if len(precisions) == 1 else ""), highlight=False)
+    console.print(
+        "wall, CPU: seconds of the timed training steps in wall time and in process CPU time (all threads); "
+        "thr: threads; jobs: benchctl jobs run side by side; load: the machine's mean 1-minute load "
+        "average during training. Above the core count, wall time is no cost measure: see the report."
+        + (f" precision: {precisions[0]}." if len(precisions) == 1 else ""),
+        highlight=False,
+    )
 
 
 def _timing(r: dict[str, Any]) -> tuple[str, ...]:
     """What a run's timing needs to be read: wall and CPU seconds, threads, concurrent jobs, load ('-' when not
     recorded, as in runs trained before these were)."""
+
     def num(key: str, fmt: str) -> str:
         return "-" if r.get(key) is None else format(r[key], fmt)
 
-    return (num("train_seconds", ".1f"), num("cpu_seconds", ".1f"), num("threads", "d"),
-            num("concurrent_jobs", "d"), num("load_avg", ".2f"))
+    return (
+        num("train_seconds", ".1f"),
+        num("cpu_seconds", ".1f"),
+        num("threads", "d"),
+        num("concurrent_jobs", "d"),
+        num("load_avg", ".2f"),
+    )

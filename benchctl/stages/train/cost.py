@@ -103,8 +103,12 @@ def latest_bench(ctx: Context, bench: pd.DataFrame) -> dict[str, dict[str, Any]]
     order = b.groupby("bench_id")["created_at"].max().sort_values(ascending=False, kind="mergesort").index
     for bench_id in order:
         rows = b[b["bench_id"] == bench_id].to_dict("records")
-        found = {m: r for m in keys for r in rows
-                 if r["arch"] == ctx.arch_of[m] and r.get("config_json") and model_keys(r["config_json"]) == keys[m]}
+        found = {
+            m: r
+            for m in keys
+            for r in rows
+            if r["arch"] == ctx.arch_of[m] and r.get("config_json") and model_keys(r["config_json"]) == keys[m]
+        }
         if CONTROL in found:
             return found
     return {}
@@ -120,11 +124,16 @@ def timing_frame(ctx: Context, bench: pd.DataFrame) -> pd.DataFrame:
         wall, cpu = _per_token(g, "train_seconds"), _per_token(g, "cpu_seconds")
         secs = [v for v in (_num(x) for x in g["train_seconds"]) if v]
         row: dict[str, Any] = {
-            "model": m, "seeds": len(g), "wall": np.mean(wall) if wall else None,
+            "model": m,
+            "seeds": len(g),
+            "wall": np.mean(wall) if wall else None,
             "cpu": np.mean(cpu) if len(cpu) == len(g) and cpu else None,
-            "cuda": _mean(pd.Series(_per_token(g, "cuda_seconds"))), "gpu_util": _mean(g["gpu_util"]),
-            "threads": _distinct(g["threads"]), "jobs": _distinct(g["concurrent_jobs"]),
-            "load": _mean(g["load_avg"]), "spread": max(secs) / min(secs) if len(secs) > 1 else None,
+            "cuda": _mean(pd.Series(_per_token(g, "cuda_seconds"))),
+            "gpu_util": _mean(g["gpu_util"]),
+            "threads": _distinct(g["threads"]),
+            "jobs": _distinct(g["concurrent_jobs"]),
+            "load": _mean(g["load_avg"]),
+            "spread": max(secs) / min(secs) if len(secs) > 1 else None,
         }
         row["flops_per_token"] = _mean(g["flops_per_token"])
         b, c = bench_rows.get(m), bench_rows.get(CONTROL)
@@ -172,8 +181,11 @@ def benched_models(t: pd.DataFrame) -> list[str]:
 def warnings(ctx: Context, t: pd.DataFrame) -> list[str]:
     """One plain sentence per contended run and per model whose seeds' wall times disagree, saying which number to
     trust instead."""
-    fallback = {"bench": "the bench ratio", "cpu": "the CPU-time ratio (better: run `benchctl bench`)",
-                "wall": "none measured here: run `benchctl bench` for a clean ratio"}[headline(t)]
+    fallback = {
+        "bench": "the bench ratio",
+        "cpu": "the CPU-time ratio (better: run `benchctl bench`)",
+        "wall": "none measured here: run `benchctl bench` for a clean ratio",
+    }[headline(t)]
     benched = set(benched_models(t))
 
     def trust(model: str) -> str:  # a model the latest bench measured has its clean ratio, whatever the others have
@@ -183,13 +195,17 @@ def warnings(ctx: Context, t: pd.DataFrame) -> list[str]:
     for r in ctx.done.sort_values(["model", "seed", "id"]).to_dict("records"):
         why = contention(r)
         if why:
-            out.append(f"{r['model']} seed {r['seed']} was contended ({why}): its wall time is not a cost measure "
-                       f"here; trust {trust(r['model'])} instead.")
+            out.append(
+                f"{r['model']} seed {r['seed']} was contended ({why}): its wall time is not a cost measure "
+                f"here; trust {trust(r['model'])} instead."
+            )
     for r in t.to_dict("records"):
         if not missing(r["spread"]) and r["spread"] > SEED_SPREAD_LIMIT:
-            out.append(f"{r['model']}'s seeds took {r['spread']:.1f}× as long as each other (slowest over fastest, "
-                       f"above {SEED_SPREAD_LIMIT}×): its wall time is not a cost measure here; trust "
-                       f"{trust(r['model'])} instead.")
+            out.append(
+                f"{r['model']}'s seeds took {r['spread']:.1f}× as long as each other (slowest over fastest, "
+                f"above {SEED_SPREAD_LIMIT}×): its wall time is not a cost measure here; trust "
+                f"{trust(r['model'])} instead."
+            )
     return out
 
 
@@ -216,15 +232,25 @@ def cost_frame(ctx: Context) -> pd.DataFrame:
             v = vals(g, col)
             row.update(ci_cols(q, stats.mean_ci(v)))
             row[f"{q}_min"], row[f"{q}_max"] = (min(v), max(v)) if v else (None, None)
-        for c, name in (("tokens_per_s", "tokens_per_s"), ("step_seconds", "step_seconds"),
-                        ("peak_gpu_reserved_bytes", "reserved"), ("peak_nvml_mem_bytes", "nvml"),
-                        ("peak_rss_bytes", "rss"), ("tokens_seen", "tokens")):
+        for c, name in (
+            ("tokens_per_s", "tokens_per_s"),
+            ("step_seconds", "step_seconds"),
+            ("peak_gpu_reserved_bytes", "reserved"),
+            ("peak_nvml_mem_bytes", "nvml"),
+            ("peak_rss_bytes", "rss"),
+            ("tokens_seen", "tokens"),
+        ):
             v = vals(g, c)
             row[name] = float(np.mean(v)) if v else None
         # the model's own share of the peak RSS: peak minus the process's RSS before the model was built
-        own = [float(p) - float(b) for p, b in zip(pd.to_numeric(g["peak_rss_bytes"], errors="coerce"),
-                                                   pd.to_numeric(g["baseline_rss_bytes"], errors="coerce"))
-               if pd.notna(p) and pd.notna(b)]
+        own = [
+            float(p) - float(b)
+            for p, b in zip(
+                pd.to_numeric(g["peak_rss_bytes"], errors="coerce"),
+                pd.to_numeric(g["baseline_rss_bytes"], errors="coerce"),
+            )
+            if pd.notna(p) and pd.notna(b)
+        ]
         row["own"] = float(np.mean(own)) if own else None
         rows.append(row)
     df = pd.DataFrame(rows)

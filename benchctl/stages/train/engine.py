@@ -25,10 +25,11 @@ import shutil
 import socket
 import statistics
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,17 +38,12 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import architectures
-from benchctl.core import accounting
+from benchctl.core import accounting, telemetry
 from benchctl.core import checkpoint as ckpt
-from benchctl.stages.train import curriculum
 from benchctl.core import db as dbm
-from benchctl.stages.train import tables as train_tables
-from benchctl.stages.train import tblog
-from benchctl.core import telemetry
 from benchctl.core.config import RunConfig, run_id
 from benchctl.core.data import WindowSampler, val_windows
 from benchctl.core.errors import BenchctlError, ConfigError
-from benchctl.stages.train.optim import make_optimizer  # noqa: F401  (re-exported: bench and older imports find it here)
 from benchctl.core.progress import Progress
 from benchctl.core.runtime import (  # noqa: F401  (re-exported: older imports of these names from train keep working)
     Dist,
@@ -62,6 +58,9 @@ from benchctl.core.runtime import (  # noqa: F401  (re-exported: older imports o
     resolve_compile,
     resolve_device,
 )
+from benchctl.stages.train import curriculum, tblog
+from benchctl.stages.train import tables as train_tables
+from benchctl.stages.train.optim import make_optimizer  # noqa: F401  (re-exported: bench and older imports find it here)
 
 # Steps excluded from the timed training window (compile, allocator and cache warm-up).
 TIMING_WARMUP_STEPS = 2
@@ -87,7 +86,7 @@ def evaluate(
     device: torch.device,
     amp: torch.dtype | None,
     seed: int,
-    dist_info: Dist = Dist(),
+    dist_info: Dist | None = None,
     n_recur: int | None = None,
 ) -> float:
     """Mean next-token cross-entropy over fixed windows (N, T+1). RNG forked and seeded, so three-part's random
@@ -95,6 +94,7 @@ def evaluate(
     was_training = model.training
     model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=device)  # (sum of token losses, token count)
+    dist_info = dist_info or Dist()  # a single process unless a process group is given
     mine = windows[dist_info.rank :: dist_info.world_size]
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
@@ -137,7 +137,7 @@ def train_step(
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         # DDP: all-reduce gradients only on the last micro-batch
         sync_ctx = train_model.no_sync() if ddp and micro < t.grad_accum - 1 else nullcontext()
-        with sync_ctx, (torch.autocast(device.type, dtype=amp) if amp else nullcontext()):
+        with sync_ctx, torch.autocast(device.type, dtype=amp) if amp else nullcontext():
             # the loss only: the logits (B, T, V) are never materialised (architectures.blocks.linear_cross_entropy)
             depth = {} if n_recur is None else {"n_recur": n_recur}
             loss = train_model(x, y, return_logits=False, **depth)[1] / t.grad_accum
@@ -168,8 +168,7 @@ def _is_alive(pid: int | None) -> bool:
     return True
 
 
-def _verdict(db: dbm.Database | None, rid: str, ckpt_path: Path, dist_info: Dist
-             ) -> tuple[str, dict[str, Any] | None]:
+def _verdict(db: dbm.Database | None, rid: str, ckpt_path: Path, dist_info: Dist) -> tuple[str, dict[str, Any] | None]:
     """('skip' | 'resume' | 'train', the run's row): skip a finished run, resume one with a checkpoint."""
     existing = train_tables.get_run(db, rid) if db is not None else None
     if existing is not None and existing["status"] == "done" and ckpt_path.exists():
@@ -224,8 +223,9 @@ def train_run(
     trainer = _Trainer(cfg, prepared, db, ckpt_path, rid, dist_info)
     trainer.resume(verdict == "resume", existing, log, init_state)
     trainer.record_start(existing, run_values, variant)
-    trainer.mirror = tblog.open_mirror(db_path, rid, start_step=trainer.start_step,
-                                       on=trainer.writes and tblog.enabled(cfg.log.tensorboard))
+    trainer.mirror = tblog.open_mirror(
+        db_path, rid, start_step=trainer.start_step, on=trainer.writes and tblog.enabled(cfg.log.tensorboard)
+    )
     if trainer.resumed_from is not None:
         log(f"resuming {rid} from step {trainer.resumed_from}/{cfg.train.max_steps} ({ckpt_path})")
     with matmul_precision(trainer.device):
@@ -237,8 +237,9 @@ class _Trainer:
     then stepped to the end. Telemetry carried over from earlier processes of the same run is in `carried`; this
     process's own timings are in its stopwatches, and checkpoints store the sum."""
 
-    def __init__(self, cfg: RunConfig, prepared: Any, db: dbm.Database | None, ckpt_path: Path, rid: str,
-                 dist_info: Dist):
+    def __init__(
+        self, cfg: RunConfig, prepared: Any, db: dbm.Database | None, ckpt_path: Path, rid: str, dist_info: Dist
+    ):
         self.cfg, self.prepared, self.db, self.ckpt_path, self.rid = cfg, prepared, db, ckpt_path, rid
         self.dist = dist_info
         self.writes = dist_info.is_main and db is not None
@@ -256,14 +257,22 @@ class _Trainer:
         random.seed(cfg.seed)
         self.model = architectures.build(cfg.arch, cfg.model).to(self.device)
         sampled_depth = getattr(self.model.arch_args, "recur_sampling", "fixed") != "fixed"
-        self.compile = resolve_compile(cfg.train.compile, self.device, self.amp, sampled_depth,
-                                       curriculum.enabled(cfg), cfg.arch)
+        self.compile = resolve_compile(
+            cfg.train.compile, self.device, self.amp, sampled_depth, curriculum.enabled(cfg), cfg.arch
+        )
         self.optimizer = make_optimizer(self.model, cfg, self.device)
 
-        self.sampler = WindowSampler(prepared.train_tokens(), cfg.model.max_seq_len, cfg.train.batch_size,
-                                     seed=cfg.seed, rank=dist_info.rank, world_size=dist_info.world_size)
-        self.windows = val_windows(prepared.valid_tokens(), cfg.model.max_seq_len, cfg.eval.val_windows,
-                                   cfg.eval.val_seed)
+        self.sampler = WindowSampler(
+            prepared.train_tokens(),
+            cfg.model.max_seq_len,
+            cfg.train.batch_size,
+            seed=cfg.seed,
+            rank=dist_info.rank,
+            world_size=dist_info.world_size,
+        )
+        self.windows = val_windows(
+            prepared.valid_tokens(), cfg.model.max_seq_len, cfg.eval.val_windows, cfg.eval.val_seed
+        )
         self.train_model: nn.Module = self.model
         self.start_step = self.step = 0
         self.resumed_from: int | None = None
@@ -296,14 +305,21 @@ class _Trainer:
 
     # ---- start ------------------------------------------------------------------------------------------------------
 
-    def resume(self, from_checkpoint: bool, existing: dict[str, Any] | None, log: Callable[[str], None],
-               init_state: dict[str, torch.Tensor] | None = None) -> None:
+    def resume(
+        self,
+        from_checkpoint: bool,
+        existing: dict[str, Any] | None,
+        log: Callable[[str], None],
+        init_state: dict[str, torch.Tensor] | None = None,
+    ) -> None:
         """Continue from the run's checkpoint when rank 0 found one: weights, optimizer, sampler, RNG, telemetry.
         Without one, a run with `train.init_from` starts from `init_state` (the weights it was converted from)."""
         if from_checkpoint:
             if not self.ckpt_path.exists():
-                raise ckpt.CheckpointError(f"rank {self.dist.rank} cannot see the checkpoint {self.ckpt_path} that "
-                                           "rank 0 resumes from; every process needs the same run directory")
+                raise ckpt.CheckpointError(
+                    f"rank {self.dist.rank} cannot see the checkpoint {self.ckpt_path} that "
+                    "rank 0 resumes from; every process needs the same run directory"
+                )
             state = ckpt.load(self.ckpt_path, map_location="cpu")
             ckpt.check_config(state, self.cfg, self.ckpt_path)
             self.model.load_state_dict(state["model"])
@@ -316,38 +332,60 @@ class _Trainer:
             if change:
                 # step times from two kinds of hardware (or precisions, or an eager and a compiled step) would
                 # average into a number true of neither
-                log(f"warning: {self.rid} resumes on different hardware ({change}); its speed is measured from "
-                    "here on only, and its training time adds up both")
+                log(
+                    f"warning: {self.rid} resumes on different hardware ({change}); its speed is measured from "
+                    "here on only, and its training time adds up both"
+                )
                 self.carried["step_times"] = []
             del state
         elif existing is not None and existing["status"] == "done":
             log(f"run {self.rid} is marked done but its checkpoint is missing; training it again")
         if self.resumed_from is None and self.cfg.train.init_from:
             if init_state is None:
-                raise ConfigError(f"train.init_from={self.cfg.train.init_from!r}: this run starts from converted "
-                                  "weights; start it with 'benchctl retrofit'")
+                raise ConfigError(
+                    f"train.init_from={self.cfg.train.init_from!r}: this run starts from converted "
+                    "weights; start it with 'benchctl retrofit'"
+                )
             self.model.load_state_dict(init_state)
-        self.flops = curriculum.FlopCounter(self.model, self.cfg, self.start_step) \
-            if curriculum.enabled(self.cfg) else None
+        self.flops = (
+            curriculum.FlopCounter(self.model, self.cfg, self.start_step) if curriculum.enabled(self.cfg) else None
+        )
         self.step_times = list(self.carried["step_times"])
 
-    def record_start(self, existing: dict[str, Any] | None, run_values: dict[str, Any] | None = None,
-                     variant: str | None = None) -> None:
+    def record_start(
+        self, existing: dict[str, Any] | None, run_values: dict[str, Any] | None = None, variant: str | None = None
+    ) -> None:
         """The run row (environment recorded from the start, so failed runs have it too) and the run directory."""
         if not self.writes:
             return
         cfg, prepared = self.cfg, self.prepared
         report = self.model.param_report()
         env = telemetry.environment(self.device, self.nvml.driver_version)
-        row = {**env, "dtype": self.precision.dtype, "precision_reason": self.precision.reason,
-            "compiled": int(self.compile.on), "compile_reason": self.compile.reason,
-            "id": self.rid, "arch": cfg.arch, "preset": cfg.preset, "seed": cfg.seed, "status": "running",
+        row = {
+            **env,
+            "dtype": self.precision.dtype,
+            "precision_reason": self.precision.reason,
+            "compiled": int(self.compile.on),
+            "compile_reason": self.compile.reason,
+            "id": self.rid,
+            "arch": cfg.arch,
+            "preset": cfg.preset,
+            "seed": cfg.seed,
+            "status": "running",
             "variant": variant or cfg.arch,
-            "config_json": cfg.to_json(), "data_fingerprint": prepared.fingerprint, "data_source": prepared.source,
-            "n_params": report["total"], "effective_params": report["effective"],
-            "flops_per_token": self.model.flops_per_token(cfg.model.max_seq_len), "max_steps": cfg.train.max_steps,
-            "world_size": self.dist.world_size, "error": None, "pid": os.getpid(), "hostname": _hostname(),
-            "threads": telemetry.threads_used(), "concurrent_jobs": telemetry.concurrent_jobs(),
+            "config_json": cfg.to_json(),
+            "data_fingerprint": prepared.fingerprint,
+            "data_source": prepared.source,
+            "n_params": report["total"],
+            "effective_params": report["effective"],
+            "flops_per_token": self.model.flops_per_token(cfg.model.max_seq_len),
+            "max_steps": cfg.train.max_steps,
+            "world_size": self.dist.world_size,
+            "error": None,
+            "pid": os.getpid(),
+            "hostname": _hostname(),
+            "threads": telemetry.threads_used(),
+            "concurrent_jobs": telemetry.concurrent_jobs(),
             **(run_values or {}),
         }
         train_tables.start_run(self.db, row, new=existing is None, resume_step=self.start_step)
@@ -374,8 +412,9 @@ class _Trainer:
         cfg, t = self.cfg, self.cfg.train
         self._wrap_model()
         telemetry.reset_peak_memory(self.device)
-        task = progress.task(f"{cfg.arch} s{cfg.seed}", total=t.max_steps, completed=self.start_step,
-                             loss="-", **{"tok/s": "-"})
+        task = progress.task(
+            f"{cfg.arch} s{cfg.seed}", total=t.max_steps, completed=self.start_step, loss="-", **{"tok/s": "-"}
+        )
         try:
             self.nvml.start()
             self.load.start()
@@ -418,8 +457,17 @@ class _Trainer:
         timed = self.step - self.start_step >= TIMING_WARMUP_STEPS
         t0 = time.perf_counter()
         with self.sw if timed else nullcontext(), curriculum.at_step(self.model, self.step, cfg) as depth:
-            loss_sum, grad_norm = train_step(self.train_model, self.model, self.optimizer, self.sampler.next_batch,
-                                             cfg, self.device, self.amp, ddp=self.dist.enabled, n_recur=depth)
+            loss_sum, grad_norm = train_step(
+                self.train_model,
+                self.model,
+                self.optimizer,
+                self.sampler.next_batch,
+                cfg,
+                self.device,
+                self.amp,
+                ddp=self.dist.enabled,
+                n_recur=depth,
+            )
         if not timed:
             telemetry.sync(self.device)
             self.warmup_compile += time.perf_counter() - t0
@@ -474,8 +522,9 @@ class _Trainer:
             final = self._evaluate()
         row: dict[str, Any] = {}
         if self.writes:
-            train_tables.finish_run(self.db, self.rid, final_val_loss=final,
-                                    initial_val_loss=self.carried["initial_val_loss"])
+            train_tables.finish_run(
+                self.db, self.rid, final_val_loss=final, initial_val_loss=self.carried["initial_val_loss"]
+            )
             train_tables.record_gpu_telemetry_note(self.db, self.rid, self.nvml.note)
             row = train_tables.get_run(self.db, self.rid) or {}
         return RunResult(self.rid, "done", resumed_from=self.resumed_from, row=row)
@@ -493,9 +542,16 @@ class _Trainer:
         return v
 
     def _add_metric(self, name: str, value: float, at_step: int) -> None:
-        self.metrics.append({"run_id": self.rid, "step": at_step, "name": name, "value": float(value),
-                             "tokens": at_step * self.cfg.tokens_per_step,
-                             "wall_seconds": self.carried["train_seconds"] + self.sw.total})
+        self.metrics.append(
+            {
+                "run_id": self.rid,
+                "step": at_step,
+                "name": name,
+                "value": float(value),
+                "tokens": at_step * self.cfg.tokens_per_step,
+                "wall_seconds": self.carried["train_seconds"] + self.sw.total,
+            }
+        )
 
     def _take_metrics(self) -> list[dict[str, Any]]:
         """The metric rows gathered since the last write, on their way to results.db (and to TensorBoard)."""
@@ -527,8 +583,10 @@ class _Trainer:
             "cpu_seconds": add(c["cpu_seconds"], sw.cpu_total),
             "cuda_seconds": add(c["cuda_seconds"], sw.cuda_total) if device.type == "cuda" else None,
             "timed_steps": add(c["timed_steps"], sw.count),
-            "load_total": c["load_total"] + self.load.total, "load_n": c["load_n"] + self.load.n,
-            "util_total": c["util_total"] + self.nvml.util_total, "util_n": c["util_n"] + self.nvml.util_n,
+            "load_total": c["load_total"] + self.load.total,
+            "load_n": c["load_n"] + self.load.n,
+            "util_total": c["util_total"] + self.nvml.util_total,
+            "util_n": c["util_n"] + self.nvml.util_n,
             "peak_rss": peak(c["peak_rss"], rss),
             # the baseline of the process whose peak is the run's peak: their difference is the model's share
             "baseline_rss": self.baseline_rss if (rss or 0) >= (c["peak_rss"] or 0) else c["baseline_rss"],
@@ -541,18 +599,32 @@ class _Trainer:
     def _save_checkpoint(self) -> None:
         tel, step = self._telemetry(), self.step
         if self.dist.is_main:
-            size = ckpt.save(self.ckpt_path, {
-                "config": self.cfg.to_json(), "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(), "step": step, "rng": ckpt.rng_state(self.device),
-                "hardware": self._hardware(),
-                "sampler": self.sampler.state_dict(), "telemetry": tel,
-                "data_fingerprint": self.prepared.fingerprint, "run_id": self.rid,
-            })
+            size = ckpt.save(
+                self.ckpt_path,
+                {
+                    "config": self.cfg.to_json(),
+                    "model": self.model.state_dict(),
+                    "optimizer": self.optimizer.state_dict(),
+                    "step": step,
+                    "rng": ckpt.rng_state(self.device),
+                    "hardware": self._hardware(),
+                    "sampler": self.sampler.state_dict(),
+                    "telemetry": tel,
+                    "data_fingerprint": self.prepared.fingerprint,
+                    "run_id": self.rid,
+                },
+            )
             if self.db is not None:
                 tps = self.cfg.tokens_per_step
-                train_tables.record_checkpoint(self.db, self.rid, step=step, path=str(self.ckpt_path), size=size,
-                                      metrics=self._take_metrics(),
-                                      run_values={"tokens_seen": step * tps, **telemetry.run_columns(tel, tps)})
+                train_tables.record_checkpoint(
+                    self.db,
+                    self.rid,
+                    step=step,
+                    path=str(self.ckpt_path),
+                    size=size,
+                    metrics=self._take_metrics(),
+                    run_values={"tokens_seen": step * tps, **telemetry.run_columns(tel, tps)},
+                )
         barrier(self.dist)
 
 

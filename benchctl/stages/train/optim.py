@@ -103,6 +103,7 @@ def make_optimizer(model: nn.Module, cfg: Any, device: torch.device) -> torch.op
     hidden = hidden_matrices(model)
     ids = {id(p) for p in hidden}
     rest = [p for p in params if id(p) not in ids]
-    muon = torch.optim.Muon(hidden, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay,
-                            adjust_lr_fn="match_rms_adamw")
+    muon = torch.optim.Muon(
+        hidden, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, adjust_lr_fn="match_rms_adamw"
+    )
     return MuonAdamW(muon, adamw(rest, cfg, device))

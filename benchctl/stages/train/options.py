@@ -26,5 +26,8 @@ class TrainOptions:
     execution: Execution = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "execution", Execution(executor=self.executor, jobs=self.jobs,
-                                                       ray_address=self.ray_address, runs_dir=self.runs_dir))
+        object.__setattr__(
+            self,
+            "execution",
+            Execution(executor=self.executor, jobs=self.jobs, ray_address=self.ray_address, runs_dir=self.runs_dir),
+        )

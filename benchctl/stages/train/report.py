@@ -11,20 +11,48 @@ import pandas as pd
 
 from benchctl.core import paper
 from benchctl.report.context import CONTROL, Context, model_keys, study_order
-from benchctl.stages.train.cost import benched_models, cost_frame, headline, timing_frame, warnings
 from benchctl.report.figures import (
-    _bar_width, _figure, _style, _title, _x_labels, fig_final_loss, fig_loss_curves, hardware_line,
+    _bar_width,
+    _figure,
+    _style,
+    _title,
+    _x_labels,
+    fig_final_loss,
+    fig_loss_curves,
+    hardware_line,
 )
 from benchctl.report.fmt import (
-    bytes_unit, fci, fint, fnum, ftokens, md_table, missing, need, scaled, time_unit, value_range,
+    bytes_unit,
+    fci,
+    fint,
+    fnum,
+    ftokens,
+    md_table,
+    missing,
+    need,
+    scaled,
+    time_unit,
+    value_range,
 )
 from benchctl.report.frames import (
-    Frames, accounting_frame, component_order, curve_frame, loss_frame, paper_accounting_frame, status_frame, vals,
+    Frames,
+    accounting_frame,
+    component_order,
+    curve_frame,
+    loss_frame,
+    paper_accounting_frame,
+    status_frame,
+    vals,
 )
+from benchctl.stages.train.cost import benched_models, cost_frame, headline, timing_frame, warnings
 
 # Short column headers for the components the study's architectures have; any other component is shown by name.
-_COMPONENT_NAMES = {"depth_encoding": "depth enc.", "recurrent_norm": "rec. norm", "lora": "LoRA",
-                    "final_norm": "final norm"}
+_COMPONENT_NAMES = {
+    "depth_encoding": "depth enc.",
+    "recurrent_norm": "rec. norm",
+    "lora": "LoRA",
+    "final_norm": "final norm",
+}
 
 
 def fig_cost_bars(ctx: Context, cost: pd.DataFrame, what: str) -> Any:
@@ -56,15 +84,17 @@ def fig_cost_bars(ctx: Context, cost: pd.DataFrame, what: str) -> Any:
             seeds = vals(ctx.done[ctx.done["model"] == m], col)
             if len(seeds) > 1:
                 offs = np.linspace(-0.18, 0.18, len(seeds))
-                ax.scatter(i + offs, np.array(seeds) / scale, s=18, color="white", edgecolor="black",
-                           linewidth=0.8, zorder=4)
+                ax.scatter(
+                    i + offs, np.array(seeds) / scale, s=18, color="white", edgecolor="black", linewidth=0.8, zorder=4
+                )
             ratio = getattr(row, f"{q}_ratio")
             top = max([mean] + [v / scale for v in seeds])
             label = f"{mean:.{1 if mean < 100 else 0}f} {unit}"
             if not missing(ratio) and m != CONTROL:
                 label += f"\n{ratio:.2f}× control"
-            ax.annotate(label, (i, top), xytext=(0, 4), textcoords="offset points", ha="center", va="bottom",
-                        fontsize=9)
+            ax.annotate(
+                label, (i, top), xytext=(0, 4), textcoords="offset points", ha="center", va="bottom", fontsize=9
+            )
         _x_labels(ax, models)
         ax.set_ylabel(ylabel)
         ax.set_xlabel("model")
@@ -88,13 +118,19 @@ def runs_section(frames: Frames) -> list[str]:
     sf = status_frame(ctx)
     show_other = bool(sf["other"].sum())
     headers = ["model", "done", "running", "pending", "failed"] + (["other"] if show_other else []) + ["seeds done"]
-    rows = [[r.model, r.done, r.running, r.pending, r.failed] + ([r.other] if show_other else [])
-            + [", ".join(map(str, r.seeds_done)) or "-"] for r in sf.itertuples()]
+    rows = [
+        [r.model, r.done, r.running, r.pending, r.failed]
+        + ([r.other] if show_other else [])
+        + [", ".join(map(str, r.seeds_done)) or "-"]
+        for r in sf.itertuples()
+    ]
     out += md_table(headers, rows, right=range(1, len(headers) - 1)) + [""]
     variants = [m for m in ctx.models if ctx.overrides.get(m)]
     if variants:
-        out.append("Config overrides against the preset's defaults (runs with different configs are different "
-                   "models, never pooled as seeds):")
+        out.append(
+            "Config overrides against the preset's defaults (runs with different configs are different "
+            "models, never pooled as seeds):"
+        )
         out.append("")
         out += [f"- {m}: `{ctx.overrides[m]}`" for m in variants] + [""]
     bad = ctx.runs[ctx.runs["status"] != "done"]
@@ -104,8 +140,16 @@ def runs_section(frames: Frames) -> list[str]:
         rows = []
         for r in bad.sort_values(["status", "model", "seed", "id"]).itertuples():
             err = "" if missing(r.error) else str(r.error)
-            rows.append([r.id, r.model, r.seed, r.status, fint(r.step) + " / " + fint(r.max_steps),
-                         (err[:160] + "…") if len(err) > 160 else (err or "-")])
+            rows.append(
+                [
+                    r.id,
+                    r.model,
+                    r.seed,
+                    r.status,
+                    fint(r.step) + " / " + fint(r.max_steps),
+                    (err[:160] + "…") if len(err) > 160 else (err or "-"),
+                ]
+            )
         out += md_table(["run", "model", "seed", "status", "step", "error"], rows, right=[2]) + [""]
     return out
 
@@ -114,8 +158,10 @@ def models_section(frames: Frames) -> list[str]:
     ctx = frames.ctx
     out = ["## Models", ""]
     if ctx.runs.empty:
-        out += need("No runs for this preset: `benchctl train-all` produces them "
-                    "(`benchctl params` shows the accounting without training).")
+        out += need(
+            "No runs for this preset: `benchctl train-all` produces them "
+            "(`benchctl params` shows the accounting without training)."
+        )
     else:
         acc = accounting_frame(ctx)
         comps = [c for c in component_order(acc["components"]) if acc[c].fillna(0).astype(float).any()]
@@ -126,41 +172,60 @@ def models_section(frames: Frames) -> list[str]:
         rows = []
         for r in acc.to_dict("records"):
             row = [r["model"]] + [fint(r[c]) for c in comps]
-            row += [fint(r["total_params"]), fint(r["effective_params"]), fint(r["effective_depth"]),
-                    fnum(None if missing(r["flops_per_token"]) else r["flops_per_token"] / 1e6, 2)]
+            row += [
+                fint(r["total_params"]),
+                fint(r["effective_params"]),
+                fint(r["effective_depth"]),
+                fnum(None if missing(r["flops_per_token"]) else r["flops_per_token"] / 1e6, 2),
+            ]
             if ctx.is_paper:
                 study = paper.TOTAL_PARAMS.get(r["arch"]) if r["model"] == r["arch"] else None
                 row += [fint(study), "-" if study is None else ("yes" if study == r["total_params"] else "NO")]
             rows.append(row)
         out += md_table(headers, rows, right=range(1, len(headers) - (2 if ctx.is_paper else 0))) + [""]
-        out.append("unique total = trainable parameters, the tied embedding counted once; effective = parameters "
-                   "applied per token with the recurrence unrolled; depth = block applications per token; "
-                   "MFLOP/token = training FLOPs per token (forward + backward, attention and recurrence included).")
+        out.append(
+            "unique total = trainable parameters, the tied embedding counted once; effective = parameters "
+            "applied per token with the recurrence unrolled; depth = block applications per token; "
+            "MFLOP/token = training FLOPs per token (forward + backward, attention and recurrence included)."
+        )
         out.append("")
-        mism = [(r["model"], r["recorded_n_params"], r["total_params"]) for r in acc.to_dict("records")
-                if r["recorded_n_params"] and r["recorded_n_params"] != [r["total_params"]]]
+        mism = [
+            (r["model"], r["recorded_n_params"], r["total_params"])
+            for r in acc.to_dict("records")
+            if r["recorded_n_params"] and r["recorded_n_params"] != [r["total_params"]]
+        ]
         for m, rec, tot in mism:
-            out.append(f"Warning: the runs table records {', '.join(f'{v:,}' for v in rec)} parameters for {m}, "
-                       f"the accounting gives {fint(tot)}.")
+            out.append(
+                f"Warning: the runs table records {', '.join(f'{v:,}' for v in rec)} parameters for {m}, "
+                f"the accounting gives {fint(tot)}."
+            )
         if mism:
             out.append("")
         if any(r["source"] != "config" for r in acc.to_dict("records")):
-            out.append("Rows without components come from the runs table (their config could not be rebuilt by "
-                       "this benchctl version).")
+            out.append(
+                "Rows without components come from the runs table (their config could not be rebuilt by "
+                "this benchctl version)."
+            )
             out.append("")
     if not ctx.is_paper:
         pa = paper_accounting_frame()
-        out.append("The study's published totals, at the paper preset (benchctl's accounting of the same configs "
-                   "beside them; `benchctl params --preset paper`):")
+        out.append(
+            "The study's published totals, at the paper preset (benchctl's accounting of the same configs "
+            "beside them; `benchctl params --preset paper`):"
+        )
         out.append("")
-        rows = [[r["arch"], fint(r["total_params"]), fint(r["paper_total_params"]),
-                 "yes" if r["matches_paper"] else "NO"] for r in pa.to_dict("records")]
+        rows = [
+            [r["arch"], fint(r["total_params"]), fint(r["paper_total_params"]), "yes" if r["matches_paper"] else "NO"]
+            for r in pa.to_dict("records")
+        ]
         out += md_table(["model", "ours (paper preset)", "study", "match"], rows, right=[1, 2]) + [""]
-    out.append("Rows of the study that are inconsistent with its own totals or tables (shown, never silently "
-               "corrected):")
+    out.append(
+        "Rows of the study that are inconsistent with its own totals or tables (shown, never silently corrected):"
+    )
     out.append("")
-    out += md_table(["study row", "study", "ours", "why"],
-                    [[f["what"], f["study"], f["ours"], f["why"]] for f in paper.FLAGS]) + [""]
+    out += md_table(
+        ["study row", "study", "ours", "why"], [[f["what"], f["study"], f["ours"], f["why"]] for f in paper.FLAGS]
+    ) + [""]
     return out
 
 
@@ -171,8 +236,10 @@ def cost_section(frames: Frames) -> list[str]:
     if cost.empty:
         return out + need("No finished runs: `benchctl train-all` records training time and peak memory.")
     devices = sorted({str(x) for x in ctx.done["device_name"].dropna()})
-    out.append(f"Hardware: {hardware_line(ctx)}; torch "
-               f"{', '.join(sorted({str(x) for x in ctx.done['torch_version'].dropna()})) or 'unknown'}.")
+    out.append(
+        f"Hardware: {hardware_line(ctx)}; torch "
+        f"{', '.join(sorted({str(x) for x in ctx.done['torch_version'].dropna()})) or 'unknown'}."
+    )
     precisions = sorted({str(x) for x in ctx.done["dtype"].dropna()})
     if precisions:
         out.append(f"Precision: {', '.join(precisions)} (train.dtype=auto resolves per machine; see Provenance).")
@@ -186,40 +253,68 @@ def cost_section(frames: Frames) -> list[str]:
     gpu = cost["memory_kind"].iloc[0] == "gpu"
     own = not gpu and cost["own"].notna().any()
     mem_name = "peak GPU memory (torch allocated)" if gpu else "peak RSS"
-    headers = ["model", "seeds", f"training time ({tunit})", "range over seeds", "× control", "tokens/s",
-               "step (ms)", f"{mem_name} ({munit})", "× control"]
+    headers = [
+        "model",
+        "seeds",
+        f"training time ({tunit})",
+        "range over seeds",
+        "× control",
+        "tokens/s",
+        "step (ms)",
+        f"{mem_name} ({munit})",
+        "× control",
+    ]
     if gpu:
         headers += [f"torch reserved ({munit})", f"NVML device ({munit})"]
     if own:
         headers += [f"model's own ({munit})"]
     rows = []
     for r in cost.to_dict("records"):
-        row = [r["model"], r["seeds"], fnum(scaled(r["time_mean"], tscale), 2),
-               value_range(r["time_min"], r["time_max"], r["time_n"], tscale),
-               fnum(r["time_ratio"], 2), fnum(r["tokens_per_s"], 0), fnum(scaled(r["step_seconds"], 1e-3), 1),
-               fnum(scaled(r["mem_mean"], mscale), 2), fnum(r["mem_ratio"], 2)]
+        row = [
+            r["model"],
+            r["seeds"],
+            fnum(scaled(r["time_mean"], tscale), 2),
+            value_range(r["time_min"], r["time_max"], r["time_n"], tscale),
+            fnum(r["time_ratio"], 2),
+            fnum(r["tokens_per_s"], 0),
+            fnum(scaled(r["step_seconds"], 1e-3), 1),
+            fnum(scaled(r["mem_mean"], mscale), 2),
+            fnum(r["mem_ratio"], 2),
+        ]
         if gpu:
             row += [fnum(scaled(r["reserved"], mscale), 2), fnum(scaled(r["nvml"], mscale), 2)]
         if own:
             row += [fnum(scaled(r["own"], mscale), 2)]
         rows.append(row)
     out += md_table(headers, rows, right=range(1, len(headers))) + [""]
-    out.append("Training time counts optimizer steps only (no warm-up/compile, evaluation or checkpoints); "
-               "mean and range (fastest to slowest) over seeds; step = median optimizer-step time; "
-               "× control = ratio of means to the control"
-               + ("" if (cost["model"] == CONTROL).any() else " (no control runs, so no ratios)") + ". "
-               + ("Memory is torch's peak allocated GPU memory." if gpu else
-                  "No GPU memory was recorded (CPU runs), so memory is the process's peak resident set size, "
-                  "which includes the Python interpreter and libraries.")
-               + (" Model's own = peak RSS minus the process's RSS just before the model was built (mean over "
-                  "seeds): the model, its optimizer state, activations and the data pages read; the first run of a "
-                  "process also counts libraries loaded on first use." if own else ""))
+    out.append(
+        "Training time counts optimizer steps only (no warm-up/compile, evaluation or checkpoints); "
+        "mean and range (fastest to slowest) over seeds; step = median optimizer-step time; "
+        "× control = ratio of means to the control"
+        + ("" if (cost["model"] == CONTROL).any() else " (no control runs, so no ratios)")
+        + ". "
+        + (
+            "Memory is torch's peak allocated GPU memory."
+            if gpu
+            else "No GPU memory was recorded (CPU runs), so memory is the process's peak resident set size, "
+            "which includes the Python interpreter and libraries."
+        )
+        + (
+            " Model's own = peak RSS minus the process's RSS just before the model was built (mean over "
+            "seeds): the model, its optimizer state, activations and the data pages read; the first run of a "
+            "process also counts libraries loaded on first use."
+            if own
+            else ""
+        )
+    )
     out.append("")
     out += timing_lines(frames)
     out.append(f"The study ({paper.HARDWARE}, paper preset): {paper.COST_NOTES}")
     out.append("")
-    for name, what, alt in (("training_time.png", "time", "Training time per model"),
-                            ("peak_memory.png", "memory", "Peak memory per model")):
+    for name, what, alt in (
+        ("training_time.png", "time", "Training time per model"),
+        ("peak_memory.png", "memory", "Peak memory per model"),
+    ):
         f = fig_cost_bars(ctx, cost, what)
         if f is not None:
             frames.figures[name] = f
@@ -234,39 +329,71 @@ def timing_lines(frames: Frames) -> list[str]:
     t = timing_frame(ctx, frames.data.bench)
     if t.empty:
         return []
-    headers = ["model", "wall (µs/token)", "× control", "CPU (µs/token)", "× control", "threads", "jobs",
-               "load avg", "bench × control", "FLOPs × control", "bench cost ratio"]
-    rows = [[r["model"], fnum(scaled(r["wall"], 1e-6), 1), fnum(r["wall_ratio"], 2), fnum(scaled(r["cpu"], 1e-6), 1),
-             fnum(r["cpu_ratio"], 2), r["threads"], r["jobs"], fnum(r["load"], 1), fnum(r["bench_time"], 2),
-             fnum(r["flops"], 2), fnum(r["bench_cost"], 2)] for r in t.to_dict("records")]
+    headers = [
+        "model",
+        "wall (µs/token)",
+        "× control",
+        "CPU (µs/token)",
+        "× control",
+        "threads",
+        "jobs",
+        "load avg",
+        "bench × control",
+        "FLOPs × control",
+        "bench cost ratio",
+    ]
+    rows = [
+        [
+            r["model"],
+            fnum(scaled(r["wall"], 1e-6), 1),
+            fnum(r["wall_ratio"], 2),
+            fnum(scaled(r["cpu"], 1e-6), 1),
+            fnum(r["cpu_ratio"], 2),
+            r["threads"],
+            r["jobs"],
+            fnum(r["load"], 1),
+            fnum(r["bench_time"], 2),
+            fnum(r["flops"], 2),
+            fnum(r["bench_cost"], 2),
+        ]
+        for r in t.to_dict("records")
+    ]
     if t["cuda"].notna().any():  # CUDA runs: the GPU's own time of the same steps, and how busy NVML saw it
         headers += ["GPU (µs/token)", "GPU util (%)"]
-        rows = [row + [fnum(scaled(r["cuda"], 1e-6), 1), fnum(r["gpu_util"], 0)]
-                for row, r in zip(rows, t.to_dict("records"))]
+        rows = [
+            row + [fnum(scaled(r["cuda"], 1e-6), 1), fnum(r["gpu_util"], 0)]
+            for row, r in zip(rows, t.to_dict("records"))
+        ]
     out = ["Time per trained token over the timed steps (mean over seeds):", ""]
     out += md_table(headers, rows, right=range(1, len(headers))) + [""]
     head = headline(t)
-    out.append("CPU = process CPU time of the same steps, all threads; load avg = the machine's 1-minute load "
-               "average during training (mean over seeds); jobs = benchctl jobs run side by side; bench × control = "
-               "time per token over the control's in the latest `benchctl bench` of this preset and device at the "
-               "same config, whose quotient by FLOPs × control is the bench cost ratio (1.00 = costs exactly its "
-               "arithmetic).")
-    out.append({
-        "bench": "Headline: the bench ratio, because bench times every model's step in one process, taking turns "
-                 "step by step, so other load falls on all of them alike; the CPU-time ratio comes next (time spent "
-                 "waiting for a core is not counted, threads spinning while they wait are), and the wall-time ratio "
-                 "holds only on a quiet machine.",
-        "cpu": "Headline: the CPU-time ratio, because time a run spends waiting for a core is not counted; it is a "
-               "fallback, since threads that spin while they wait are counted, so heavy load distorts it too. The "
-               "wall-time ratio holds only on a quiet machine; `benchctl bench` (or `benchctl study --bench`) gives "
-               "the cleanest ratio, measured interleaved in one process.",
-        "wall": "Headline: the wall-time ratio, the only one recorded for every model here, which is a cost measure "
-                "only on a quiet machine; `benchctl bench` gives a clean ratio.",
-    }[head])
+    out.append(
+        "CPU = process CPU time of the same steps, all threads; load avg = the machine's 1-minute load "
+        "average during training (mean over seeds); jobs = benchctl jobs run side by side; bench × control = "
+        "time per token over the control's in the latest `benchctl bench` of this preset and device at the "
+        "same config, whose quotient by FLOPs × control is the bench cost ratio (1.00 = costs exactly its "
+        "arithmetic)."
+    )
+    out.append(
+        {
+            "bench": "Headline: the bench ratio, because bench times every model's step in one process, taking turns "
+            "step by step, so other load falls on all of them alike; the CPU-time ratio comes next (time spent "
+            "waiting for a core is not counted, threads spinning while they wait are), and the wall-time ratio "
+            "holds only on a quiet machine.",
+            "cpu": "Headline: the CPU-time ratio, because time a run spends waiting for a core is not counted; it is a "
+            "fallback, since threads that spin while they wait are counted, so heavy load distorts it too. The "
+            "wall-time ratio holds only on a quiet machine; `benchctl bench` (or `benchctl study --bench`) gives "
+            "the cleanest ratio, measured interleaved in one process.",
+            "wall": "Headline: the wall-time ratio, the only one recorded for every model here, which is a cost "
+            "measure only on a quiet machine; `benchctl bench` gives a clean ratio.",
+        }[head]
+    )
     benched = benched_models(t)
     if head != "bench" and benched:
-        out.append(f"The latest `benchctl bench` measured only {', '.join(benched)}: for "
-                   f"{'it' if len(benched) == 1 else 'them'} the bench ratio is the cleaner number.")
+        out.append(
+            f"The latest `benchctl bench` measured only {', '.join(benched)}: for "
+            f"{'it' if len(benched) == 1 else 'them'} the bench ratio is the cleaner number."
+        )
     out.append("")
     notes = warnings(ctx, t)
     return out + ([f"- {n}" for n in notes] + [""] if notes else [])
@@ -283,9 +410,15 @@ def loss_section(frames: Frames) -> list[str]:
         headers += ["study initial", "study final"]
     rows = []
     for r in loss.to_dict("records"):
-        row = [r["model"], r["seeds"], ftokens(r["tokens"]), fnum(r["initial_mean"]),
-               fci(r["initial_lo"], r["initial_hi"], r["initial_n"]), fnum(r["final_mean"]),
-               fci(r["final_lo"], r["final_hi"], r["final_n"])]
+        row = [
+            r["model"],
+            r["seeds"],
+            ftokens(r["tokens"]),
+            fnum(r["initial_mean"]),
+            fci(r["initial_lo"], r["initial_hi"], r["initial_n"]),
+            fnum(r["final_mean"]),
+            fci(r["final_lo"], r["final_hi"], r["final_n"]),
+        ]
         if ctx.is_paper:
             flag = " (Table 5: 1.492)" if r["model"] == CONTROL and r["study_final"] is not None else ""
             row += [fnum(r["study_initial"]), fnum(r["study_final"]) + flag]
@@ -293,21 +426,27 @@ def loss_section(frames: Frames) -> list[str]:
     out += md_table(headers, rows, right=range(1, len(headers))) + [""]
     vocab = sorted({model_keys(c).get("model.vocab_size") for c in ctx.done["config_json"]} - {None})
     if len(vocab) == 1:
-        out.append(f"A uniform guess over the {vocab[0]:,}-token vocabulary scores ln {vocab[0]:,} = "
-                   f"{math.log(vocab[0]):.3f}.")
+        out.append(
+            f"A uniform guess over the {vocab[0]:,}-token vocabulary scores ln {vocab[0]:,} = {math.log(vocab[0]):.3f}."
+        )
     if any(r["seeds"] == 1 for r in loss.to_dict("records")):
         out.append("A model with one seed has no confidence interval: its run-to-run spread is unknown.")
     if ctx.is_paper:
-        out.append("The study's control final loss is 1.429 in its Table 3 and 1.492 in its Table 5; Table 3's "
-                   "value is shown.")
+        out.append(
+            "The study's control final loss is 1.429 in its Table 3 and 1.492 in its Table 5; Table 3's value is shown."
+        )
     else:
         ref = ", ".join(f"{a} {paper.FINAL_LOSS[a]:.3f}" for a in study_order(paper.FINAL_LOSS))
-        out.append(f"The study (paper preset, {paper.TOKENS_PER_MODEL / 1e6:.1f} M tokens per model) reported final "
-                   f"validation losses {ref}; they are not comparable with this preset.")
+        out.append(
+            f"The study (paper preset, {paper.TOKENS_PER_MODEL / 1e6:.1f} M tokens per model) reported final "
+            f"validation losses {ref}; they are not comparable with this preset."
+        )
     out.append("")
     curves = curve_frame(ctx, frames.data.metrics)
-    for name, f, alt in (("final_val_loss.png", fig_final_loss(ctx, loss), "Final validation loss per model"),
-                         ("val_loss_curves.png", fig_loss_curves(ctx, curves), "Validation loss against tokens")):
+    for name, f, alt in (
+        ("final_val_loss.png", fig_final_loss(ctx, loss), "Final validation loss per model"),
+        ("val_loss_curves.png", fig_loss_curves(ctx, curves), "Validation loss against tokens"),
+    ):
         if f is not None:
             frames.figures[name] = f
             out += [f"![{alt}](figures/{name})", ""]

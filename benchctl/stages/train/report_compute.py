@@ -23,10 +23,12 @@ from benchctl.report.figures import _figure, _style, _title, tick
 from benchctl.report.fmt import fint, fnum, md_table
 from benchctl.report.frames import Frames, accounting_frame, curve_frame, vals
 
-FLOP_DEFINITION = ("FLOPs are benchctl's analytic count: every matmul (the seven projections of each block "
-                   "application, LoRA and adapters, attention over the full score matrix, the tied head), forward + "
-                   "backward = 3x forward where gradients flow; elementwise ops and the embedding lookup are not "
-                   "counted. Training FLOPs = FLOPs/token x tokens trained on.")
+FLOP_DEFINITION = (
+    "FLOPs are benchctl's analytic count: every matmul (the seven projections of each block "
+    "application, LoRA and adapters, attention over the full score matrix, the tied head), forward + "
+    "backward = 3x forward where gradients flow; elementwise ops and the embedding lookup are not "
+    "counted. Training FLOPs = FLOPs/token x tokens trained on."
+)
 
 
 def run_frame(frames: Frames) -> pd.DataFrame:
@@ -42,13 +44,20 @@ def run_frame(frames: Frames) -> pd.DataFrame:
         a = acc.get(r["model"], {})
         fpt = _num(a.get("flops_per_token")) or _num(r.get("flops_per_token"))
         tokens = _num(r.get("tokens_seen"))
-        rows.append({
-            "model": r["model"], "arch": r["arch"], "seed": int(r["seed"]), "final": _num(r.get("final_val_loss")),
-            "params": _num(a.get("total_params")) or _num(r.get("n_params")),
-            "effective": _num(a.get("effective_params")) or _num(r.get("effective_params")),
-            "fpt": fpt, "depth": _num(a.get("effective_depth")), "tokens": tokens,
-            "train_flops": fpt * tokens if fpt and tokens else None,
-        })
+        rows.append(
+            {
+                "model": r["model"],
+                "arch": r["arch"],
+                "seed": int(r["seed"]),
+                "final": _num(r.get("final_val_loss")),
+                "params": _num(a.get("total_params")) or _num(r.get("n_params")),
+                "effective": _num(a.get("effective_params")) or _num(r.get("effective_params")),
+                "fpt": fpt,
+                "depth": _num(a.get("effective_depth")),
+                "tokens": tokens,
+                "train_flops": fpt * tokens if fpt and tokens else None,
+            }
+        )
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -108,12 +117,25 @@ def compute_section(frames: Frames) -> list[str]:
     out = ["## Loss against compute", ""]
     scale, unit = flop_unit(max(vals(per, "train_flops"), default=0.0))
     headers = ["model", "arch", "seeds", "MFLOP/token", "tokens/run", f"training {unit}", "final val loss", "95% CI"]
-    rows = [[r["model"], r["arch"], r["seeds"], fnum(_scale(r["fpt"], 1e6), 3), fint(r["tokens"]),
-             fnum(_scale(r["train_flops"], scale), 3), fnum(r["final"]), _ci(r)] for r in per.to_dict("records")]
+    rows = [
+        [
+            r["model"],
+            r["arch"],
+            r["seeds"],
+            fnum(_scale(r["fpt"], 1e6), 3),
+            fint(r["tokens"]),
+            fnum(_scale(r["train_flops"], scale), 3),
+            fnum(r["final"]),
+            _ci(r),
+        ]
+        for r in per.to_dict("records")
+    ]
     out += md_table(headers, rows, right=range(2, len(headers))) + [""]
-    out.append(FLOP_DEFINITION + " The control family (every model of the control architecture) is drawn as a line: "
-               "a recurrent model below it reaches a lower loss than a plain transformer given the same training "
-               "compute.")
+    out.append(
+        FLOP_DEFINITION + " The control family (every model of the control architecture) is drawn as a line: "
+        "a recurrent model below it reaches a lower loss than a plain transformer given the same training "
+        "compute."
+    )
     out.append("")
     curves = curve_frame(ctx, frames.data.metrics)
     fig = fig_loss_vs_compute(ctx, runs, per, curves)
@@ -131,11 +153,15 @@ def params_section(frames: Frames) -> list[str]:
     per = model_frame(runs, ctx)
     out = ["## Loss against parameters", ""]
     headers = ["model", "arch", "seeds", "unique params", "effective params", "final val loss", "95% CI"]
-    rows = [[r["model"], r["arch"], r["seeds"], fint(r["params"]), fint(r["effective"]), fnum(r["final"]), _ci(r)]
-            for r in per.to_dict("records")]
+    rows = [
+        [r["model"], r["arch"], r["seeds"], fint(r["params"]), fint(r["effective"]), fnum(r["final"]), _ci(r)]
+        for r in per.to_dict("records")
+    ]
     out += md_table(headers, rows, right=range(2, len(headers))) + [""]
-    out.append("Unique parameters are the weights stored (a shared block counted once); effective parameters count "
-               "a block once per application to a token, as an unrolled model would store them.")
+    out.append(
+        "Unique parameters are the weights stored (a shared block counted once); effective parameters count "
+        "a block once per application to a token, as an unrolled model would store them."
+    )
     out.append("")
     fig = fig_loss_vs_params(ctx, runs, per)
     if fig is not None:
@@ -174,12 +200,23 @@ def depth_section(frames: Frames) -> list[str]:
         for m in models:
             r = per[per["model"] == m].iloc[0].to_dict()
             n_recur = model_keys(ctx.done.loc[ctx.done["model"] == m, "config_json"].iloc[0]).get("model.n_recur")
-            rows.append([arch, m, r["seeds"], fint(r["depth"]), n_recur if n_recur is not None else "-",
-                         fnum(r["final"]), _ci(r)])
+            rows.append(
+                [
+                    arch,
+                    m,
+                    r["seeds"],
+                    fint(r["depth"]),
+                    n_recur if n_recur is not None else "-",
+                    fnum(r["final"]),
+                    _ci(r),
+                ]
+            )
     out += md_table(headers, rows, right=range(2, len(headers))) + [""]
-    out.append("Each architecture trained at several depths, everything else equal; x = block applications per token "
-               "(frailt and relaxed: passes × 4 blocks; three-part: prelude + core iterations × core blocks + coda). "
-               "Deeper models also cost more FLOPs per token, so this is not an equal-compute comparison.")
+    out.append(
+        "Each architecture trained at several depths, everything else equal; x = block applications per token "
+        "(frailt and relaxed: passes × 4 blocks; three-part: prelude + core iterations × core blocks + coda). "
+        "Deeper models also cost more FLOPs per token, so this is not an equal-compute comparison."
+    )
     out.append("")
     fig = fig_loss_vs_depth(ctx, per, fams)
     if fig is not None:
@@ -217,12 +254,28 @@ def _scatter_panel(ax: Any, ctx: Context, runs: pd.DataFrame, per: pd.DataFrame,
         if r[x] is None or r["final"] is None:
             continue
         ax.scatter(g[x], g["final"], s=18, color=ctx.colours[m], alpha=0.55, edgecolor="none", zorder=2)
-        ax.scatter([r[x]], [r["final"]], s=60, marker="D", color=ctx.colours[m], edgecolor="black", linewidth=0.7,
-                   zorder=3, label=m)
+        ax.scatter(
+            [r[x]],
+            [r["final"]],
+            s=60,
+            marker="D",
+            color=ctx.colours[m],
+            edgecolor="black",
+            linewidth=0.7,
+            zorder=3,
+            label=m,
+        )
     fam = per[[is_control_family(ctx, m) for m in per["model"]]].dropna(subset=[x, "final"]).sort_values(x)
     if len(fam) > 1:
-        ax.plot(fam[x], fam["final"], color=ctx.colours.get(CONTROL, "#4D4D4D"), linewidth=1.4, linestyle="--",
-                zorder=1, label="control family")
+        ax.plot(
+            fam[x],
+            fam["final"],
+            color=ctx.colours.get(CONTROL, "#4D4D4D"),
+            linewidth=1.4,
+            linestyle="--",
+            zorder=1,
+            label="control family",
+        )
     _log_x(ax)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("final validation loss (nats/token)")
@@ -239,8 +292,16 @@ def _log_x(ax: Any) -> None:
 
 def _legend(fig: Any, ax: Any) -> None:
     handles, labels = ax.get_legend_handles_labels()
-    fig.legend(handles, [tick(lab) for lab in labels], title="model (diamond = mean over seeds, dot = seed)",
-               frameon=True, fontsize=8.5, title_fontsize=9, loc="outside lower center", ncols=min(len(labels), 5))
+    fig.legend(
+        handles,
+        [tick(lab) for lab in labels],
+        title="model (diamond = mean over seeds, dot = seed)",
+        frameon=True,
+        fontsize=8.5,
+        title_fontsize=9,
+        loc="outside lower center",
+        ncols=min(len(labels), 5),
+    )
 
 
 def fig_loss_vs_compute(ctx: Context, runs: pd.DataFrame, per: pd.DataFrame, curves: pd.DataFrame) -> Any:
@@ -292,12 +353,24 @@ def fig_loss_vs_depth(ctx: Context, per: pd.DataFrame, fams: dict[str, list[str]
             ax.plot(g["depth"], g["final"], color=colour, marker="o", linewidth=1.8, label=arch)
             ok = g["lo"].notna()
             if ok.any():
-                ax.errorbar(g.loc[ok, "depth"], g.loc[ok, "final"],
-                            yerr=[g.loc[ok, "final"] - g.loc[ok, "lo"], g.loc[ok, "hi"] - g.loc[ok, "final"]],
-                            fmt="none", color=colour, capsize=4, linewidth=1)
+                ax.errorbar(
+                    g.loc[ok, "depth"],
+                    g.loc[ok, "final"],
+                    yerr=[g.loc[ok, "final"] - g.loc[ok, "lo"], g.loc[ok, "hi"] - g.loc[ok, "final"]],
+                    fmt="none",
+                    color=colour,
+                    capsize=4,
+                    linewidth=1,
+                )
             for m, row in g.iterrows():
-                ax.annotate(m, (row["depth"], row["final"]), xytext=(4, 4), textcoords="offset points", fontsize=7.5,
-                            color="#333333")
+                ax.annotate(
+                    m,
+                    (row["depth"], row["final"]),
+                    xytext=(4, 4),
+                    textcoords="offset points",
+                    fontsize=7.5,
+                    color="#333333",
+                )
         ax.set_xscale("log", base=2)
         depths = sorted({float(d) for models in fams.values() for d in per.set_index("model").loc[models, "depth"]})
         ax.set_xticks(depths, _spaced_labels(depths))
@@ -306,9 +379,14 @@ def fig_loss_vs_depth(ctx: Context, per: pd.DataFrame, fams: dict[str, list[str]
         ax.set_ylabel("final validation loss (nats/token)")
         ax.legend(title="architecture", fontsize=9, title_fontsize=9, frameon=True, loc="best")
         n = int(per["seeds"].max())
-        _title(ax, "Loss against training depth",
-               [f"preset {ctx.preset} · point = mean over {n} seed{'s' if n != 1 else ''}"
-                + (", bar = 95% CI" if n > 1 else "")])
+        _title(
+            ax,
+            "Loss against training depth",
+            [
+                f"preset {ctx.preset} · point = mean over {n} seed{'s' if n != 1 else ''}"
+                + (", bar = 95% CI" if n > 1 else "")
+            ],
+        )
     return fig
 
 

@@ -6,12 +6,12 @@ differ in size or compute, loss against training compute, parameters and trainin
 
 from __future__ import annotations
 
-from benchctl.stages.train.options import TrainOptions
-from benchctl.stages.train.sweep import train_all
-from benchctl.stages.train.report_compute import compute_section, depth_section, params_section
-from benchctl.stages.train.report import cost_section, loss_section, models_section, runs_section
-from benchctl.stages.train.tables import TABLES, browse_queries
 from benchctl.stages import Stage, StudyRun
+from benchctl.stages.train.options import TrainOptions
+from benchctl.stages.train.report import cost_section, loss_section, models_section, runs_section
+from benchctl.stages.train.report_compute import compute_section, depth_section, params_section
+from benchctl.stages.train.sweep import train_all
+from benchctl.stages.train.tables import TABLES, browse_queries
 
 
 def run(study: StudyRun) -> None:
@@ -19,17 +19,37 @@ def run(study: StudyRun) -> None:
     names = list(dict.fromkeys(study.variants or study.archs))
     plan = f"plan {study.plan.name}: " if study.plan is not None else ""
     study.say(f"{plan}{len(cfgs)} run(s) — {', '.join(names)} × seeds {sorted({c.seed for c in cfgs})}")
-    train_opts = TrainOptions(yes=opts.yes, jobs=opts.jobs, executor=opts.executor, ray_address=opts.ray_address,
-                              runs_dir=opts.runs_dir)
-    study.trained = train_all(cfgs, study.prepared, opts.db_path, train_opts, progress=opts.progress, log=study.log,
-                              confirm=study.confirm, variants=study.variants, plan=study.plan)
+    train_opts = TrainOptions(
+        yes=opts.yes, jobs=opts.jobs, executor=opts.executor, ray_address=opts.ray_address, runs_dir=opts.runs_dir
+    )
+    study.trained = train_all(
+        cfgs,
+        study.prepared,
+        opts.db_path,
+        train_opts,
+        progress=opts.progress,
+        log=study.log,
+        confirm=study.confirm,
+        variants=study.variants,
+        plan=study.plan,
+    )
 
 
 STAGE = Stage(
-    name="train", order=20, run=run, tables=TABLES, queries=browse_queries,
-    sections=(runs_section, models_section, cost_section, loss_section, compute_section, params_section,
-              depth_section),
+    name="train",
+    order=20,
+    run=run,
+    tables=TABLES,
+    queries=browse_queries,
+    sections=(runs_section, models_section, cost_section, loss_section, compute_section, params_section, depth_section),
     every_rank=True,
-    figures=("training_time.png", "peak_memory.png", "final_val_loss.png", "val_loss_curves.png",
-             "loss_vs_compute.png", "loss_vs_params.png", "loss_vs_depth.png"),
+    figures=(
+        "training_time.png",
+        "peak_memory.png",
+        "final_val_loss.png",
+        "val_loss_curves.png",
+        "loss_vs_compute.png",
+        "loss_vs_params.png",
+        "loss_vs_depth.png",
+    ),
 )

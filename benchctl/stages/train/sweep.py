@@ -7,19 +7,20 @@ run is recorded and the others go on.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import architectures
-from benchctl.core import db as dbm
 from benchctl import stages
-from benchctl.stages.train import tables as train_tables
+from benchctl.core import db as dbm
 from benchctl.core.config import RunConfig, make_config, overrides_for, run_id
 from benchctl.core.errors import Aborted, ConfigError
 from benchctl.core.progress import format_duration
 from benchctl.core.runtime import Dist, decide_on_main, init_distributed, resolve_device
 from benchctl.stages import TrainAllResult
 from benchctl.stages.train import engine, executors
+from benchctl.stages.train import tables as train_tables
 from benchctl.stages.train.executors.local import InProcess, ProcessPool
 from benchctl.stages.train.executors.ray import RayExecutor
 from benchctl.stages.train.options import TrainOptions
@@ -85,13 +86,17 @@ def train_all(
     execution = opts.execution
     dist_info = Dist.from_env()  # under torchrun: one process group for every run; rank 0 asks and writes
     if dist_info.enabled and not execution.in_process:
-        raise ConfigError("under torchrun every process trains each run together; --jobs and --executor ray "
-                          "cannot be combined with it (run without torchrun, or with --jobs 1)")
+        raise ConfigError(
+            "under torchrun every process trains each run together; --jobs and --executor ray "
+            "cannot be combined with it (run without torchrun, or with --jobs 1)"
+        )
     init_distributed(dist_info, resolve_device(cfgs[0].train.device, dist_info.local_rank))
     db = stages.connect(db_path) if dist_info.is_main else None
 
     def confirm_on_main() -> None:
-        todo = [c for c in cfgs if (train_tables.get_run(db, run_id(c, prepared.fingerprint)) or {}).get("status") != "done"]
+        todo = [
+            c for c in cfgs if (train_tables.get_run(db, run_id(c, prepared.fingerprint)) or {}).get("status") != "done"
+        ]
         if not execution.in_process:  # they run side by side: the wall time is that of the longest share
             todo = todo[: max(1, -(-len(todo) // _parallel_jobs(execution, len(todo), cfgs[0])))]
         confirm_long_run(todo, prepared, yes=opts.yes, log=log, confirm=confirm)
@@ -99,15 +104,20 @@ def train_all(
     decide_on_main(dist_info, confirm_on_main)
     result = TrainAllResult()
     names = variants or [c.arch for c in cfgs]
-    specs = [executors.RunSpec(i, c, name, run_id(c, prepared.fingerprint))
-             for i, (c, name) in enumerate(zip(cfgs, names), 1)]
+    specs = [
+        executors.RunSpec(i, c, name, run_id(c, prepared.fingerprint))
+        for i, (c, name) in enumerate(zip(cfgs, names), 1)
+    ]
 
     def on_outcome(spec: executors.RunSpec, out: executors.Outcome) -> None:
         _record_plan_run(db, plan, spec.variant, spec.cfg, spec.run_id)
         if out.status == "failed":
             result.failed.append((spec.run_id, out.error or "failed"))
-            log(f"  failed: {out.error}" if execution.in_process
-                else f"  failed: {spec.variant} seed {spec.cfg.seed}: {out.error}")
+            log(
+                f"  failed: {out.error}"
+                if execution.in_process
+                else f"  failed: {spec.variant} seed {spec.cfg.seed}: {out.error}"
+            )
             return
         (result.skipped if out.status == "skipped" else result.done).append(spec.run_id)
         if out.resumed_from is not None:
@@ -122,15 +132,17 @@ def train_all(
     return result
 
 
-def make_executor(execution: executors.Execution, *, prepared: Any, db_path: Path, db: Any, progress: Any,
-                  log: Callable[[str], None]) -> executors.Executor:
+def make_executor(
+    execution: executors.Execution, *, prepared: Any, db_path: Path, db: Any, progress: Any, log: Callable[[str], None]
+) -> executors.Executor:
     """The executor `execution` names, ready to run specs (`db` is the driver's results.db handle; None on the
     non-main ranks of torchrun)."""
     if execution.executor == "ray":
         return RayExecutor(execution, prepared=prepared, db_path=db_path, db=db, log=log)
     if execution.in_process:
-        return InProcess(prepared=prepared, db_path=db_path, db=db, progress=progress, log=log,
-                         runs_dir=execution.runs_dir)
+        return InProcess(
+            prepared=prepared, db_path=db_path, db=db, progress=progress, log=log, runs_dir=execution.runs_dir
+        )
     return ProcessPool(execution, prepared=prepared, db_path=db_path, db=db, progress=progress, log=log)
 
 
@@ -144,5 +156,17 @@ def _record_plan_run(db: dbm.Database | None, plan: Any, variant: str, cfg: RunC
     Under torchrun only rank 0 has the database (`db` is None elsewhere)."""
     if plan is None or db is None or train_tables.get_run(db, rid) is None:
         return
-    train_tables.record_plan_runs(db, [{"plan": plan.name, "variant": variant, "preset": cfg.preset, "seed": cfg.seed,
-                               "run_id": rid, "plan_path": str(plan.path), "plan_sha256": plan.sha256}])
+    train_tables.record_plan_runs(
+        db,
+        [
+            {
+                "plan": plan.name,
+                "variant": variant,
+                "preset": cfg.preset,
+                "seed": cfg.seed,
+                "run_id": rid,
+                "plan_path": str(plan.path),
+                "plan_sha256": plan.sha256,
+            }
+        ],
+    )

@@ -7,7 +7,8 @@ here as well, since a retrofitted run is trained and stored like any other.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import sqlite_utils
 
@@ -19,14 +20,18 @@ _ENV = "as recorded from the training process"
 LOSS = "nats/token"
 
 RUNS = Table(
-    "runs", "Runs",
+    "runs",
+    "Runs",
     "One row per training run (architecture, preset, seed, data): status, resolved config, losses, parameter counts "
     "and telemetry. A run's id is a hash of its config and its data.",
     (
         Column("id", str, "run id: hash of the resolved config and the data fingerprint"),
         Column("arch", str, "architecture: control, frailt, three-part, relaxed, ..."),
-        Column("variant", str, "the name a study plan gave the run when it was first trained (its architecture "
-                               "without a plan)"),
+        Column(
+            "variant",
+            str,
+            "the name a study plan gave the run when it was first trained (its architecture without a plan)",
+        ),
         Column("preset", str, "named recipe: paper, small or tiny"),
         Column("seed", int, "training seed (weights, batches, dropout of recurrence)"),
         Column("status", str, "pending, running, done or failed"),
@@ -35,32 +40,51 @@ RUNS = Table(
         Column("data_source", str, "where the data came from: 'hub' or a path"),
         Column("n_params", int, "unique (trainable) parameters", "parameters"),
         Column("effective_params", int, "parameters applied per token, recurrence unrolled", "parameters"),
-        Column("flops_per_token", float, "training FLOPs per token, forward and backward, recurrence included",
-               "FLOPs/token"),
+        Column(
+            "flops_per_token",
+            float,
+            "training FLOPs per token, forward and backward, recurrence included",
+            "FLOPs/token",
+        ),
         Column("step", int, "last completed optimizer step", "steps"),
         Column("max_steps", int, "optimizer steps of the recipe", "steps"),
         Column("tokens_seen", int, "training tokens consumed so far", "tokens"),
         Column("initial_val_loss", float, "validation loss before training (step 0)", LOSS),
         Column("final_val_loss", float, "validation loss at the last step", LOSS),
-        Column("train_seconds", float, "time in optimizer steps only (no warm-up/compile, evaluation or checkpoints)",
-               "s"),
+        Column(
+            "train_seconds", float, "time in optimizer steps only (no warm-up/compile, evaluation or checkpoints)", "s"
+        ),
         Column("warmup_seconds", float, "untimed first steps (compilation happens there)", "s"),
         Column("eval_seconds", float, "time spent on validation loss evaluations", "s"),
         Column("tokens_per_s", float, "training throughput over the timed steps", "tokens/s"),
         Column("step_seconds", float, "median optimizer-step time", "s"),
-        Column("peak_gpu_mem_bytes", int, "peak memory allocated by torch on the GPU (torch.cuda.max_memory_allocated)",
-               "bytes"),
-        Column("peak_gpu_reserved_bytes", int, "peak memory reserved by torch's caching allocator "
-                                               "(torch.cuda.max_memory_reserved)", "bytes"),
+        Column(
+            "peak_gpu_mem_bytes",
+            int,
+            "peak memory allocated by torch on the GPU (torch.cuda.max_memory_allocated)",
+            "bytes",
+        ),
+        Column(
+            "peak_gpu_reserved_bytes",
+            int,
+            "peak memory reserved by torch's caching allocator (torch.cuda.max_memory_reserved)",
+            "bytes",
+        ),
         Column("peak_nvml_mem_bytes", int, "peak device memory used, sampled from NVML in a thread", "bytes"),
         Column("peak_rss_bytes", int, "peak resident set size of the training process", "bytes"),
         Column("gpu_telemetry_note", str, "why a GPU reading (NVML memory or utilisation) is absent, when one is"),
         Column("device", str, "device type: cpu, cuda, mps"),
         Column("dtype", str, "the precision train.dtype resolved to on this machine (bfloat16 autocast or float32)"),
-        Column("precision_reason", str, "why that precision: auto or set, and the detected capability (e.g. "
-                                        "cpu:avx512_bf16)"),
-        Column("compiled", int, "1 when the training step ran under torch.compile (train.compile as resolved on this "
-                                "machine)"),
+        Column(
+            "precision_reason",
+            str,
+            "why that precision: auto or set, and the detected capability (e.g. cpu:avx512_bf16)",
+        ),
+        Column(
+            "compiled",
+            int,
+            "1 when the training step ran under torch.compile (train.compile as resolved on this machine)",
+        ),
         Column("compile_reason", str, "why compiled or eager: set, or what train.compile=auto found"),
         Column("device_name", str, "CPU or GPU model"),
         Column("device_count", int, "devices visible to the process"),
@@ -81,23 +105,36 @@ RUNS = Table(
         # A retrofitted run (`benchctl retrofit`): the run its weights were converted from, how, and what the parent
         # had already cost, so its compute can be compared with training the same architecture from scratch.
         Column("parent_run_id", str, "a retrofitted run: the finished run its weights were converted from"),
-        Column("init_method", str, "how the weights were converted: stepwise, average or select (+svd / +zero LoRA "
-                                   "init)"),
+        Column(
+            "init_method", str, "how the weights were converted: stepwise, average or select (+svd / +zero LoRA init)"
+        ),
         Column("parent_tokens", int, "training tokens the parent run had seen"),
         Column("parent_flops", float, "training FLOPs already spent on the parent run"),
         # What a timing needs to be read: the machine may be shared, and jobs may run side by side on purpose.
-        Column("cpu_seconds", float, "process CPU time of the timed optimizer steps, all threads (robust to other "
-                                     "load)", "s"),
-        Column("cuda_seconds", float, "GPU time of the timed optimizer steps between CUDA events (CUDA runs only)",
-               "s"),
+        Column(
+            "cpu_seconds",
+            float,
+            "process CPU time of the timed optimizer steps, all threads (robust to other load)",
+            "s",
+        ),
+        Column(
+            "cuda_seconds", float, "GPU time of the timed optimizer steps between CUDA events (CUDA runs only)", "s"
+        ),
         Column("timed_steps", int, "optimizer steps that train_seconds and cpu_seconds cover", "steps"),
         Column("threads", int, "threads the run computed with (BENCHCTL_THREADS from an executor, else torch's)"),
-        Column("concurrent_jobs", int, "benchctl jobs sharing the machine on purpose while it trained "
-                                       "(BENCHCTL_CONCURRENT_JOBS; 1: alone)"),
+        Column(
+            "concurrent_jobs",
+            int,
+            "benchctl jobs sharing the machine on purpose while it trained (BENCHCTL_CONCURRENT_JOBS; 1: alone)",
+        ),
         Column("load_avg", float, "mean 1-minute load average of the machine during training"),
         Column("gpu_util", float, "mean NVML GPU utilisation during training (CUDA runs only)", "%"),
-        Column("baseline_rss_bytes", int, "process RSS before the model was built; peak minus it is the model's share",
-               "bytes"),
+        Column(
+            "baseline_rss_bytes",
+            int,
+            "process RSS before the model was built; peak minus it is the model's share",
+            "bytes",
+        ),
     ),
     pk="id",
     not_null=("arch", "preset", "seed", "status", "config_json"),
@@ -110,7 +147,8 @@ RUNS = Table(
 )
 
 METRICS = Table(
-    "metrics", "Training curves",
+    "metrics",
+    "Training curves",
     "Long format: one value per (run, step, metric name): val_loss, train_loss, lr, grad_norm, with the tokens seen "
     "and the training time at that step.",
     (
@@ -130,7 +168,9 @@ METRICS = Table(
 )
 
 CHECKPOINTS = Table(
-    "checkpoints", "Checkpoints", "Checkpoint files written per run and step (the latest one per path is kept).",
+    "checkpoints",
+    "Checkpoints",
+    "Checkpoint files written per run and step (the latest one per path is kept).",
     (
         Column("run_id", str, "the run (runs.id)"),
         Column("step", int, "optimizer step saved", "steps"),
@@ -143,7 +183,8 @@ CHECKPOINTS = Table(
 )
 
 PLAN_RUNS = Table(
-    "plan_runs", "Plan runs",
+    "plan_runs",
+    "Plan runs",
     "Which run each study plan's (variant, preset, seed) trained or found already trained, with the plan file's path "
     "and hash.",
     (
@@ -185,7 +226,7 @@ def browse_queries(columns: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
         "final_losses": {
             "title": "Final validation loss by model",
             "description": "Finished runs grouped by model and preset: seeds, mean, best and worst final "
-                           "validation loss (nats/token), and each seed's loss.",
+            "validation loss (nats/token), and each seed's loss.",
             "sql": f"""select {label} as model, r.preset, count(*) as n_seeds,
   group_concat(r.seed, ',') as seeds,
   avg(r.final_val_loss) as mean_final_val_loss, min(r.final_val_loss) as best_final_val_loss,
@@ -197,14 +238,14 @@ group by model, r.preset order by r.preset, mean_final_val_loss""",
         "validation_curve": {
             "title": "Validation curve of one run",
             "description": "val_loss (nats/token) of one run by step, with tokens seen and training time: one row "
-                           "per point, ready to chart. Run ids are in the runs table.",
+            "per point, ready to chart. Run ids are in the runs table.",
             "sql": """select m.step, m.tokens, m.wall_seconds, m.value as val_loss
 from metrics m where m.run_id = :run_id and m.name = 'val_loss' order by m.step""",
         },
         "cost_per_model": {
             "title": "Cost per model",
             "description": "Finished runs grouped by model and preset: training time (s), throughput (tokens/s), "
-                           "peak memory (bytes), parameters and training FLOPs/token.",
+            "peak memory (bytes), parameters and training FLOPs/token.",
             "sql": f"""select {label} as model, r.preset, count(*) as n_runs,
   avg(r.train_seconds) as mean_train_seconds, avg(r.tokens_per_s) as mean_tokens_per_s,
   avg(r.step_seconds) as mean_step_seconds, max(r.peak_rss_bytes) as max_peak_rss_bytes,
@@ -268,8 +309,9 @@ def finished_runs(
             raise bad_selection(f"unknown run id(s): {', '.join(unknown)}; list them with 'benchctl runs'")
         unfinished = [f"{i} ({found[i]['status']})" for i in run_ids if found[i]["status"] != "done"]
         if unfinished:
-            raise bad_selection(f"run(s) not finished: {', '.join(unfinished)}; finish them with "
-                                "'benchctl train-all' first")
+            raise bad_selection(
+                f"run(s) not finished: {', '.join(unfinished)}; finish them with 'benchctl train-all' first"
+            )
     rows = runs(db, status="done", preset=preset, ids=run_ids)
     if archs:
         rows = [r for r in rows if r["arch"] in archs]
@@ -281,8 +323,9 @@ def finished_runs(
     return sorted(rows, key=lambda r: (order.get(r["arch"], len(order)), r["arch"], r["preset"], r["seed"], r["id"]))
 
 
-def runs(db: sqlite_utils.Database, *, status: str | None = None, preset: str | None = None,
-         ids: Iterable[str] | None = None) -> list[dict[str, Any]]:
+def runs(
+    db: sqlite_utils.Database, *, status: str | None = None, preset: str | None = None, ids: Iterable[str] | None = None
+) -> list[dict[str, Any]]:
     where, params = [], []
     if status:
         where.append("status = ?")
@@ -311,8 +354,9 @@ def start_run(db: sqlite_utils.Database, run: dict[str, Any], *, new: bool, resu
     variant = values.pop("variant", None) or run.get("arch")
     with db.atomic():
         if new:
-            db["runs"].insert({**values, "variant": variant, "created_at": stamp, "step": 0, "tokens_seen": 0},
-                              alter=True)
+            db["runs"].insert(
+                {**values, "variant": variant, "created_at": stamp, "step": 0, "tokens_seen": 0}, alter=True
+            )
         else:
             db["runs"].update(rid, values, alter=True)
             _keep_first_variant(db, rid, variant)
@@ -341,8 +385,16 @@ def record_initial_loss(db: sqlite_utils.Database, run_id: str, value: float, me
         db["runs"].update(run_id, {"initial_val_loss": value, "updated_at": now()})
 
 
-def record_checkpoint(db: sqlite_utils.Database, run_id: str, *, step: int, path: str, size: int,
-                      metrics: list[dict[str, Any]], run_values: dict[str, Any]) -> None:
+def record_checkpoint(
+    db: sqlite_utils.Database,
+    run_id: str,
+    *,
+    step: int,
+    path: str,
+    size: int,
+    metrics: list[dict[str, Any]],
+    run_values: dict[str, Any],
+) -> None:
     """A checkpoint was written: the metrics up to it, its row (one per path: the file is overwritten in place) and
     the run's progress and telemetry, in one transaction, so a kill never leaves a checkpoint without its rows."""
     stamp = now()
@@ -350,19 +402,29 @@ def record_checkpoint(db: sqlite_utils.Database, run_id: str, *, step: int, path
         if metrics:
             db["metrics"].upsert_all(metrics, pk=("run_id", "step", "name"))
         db["checkpoints"].delete_where("run_id = ? and path = ?", [run_id, path])
-        db["checkpoints"].insert({"run_id": run_id, "step": step, "path": path, "bytes": size, "created_at": stamp},
-                                 replace=True)
+        db["checkpoints"].insert(
+            {"run_id": run_id, "step": step, "path": path, "bytes": size, "created_at": stamp}, replace=True
+        )
         db["runs"].update(run_id, {"step": step, "updated_at": stamp, **run_values})
 
 
-def finish_run(db: sqlite_utils.Database, run_id: str, *, final_val_loss: float,
-               initial_val_loss: float | None) -> None:
+def finish_run(
+    db: sqlite_utils.Database, run_id: str, *, final_val_loss: float, initial_val_loss: float | None
+) -> None:
     stamp = now()
     with db.atomic():
-        db["runs"].update(run_id, {
-            "status": "done", "final_val_loss": final_val_loss, "finished_at": stamp, "updated_at": stamp,
-            "initial_val_loss": initial_val_loss, "pid": None,
-        }, alter=True)
+        db["runs"].update(
+            run_id,
+            {
+                "status": "done",
+                "final_val_loss": final_val_loss,
+                "finished_at": stamp,
+                "updated_at": stamp,
+                "initial_val_loss": initial_val_loss,
+                "pid": None,
+            },
+            alter=True,
+        )
 
 
 def fail_run(db: sqlite_utils.Database, run_id: str, error: str) -> None:
@@ -392,11 +454,16 @@ def retrofit_parent(db: sqlite_utils.Database, ref: str, preset: str | None = No
         params = [ref] * (2 if by_variant else 1) + ([preset] if preset else [])
         rows = list(db.query(sql + " order by created_at, id", params))
         if not rows:
-            raise ConfigError(f"--from {ref!r}: no run with that id and no finished run of that name"
-                              + (f" at preset '{preset}'" if preset else "") + "; list them with 'benchctl runs'")
+            raise ConfigError(
+                f"--from {ref!r}: no run with that id and no finished run of that name"
+                + (f" at preset '{preset}'" if preset else "")
+                + "; list them with 'benchctl runs'"
+            )
         if len(rows) > 1:
-            raise ConfigError(f"--from {ref!r} matches {len(rows)} finished runs ({', '.join(r['id'] for r in rows)}); "
-                              "pass one run id")
+            raise ConfigError(
+                f"--from {ref!r} matches {len(rows)} finished runs ({', '.join(r['id'] for r in rows)}); "
+                "pass one run id"
+            )
         row = rows[0]
     if row["status"] != "done":
         raise ConfigError(f"--from {row['id']}: the run is {row['status']}, not done; finish it first")
@@ -410,8 +477,9 @@ def retrofit_runs(db: sqlite_utils.Database) -> list[dict[str, Any]]:
 
 def last_metric(db: sqlite_utils.Database, run_id: str, name: str) -> float | None:
     """The value of a run's metric at its latest step (None when it never recorded it)."""
-    row = db.execute("select value from metrics where run_id = ? and name = ? order by step desc limit 1",
-                     [run_id, name]).fetchone()
+    row = db.execute(
+        "select value from metrics where run_id = ? and name = ? order by step desc limit 1", [run_id, name]
+    ).fetchone()
     return None if row is None else float(row[0])
 
 
@@ -435,12 +503,20 @@ def record_plan_runs(db: sqlite_utils.Database, rows: list[dict[str, Any]]) -> N
     def write() -> None:
         with db.atomic():
             for row in rows:
-                prev = next(iter(db.query(
-                    "select created_at from plan_runs where plan = ? and variant = ? and preset = ? and seed = ?",
-                    [row["plan"], row["variant"], row["preset"], row["seed"]])), None)
+                prev = next(
+                    iter(
+                        db.query(
+                            "select created_at from plan_runs "
+                            "where plan = ? and variant = ? and preset = ? and seed = ?",
+                            [row["plan"], row["variant"], row["preset"], row["seed"]],
+                        )
+                    ),
+                    None,
+                )
                 created = prev["created_at"] if prev else stamp
-                db["plan_runs"].upsert({**row, "created_at": created, "updated_at": stamp},
-                                       pk=("plan", "variant", "preset", "seed"))
+                db["plan_runs"].upsert(
+                    {**row, "created_at": created, "updated_at": stamp}, pk=("plan", "variant", "preset", "seed")
+                )
                 _keep_first_variant(db, row["run_id"], row["variant"])
 
     retry_locked(write)

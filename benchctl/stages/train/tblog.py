@@ -82,8 +82,10 @@ class TensorBoardMirror:
         try:
             from torch.utils.tensorboard import SummaryWriter  # optional: pip install 'benchctl[tensorboard]'
         except ImportError:  # torch raises this when the tensorboard package is missing
-            raise ConfigError("TensorBoard logging is on but the tensorboard package is not installed; "
-                              "pip install tensorboard, or turn log.tensorboard / $BENCHCTL_TENSORBOARD off") from None
+            raise ConfigError(
+                "TensorBoard logging is on but the tensorboard package is not installed; "
+                "pip install tensorboard, or turn log.tensorboard / $BENCHCTL_TENSORBOARD off"
+            ) from None
         self.dir = Path(directory)
         _wait_for_a_later_second(self.dir)
         self._writer = SummaryWriter(str(self.dir), purge_step=purge_step, flush_secs=flush_secs)

@@ -15,9 +15,10 @@ core (capped by the number of runs) rather than fewer, wider jobs; on a GPU mach
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from benchctl.core.config import RunConfig
 from benchctl.core.errors import ConfigError
@@ -113,15 +114,20 @@ class Slots:
 
     def env(self, slot: int) -> dict[str, str]:
         """The environment of slot `slot`'s process (set before it starts, so torch and OpenMP read it)."""
-        env = {ENV_JOBS: str(self.jobs), ENV_THREADS: str(self.threads), "OMP_NUM_THREADS": str(self.threads),
-               "MKL_NUM_THREADS": str(self.threads)}
+        env = {
+            ENV_JOBS: str(self.jobs),
+            ENV_THREADS: str(self.threads),
+            "OMP_NUM_THREADS": str(self.threads),
+            "MKL_NUM_THREADS": str(self.threads),
+        }
         if self.gpus:
             env["CUDA_VISIBLE_DEVICES"] = self.gpus[slot % len(self.gpus)]
         return env
 
 
-def plan_slots(jobs: int | str, n_runs: int, device_spec: str = "auto", *, cores: int | None = None,
-               gpus: int | None = None) -> Slots:
+def plan_slots(
+    jobs: int | str, n_runs: int, device_spec: str = "auto", *, cores: int | None = None, gpus: int | None = None
+) -> Slots:
     """How many runs to train at once and with what: `jobs` as given (or 'auto'), never more than the runs.
 
     On a machine with GPUs (and a config that may use them) every process is pinned to one visible GPU; 'auto' runs
@@ -166,8 +172,11 @@ def already_done(db: Any, db_path: Path, runs_dir: Path | None, run_id: str) -> 
     from benchctl.stages.train import tables as train_tables
 
     row = train_tables.get_run(db, run_id) if db is not None else None
-    return row is not None and row["status"] == "done" and (ckpt.run_dir(db_path, run_id, runs_dir)
-                                                             / ckpt.CKPT_NAME).exists()
+    return (
+        row is not None
+        and row["status"] == "done"
+        and (ckpt.run_dir(db_path, run_id, runs_dir) / ckpt.CKPT_NAME).exists()
+    )
 
 
 def link_run_dir(db_path: Path, runs_dir: Path | None, run_id: str) -> None:

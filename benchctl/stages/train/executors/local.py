@@ -23,14 +23,16 @@ import threading
 import time
 import traceback
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from benchctl.core import accounting
 from benchctl import stages
+from benchctl.core import accounting
 from benchctl.core.errors import BenchctlError
+from benchctl.core.progress import Progress, Task, as_progress
 from benchctl.stages.train import engine
 from benchctl.stages.train.executors import (
     Execution,
@@ -43,7 +45,6 @@ from benchctl.stages.train.executors import (
     plan_slots,
     split_evenly,
 )
-from benchctl.core.progress import Progress, Task, as_progress
 
 GRACE_SECONDS = 10.0  # how long terminated slots get to record their runs before they are killed
 POLL_SECONDS = 1.0
@@ -54,8 +55,16 @@ class InProcess:
     """Every run in this process, one after another: the behaviour of `--jobs 1` (and of torchrun, whose ranks all
     train each run together)."""
 
-    def __init__(self, *, prepared: Any, db_path: Path, db: Any, progress: Any, log: Callable[[str], None],
-                 runs_dir: Path | None = None):
+    def __init__(
+        self,
+        *,
+        prepared: Any,
+        db_path: Path,
+        db: Any,
+        progress: Any,
+        log: Callable[[str], None],
+        runs_dir: Path | None = None,
+    ):
         self.prepared, self.db_path, self.db, self.progress, self.log = prepared, db_path, db, progress, log
         self.runs_dir = runs_dir
 
@@ -64,8 +73,16 @@ class InProcess:
             c = spec.cfg
             self.log(f"[{spec.index}/{len(specs)}] {spec.variant} seed {c.seed} (preset {c.preset})")
             try:
-                r = engine.train_run(c, self.prepared, self.db, self.db_path, progress=self.progress, log=self.log,
-                              variant=spec.variant, runs_dir=self.runs_dir)
+                r = engine.train_run(
+                    c,
+                    self.prepared,
+                    self.db,
+                    self.db_path,
+                    progress=self.progress,
+                    log=self.log,
+                    variant=spec.variant,
+                    runs_dir=self.runs_dir,
+                )
             except BenchctlError as e:
                 on_outcome(spec, Outcome("failed", str(e)))
                 continue
@@ -84,8 +101,9 @@ class _Slot:
 class ProcessPool:
     """Up to N runs at once, each in a spawned process with its share of the threads."""
 
-    def __init__(self, execution: Execution, *, prepared: Any, db_path: Path, db: Any, progress: Any,
-                 log: Callable[[str], None]):
+    def __init__(
+        self, execution: Execution, *, prepared: Any, db_path: Path, db: Any, progress: Any, log: Callable[[str], None]
+    ):
         self.execution, self.prepared, self.db_path, self.db, self.log = execution, prepared, Path(db_path), db, log
         self.progress: Progress = as_progress(progress)
         self._relay = _ProgressRelay(self.progress, log)
@@ -124,8 +142,12 @@ class ProcessPool:
         except BaseException as e:
             # a kill reached this process alone: pass it on at once; Ctrl-C reached every process of the terminal's
             # group, so the slots are already recording their runs and get a moment before being terminated
-            _stop([s.process for s in running], events, self.log,
-                  terminate_after=0.0 if isinstance(e, _Terminated) else 2.0)
+            _stop(
+                [s.process for s in running],
+                events,
+                self.log,
+                terminate_after=0.0 if isinstance(e, _Terminated) else 2.0,
+            )
             raise
         finally:
             stop.restore()
@@ -134,8 +156,17 @@ class ProcessPool:
 
     def _start(self, ctx: Any, slots: Slots, number: int, events: Any) -> _Slot:
         inbox = ctx.Queue()
-        args = (number, inbox, events, self.prepared, str(self.db_path), self.execution.runs_dir, slots.threads,
-                self.progress.enabled, os.getpid())
+        args = (
+            number,
+            inbox,
+            events,
+            self.prepared,
+            str(self.db_path),
+            self.execution.runs_dir,
+            slots.threads,
+            self.progress.enabled,
+            os.getpid(),
+        )
         return _Slot(number, _spawn(ctx, _slot_main, args, f"benchctl-job-{number}", slots.env(number)), inbox)
 
     def _hand_out(self, slot: _Slot, pending: deque, total: int) -> None:
@@ -145,12 +176,22 @@ class ProcessPool:
             slot.inbox.put(None)
             return
         slot.spec = spec = pending.popleft()
-        self.log(f"[{spec.index}/{total}] {spec.variant} seed {spec.cfg.seed} (preset {spec.cfg.preset}) "
-                 f"-> job {slot.number}")
+        self.log(
+            f"[{spec.index}/{total}] {spec.variant} seed {spec.cfg.seed} (preset {spec.cfg.preset}) "
+            f"-> job {slot.number}"
+        )
         slot.inbox.put(spec)
 
-    def _replace_dead(self, ctx: Any, slots: Slots, running: list[_Slot], events: Any, pending: deque, total: int,
-                      on_outcome: OnOutcome) -> None:
+    def _replace_dead(
+        self,
+        ctx: Any,
+        slots: Slots,
+        running: list[_Slot],
+        events: Any,
+        pending: deque,
+        total: int,
+        on_outcome: OnOutcome,
+    ) -> None:
         """A slot that died without reporting (killed, out of memory): its run failed (and is resumable); a new
         process takes its place while runs remain."""
         for i, s in enumerate(running):
@@ -158,16 +199,21 @@ class ProcessPool:
                 continue
             spec, s.spec = s.spec, None
             self._relay.close_tasks(s.number)
-            on_outcome(spec, Outcome("failed", f"its training process died (exit code {s.process.exitcode}); "
-                                               "rerun to resume it from its last checkpoint"))
+            on_outcome(
+                spec,
+                Outcome(
+                    "failed",
+                    f"its training process died (exit code {s.process.exitcode}); "
+                    "rerun to resume it from its last checkpoint",
+                ),
+            )
             if pending:
                 running[i] = fresh = self._start(ctx, slots, s.number, events)
                 self._hand_out(fresh, pending, total)
 
     # ---- events from the slots -------------------------------------------------------------------------------------
 
-    def _handle(self, event: tuple, running: list[_Slot], pending: deque, total: int,
-                on_outcome: OnOutcome) -> None:
+    def _handle(self, event: tuple, running: list[_Slot], pending: deque, total: int, on_outcome: OnOutcome) -> None:
         kind, number = event[0], event[1]
         if kind == "result":
             slot = next(s for s in running if s.number == number)
@@ -183,9 +229,19 @@ class ProcessPool:
             self._relay.handle(event)
 
 
-def in_shares(fn: Callable[..., Any], run_ids: list[str], work: list[float],
-              share: Callable[[list[str]], dict[str, Any]], *, jobs: int | str, db_path: Path, device_spec: str,
-              progress: Progress, log: Callable[[str], None], what: str) -> list[Any] | None:
+def in_shares(
+    fn: Callable[..., Any],
+    run_ids: list[str],
+    work: list[float],
+    share: Callable[[list[str]], dict[str, Any]],
+    *,
+    jobs: int | str,
+    db_path: Path,
+    device_spec: str,
+    progress: Progress,
+    log: Callable[[str], None],
+    what: str,
+) -> list[Any] | None:
     """`run_ids` split into `jobs` shares of about equal `work`, each handled by `fn(..., **share(its run ids))` in
     its own process (`in_processes`): their results, or None when one job is all there is (the caller then works
     in its own process)."""
@@ -193,12 +249,27 @@ def in_shares(fn: Callable[..., Any], run_ids: list[str], work: list[float],
     if slots.jobs < 2:
         return None
     groups = split_evenly(run_ids, work, slots.jobs)
-    return in_processes(fn, [share(ids) for ids in groups], db_path=db_path, device_spec=device_spec,
-                        progress=progress, log=log, what=what)
+    return in_processes(
+        fn,
+        [share(ids) for ids in groups],
+        db_path=db_path,
+        device_spec=device_spec,
+        progress=progress,
+        log=log,
+        what=what,
+    )
 
 
-def in_processes(fn: Callable[..., Any], groups: list[dict[str, Any]], *, db_path: Path, device_spec: str,
-                 progress: Progress, log: Callable[[str], None], what: str) -> list[Any]:
+def in_processes(
+    fn: Callable[..., Any],
+    groups: list[dict[str, Any]],
+    *,
+    db_path: Path,
+    device_spec: str,
+    progress: Progress,
+    log: Callable[[str], None],
+    what: str,
+) -> list[Any]:
     """`fn(db, db_path, progress=<reporter>, **group)` for every group at once, each in its own spawned process with
     its share of the cores (and its own GPU on a GPU machine); the results in the order of `groups`.
 
@@ -212,9 +283,16 @@ def in_processes(fn: Callable[..., Any], groups: list[dict[str, Any]], *, db_pat
     ctx = mp.get_context("spawn")
     events = ctx.Queue()
     relay = _ProgressRelay(progress, log)
-    procs = [_spawn(ctx, _group_main, (k, fn, group, str(db_path), slots.threads, events, progress.enabled,
-                                       os.getpid()), f"benchctl-job-{k}", slots.env(k))
-             for k, group in enumerate(groups)]
+    procs = [
+        _spawn(
+            ctx,
+            _group_main,
+            (k, fn, group, str(db_path), slots.threads, events, progress.enabled, os.getpid()),
+            f"benchctl-job-{k}",
+            slots.env(k),
+        )
+        for k, group in enumerate(groups)
+    ]
     ended: dict[int, tuple[str, Any]] = {}
     gone: set[int] = set()  # processes seen dead without their last event: given one more poll for it to arrive
     stop = _TermAsInterrupt()
@@ -246,15 +324,25 @@ def in_processes(fn: Callable[..., Any], groups: list[dict[str, Any]], *, db_pat
         if kind == "interrupted":
             raise KeyboardInterrupt(f"job {k} was interrupted")
         if kind == "died":
-            raise BenchctlError(f"{what}: job {k}'s process died (exit code {payload}); what the other jobs stored "
-                                "is kept, and a rerun does the rest")
+            raise BenchctlError(
+                f"{what}: job {k}'s process died (exit code {payload}); what the other jobs stored "
+                "is kept, and a rerun does the rest"
+            )
         if kind == "crash":
             raise RuntimeError(f"{what}: job {k} failed:\n{payload}")
     return [ended[k][1] for k in range(len(procs))]
 
 
-def _group_main(number: int, fn: Callable[..., Any], group: dict[str, Any], db_path: str, threads: int, events: Any,
-                progress: bool, parent: int) -> None:
+def _group_main(
+    number: int,
+    fn: Callable[..., Any],
+    group: dict[str, Any],
+    db_path: str,
+    threads: int,
+    events: Any,
+    progress: bool,
+    parent: int,
+) -> None:
     """One group of `in_processes`: its result (or its error) goes back to the parent as the last event."""
     signal.signal(signal.SIGTERM, _raise_terminated)
     _watch_parent(parent)
@@ -287,8 +375,9 @@ class _ProgressRelay:
             self.log(event[2])
         elif kind == "task":
             _, _, tid, description, total_steps, completed, fields = event
-            self._tasks[number, tid] = self.progress.task(f"job {number}: {description}", total=total_steps,
-                                                          completed=completed, **fields)
+            self._tasks[number, tid] = self.progress.task(
+                f"job {number}: {description}", total=total_steps, completed=completed, **fields
+            )
         elif kind == "update":
             _, _, tid, completed, total_steps, fields = event
             task = self._tasks.get((number, tid))
@@ -416,8 +505,17 @@ def _watch_parent(parent: int) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def _slot_main(number: int, inbox: Any, events: Any, prepared: Any, db_path: str, runs_dir: Path | None,
-               threads: int, progress: bool, parent: int) -> None:
+def _slot_main(
+    number: int,
+    inbox: Any,
+    events: Any,
+    prepared: Any,
+    db_path: str,
+    runs_dir: Path | None,
+    threads: int,
+    progress: bool,
+    parent: int,
+) -> None:
     """A slot: train each run handed over until told to stop, reporting every outcome."""
     signal.signal(signal.SIGTERM, _raise_terminated)
     _watch_parent(parent)
@@ -434,11 +532,26 @@ def _slot_main(number: int, inbox: Any, events: Any, prepared: Any, db_path: str
         events.put(("result", number, None, Outcome("failed", str(e))))
 
 
-def _train_one(spec: RunSpec, prepared: Any, db: Any, db_path: Path, runs_dir: Path | None, reporter: Progress,
-               train_run: Callable[..., Any]) -> Outcome:
+def _train_one(
+    spec: RunSpec,
+    prepared: Any,
+    db: Any,
+    db_path: Path,
+    runs_dir: Path | None,
+    reporter: Progress,
+    train_run: Callable[..., Any],
+) -> Outcome:
     try:
-        r = train_run(spec.cfg, prepared, db, db_path, progress=reporter, log=reporter.log, variant=spec.variant,
-                      runs_dir=runs_dir)
+        r = train_run(
+            spec.cfg,
+            prepared,
+            db,
+            db_path,
+            progress=reporter,
+            log=reporter.log,
+            variant=spec.variant,
+            runs_dir=runs_dir,
+        )
     except BenchctlError as e:
         return Outcome("failed", str(e))
     except Exception as e:  # a bug in one run must not take the other jobs down; its traceback goes to the log

@@ -19,18 +19,19 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
+from benchctl import stages
 from benchctl.core import checkpoint as ckpt
 from benchctl.core import data
 from benchctl.core import db as dbm
-from benchctl import stages
-from benchctl.stages.train import tables as train_tables
 from benchctl.core.errors import BenchctlError, ConfigError, DataError
 from benchctl.stages.train import engine
+from benchctl.stages.train import tables as train_tables
 from benchctl.stages.train.executors import (
     ENV_JOBS,
     ENV_THREADS,
@@ -71,8 +72,9 @@ def open_rows(path: Path) -> dbm.Database:
 class RayExecutor:
     """Submits every run not yet done as a Ray task and copies each finished run's rows into results.db."""
 
-    def __init__(self, execution: Execution, *, prepared: Any, db_path: Path, db: dbm.Database,
-                 log: Callable[[str], None]):
+    def __init__(
+        self, execution: Execution, *, prepared: Any, db_path: Path, db: dbm.Database, log: Callable[[str], None]
+    ):
         self.execution, self.prepared, self.db_path, self.db, self.log = execution, prepared, Path(db_path), db, log
         self.runs_dir = Path(execution.runs_dir or ckpt.default_runs_dir(db_path)).resolve()
 
@@ -105,8 +107,9 @@ class RayExecutor:
         if ray.is_initialized():
             return False
         try:
-            ray.init(address=self.execution.ray_address, include_dashboard=False, log_to_driver=True,
-                     configure_logging=False)
+            ray.init(
+                address=self.execution.ray_address, include_dashboard=False, log_to_driver=True, configure_logging=False
+            )
         except (ConnectionError, ValueError, RuntimeError) as e:
             where = self.execution.ray_address or os.environ.get("RAY_ADDRESS") or "a new local instance"
             raise BenchctlError(f"cannot start or join the Ray cluster at {where}: {e}") from None
@@ -129,15 +132,19 @@ class RayExecutor:
 
     def _run(self, ray: Any, todo: list[RunSpec], token: str, on_outcome: OnOutcome) -> None:
         at_once, threads, gpus = self._resources(ray, len(todo), todo[0].cfg)
-        self.log(f"{len(todo)} run(s) on Ray: {threads} CPU(s){' and 1 GPU' if gpus else ''} each, "
-                 f"up to {at_once} at a time; runs dir {self.runs_dir}")
-        task = ray.remote(train_in_worker).options(num_cpus=threads, num_gpus=gpus, max_retries=MAX_RETRIES,
-                                                   retry_exceptions=False)
+        self.log(
+            f"{len(todo)} run(s) on Ray: {threads} CPU(s){' and 1 GPU' if gpus else ''} each, "
+            f"up to {at_once} at a time; runs dir {self.runs_dir}"
+        )
+        task = ray.remote(train_in_worker).options(
+            num_cpus=threads, num_gpus=gpus, max_retries=MAX_RETRIES, retry_exceptions=False
+        )
         refs: dict[Any, RunSpec] = {}
         for spec in todo:
             self._seed_rows(spec)
-            self.log(f"[{spec.index}/{len(todo)}] {spec.variant} seed {spec.cfg.seed} (preset {spec.cfg.preset}) "
-                     "submitted")
+            self.log(
+                f"[{spec.index}/{len(todo)}] {spec.variant} seed {spec.cfg.seed} (preset {spec.cfg.preset}) submitted"
+            )
             refs[task.remote(spec, self.prepared, str(self.runs_dir), token, threads, at_once)] = spec
         try:
             while refs:
@@ -194,18 +201,28 @@ def train_in_worker(spec: RunSpec, prepared: Any, runs_dir: str, token: str, thr
     except OSError:
         seen = None
     if seen != token:
-        return Outcome("failed", f"worker on {host} cannot see the runs dir {runs} the driver prepared; mount the "
-                                 "same shared directory at that path on every machine (or pass --runs-dir)")
-    os.environ.update({ENV_JOBS: str(at_once), ENV_THREADS: str(threads), "OMP_NUM_THREADS": str(threads),
-                       "MKL_NUM_THREADS": str(threads)})
+        return Outcome(
+            "failed",
+            f"worker on {host} cannot see the runs dir {runs} the driver prepared; mount the "
+            "same shared directory at that path on every machine (or pass --runs-dir)",
+        )
+    os.environ.update(
+        {
+            ENV_JOBS: str(at_once),
+            ENV_THREADS: str(threads),
+            "OMP_NUM_THREADS": str(threads),
+            "MKL_NUM_THREADS": str(threads),
+        }
+    )
     torch.set_num_threads(threads)
     path = rows_path(runs, spec.run_id)
     try:
         here = _prepared_here(spec, prepared)
         db = open_rows(path)
         try:
-            r = engine.train_run(spec.cfg, here, db, path, progress=False, log=print, variant=spec.variant,
-                          runs_dir=runs)
+            r = engine.train_run(
+                spec.cfg, here, db, path, progress=False, log=print, variant=spec.variant, runs_dir=runs
+            )
         finally:
             db.close()
     except BenchctlError as e:
@@ -220,6 +237,8 @@ def _prepared_here(spec: RunSpec, prepared: Any) -> Any:
         return prepared
     here = data.prepare(spec.cfg.data, spec.cfg.model.vocab_size, progress=False)
     if here.fingerprint != prepared.fingerprint:
-        raise DataError(f"the data prepared on {socket.gethostname()} ({here.fingerprint[:12]}) differs from the "
-                        f"driver's ({prepared.fingerprint[:12]}); give every machine the same data source")
+        raise DataError(
+            f"the data prepared on {socket.gethostname()} ({here.fingerprint[:12]}) differs from the "
+            f"driver's ({prepared.fingerprint[:12]}); give every machine the same data source"
+        )
     return here
