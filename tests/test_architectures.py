@@ -1,6 +1,5 @@
 """Tests of the model zoo (architectures/): the registry, exact parameter accounting (the study's totals), FLOPs per
-token
-checked against torch.utils.flop_counter, and the behaviour every architecture promises — causality, seeding,
+token checked against torch.utils.flop_counter, and the behaviour every architecture promises — causality, seeding,
 KV-cached decoding, generation, the reductions to simpler models (FraiLT with one zero-encoded pass is the control;
 relaxed with zero LoRA is the plain looped model), recurrence overrides and their bounds, Huginn's sampled depth and
 truncated backprop.

@@ -301,8 +301,7 @@ def test_enum_choices(arch, key, allowed):
             resolve(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, arch_args=bad)))
 
 
-# ---- the architectures' own keys
-# ---------------------------------------------------------------------------------------
+# ---- the architectures' own keys ------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

@@ -282,8 +282,7 @@ def test_killing_the_parent_leaves_every_run_resumable(tmp_path, tinystories_dir
     assert all(status == "done" for status, _ in _losses(db_path).values())
 
 
-# ---- sample and eval across runs (executors.local.in_processes)
-# -------------------------------------------------------
+# ---- sample and eval across runs (executors.local.in_processes) -----------------------------------------------------
 
 
 @pytest.mark.slow  # two spawned processes importing torch

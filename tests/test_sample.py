@@ -1,8 +1,7 @@
 """Tests of benchctl.stages.sample.engine and `benchctl sample`: the prompt rule, the KV-cached ragged generation
-against a naive
-full-sequence loop for every architecture, per-row seeding, stopping, and the pipeline on real tiny checkpoints
-(trained for two steps through the real `train-all` once per module) — storage, settings, idempotence, resume,
-reproducibility, recurrence overrides and the CLI."""
+against a naive full-sequence loop for every architecture, per-row seeding, stopping, and the pipeline on real tiny
+checkpoints (trained for two steps through the real `train-all` once per module) — storage, settings, idempotence,
+resume, reproducibility, recurrence overrides and the CLI."""
 
 from __future__ import annotations
 

@@ -100,8 +100,8 @@ class PlannedRun:
 
 @dataclass(frozen=True)
 class PlannedConversion:
-    """One conversion of a plan at one seed: the converted model's config (without `train.init_from`, which names
-    the parent's run id, known once the parent is trained: see benchctl.stages.retrofit.engine.attach) and its parent's
+    """One conversion of a plan at one seed: the converted model's config (without `train.init_from`, which names the
+    parent's run id, known once the parent is trained: see benchctl.stages.retrofit.engine.attach) and its parent's
     config."""
 
     variant: str

@@ -1,12 +1,11 @@
 """Benchmark of the training step: benchctl's step beside a plain eager llama2.c reference, timed in the same run.
 
 What is timed is `benchctl.stages.train.engine.train_step`, the exact optimizer step `train` runs (grad_accum
-micro-batches,
-clipping, AdamW), on a model and optimizer built exactly as `train` builds them (`make_optimizer`, `autocast_dtype`,
-`resolve_device`, optional `torch.compile`), fed random token batches of the preset's shape (no data prep needed).
-Warm-up steps (allocator, caches, compilation) are excluded; then every subject runs `steps` steps per repeat, the
-subjects taking turns step by step, so load on a shared machine falls on all of them alike. Each step's process CPU
-time is recorded beside its wall time (a second view of the same ratios that descheduling does not distort).
+micro-batches, clipping, AdamW), on a model and optimizer built exactly as `train` builds them (`make_optimizer`,
+`autocast_dtype`, `resolve_device`, optional `torch.compile`), fed random token batches of the preset's shape (no data
+prep needed). Warm-up steps (allocator, caches, compilation) are excluded; then every subject runs `steps` steps per
+repeat, the subjects taking turns step by step, so load on a shared machine falls on all of them alike. Each step's
+process CPU time is recorded beside its wall time (a second view of the same ratios that descheduling does not distort).
 
 Beside the control, the same run times `Reference` twice when benchctl trains under autocast: at benchctl's precision
 (the same-precision ratio) and in fp32 (as llama2.c's train.py runs on a CPU: the ratio its users would see). It is

@@ -1,8 +1,7 @@
 """`benchctl depth`: validation loss of finished runs against inference depth, or with the adaptive exit.
 
 Thin: parse the options, call `benchctl.stages.depth.engine.depth_all`, print the rows measured. What is measured and
-stored is
-described in `benchctl.stages.depth.engine`.
+stored is described in `benchctl.stages.depth.engine`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """`benchctl eval`: lm-eval tasks (bundled offline TinyStories tasks, or any lm-eval task) on finished runs.
 
 Thin: parse the options, call `benchctl.stages.eval.api.evaluate_runs`, print the closing tables. The adapter, the
-bundled
-tasks and the runner are described in the `benchctl.stages.eval.api` package.
+bundled tasks and the runner are described in the `benchctl.stages.eval.api` package.
 """
 
 from __future__ import annotations
