@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -38,6 +39,15 @@ def bench(
         int, typer.Option("--check-steps", help="Also train control and reference N seeded steps; compare losses.")
     ] = 0,
     threads: Annotated[int | None, typer.Option("--threads", help="torch intra-op threads [default: torch's].")] = None,
+    record: Annotated[
+        Path | None,
+        typer.Option(
+            "--record",
+            help="Also write the measurement, with the machine, commit and command, to "
+            "DIR/<preset>_<hardware>_<date>.md (e.g. benchmarks/).",
+            metavar="DIR",
+        ),
+    ] = None,
     set_: SetOpt = None,
     db: DbOpt = None,
     as_json: JsonOpt = False,
@@ -65,10 +75,23 @@ def bench(
 
     path = db_path_of(db)
     objs = B.run(opts, path, log=log)
+    notes = notes_of(objs, path)
     if as_json:
         print(B.to_json(objs))
-        return
-    console.print(_table(objs, preset))
+    else:
+        console.print(_table(objs, preset))
+        for n in notes:
+            console.print(n, highlight=False, soft_wrap=True)
+    if record is not None:
+        from benchctl.stages.bench import record as R
+
+        log(f"wrote {R.write(record, objs, preset, HEADS, table_rows(objs), notes)}")
+
+
+def notes_of(objs: list[dict], path: Path) -> list[str]:
+    """The lines printed under the table: what the columns mean, the comparison with the reference, the load."""
+    from benchctl.stages.bench import engine as B
+
     o0 = objs[0]
     loads = [f"{o['arch']} {o['load_avg']:.2f}" for o in objs if o["load_avg"] is not None]
     notes = [
@@ -82,15 +105,15 @@ def bench(
     ctrl = next((o for o in objs if "speedup" in o), None)
     if ctrl is not None:
         notes = _reference_notes(ctrl, B.PROFILED_STEPS) + notes
-    for n in notes:
-        console.print(n, highlight=False, soft_wrap=True)
+    return notes
 
 
-def _table(objs: list[dict], preset: str) -> Table:
-    """One row per architecture, plus the reference's row under the control."""
-    t = Table(title=f"training step — preset '{preset}'", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for head in ("arch", "dtype", "tok/s", "spread", "step", "MF/tok", "GF/s", "MFU", "MiB", "cost"):
-        t.add_column(head, justify="left" if head in ("arch", "dtype") else "right", no_wrap=True)
+HEADS = ("arch", "dtype", "tok/s", "spread", "step", "MF/tok", "GF/s", "MFU", "MiB", "cost")
+
+
+def table_rows(objs: list[dict]) -> list[tuple[str, ...]]:
+    """One row per architecture, plus the reference's rows under the control, formatted as printed (HEADS)."""
+    out: list[tuple[str, ...]] = []
     for o in objs:
         rows = [
             (
@@ -133,18 +156,29 @@ def _table(objs: list[dict], preset: str) -> Table:
         for name, dtype, tps, lo, hi, step_s, mem, ratio in rows:
             achieved = tps * o["flops_per_token"]
             mfu = f"{achieved / o['peak_flops']:.0%}" if o["peak_flops"] else "-"
-            t.add_row(
-                name,
-                _short(dtype),
-                f"{tps:,.0f}",
-                f"±{(hi - lo) / 2 / tps:.0%}",
-                f"{step_s:.2f}s",
-                f"{o['flops_per_token'] / 1e6:.1f}",
-                f"{achieved / 1e9:.1f}",
-                mfu,
-                f"{mem / 2**20:,.0f}",
-                f"{ratio:.2f}" if ratio is not None else "",
+            out.append(
+                (
+                    name,
+                    _short(dtype),
+                    f"{tps:,.0f}",
+                    f"±{(hi - lo) / 2 / tps:.0%}",
+                    f"{step_s:.2f}s",
+                    f"{o['flops_per_token'] / 1e6:.1f}",
+                    f"{achieved / 1e9:.1f}",
+                    mfu,
+                    f"{mem / 2**20:,.0f}",
+                    f"{ratio:.2f}" if ratio is not None else "",
+                )
             )
+    return out
+
+
+def _table(objs: list[dict], preset: str) -> Table:
+    t = Table(title=f"training step — preset '{preset}'", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for head in HEADS:
+        t.add_column(head, justify="left" if head in ("arch", "dtype") else "right", no_wrap=True)
+    for row in table_rows(objs):
+        t.add_row(*row)
     return t
 
 
