@@ -80,7 +80,6 @@ def tiny_model() -> Callable[..., architectures.BaseLM]:
 
 # ---- data ----------------------------------------------------------------------------------------------------------
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinystories"
 
 _NAMES = ["Lily", "Tom", "Ben", "Mia", "Sam", "Anna", "Max", "Lucy", "Tim", "Sue", "Jack", "Zoe"]
 _THINGS = ["ball", "kite", "cake", "dog", "cat", "tree", "box", "car", "hat", "boat", "flower", "bird", "toy", "book"]
@@ -117,15 +116,23 @@ def synthetic_stories(n: int, seed: int) -> list[str]:
     return out
 
 
-@pytest.fixture(scope="session")
-def tinystories_dir(tmp_path_factory) -> Path:
-    """The real TinyStories sample (../shared/data/tinystories or $BENCHCTL_TEST_DATA), else a synthetic one."""
+def real_tinystories() -> Path | None:
+    """The directory $BENCHCTL_TEST_DATA names, when it holds both splits."""
     import os
 
     env = os.environ.get("BENCHCTL_TEST_DATA")
-    for cand in ([Path(env)] if env else []) + [SHARED_DATA]:
-        if (cand / "train.txt").exists() and (cand / "valid.txt").exists():
-            return cand
+    if env and (Path(env) / "train.txt").is_file() and (Path(env) / "valid.txt").is_file():
+        return Path(env)
+    return None
+
+
+@pytest.fixture(scope="session")
+def tinystories_dir(tmp_path_factory) -> Path:
+    """Real TinyStories text from $BENCHCTL_TEST_DATA (a directory with train.txt/valid.txt), else a synthetic
+    sample."""
+    real = real_tinystories()
+    if real is not None:
+        return real
     d = tmp_path_factory.mktemp("synthetic_tinystories")
     for split, n, seed in (("train", 2500, 0), ("valid", 500, 1)):
         (d / f"{split}.txt").write_text("".join(f"{s}\n<|endoftext|>\n" for s in synthetic_stories(n, seed)))

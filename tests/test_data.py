@@ -1,6 +1,6 @@
 """Tests of benchctl.core.data: sources, the llama2.c tokenizer recipe, pretokenized layout, the cache, the samplers,
 and `benchctl prepare` through the CLI. Everything runs at the `tiny` scale (vocab 512) on small files in tmp_path;
-the real TinyStories sample in /work/shared/data/tinystories is used when present."""
+real TinyStories text is used when $BENCHCTL_TEST_DATA names it."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import torch
 from benchctl.core import data, sources
 from benchctl.core.config import DataConfig, make_config
 from benchctl.core.errors import CheckpointError, ConfigError, DataError
+from tests.conftest import real_tinystories
 
-SHARED = Path("/work/shared/data/tinystories")
 VOCAB = 512  # the tiny preset's
 
 _WORDS = (
@@ -81,7 +81,7 @@ def _cache(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def real_prepared(tmp_path_factory) -> data.Prepared:
     """The tiny preset's data from the real TinyStories sample (or synthetic stories when it is absent)."""
-    src = SHARED if (SHARED / "train.txt").is_file() else make_dir(tmp_path_factory.mktemp("src"), n_train=2000)
+    src = real_tinystories() or make_dir(tmp_path_factory.mktemp("src"), n_train=2000)
     mp = pytest.MonkeyPatch()
     mp.setenv("BENCHCTL_CACHE", str(tmp_path_factory.mktemp("cache")))
     try:
@@ -270,12 +270,13 @@ def test_pretokenized_layout(tmp_path):
 
 
 def test_real_sample_tiny_preset(real_prepared):
+    if real_tinystories() is None:
+        pytest.skip("the story and split counts are those of real TinyStories text: set $BENCHCTL_TEST_DATA")
     p = real_prepared
     assert (p.n_train_stories, p.n_valid_stories) == (2000, 400)
     stories = p.valid_stories()
     assert len(stories) == 400 and all(s == s.strip() and s for s in stories)
-    if SHARED.is_dir():
-        assert stories[0].startswith(data.read_stories(str(SHARED), "valid", limit=1)[0][:40])
+    assert stories[0].startswith(data.read_stories(str(real_tinystories()), "valid", limit=1)[0][:40])
     # about 2-4 characters per token at vocab 512 on children's stories
     assert 1.5 < sum(map(len, stories)) / p.n_valid_tokens < 5
 

@@ -165,7 +165,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "paper": {},
     # A CPU-scale version of the study: same four architectures, same effective depth 16 for the recurrent ones,
     # same recipe shape (AdamW, warmup + cosine, accumulation, clipping, tied embeddings, llama2.c init).
-    # Sized so the four-model comparison trains on a 2-core CPU in minutes, not hours (README: the time measured).
+    # Sized so the four-model comparison trains on a 2-core CPU in minutes, not hours.
     "small": {
         "model.dim": 64,
         "model.n_heads": 4,
