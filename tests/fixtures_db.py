@@ -19,10 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
-from benchctl import stages
+from benchctl import plans, stages
 from benchctl.core import accounting
 from benchctl.core.config import make_config, run_id
 from benchctl.stages.train import tables as train_tables
+
+BUILTIN_PLANS = Path(plans.__file__).parent
 
 STUDY_ARCHS = ("control", "frailt", "three-part", "relaxed")
 # Per-architecture effects: final-loss offset, training-time multiple of the control, memory multiple, judge effect.
@@ -517,7 +519,7 @@ def build_plan_fixture_db(
                 "preset": preset,
                 "seed": s,
                 "run_id": rid,
-                "plan_path": f"/plans/{plan}.toml",
+                "plan_path": str(BUILTIN_PLANS / f"{plan}.toml"),  # as a built-in plan records its file
                 "plan_sha256": "ab" * 32,
             }
             for s, rid in zip(seeds, ids)

@@ -4,6 +4,7 @@ relaxed LoRA rank rule, and the report sections for models of different sizes.""
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 
 import pytest
 
@@ -355,3 +356,9 @@ def test_train_all_with_a_bad_plan_writes_nothing(tmp_path, capsys):
         main(["train-all", "--plan", str(path), "--preset", "tiny", "--db", str(db), "--data", str(tmp_path / "x")])
     assert e.value.code == 2 and "unknown config key 'model.dimm'" in capsys.readouterr().err
     assert not db.exists()
+
+
+def test_report_names_a_builtin_plan_file_by_its_place_in_the_package(rendered):
+    section = rendered.markdown[rendered.markdown.index("\n## Plans\n") :]
+    assert "built in: `benchctl/plans/controls.toml`" in section
+    assert str(Path(plans.__file__).parent) not in section  # no local install directory

@@ -10,6 +10,7 @@ as its Holm-adjusted p over this family of comparisons.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -198,6 +199,15 @@ def _x(v: Any) -> str:
     return "-" if missing(v) else f"{float(v):.2f}×"
 
 
+def _plan_file(path: object) -> str:
+    """A built-in plan by its place in the package (where the package is installed says nothing about the plan, and
+    the report should not carry a local directory); a user's plan file by the path it was given as."""
+    p = Path(str(path))
+    if p.parent.name == "plans" and p.parent.parent.name == "benchctl":
+        return f"built in: `benchctl/plans/{p.name}`"
+    return f"`{path}`"
+
+
 def plan_section(frames: Frames) -> list[str]:
     """Which plan the model names come from, and the file version each plan in this preset ran with."""
     ctx, pr = frames.ctx, frames.data.plan_runs
@@ -218,7 +228,7 @@ def plan_section(frames: Frames) -> list[str]:
         rows.append(
             [
                 plan,
-                f"`{path}`",
+                _plan_file(path),
                 f"`{str(sha)[:12]}`",
                 g["variant"].nunique(),
                 ", ".join(str(s) for s in sorted({int(x) for x in g["seed"]})),
