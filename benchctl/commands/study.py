@@ -50,7 +50,7 @@ def study(
     ),
     n_prompts: Annotated[int | None, typer.Option("--n-prompts", help="Story beginnings to complete.")] = None,
     tasks: Annotated[str | None, typer.Option("--tasks", help="lm-eval tasks (default: the bundled ones).")] = None,
-    skip: Annotated[str | None, typer.Option("--skip", help="Stages to skip: sample, judge, eval.")] = None,
+    skip: Annotated[str | None, typer.Option("--skip", help="Stages to skip: sample, judge, eval, depth.")] = None,
     out: Annotated[Path, typer.Option("--out", help="Report folder.")] = Path("reports"),
     set_: SetOpt = None,
     data: DataOpt = None,
