@@ -290,7 +290,9 @@ EXPECTED_SQL = {
         '   "extrapolate" TEXT,\n'
         '   "exit_rule" TEXT,\n'
         '   "exit_threshold" REAL,\n'
-        '   "mean_depth" REAL\n'
+        '   "mean_depth" REAL,\n'
+        '   "dtype_reason" TEXT,\n'
+        '   "decode" TEXT\n'
         ")"
     ),
 }
