@@ -328,7 +328,8 @@ class _FastDecoder:
                     break
                 checked = self.T
                 tok = self.seq[:, self.T - 1]  # the rows still running
-            logits = self._forward(step, tok[:, None])
+            # contiguous: the same strides every step (a compiled step guards on them)
+            logits = self._forward(step, tok.contiguous().view(-1, 1))
         return [r for r in self.results if r is not None]
 
     def _next_tokens(self, last, temperature, top_k, top_p) -> torch.Tensor:
