@@ -43,6 +43,7 @@ import copy
 import logging
 import os
 import shutil
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -154,11 +155,13 @@ def generate(
     )
     why_not = "asked for (fast=False)" if not fast else _fast_unavailable(model, prompts, limits)
     rep.compiled, rep.check_every = False, None
+    rep.prefill_tokens = rep.decode_tokens = 0
+    rep.prefill_seconds = rep.decode_seconds = 0.0
     if why_not is not None:
         rep.path, rep.reason = "reference", why_not
         with torch.no_grad():
             return _Decoder(model, prompts, limits, n_recur, generators, extrapolate, exit).run(
-                temperature, top_k, top_p, stop_ids, should_stop
+                temperature, top_k, top_p, stop_ids, should_stop, rep
             )
     rep.path, rep.reason = "fast", ""
     with torch.inference_mode():
@@ -176,6 +179,19 @@ class DecodeReport:
     dtype: str = ""  # the weights' dtype during generation, e.g. "float32"
     autocast: str | None = None  # the enclosing autocast's dtype, None without autocast
     check_every: int | None = None  # tokens between looks for finished rows (decode path)
+    # Timing, asked for by setting `timing` (on CUDA each phase boundary then synchronises the device): the prefill is
+    # the forward over the prompts' common part; the decode phase everything after it (token choice, one forward per
+    # step, finished rows), in which `decode_tokens` tokens were fed (live rows summed over the steps).
+    timing: bool = False
+    prefill_tokens: int = 0
+    prefill_seconds: float = 0.0
+    decode_tokens: int = 0
+    decode_seconds: float = 0.0
+
+    def _clock(self, device: torch.device) -> float:
+        if self.timing and device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter()
 
 
 def _dtype_name(dt: torch.dtype) -> str:
@@ -316,7 +332,10 @@ class _FastDecoder:
         rep.check_every = check_every
         # the prefill runs eager: its length differs from the steps', and it creates the cache's slots
         eager = self._step_fn(False, DecodeReport())
+        t0 = rep._clock(self.device)
         logits = self._forward(eager, self.seq[:, : self.T])
+        t1 = rep._clock(self.device)
+        rep.prefill_tokens, rep.prefill_seconds = B * self.T, t1 - t0
         step = self._step_fn(compile, rep)
         checked = self.T  # first token index not yet looked at
         while True:
@@ -330,6 +349,8 @@ class _FastDecoder:
                 tok = self.seq[:, self.T - 1]  # the rows still running
             # contiguous: the same strides every step (a compiled step guards on them)
             logits = self._forward(step, tok.contiguous().view(-1, 1))
+            rep.decode_tokens += tok.shape[0]
+        rep.decode_seconds = rep._clock(self.device) - t1
         return [r for r in self.results if r is not None]
 
     def _next_tokens(self, last, temperature, top_k, top_p) -> torch.Tensor:
@@ -423,10 +444,13 @@ class _Decoder:
         self.depth_n += out.depths.shape[-1]
         return out.logits
 
-    def run(self, temperature, top_k, top_p, stop_ids, should_stop) -> list[Generation]:
+    def run(self, temperature, top_k, top_p, stop_ids, should_stop, rep: DecodeReport) -> list[Generation]:
         seq, T, ctx = self.seq, self.T, self.ctx
         stop = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=seq.device)
+        t0 = rep._clock(seq.device)
         logits = self._forward(seq[:, max(0, T - ctx) : T], self.cache)
+        t1 = rep._clock(seq.device)
+        rep.prefill_tokens, rep.prefill_seconds = seq.shape[0] * min(T, ctx), t1 - t0
         if T >= ctx:
             self.cache = None  # no room left: slide the window from here on
         while True:
@@ -443,6 +467,8 @@ class _Decoder:
                 break
             self.T += 1
             logits = self._step()
+            rep.decode_tokens += self.seq.shape[0]
+        rep.decode_seconds = rep._clock(seq.device) - t1
         return [r for r in self.results if r is not None]
 
     def _next_tokens(self, last, sampling, temperature, top_k, top_p) -> torch.Tensor:

@@ -57,7 +57,13 @@ EXPECTED_SQL = {
         '   "config_json" TEXT,\n'
         '   "torch_version" TEXT,\n'
         '   "git_commit" TEXT,\n'
-        '   "created_at" TEXT\n'
+        '   "created_at" TEXT,\n'
+        '   "mode" TEXT,\n'
+        '   "batch" INTEGER,\n'
+        '   "prompt_tokens" INTEGER,\n'
+        '   "new_tokens" INTEGER,\n'
+        '   "prefill_tokens_per_s" REAL,\n'
+        '   "agreement" REAL\n'
         ")"
     ),
     "checkpoints": (

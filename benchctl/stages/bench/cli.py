@@ -9,6 +9,7 @@ from rich import box
 from rich.table import Table
 
 from benchctl.core.config import parse_set
+from benchctl.core.errors import ConfigError
 from benchctl.stages.bench.options import BenchOptions
 from benchctl.stages.cli import DbOpt, JsonOpt, PresetOpt, SetOpt, console, db_path_of, err_console, split_list
 
@@ -38,6 +39,22 @@ def bench(
         int, typer.Option("--check-steps", help="Also train control and reference N seeded steps; compare losses.")
     ] = 0,
     threads: Annotated[int | None, typer.Option("--threads", help="torch intra-op threads [default: torch's].")] = None,
+    decode: Annotated[
+        bool,
+        typer.Option(
+            "--decode",
+            help="Time generation instead of training: prefill and decode tokens/s of the decode path and the "
+            "reference loop, tokens checked against the reference in fp32 (--compile compiles the decode step).",
+        ),
+    ] = False,
+    batches: Annotated[str, typer.Option("--batches", help="With --decode: batch sizes, a comma list.")] = "1,16",
+    prompt_tokens: Annotated[
+        int, typer.Option("--prompt-tokens", help="With --decode: prompt length of every row.")
+    ] = 16,
+    new_tokens: Annotated[
+        int | None,
+        typer.Option("--new-tokens", help="With --decode: new tokens per row [default: what the context leaves]."),
+    ] = None,
     set_: SetOpt = None,
     db: DbOpt = None,
     as_json: JsonOpt = False,
@@ -55,6 +72,10 @@ def bench(
         reference=reference,
         check_steps=check_steps,
         threads=threads,
+        decode=decode,
+        decode_batches=_batches(batches),
+        decode_prompt_tokens=prompt_tokens,
+        decode_new_tokens=new_tokens,
     )
     from benchctl.stages.bench import engine as B  # torch: kept out of 'benchctl --help'
 
@@ -67,6 +88,16 @@ def bench(
     objs = B.run(opts, path, log=log)
     if as_json:
         print(B.to_json(objs))
+        return
+    if decode:
+        console.print(_decode_table(objs, preset))
+        console.print(
+            f"device: {objs[0]['device_name']}; tok/s: median over repeats (decode: min-max beside it); agreement: "
+            f"share of tokens equal to the reference loop's in fp32; bench id {objs[0]['bench_id']} "
+            f"(table 'bench' in {path})",
+            highlight=False,
+            soft_wrap=True,
+        )
         return
     console.print(_table(objs, preset))
     o0 = objs[0]
@@ -145,6 +176,33 @@ def _table(objs: list[dict], preset: str) -> Table:
                 f"{mem / 2**20:,.0f}",
                 f"{ratio:.2f}" if ratio is not None else "",
             )
+    return t
+
+
+def _batches(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in split_list(text) or [])
+    except ValueError:
+        raise ConfigError(f"--batches takes a comma list of batch sizes, got {text!r}") from None
+
+
+def _decode_table(rows: list[dict], preset: str) -> Table:
+    """One row per architecture, implementation and batch size."""
+    t = Table(title=f"generation — preset '{preset}'", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for head in ("arch", "impl", "batch", "compiled", "prefill tok/s", "decode tok/s", "min-max", "agreement"):
+        t.add_column(head, justify="left" if head in ("arch", "impl") else "right", no_wrap=True)
+    for r in rows:
+        tps, lo, hi, pre = r["tokens_per_s"], r["tokens_per_s_min"], r["tokens_per_s_max"], r["prefill_tokens_per_s"]
+        t.add_row(
+            r["arch"],
+            r["impl"],
+            str(r["batch"]),
+            "yes" if r["compiled"] else "no",
+            "-" if pre is None else f"{pre:,.0f}",
+            "-" if tps is None else f"{tps:,.0f}",
+            "-" if lo is None else f"{lo:,.0f}-{hi:,.0f}",
+            f"{r['agreement']:.1%}",
+        )
     return t
 
 
