@@ -235,12 +235,18 @@ def compiler_unavailable(device: torch.device) -> str | None:
     return None
 
 
+def _decode_step(model: torch.nn.Module, tokens: torch.Tensor, cache: StaticKVCache, pos: torch.Tensor, kw: dict):
+    """One forward of the decode path: what is compiled. The model is an argument, not a closure's, so a cached
+    compiled step does not keep its model alive."""
+    return model.decode(tokens, cache, pos, **kw)  # type: ignore[operator]  # a BaseLM: _fast_unavailable checked
+
+
 # Compiled steps, per model and per (device type, n_recur, extrapolate, exit): a later generate call with the same
-# settings reuses the compiled graph instead of compiling again.
+# settings reuses the compiled graphs instead of compiling again.
 _COMPILED: weakref.WeakKeyDictionary[torch.nn.Module, dict[Any, Callable[..., Any]]] = weakref.WeakKeyDictionary()
 
 
-def _compiled_step(model: torch.nn.Module, key: tuple[Any, ...], step: Callable[..., Any], device: torch.device):
+def _compiled_step(model: torch.nn.Module, key: tuple[Any, ...], device: torch.device) -> Callable[..., Any]:
     per_model = _COMPILED.setdefault(model, {})
     if key not in per_model:
         # fallback_random: random ops (three-part's initial state) draw from torch's own generator, as in eager, so a
@@ -248,7 +254,7 @@ def _compiled_step(model: torch.nn.Module, key: tuple[Any, ...], step: Callable[
         options: dict[str, str | int | bool | Callable[..., Any]] = {"fallback_random": True}
         if device.type == "cuda":
             options["triton.cudagraphs"] = True
-        per_model[key] = torch.compile(step, backend="inductor", options=options)
+        per_model[key] = torch.compile(_decode_step, backend="inductor", options=options)
     return per_model[key]
 
 
@@ -291,7 +297,7 @@ class _FastDecoder:
         model, kw = self.model, self.kw
 
         def step(tokens, cache, pos):
-            return model.decode(tokens, cache, pos, **kw)
+            return _decode_step(model, tokens, cache, pos, kw)
 
         if not compile:
             rep.reason = "not asked for (compile=False)"
@@ -302,20 +308,20 @@ class _FastDecoder:
             log.warning("generate: decode step runs eager: %s", why)
             return step
         key = (self.device.type, kw["n_recur"], kw["extrapolate"], kw["exit"])
-        compiled = _compiled_step(model, key, step, self.device)
-        state = {"fn": compiled}
+        compiled = _compiled_step(model, key, self.device)
+        failed: list[str] = []
 
         def guarded(tokens, cache, pos):
-            if state["fn"] is step:
+            if failed:
                 return step(tokens, cache, pos)
             try:
-                out = state["fn"](tokens, cache, pos)
+                out = compiled(model, tokens, cache, pos, kw)
             except Exception as e:  # compilation failed (no toolchain, an unsupported op): eager from here on
                 reason = f"compilation failed: {type(e).__name__}: {str(e).strip().splitlines()[0][:200]}"
                 log.warning("generate: decode step runs eager: %s", reason)
                 rep.compiled, rep.reason = False, reason
                 _COMPILED.get(model, {}).pop(key, None)
-                state["fn"] = step
+                failed.append(reason)
                 return step(tokens, cache, pos)
             rep.compiled, rep.reason = True, ""
             return out
@@ -347,8 +353,9 @@ class _FastDecoder:
                     break
                 checked = self.T
                 tok = self.seq[:, self.T - 1]  # the rows still running
-            # contiguous: the same strides every step (a compiled step guards on them)
-            logits = self._forward(step, tok.contiguous().view(-1, 1))
+            # standard strides every step, whatever tok is a view of (a compiled step guards on strides, even those
+            # of a batch of one)
+            logits = self._forward(step, tok.clone(memory_format=torch.contiguous_format).view(-1, 1))
             rep.decode_tokens += tok.shape[0]
         rep.decode_seconds = rep._clock(self.device) - t1
         return [r for r in self.results if r is not None]
