@@ -31,7 +31,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from architectures.blocks import Block, KVCache, RMSNorm, block_forward_flops, precompute_rope
+from architectures.blocks import AnyCache, Block, RMSNorm, StaticKVCache, block_forward_flops, precompute_rope
 from architectures.kernels import IGNORE_INDEX, linear_cross_entropy
 
 
@@ -112,6 +112,10 @@ class BaseLM(nn.Module):
     # Inference-only rules for iterations past the trained depth, the default first. They never change what is
     # trained, so they are not arguments (not in the run id); callers pass one to `forward`/`iterate`.
     extrapolate_rules: ClassVar[tuple[str, ...]] = ()
+    # True when an inference forward draws random numbers whose shape includes the batch (an initial state per row):
+    # then which rows are still in the batch changes what every row draws, and generation must drop finished rows
+    # at the token they finish to draw what the reference path draws.
+    draws_random_state: ClassVar[bool] = False
     rope_cos: torch.Tensor  # buffers (register_buffer in __init__), declared for the type checker
     rope_sin: torch.Tensor
 
@@ -216,7 +220,7 @@ class BaseLM(nn.Module):
         return n_recur
 
     def schedule(
-        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_recur: int, cache: KVCache | None
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_recur: int, cache: AnyCache | None
     ) -> torch.Tensor:
         raise NotImplementedError
 
@@ -226,7 +230,7 @@ class BaseLM(nn.Module):
         targets: torch.Tensor | None = None,
         *,
         n_recur: int | None = None,
-        cache: KVCache | None = None,
+        cache: AnyCache | None = None,
         return_logits: bool = True,
         extrapolate: str | None = None,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -262,7 +266,7 @@ class BaseLM(nn.Module):
         compiled graph: inductor fuses the embedding's backward into the first norm's with atomic adds, whose order
         between threads varies from run to run, so compiled runs would stop being reproducible (the eager backward
         accumulates in a fixed order, and is a negligible share of the step)."""
-        if tokens.device.type == "cpu" and torch.compiler.is_compiling():
+        if tokens.device.type == "cpu" and torch.compiler.is_compiling() and torch.is_grad_enabled():
             return _eager_embed(self.tok_embeddings, self.dropout, tokens)
         return self.dropout(self.tok_embeddings(tokens))
 
@@ -284,7 +288,7 @@ class BaseLM(nn.Module):
     # ---- iteration hooks (test-time recurrence) --------------------------------------------------------------------
 
     def prelude(
-        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: AnyCache | None
     ) -> tuple[torch.Tensor, Any]:
         """Embedded tokens (B, T, d) -> (initial recurrent state s0, context every step reads). Looped models:
         (h, None)."""
@@ -297,14 +301,14 @@ class BaseLM(nn.Module):
         t: int,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        cache: KVCache | None,
+        cache: AnyCache | None,
         extrapolate: str | None,
     ) -> torch.Tensor:
         """Iteration t (0-based) of the recurrence: state (B, T, d) -> next state. `extrapolate` (resolved) says
         what iterations t >= the trained depth use in place of depth-specific parameters."""
         raise NotImplementedError(f"{self.name} does not expose its recurrence (fixed depth)")
 
-    def coda(self, s: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+    def coda(self, s: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: AnyCache | None) -> torch.Tensor:
         """Final recurrent state -> hidden states before the final norm. Looped models: the state itself."""
         return s
 
@@ -314,7 +318,7 @@ class BaseLM(nn.Module):
         targets: torch.Tensor | None = None,
         *,
         n_recur: int | None = None,
-        cache: KVCache | None = None,
+        cache: AnyCache | None = None,
         return_logits: bool = True,
         extrapolate: str | None = None,
         exit: ExitRule | None = None,
@@ -344,6 +348,24 @@ class BaseLM(nn.Module):
         cos, sin = self.rope_cos[pos : pos + T], self.rope_sin[pos : pos + T]
         if cache is not None:
             cache.begin()
+        h, depths = self._iterate(tokens, cos, sin, cache, n, rule, exit)
+        if cache is not None:
+            cache.advance(T)
+        logits, loss = self._head(self.norm(h), targets, return_logits)
+        return IterOutput(logits, loss, depths)
+
+    def _iterate(
+        self,
+        tokens: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: AnyCache | None,
+        n: int,
+        rule: str | None,
+        exit: ExitRule | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`iterate`'s body: tokens (B, T) -> (hidden states before the final norm, exit depths (B, T))."""
+        B, T = tokens.shape
         s, ctx = self.prelude(self.embed(tokens), cos, sin, cache)
         checking = exit if exit is not None and exit.threshold > 0 else None  # None: no token ever exits
         coda_slots = _SlotScope(cache)
@@ -374,10 +396,43 @@ class BaseLM(nn.Module):
                 break  # nothing left to iterate and no cache that later forwards would read
         with coda_slots:
             h = self.coda(s, cos, sin, cache)
-        if cache is not None:
-            cache.advance(T)
-        logits, loss = self._head(self.norm(h), targets, return_logits)
-        return IterOutput(logits, loss, depths)
+        return h, depths
+
+    # ---- the decode path -------------------------------------------------------------------------------------------
+
+    def decode(
+        self,
+        tokens: torch.Tensor,
+        cache: StaticKVCache,
+        pos: torch.Tensor,
+        *,
+        n_recur: int | None = None,
+        extrapolate: str | None = None,
+        exit: ExitRule | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One inference forward of `architectures.generate`'s decode path: tokens (B, T) at positions
+        pos .. pos + T - 1 (`pos` a 0-d long tensor) -> (logits of the last position (B, V), each token's exit depth
+        (B, T) with `exit`, else None).
+
+        The same maths as `forward` with a `KVCache` at that position (or `iterate` with `exit`, or past the trained
+        depth with an extrapolation rule), arranged for inference: RoPE rows gathered from the precomputed tables by
+        a position tensor, keys and values written in place into `cache`'s preallocated slots, the head applied to
+        the last position only. Nothing depends on a Python position, so one compiled graph serves every step.
+        Neither `pos` nor `cache.pos` is advanced here (the caller does both). Meant for `torch.inference_mode`.
+        """
+        n = self.resolve_n_recur(n_recur)
+        T = tokens.shape[1]
+        positions = pos + torch.arange(T, device=tokens.device)
+        cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+        cache.begin(positions)
+        depths: torch.Tensor | None = None
+        if exit is not None or (n > self.args.n_recur and self.extrapolate_rules):
+            h, depths = self._iterate(tokens, cos, sin, cache, n, self.resolve_extrapolate(extrapolate), exit)
+        else:
+            if extrapolate is not None:
+                self.resolve_extrapolate(extrapolate)  # a bad rule is an error even where it would not apply
+            h = self.schedule(self.embed(tokens), cos, sin, n, cache)
+        return self.output(self.norm(h[:, -1])), depths
 
     # ---- accounting ------------------------------------------------------------------------------------------------
 
@@ -445,7 +500,7 @@ class _SlotScope:
     after each iteration and the final coda overwrites what the probes wrote at these positions, so the cache ends
     up holding the coda's keys/values of each token's final (frozen) state."""
 
-    def __init__(self, cache: KVCache | None):
+    def __init__(self, cache: AnyCache | None):
         self.cache = cache
         self.start: int | None = None
         self.resume = 0

@@ -36,6 +36,7 @@ from architectures.kernels import (  # noqa: F401
     causal_attention,
     compute_dtype,
     linear_cross_entropy,
+    lora_projection,
     rms_norm,
     swiglu,
 )
@@ -132,7 +133,10 @@ def project_group(
             # leaves alone): every operand in the autocast dtype; the casts' backward returns float32 gradients
             dt = torch.get_autocast_dtype(x.device.type)
             x, w, a, bs = x.to(dt), w.to(dt), a.to(dt), [b.to(dt) for b in bs]
-        y = LoRAProjection.apply(x.reshape(-1, x.shape[-1]), w, a, loras[0].scale, *bs)
+        if torch.is_inference_mode_enabled():  # no gradient: the same products without the autograd Function
+            y = lora_projection(x.reshape(-1, x.shape[-1]), w, a, loras[0].scale, *bs)[0]
+        else:
+            y = LoRAProjection.apply(x.reshape(-1, x.shape[-1]), w, a, loras[0].scale, *bs)
         return y.view(*x.shape[:-1], w.shape[0])
     return F.linear(x, w) + lora_delta(x, loras)  # plain autograd, the same maths
 
@@ -205,6 +209,63 @@ class KVCache:
                 slot.k, slot.v = slot.k[keep], slot.v[keep]
 
 
+class StaticKVCache:
+    """A KV cache for the decode path: one preallocated (B, n_kv_heads, max_len, hd) key and value tensor per block
+    call, written in place at the step's positions and read whole under a mask, so a decode step allocates nothing
+    and keeps the same shapes from token to token (what lets `torch.compile` reuse one graph for every step).
+
+    Used like `KVCache` (`begin` before each forward, one slot per block call in schedule order, `advance` after),
+    except that `begin` takes the positions of the forward's tokens as a tensor: the step never reads a Python
+    position, so nothing in it changes between tokens but tensor contents. Slots are created by the first forward
+    (the prefill), which sees every block call the schedule makes.
+    """
+
+    def __init__(self, max_len: int):
+        self.max_len = max_len
+        self.pos = 0  # tokens cached so far (host-side bookkeeping; the step reads `positions` instead)
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        self._next = 0
+        self.positions: torch.Tensor | None = None  # (T,) positions of the current forward's tokens
+        self.mask: torch.Tensor | None = None  # (T, max_len) True where a query may attend
+        self._keys: torch.Tensor | None = None  # (max_len,) arange, made once
+
+    def begin(self, positions: torch.Tensor | None = None) -> None:
+        self._next = 0
+        if positions is not None:
+            if self._keys is None or self._keys.device != positions.device:
+                self._keys = torch.arange(self.max_len, device=positions.device)
+            self.positions = positions
+            self.mask = self._keys[None, :] <= positions[:, None]
+
+    def write(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Store k, v (B, KV, T, hd) at this forward's positions in the next slot; returns that slot's whole keys
+        and values (B, KV, max_len, hd) and the attention mask (T, max_len)."""
+        if self.positions is None or self.mask is None:
+            raise RuntimeError("StaticKVCache.begin(positions) must run before a forward")
+        i = self._next
+        self._next += 1
+        if i == len(self.k):
+            B, H, _, D = k.shape
+            self.k.append(k.new_zeros(B, H, self.max_len, D))
+            self.v.append(v.new_zeros(B, H, self.max_len, D))
+        ck, cv = self.k[i], self.v[i]
+        ck.index_copy_(2, self.positions, k.to(ck.dtype))
+        cv.index_copy_(2, self.positions, v.to(cv.dtype))
+        return ck, cv, self.mask
+
+    def advance(self, n: int) -> None:
+        self.pos += n
+
+    def select_rows(self, keep: torch.Tensor) -> None:
+        """Keep only the batch rows `keep` in every slot (a copy: done when finished rows leave the batch)."""
+        self.k = [t[keep] for t in self.k]
+        self.v = [t[keep] for t in self.v]
+
+
+AnyCache = KVCache | StaticKVCache
+
+
 class Attention(nn.Module):
     def __init__(self, args: Any):
         super().__init__()
@@ -224,7 +285,7 @@ class Attention(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         lora: Mapping[str, LoRA] | None = None,
-        cache: KVCache | None = None,
+        cache: AnyCache | None = None,
     ) -> torch.Tensor:
         B, T, _ = x.shape
         H, KV, hd = self.n_heads, self.n_kv_heads, self.head_dim
@@ -242,6 +303,10 @@ class Attention(nn.Module):
             q, k = qk.split([H, KV], dim=2)
             v = v.contiguous().unflatten(-1, (KV, hd))  # (B, T, KV, hd); a copy, so qkv is not kept alive for v
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, hd)
+        if isinstance(cache, StaticKVCache):  # the decode path: whole preallocated slots under a mask
+            ck, cv, mask = cache.write(k, v)
+            y = F.scaled_dot_product_attention(q, ck, cv, attn_mask=mask, enable_gqa=self.n_kv_heads != self.n_heads)
+            return self.resid_dropout(project(self.wo, y.transpose(1, 2).reshape(B, T, -1), lora, "wo"))
         pos = 0
         if cache is not None:
             pos = cache.pos
@@ -299,7 +364,7 @@ class Block(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         lora: Mapping[str, LoRA] | None = None,
-        cache: KVCache | None = None,
+        cache: AnyCache | None = None,
     ) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), cos, sin, lora, cache)
         return h + self.feed_forward(self.ffn_norm(h), lora)

@@ -10,25 +10,56 @@ the context the window slides, re-encoding the last `max_seq_len` tokens each st
 - One torch.Generator per row. Row b draws from `generators[b]` only, so its sample does not depend on which other
   prompts share its batch (up to floating-point differences between batch shapes).
 - Early exit per row. A row finishes at a stop id (excluded from its tokens), when `should_stop` says so (the
-  token kept), or after `max_new_tokens`; finished rows leave the batch and the KV cache (`KVCache.select_rows`).
+  token kept), or after `max_new_tokens` (one limit, or one per row); finished rows leave the batch and the KV
+  cache (`KVCache.select_rows`).
 
 Test-time depth: `n_recur` may exceed the trained depth (with the architecture's `extrapolate` rule), and `exit`
 (an `ExitRule`) runs every forward through `BaseLM.iterate` with the per-token adaptive exit; each `Generation`
 then carries `mean_depth`, the mean exit iteration over every position the model processed for that row (prompt
 and generated tokens). Every iteration is still computed (see `BaseLM.iterate`), so the mean depth is what an
 implementation skipping exited tokens would spend, not what this one did.
+
+Two implementations of the same procedure. The decode path (`fast=True`, the default) runs under
+`torch.inference_mode` through `BaseLM.decode`: a `StaticKVCache` preallocated to the context and written in place,
+RoPE rows gathered by a position tensor, no autograd Function, the head on the last position only, and finished rows
+looked for every `check_every` tokens instead of after every token (the rows that finished in between keep running
+until then and their extra tokens are discarded, so each row's tokens are the same). Its per-token step can be
+compiled (`compile=True`: inductor; on CUDA with CUDA graphs), falling back to eager with the reason logged and
+reported. The reference path (`fast=False`) is the plain KV-cached loop under `torch.no_grad()`, dropping finished
+rows at once; the decode path falls back to it, with the reason reported, when the generation would run past the
+context window (where the window slides and every step re-encodes it without a cache) or the model has no `decode`.
+Where other rows' draws depend on the batch's shape (random initial states drawn for the whole batch, or sampling
+from the global RNG), the decode path looks for finished rows after every token, so it draws exactly what the
+reference path draws.
+
+`dtype` casts a copy of the weights once before generating (RoPE tables stay float32); casting the model once
+with `cast_for_inference` and passing no dtype avoids the copy for callers that generate many batches. Under an
+enclosing autocast both paths run as autocast says.
 """
 
 from __future__ import annotations
 
+import copy
+import logging
+import os
+import shutil
+import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from architectures.base import ExitRule
-from architectures.blocks import KVCache
+from architectures.blocks import KVCache, StaticKVCache
+
+log = logging.getLogger(__name__)
+
+# Tokens between two looks for finished rows on the decode path: each look reads the new tokens on the host (a
+# device sync), and rows that finished in between run on until then, wasting at most this many steps each.
+DEFAULT_CHECK_EVERY = 8
 
 
 @dataclass(frozen=True)
@@ -71,7 +102,7 @@ def generate(
     model: torch.nn.Module,
     prompts: Sequence[Sequence[int]],
     *,
-    max_new_tokens: int,
+    max_new_tokens: int | Sequence[int],
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
@@ -81,40 +112,322 @@ def generate(
     should_stop: Callable[[int, list[int]], bool] | None = None,
     extrapolate: str | None = None,
     exit: ExitRule | None = None,
+    fast: bool = True,
+    compile: bool = False,
+    dtype: torch.dtype | None = None,
+    check_every: int = DEFAULT_CHECK_EVERY,
+    report: DecodeReport | None = None,
 ) -> list[Generation]:
     """Complete each prompt (token ids) with one KV-cached forward per step; one `Generation` per prompt, in order.
 
     Row i samples from `generators[i]` (None: the global RNG); temperature 0 is greedy. `should_stop(i, new)` is
     asked after each new token of prompt i with its new tokens so far (that token included); True finishes the row
     keeping the token. `extrapolate` picks the rule for depths past the trained one (None: the architecture's
-    default); `exit` turns on the per-token adaptive exit with `n_recur` as the maximum depth. Runs under
-    `torch.no_grad()`.
+    default); `exit` turns on the per-token adaptive exit with `n_recur` as the maximum depth.
+
+    `fast` picks the decode path (default) or the reference path, `compile` compiles the decode path's step,
+    `dtype` casts a copy of the weights for this call, `check_every` is the decode path's tokens between looks for
+    finished rows (see the module docstring). `report`, when given, is filled with what ran.
     """
     if not prompts:
         return []
     if any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    if len(limits) != len(prompts):
+        raise ValueError(f"{len(limits)} max_new_tokens for {len(prompts)} prompts")
+    if min(limits) < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {min(limits)}")
     if generators is not None and len(generators) != len(prompts):
         raise ValueError(f"{len(generators)} generators for {len(prompts)} prompts")
-    with torch.no_grad():
-        return _Decoder(model, prompts, max_new_tokens, n_recur, generators, extrapolate, exit).run(
-            temperature, top_k, top_p, stop_ids, should_stop
+    if check_every < 1:
+        raise ValueError(f"check_every must be >= 1, got {check_every}")
+    rep = report if report is not None else DecodeReport()
+    weights = next(model.parameters()).dtype
+    if dtype is not None and dtype != weights:
+        model = cast_for_inference(copy.deepcopy(model), dtype)
+    device = next(model.parameters()).device
+    rep.dtype = _dtype_name(next(model.parameters()).dtype)
+    rep.autocast = (
+        _dtype_name(torch.get_autocast_dtype(device.type))
+        if device.type in ("cpu", "cuda") and torch.is_autocast_enabled(device.type)
+        else None
+    )
+    why_not = "asked for (fast=False)" if not fast else _fast_unavailable(model, prompts, limits)
+    rep.compiled, rep.check_every = False, None
+    rep.prefill_tokens = rep.decode_tokens = 0
+    rep.prefill_seconds = rep.decode_seconds = 0.0
+    if why_not is not None:
+        rep.path, rep.reason = "reference", why_not
+        with torch.no_grad():
+            return _Decoder(model, prompts, limits, n_recur, generators, extrapolate, exit).run(
+                temperature, top_k, top_p, stop_ids, should_stop, rep
+            )
+    rep.path, rep.reason = "fast", ""
+    with torch.inference_mode():
+        dec = _FastDecoder(model, prompts, limits, n_recur, generators, extrapolate, exit)
+        return dec.run(temperature, top_k, top_p, stop_ids, should_stop, compile, check_every, rep)
+
+
+@dataclass
+class DecodeReport:
+    """What one `generate` call ran: filled in by it when passed as `report`."""
+
+    path: str = ""  # "fast" (the decode path) | "reference"
+    reason: str = ""  # why the reference path ran, or why the decode path's step was not compiled ("" otherwise)
+    compiled: bool = False  # the decode path's per-token step ran compiled
+    dtype: str = ""  # the weights' dtype during generation, e.g. "float32"
+    autocast: str | None = None  # the enclosing autocast's dtype, None without autocast
+    check_every: int | None = None  # tokens between looks for finished rows (decode path)
+    # Timing, asked for by setting `timing` (on CUDA each phase boundary then synchronises the device): the prefill is
+    # the forward over the prompts' common part; the decode phase everything after it (token choice, one forward per
+    # step, finished rows), in which `decode_tokens` tokens were fed (live rows summed over the steps).
+    timing: bool = False
+    prefill_tokens: int = 0
+    prefill_seconds: float = 0.0
+    decode_tokens: int = 0
+    decode_seconds: float = 0.0
+
+    def _clock(self, device: torch.device) -> float:
+        if self.timing and device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+
+def _dtype_name(dt: torch.dtype) -> str:
+    return str(dt).removeprefix("torch.")
+
+
+def cast_for_inference(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """Cast `model`'s parameters (in place) to `dtype` for generation, keeping its RoPE tables in float32 (positions
+    rotate in float32 whatever the weights' dtype, as in training under autocast); returns the model, in eval mode."""
+    model.to(dtype)
+    for name in ("rope_cos", "rope_sin"):
+        buf = getattr(model, name, None)
+        if isinstance(buf, torch.Tensor):
+            setattr(model, name, buf.float())
+    return model.eval()
+
+
+def _fast_unavailable(model: torch.nn.Module, prompts: Sequence[Sequence[int]], limits: list[int]) -> str | None:
+    """Why the decode path cannot run this call (None: it can)."""
+    if not callable(getattr(model, "decode", None)):
+        return f"{type(model).__name__} has no decode method"
+    args: Any = getattr(model, "args", None)
+    ctx = int(args.max_seq_len)
+    need, i = max((len(p) + n - 1, i) for i, (p, n) in enumerate(zip(prompts, limits)))  # positions the forwards
+    if need > ctx:  # see: all but the last new token
+        return (
+            f"a {len(prompts[i])}-token prompt plus {limits[i]} new tokens needs {need} positions, the context has "
+            f"{ctx}: past it the window slides, re-encoding without a cache"
         )
+    return None
+
+
+def compiler_unavailable(device: torch.device) -> str | None:
+    """Why `torch.compile` cannot compile the decode step on this device (None: it may)."""
+    if device.type == "cpu":
+        names = [os.environ.get("CXX", ""), "g++", "c++", "clang++"]
+        if not any(shutil.which(c) for c in names if c):
+            return "no C++ compiler found (inductor needs one to compile for a CPU)"
+    elif device.type != "cuda":
+        return f"compiling is only set up for cpu and cuda, not {device.type}"
+    return None
+
+
+def _decode_step(model: torch.nn.Module, tokens: torch.Tensor, cache: StaticKVCache, pos: torch.Tensor, kw: dict):
+    """One forward of the decode path: what is compiled. The model is an argument, not a closure's, so a cached
+    compiled step does not keep its model alive."""
+    return model.decode(tokens, cache, pos, **kw)  # type: ignore[operator]  # a BaseLM: _fast_unavailable checked
+
+
+# Compiled steps, per model and per (device type, n_recur, extrapolate, exit): a later generate call with the same
+# settings reuses the compiled graphs instead of compiling again.
+_COMPILED: weakref.WeakKeyDictionary[torch.nn.Module, dict[Any, Callable[..., Any]]] = weakref.WeakKeyDictionary()
+
+
+def _compiled_step(model: torch.nn.Module, key: tuple[Any, ...], device: torch.device) -> Callable[..., Any]:
+    per_model = _COMPILED.setdefault(model, {})
+    if key not in per_model:
+        # fallback_random: random ops (three-part's initial state) draw from torch's own generator, as in eager, so a
+        # compiled generation draws the same numbers; triton.cudagraphs is what mode="reduce-overhead" sets on CUDA
+        options: dict[str, str | int | bool | Callable[..., Any]] = {"fallback_random": True}
+        if device.type == "cuda":
+            options["triton.cudagraphs"] = True
+        per_model[key] = torch.compile(_decode_step, backend="inductor", options=options)
+    return per_model[key]
+
+
+class _FastDecoder:
+    """The decode path's live batch: token buffer (host-side prompt lengths), rows still running and their static
+    cache. Same procedure and results as `_Decoder`; see the module docstring for how it differs."""
+
+    def __init__(self, model, prompts, max_new_tokens, n_recur, generators, extrapolate=None, exit=None):
+        self.model, self.max_new = model, list(max_new_tokens)  # per row
+        self.kw = {"n_recur": n_recur, "extrapolate": extrapolate, "exit": exit}
+        self.exit = exit
+        device = self.device = next(model.parameters()).device
+        self.ctx = model.args.max_seq_len
+        B = len(prompts)
+        self.plen = [len(p) for p in prompts]  # host-side: no sync to know which rows are still in their prompt
+        self.end = max(p + n for p, n in zip(self.plen, self.max_new))  # every row has finished before this index
+        self.seq = torch.zeros(B, self.end, dtype=torch.long, device=device)  # (B, T_total)
+        for b, p in enumerate(prompts):
+            self.seq[b, : len(p)] = torch.as_tensor(list(p), dtype=torch.long)
+        self.plen_t = torch.tensor(self.plen, device=device)  # (B,)
+        self.rows = list(range(B))
+        self.gens = list(generators) if generators is not None else [None] * B
+        self.results: list[Generation | None] = [None] * B
+        self.T = min(self.plen)
+        self.cache = StaticKVCache(self.ctx)
+        self.pos = torch.zeros((), dtype=torch.long, device=device)  # position of the next forward's first token
+        # exit depth of every position each row processed (adaptive exit only)
+        self.depth_at = torch.zeros(B, self.end, dtype=torch.float64, device=device) if exit is not None else None
+
+    def _forward(self, step, tokens: torch.Tensor) -> torch.Tensor:
+        T0, T = int(self.cache.pos), tokens.shape[1]
+        logits, depths = step(tokens, self.cache, self.pos)
+        if self.depth_at is not None and depths is not None:
+            self.depth_at[:, T0 : T0 + T] = depths.double()
+        self.cache.advance(T)
+        self.pos += T
+        return logits
+
+    def _step_fn(self, compile: bool, rep: DecodeReport) -> Callable[..., Any]:
+        model, kw = self.model, self.kw
+
+        def step(tokens, cache, pos):
+            return _decode_step(model, tokens, cache, pos, kw)
+
+        if not compile:
+            rep.reason = "not asked for (compile=False)"
+            return step
+        why = compiler_unavailable(self.device)
+        if why is not None:
+            rep.reason = why
+            log.warning("generate: decode step runs eager: %s", why)
+            return step
+        key = (self.device.type, kw["n_recur"], kw["extrapolate"], kw["exit"])
+        compiled = _compiled_step(model, key, self.device)
+        failed: list[str] = []
+
+        def guarded(tokens, cache, pos):
+            if failed:
+                return step(tokens, cache, pos)
+            try:
+                out = compiled(model, tokens, cache, pos, kw)
+            except Exception as e:  # compilation failed (no toolchain, an unsupported op): eager from here on
+                reason = f"compilation failed: {type(e).__name__}: {str(e).strip().splitlines()[0][:200]}"
+                log.warning("generate: decode step runs eager: %s", reason)
+                rep.compiled, rep.reason = False, reason
+                _COMPILED.get(model, {}).pop(key, None)
+                failed.append(reason)
+                return step(tokens, cache, pos)
+            rep.compiled, rep.reason = True, ""
+            return out
+
+        return guarded
+
+    def run(self, temperature, top_k, top_p, stop_ids, should_stop, compile, check_every, rep) -> list[Generation]:
+        stop = set(stop_ids)
+        B = len(self.rows)
+        # rows whose draws depend on which other rows are still in the batch: look after every token (see docstring)
+        shared_rng = temperature > 0 and any(g is None for g in self.gens)
+        if B > 1 and (shared_rng or getattr(self.model, "draws_random_state", False)):
+            check_every = 1
+        rep.check_every = check_every
+        # the prefill runs eager: its length differs from the steps', and it creates the cache's slots
+        eager = self._step_fn(False, DecodeReport())
+        t0 = rep._clock(self.device)
+        logits = self._forward(eager, self.seq[:, : self.T])
+        t1 = rep._clock(self.device)
+        rep.prefill_tokens, rep.prefill_seconds = B * self.T, t1 - t0
+        step = self._step_fn(compile, rep)
+        checked = self.T  # first token index not yet looked at
+        while True:
+            tok = self._next_tokens(logits, temperature, top_k, top_p)
+            self.seq[:, self.T] = tok
+            self.T += 1
+            if self.T - checked >= check_every or self.T == self.end:
+                if not self._check(checked, stop, should_stop):
+                    break
+                checked = self.T
+                tok = self.seq[:, self.T - 1]  # the rows still running
+            # standard strides every step, whatever tok is a view of (a compiled step guards on strides, even those
+            # of a batch of one)
+            logits = self._forward(step, tok.clone(memory_format=torch.contiguous_format).view(-1, 1))
+            rep.decode_tokens += tok.shape[0]
+        rep.decode_seconds = rep._clock(self.device) - t1
+        return [r for r in self.results if r is not None]
+
+    def _next_tokens(self, last, temperature, top_k, top_p) -> torch.Tensor:
+        """Token T of every live row: its prompt's token, or a sample from `last` (b, V) for rows past the prompt."""
+        T = self.T
+        if temperature <= 0:
+            if all(T >= p for p in self.plen):
+                return last.argmax(dim=-1)
+            return torch.where(self.plen_t <= T, last.argmax(dim=-1), self.seq[:, T])
+        tok = self.seq[:, T].clone()
+        rows = [r for r, p in enumerate(self.plen) if T >= p]
+        if rows:
+            probs = F.softmax(filter_logits(last, temperature, top_k, top_p), dim=-1)  # (b, V)
+            for r in rows:  # one draw per row, from that row's own stream
+                tok[r] = torch.multinomial(probs[r], 1, generator=self.gens[r])[0]
+        return tok
+
+    def _check(self, first: int, stop: set[int], should_stop) -> bool:
+        """Look at tokens first .. T-1 of every live row, in order, for the first that finishes it (a stop id,
+        dropped; `should_stop`, kept; the length limit); record finished rows and drop them from the batch and the
+        cache. False when no row is left."""
+        toks = self.seq[:, : self.T].tolist()  # one read of the new tokens (and the prompts) per look
+        done: list[int] = []
+        for r, row in enumerate(toks):
+            start = self.plen[r]
+            for t in range(max(first, start), self.T):
+                t_id = row[t]
+                end, reason = None, ""
+                if t_id in stop:
+                    end, reason = t, "eos"
+                elif should_stop is not None and should_stop(self.rows[r], row[start : t + 1]):
+                    end, reason = t + 1, "eos"
+                elif t + 1 - start >= self.max_new[r]:
+                    end, reason = t + 1, "length"
+                if end is not None:
+                    depth = None
+                    if self.depth_at is not None:  # positions processed before token t was chosen: 0 .. t-1
+                        depth = float(self.depth_at[r, :t].mean())
+                    self.results[self.rows[r]] = Generation(row[start:end], reason, depth)
+                    done.append(r)
+                    break
+        if not done:
+            return True
+        keep_list = [r for r in range(len(self.rows)) if r not in set(done)]
+        if not keep_list:
+            return False
+        keep = torch.tensor(keep_list, device=self.device)
+        self.seq, self.plen_t = self.seq[keep], self.plen_t[keep]
+        self.plen = [self.plen[r] for r in keep_list]
+        self.max_new = [self.max_new[r] for r in keep_list]
+        self.rows = [self.rows[r] for r in keep_list]
+        self.gens = [self.gens[r] for r in keep_list]
+        if self.depth_at is not None:
+            self.depth_at = self.depth_at[keep]
+        self.cache.select_rows(keep)
+        return True
 
 
 class _Decoder:
     """The live batch of one `generate` call: token buffer, prompt lengths, rows still running and their cache."""
 
     def __init__(self, model, prompts, max_new_tokens, n_recur, generators, extrapolate=None, exit=None):
-        self.model, self.n_recur, self.max_new = model, n_recur, max_new_tokens
+        self.model, self.n_recur = model, n_recur
         self.extrapolate, self.exit = extrapolate, exit
         device = next(model.parameters()).device
         self.ctx = model.args.max_seq_len
         B = len(prompts)
         plen = [len(p) for p in prompts]
-        self.seq = torch.zeros(B, max(plen) + max_new_tokens, dtype=torch.long, device=device)  # (B, T_total)
+        self.max_new = torch.tensor(list(max_new_tokens), device=device)  # (B,) each row's limit
+        self.seq = torch.zeros(B, max(p + n for p, n in zip(plen, max_new_tokens)), dtype=torch.long, device=device)
         for b, p in enumerate(prompts):
             self.seq[b, : len(p)] = torch.as_tensor(list(p), dtype=torch.long)
         self.plen = torch.tensor(plen, device=device)  # (B,)
@@ -138,10 +451,13 @@ class _Decoder:
         self.depth_n += out.depths.shape[-1]
         return out.logits
 
-    def run(self, temperature, top_k, top_p, stop_ids, should_stop) -> list[Generation]:
+    def run(self, temperature, top_k, top_p, stop_ids, should_stop, rep: DecodeReport) -> list[Generation]:
         seq, T, ctx = self.seq, self.T, self.ctx
         stop = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=seq.device)
+        t0 = rep._clock(seq.device)
         logits = self._forward(seq[:, max(0, T - ctx) : T], self.cache)
+        t1 = rep._clock(seq.device)
+        rep.prefill_tokens, rep.prefill_seconds = seq.shape[0] * min(T, ctx), t1 - t0
         if T >= ctx:
             self.cache = None  # no room left: slide the window from here on
         while True:
@@ -158,6 +474,8 @@ class _Decoder:
                 break
             self.T += 1
             logits = self._step()
+            rep.decode_tokens += self.seq.shape[0]
+        rep.decode_seconds = rep._clock(seq.device) - t1
         return [r for r in self.results if r is not None]
 
     def _next_tokens(self, last, sampling, temperature, top_k, top_p) -> torch.Tensor:
@@ -193,7 +511,7 @@ class _Decoder:
         keep = (~finished).nonzero().flatten()  # (b',)
         if keep.numel() == 0:
             return False
-        self.seq, self.plen = self.seq[keep], self.plen[keep]
+        self.seq, self.plen, self.max_new = self.seq[keep], self.plen[keep], self.max_new[keep]
         self.depth_sum, self.depth_n = self.depth_sum[keep], self.depth_n[keep]
         self.rows = [self.rows[i] for i in keep.tolist()]
         self.gens = [self.gens[i] for i in keep.tolist()]

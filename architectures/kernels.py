@@ -40,16 +40,7 @@ class LoRAProjection(torch.autograd.Function):
     def forward(
         ctx: Any, x: torch.Tensor, w: torch.Tensor, a: torch.Tensor, scale: float, *bs: torch.Tensor
     ) -> torch.Tensor:
-        r = bs[0].shape[1]
-        u = torch.mm(x, a.t())  # (N, n r)
-        if scale != 1.0:
-            u.mul_(scale)
-        y = torch.mm(x, w.t())  # (N, O)
-        col = 0
-        for j, b in enumerate(bs):
-            ys = y[:, col : col + b.shape[0]]
-            torch.addmm(ys, u[:, j * r : (j + 1) * r], b.t(), out=ys)  # ys += s u_j B_j^T
-            col += b.shape[0]
+        y, u = lora_projection(x, w, a, scale, *bs)
         ctx.save_for_backward(x, w, a, u, *bs)
         ctx.scale = scale
         return y
@@ -76,6 +67,24 @@ class LoRAProjection(torch.autograd.Function):
         return (dx, dw, da, None, *dbs)
 
 
+def lora_projection(
+    x: torch.Tensor, w: torch.Tensor, a: torch.Tensor, scale: float, *bs: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`LoRAProjection`'s forward without autograd: (y (N, O), u = s x A^T (N, n r)). Called directly at inference,
+    where no gradient is needed and the Function's bookkeeping would cost more than these small matmuls."""
+    r = bs[0].shape[1]
+    u = torch.mm(x, a.t())  # (N, n r)
+    if scale != 1.0:
+        u.mul_(scale)
+    y = torch.mm(x, w.t())  # (N, O)
+    col = 0
+    for j, b in enumerate(bs):
+        ys = y[:, col : col + b.shape[0]]
+        torch.addmm(ys, u[:, j * r : (j + 1) * r], b.t(), out=ys)  # ys += s u_j B_j^T
+        col += b.shape[0]
+    return y, u
+
+
 # ---- RMSNorm ---------------------------------------------------------------------------------------------------------
 
 
@@ -89,7 +98,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch
     torch.compile the plain expression, which inductor fuses.
     """
     out_dtype = out_dtype or x.dtype
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or torch.is_inference_mode_enabled():
+        # compiling: inductor fuses the plain expression; inference mode: no gradient can be asked for, so the
+        # fused kernel without the Function's bookkeeping
         return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps).to(out_dtype)
     return RMSNormFunction.apply(x, weight, eps, out_dtype)
 

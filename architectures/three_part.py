@@ -46,6 +46,7 @@ class ThreePartArgs(ArchArgs):
 class ThreePart(BaseLM):
     label = "Three-part"
     description = "prelude / recurrent core with input injection / coda"
+    draws_random_state = True  # s0 ~ N(0, sigma^2) per row, fresh every forward
 
     @classmethod
     def default_n_recur(cls, args: Any) -> int:

@@ -23,6 +23,7 @@ import torch
 from typer.testing import CliRunner
 
 import architectures
+from benchctl import stages
 from benchctl.cli import app, main
 from benchctl.core import runtime
 from benchctl.core.config import make_config
@@ -329,9 +330,46 @@ def test_bench_table_output_and_equivalence_check(tmp_path):
     assert check["steps"] == 3 and check["max_abs_diff"] < 1e-4 and len(check["reference_losses"]) == 3
 
 
+def test_bench_decode_times_both_paths_and_checks_the_tokens(tmp_path):
+    db_path = tmp_path / "r.db"
+    argv = ["bench", "--decode", "--preset", "tiny", "--batches", "1,3", "--new-tokens", "6", "--repeats", "2"]
+    result = runner.invoke(app, [*argv, "--warmup", "1", "--db", str(db_path)])
+    assert result.exit_code == 0, result.output
+    assert "generation — preset 'tiny'" in result.stdout and "agreement" in result.stdout
+    con = sqlite3.connect(db_path)
+    con.row_factory = sqlite3.Row
+    rows = [dict(r) for r in con.execute("select * from bench order by id")]
+    expected = [(a, impl, b) for a in architectures.names() for b in (1, 3) for impl in ("decode", "decode-reference")]
+    assert [(r["arch"], r["impl"], r["batch"]) for r in rows] == expected
+    for r in rows:
+        assert (r["mode"], r["preset"], r["repeats"], r["warmup_steps"], r["dtype"]) == (
+            "decode",
+            "tiny",
+            2,
+            1,
+            "float32",
+        )
+        assert (r["prompt_tokens"], r["new_tokens"], r["compiled"]) == (16, 6, 0)
+        assert r["tokens_per_s_min"] <= r["tokens_per_s"] <= r["tokens_per_s_max"] and r["prefill_tokens_per_s"] > 0
+        assert r["agreement"] == 1.0  # the decode path's greedy tokens are the reference loop's
+    # the training bench and the report leave generation rows alone
+    from benchctl.stages.bench import tables as bench_tables
+
+    assert bench_tables.bench_configs(stages.connect(db_path), "tiny", "cpu") == []
+
+
+def test_decode_agreement_counts_differing_and_missing_tokens():
+    from benchctl.stages.bench.decode import agreement
+
+    assert agreement([[1, 2, 3]], [[1, 2, 3]]) == 1.0
+    assert agreement([[1, 2, 3], [4]], [[1, 9, 3], [4, 5]]) == pytest.approx(3 / 5)
+
+
 @pytest.mark.parametrize(
     "argv,needle",
     [
+        (["--decode", "--batches", "1,x"], "--batches"),
+        (["--decode", "--batches", "0"], "--batches"),
         (["--steps", "0"], "--steps"),
         (["--archs", "contrl"], "did you mean 'control'"),
         (["--threads", "0"], "--threads"),

@@ -73,3 +73,38 @@ def test_record_into_a_file_is_one_clear_error(tmp_path):
     f.write_text("x")
     with pytest.raises(ConfigError, match="not a directory"):
         R.write(f, _objs(), "small", HEADS, table_rows(_objs()), [], argv=["bench"])
+
+
+def test_a_decode_measurement_has_its_own_file_and_table(tmp_path):
+    from benchctl.stages.bench.cli import DECODE_HEADS, decode_rows
+
+    row = {
+        "bench_id": "20261126-000000-fedcba",
+        "arch": "control",
+        "mode": "decode",
+        "impl": "decode",
+        "batch": 1,
+        "compiled": 1,
+        "device_name": "AMD EPYC 9R45 (2 cores, 2 threads)",
+        "threads": 1,
+        "tokens_per_s": 2500.0,
+        "tokens_per_s_min": 2400.0,
+        "tokens_per_s_max": 2600.0,
+        "prefill_tokens_per_s": 9000.0,
+        "agreement": 1.0,
+    }
+    objs = [row, {**row, "impl": "reference", "compiled": 0}]
+    path = R.write(
+        tmp_path,
+        objs,
+        "small",
+        DECODE_HEADS,
+        decode_rows(objs),
+        notes_of(objs, tmp_path / "r.db"),
+        argv=["bench", "--decode"],
+        decode=True,
+    )
+    text = path.read_text()
+    assert path.name.startswith("small-decode_amd-epyc-9r45-2core_")
+    assert text.startswith("# Generation (decode), preset `small`: control\n")
+    assert "| control | decode | 1 | yes | 9,000 | 2,500 | 2,400-2,600 | 100.0% |" in text

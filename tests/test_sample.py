@@ -21,7 +21,7 @@ from benchctl.core import db as dbm
 from benchctl.core.errors import CheckpointError, ConfigError, DataError, EvalError
 from benchctl.stages import RunSelection
 from benchctl.stages.sample import engine as smp
-from benchctl.stages.sample.options import DEFAULT_TOP_K, SAMPLER, SampleOptions
+from benchctl.stages.sample.options import DEFAULT_TOP_K, SAMPLER, SampleOptions, context_limit
 from benchctl.stages.train import tables as train_tables
 
 # ---- the prompt rule -------------------------------------------------------------------------------------------------
@@ -75,9 +75,23 @@ def test_settings_are_validated_and_hashed():
         {"top_k": -3},
         {"n_prompts": 0},
         {"jobs": "0"},
+        {"precision": "fp8"},
     ):
         with pytest.raises(ConfigError):
             SampleOptions(**bad)
+
+
+def test_the_default_token_limit_is_what_the_context_leaves():
+    a = SampleOptions()
+    assert a.max_new_tokens is None and a.to_dict()["max_new_tokens"] is None
+    # the forwards see the prompt and all new tokens but the last: at most the context
+    assert [a.new_token_limit(n, 128) for n in (1, 40, 128, 129, 300)] == [128, 89, 1, 1, 1]
+    assert context_limit(40, 128) == 89
+    assert SampleOptions(max_new_tokens=256).new_token_limit(40, 128) == 256  # explicit: honoured (with a warning)
+    assert SampleOptions(max_new_tokens=256).hash != a.hash
+    # precision enters the settings only when set; compiling never changes what a sample is
+    assert "precision" not in a.to_dict() and SampleOptions(precision="bfloat16").hash != a.hash
+    assert SampleOptions(precision="auto", compile=True).hash == a.hash
     with pytest.raises(EvalError, match="--n-recur must be >= 1"):
         SampleOptions(n_recur=0)
 
@@ -199,6 +213,7 @@ TRAIN_SET = [
     "data.max_valid_stories=120",
     "eval.val_windows=4",
     "model.state_init_std=1.0",
+    "model.max_seq_len=64",  # room for the first prompts and their completions (tiny's 32 is shorter than most)
 ]  # three-part's random s0 then changes its samples: seeding must be exact
 
 
@@ -290,6 +305,37 @@ def test_samples_are_stored_with_every_setting_and_the_same_prompts_for_every_mo
     assert [r.arch for r in s.runs] == ["control", "three-part"]
     assert all(r.n_samples == 5 and r.mean_tokens is not None and r.tokens_per_s for r in s.runs)
     assert s.example["prompt"] == prompts[0]["text"]
+
+
+def test_samples_fit_the_context_and_record_precision_and_decode_path(results):
+    import io
+
+    from rich.console import Console
+
+    from benchctl.core.data import Tokenizer
+    from benchctl.core.progress import Progress
+
+    db = stages.connect(results)
+    s = sample_all(db, results, n_prompts=3, batch_size=3, archs=["control"], progress=False)
+    rows = _samples(db)
+    assert len(rows) == 3
+    run = train_tables.runs(db)[0]
+    ctx = json.loads(run["config_json"])["model"]["max_seq_len"]
+    texts = {p["id"]: p["text"] for p in db.query("select * from prompts")}
+    tok = Tokenizer(next(results.parent.rglob("*.model")))
+    for r in rows:
+        n_prompt = len(tok.encode(texts[r["prompt_id"]], bos=True, eos=False))
+        assert r["max_new_tokens"] == context_limit(n_prompt, ctx) and r["n_tokens"] <= r["max_new_tokens"]
+        assert r["dtype"] == "float32" and r["dtype_reason"].startswith("auto: float32 for decoding on cpu")
+        assert r["decode"] == "fast eager"
+    assert s.settings.to_dict()["sampler"] == "benchctl-sample-v2"
+    # asked explicitly past the context: honoured, with one warning line per run
+    out = io.StringIO()
+    progress = Progress(enabled=False, console=Console(file=out, width=400))
+    sample_all(db, results, n_prompts=3, batch_size=3, archs=["control"], max_new_tokens=ctx, progress=progress)
+    assert f"warning: --max-new-tokens {ctx} runs past the {ctx}-token context" in out.getvalue()
+    past = [r for r in _samples(db) if r["max_new_tokens"] == ctx]
+    assert past and all(r["decode"].startswith("reference: ") and "context" in r["decode"] for r in past)
 
 
 def test_rerun_adds_nothing_and_other_settings_add_rows(results):

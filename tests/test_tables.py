@@ -5,7 +5,7 @@
   the earlier code created). Changing it changes the stored format; users' queries and older files depend on it.
 - Every table and column has a description, each table is owned by one stage, and core's database module imports
   no stage.
-- Migration adds a column an older file lacks and fills it where the table says how (runs.variant).
+- Migration adds a column an older file lacks and fills it where the table says how (runs.variant, bench.mode).
 - The report reads every registered table, by name.
 """
 
@@ -57,7 +57,13 @@ EXPECTED_SQL = {
         '   "config_json" TEXT,\n'
         '   "torch_version" TEXT,\n'
         '   "git_commit" TEXT,\n'
-        '   "created_at" TEXT\n'
+        '   "created_at" TEXT,\n'
+        '   "mode" TEXT,\n'
+        '   "batch" INTEGER,\n'
+        '   "prompt_tokens" INTEGER,\n'
+        '   "new_tokens" INTEGER,\n'
+        '   "prefill_tokens_per_s" REAL,\n'
+        '   "agreement" REAL\n'
         ")"
     ),
     "checkpoints": (
@@ -290,7 +296,9 @@ EXPECTED_SQL = {
         '   "extrapolate" TEXT,\n'
         '   "exit_rule" TEXT,\n'
         '   "exit_threshold" REAL,\n'
-        '   "mean_depth" REAL\n'
+        '   "mean_depth" REAL,\n'
+        '   "dtype_reason" TEXT,\n'
+        '   "decode" TEXT\n'
         ")"
     ),
 }
@@ -364,6 +372,19 @@ def test_migration_adds_a_missing_column_and_backfills_it(tmp_path):
     db.conn.close()
     assert _schema_sql(path)["idx_runs_arch_preset_seed"] == EXPECTED_SQL["idx_runs_arch_preset_seed"]
     assert '"variant" TEXT' in _schema_sql(path)["runs"]
+
+
+def test_bench_rows_from_before_decode_timing_become_training_rows(tmp_path):
+    path = tmp_path / "old.db"
+    stages.connect(path).conn.close()
+    conn = sqlite3.connect(path)
+    with conn:  # a database from before bench --decode: no mode column, a training row already stored
+        conn.execute("alter table bench drop column mode")
+        conn.execute("insert into bench (bench_id, arch, impl) values ('b1', 'control', 'benchctl')")
+    conn.close()
+    db = stages.connect(path)
+    assert db.execute("select mode from bench where bench_id = 'b1'").fetchone()[0] == "train"
+    db.conn.close()
 
 
 def test_the_report_reads_every_registered_table_by_name(tmp_path):

@@ -122,6 +122,7 @@ CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 MIN_BF16_CAPABILITY = (8, 0)
 
 DTYPES = {"float32": None, "bfloat16": torch.bfloat16}
+INFERENCE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -190,6 +191,23 @@ def resolve_precision(setting: str, device: torch.device) -> Precision:
     if setting not in DTYPES:
         raise ConfigError(f"train.dtype must be auto, {' or '.join(DTYPES)}; got {setting!r}")
     return Precision(DTYPES[setting], setting, cap, f"set: train.dtype={setting} ({cap})")
+
+
+def inference_precision(setting: str, device: torch.device) -> tuple[torch.dtype, str]:
+    """The dtype generation casts a model's weights to once (no autocast), and why, as recorded with samples.
+
+    `auto`: bfloat16 on a CUDA device that computes bf16 natively (sm_80+), float32 everywhere else, CPUs with
+    native bf16 included: decoding one token is a chain of small matrix-vector products and per-step overhead, which
+    bf16 weights do not make faster on a CPU, and autocast would re-cast every weight at every step. An explicit
+    dtype always wins."""
+    cap, native = capability(device)
+    if setting == "auto":
+        if device.type == "cuda" and native:
+            return torch.bfloat16, f"auto: native bf16 on {cap}"
+        return torch.float32, f"auto: float32 for decoding on {cap}"
+    if setting not in INFERENCE_DTYPES:
+        raise ConfigError(f"--precision must be auto, {', '.join(INFERENCE_DTYPES)}; got {setting!r}")
+    return INFERENCE_DTYPES[setting], f"set: --precision {setting} ({cap})"
 
 
 def precision(cfg: RunConfig, device: torch.device) -> Precision:

@@ -10,6 +10,7 @@ from rich import box
 from rich.table import Table
 
 from benchctl.core.config import parse_set
+from benchctl.core.errors import ConfigError
 from benchctl.stages.bench.options import BenchOptions
 from benchctl.stages.cli import DbOpt, JsonOpt, PresetOpt, SetOpt, console, db_path_of, err_console, split_list
 
@@ -48,6 +49,22 @@ def bench(
             metavar="DIR",
         ),
     ] = None,
+    decode: Annotated[
+        bool,
+        typer.Option(
+            "--decode",
+            help="Time generation instead of training: prefill and decode tokens/s of the decode path and the "
+            "reference loop, tokens checked against the reference in fp32 (--compile compiles the decode step).",
+        ),
+    ] = False,
+    batches: Annotated[str, typer.Option("--batches", help="With --decode: batch sizes, a comma list.")] = "1,16",
+    prompt_tokens: Annotated[
+        int, typer.Option("--prompt-tokens", help="With --decode: prompt length of every row.")
+    ] = 16,
+    new_tokens: Annotated[
+        int | None,
+        typer.Option("--new-tokens", help="With --decode: new tokens per row [default: what the context leaves]."),
+    ] = None,
     set_: SetOpt = None,
     db: DbOpt = None,
     as_json: JsonOpt = False,
@@ -65,6 +82,10 @@ def bench(
         reference=reference,
         check_steps=check_steps,
         threads=threads,
+        decode=decode,
+        decode_batches=_batches(batches),
+        decode_prompt_tokens=prompt_tokens,
+        decode_new_tokens=new_tokens,
     )
     from benchctl.stages.bench import engine as B  # torch: kept out of 'benchctl --help'
 
@@ -79,19 +100,29 @@ def bench(
     if as_json:
         print(B.to_json(objs))
     else:
-        console.print(_table(objs, preset))
+        if decode:
+            console.print(_decode_table(objs, preset))
+        else:
+            console.print(_table(objs, preset))
         for n in notes:
             console.print(n, highlight=False, soft_wrap=True)
     if record is not None:
         from benchctl.stages.bench import record as R
 
-        log(f"wrote {R.write(record, objs, preset, HEADS, table_rows(objs), notes)}")
+        heads, rows = (DECODE_HEADS, decode_rows(objs)) if decode else (HEADS, table_rows(objs))
+        log(f"wrote {R.write(record, objs, preset, heads, rows, notes, decode=decode)}")
 
 
 def notes_of(objs: list[dict], path: Path) -> list[str]:
     """The lines printed under the table: what the columns mean, the comparison with the reference, the load."""
     from benchctl.stages.bench import engine as B
 
+    if objs and objs[0].get("mode") == "decode":
+        return [
+            f"device: {objs[0]['device_name']}; tok/s: median over repeats (decode: min-max beside it); agreement: "
+            f"share of tokens equal to the reference loop's in fp32",
+            f"bench id {objs[0]['bench_id']} (table 'bench' in {path})",
+        ]
     o0 = objs[0]
     loads = [f"{o['arch']} {o['load_avg']:.2f}" for o in objs if o["load_avg"] is not None]
     notes = [
@@ -178,6 +209,45 @@ def _table(objs: list[dict], preset: str) -> Table:
     for head in HEADS:
         t.add_column(head, justify="left" if head in ("arch", "dtype") else "right", no_wrap=True)
     for row in table_rows(objs):
+        t.add_row(*row)
+    return t
+
+
+def _batches(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in split_list(text) or [])
+    except ValueError:
+        raise ConfigError(f"--batches takes a comma list of batch sizes, got {text!r}") from None
+
+
+DECODE_HEADS = ("arch", "impl", "batch", "compiled", "prefill tok/s", "decode tok/s", "min-max", "agreement")
+
+
+def decode_rows(objs: list[dict]) -> list[tuple[str, ...]]:
+    """One row per architecture, implementation and batch size, formatted as printed (DECODE_HEADS)."""
+    out = []
+    for r in objs:
+        tps, lo, hi, pre = r["tokens_per_s"], r["tokens_per_s_min"], r["tokens_per_s_max"], r["prefill_tokens_per_s"]
+        out.append(
+            (
+                r["arch"],
+                r["impl"],
+                str(r["batch"]),
+                "yes" if r["compiled"] else "no",
+                "-" if pre is None else f"{pre:,.0f}",
+                "-" if tps is None else f"{tps:,.0f}",
+                "-" if lo is None else f"{lo:,.0f}-{hi:,.0f}",
+                f"{r['agreement']:.1%}",
+            )
+        )
+    return out
+
+
+def _decode_table(objs: list[dict], preset: str) -> Table:
+    t = Table(title=f"generation — preset '{preset}'", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for head in DECODE_HEADS:
+        t.add_column(head, justify="left" if head in ("arch", "impl") else "right", no_wrap=True)
+    for row in decode_rows(objs):
         t.add_row(*row)
     return t
 

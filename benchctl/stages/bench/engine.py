@@ -60,6 +60,7 @@ from benchctl.core.runtime import (
     resolve_device,
 )
 from benchctl.stages.bench import tables as bench_tables
+from benchctl.stages.bench.decode import run_decode
 from benchctl.stages.bench.options import BenchOptions
 from benchctl.stages.bench.reference import (  # noqa: F401  (Reference is part of this module's interface)
     Reference,
@@ -348,8 +349,14 @@ def run(
     """Benchmark every architecture of `opts`; write the rows to results.db (when `db_path`) and return them.
 
     The returned list has one object per architecture (benchctl's step), with the reference's numbers and the
-    speed-up folded into the control's object, and each architecture's cost ratio to the control.
+    speed-up folded into the control's object, and each architecture's cost ratio to the control. With
+    `opts.decode`, generation is timed instead (`benchctl.stages.bench.decode`) and the rows are returned as written.
     """
+    if opts.decode:
+        rows = run_decode(opts, log)
+        if db_path is not None:
+            bench_tables.record_bench_rows(stages.connect(db_path), rows)
+        return rows
     if opts.threads is not None:
         torch.set_num_threads(opts.threads)
     names = opts.archs or architectures.names()
@@ -494,6 +501,7 @@ def _row(
         "bench_id": bench_id,
         "arch": s.arch,
         "preset": opts.preset,
+        "mode": "train",
         "impl": s.impl,
         "compiled": int(s.compiled),
         "dtype": s.dtype,

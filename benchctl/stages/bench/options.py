@@ -28,8 +28,19 @@ class BenchOptions:
     check_steps: int = 0  # > 0: also train control and reference this many seeded steps and compare losses
     seed: int = 0
     threads: int | None = None  # torch's intra-op threads for the measurement (None: torch's own choice)
+    # --decode: time generation instead of the training step (benchctl.stages.bench.decode)
+    decode: bool = False
+    decode_batches: tuple[int, ...] = (1, 16)  # rows generated together
+    decode_prompt_tokens: int = 16  # prompt length of every row
+    decode_new_tokens: int | None = None  # None: what the context leaves after the prompt
 
     def __post_init__(self) -> None:
+        if not self.decode_batches or min(self.decode_batches) < 1:
+            raise ConfigError(f"--batches must list sizes >= 1, got {list(self.decode_batches)}")
+        if self.decode_prompt_tokens < 1:
+            raise ConfigError(f"--prompt-tokens must be >= 1, got {self.decode_prompt_tokens}")
+        if self.decode_new_tokens is not None and self.decode_new_tokens < 1:
+            raise ConfigError(f"--new-tokens must be >= 1, got {self.decode_new_tokens}")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"--threads must be >= 1, got {self.threads}")
         if self.steps < 1 or self.repeats < 1 or self.warmup < 0:

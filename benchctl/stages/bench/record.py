@@ -69,10 +69,12 @@ def render(
     command: str,
     version: str,
     when: dt.datetime,
+    decode: bool = False,
 ) -> str:
     o0 = objs[0]
+    what = "Generation (decode)" if decode else "Training step"
     lines = [
-        f"# Training step, preset `{preset}`: {', '.join(o['arch'] for o in objs)}",
+        f"# {what}, preset `{preset}`: {', '.join(dict.fromkeys(o['arch'] for o in objs))}",
         "",
         f"- Date: {when:%Y-%m-%d %H:%M} UTC. Device: {o0['device_name']}; torch threads {o0['threads']}.",
         f"- Code: {version}.",
@@ -87,7 +89,16 @@ def render(
     return "\n".join(lines)
 
 
-def write(directory: Path, objs: list[dict], preset: str, heads, rows, notes, argv: list[str] | None = None) -> Path:
+def write(
+    directory: Path,
+    objs: list[dict],
+    preset: str,
+    heads: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    notes: Sequence[str],
+    argv: list[str] | None = None,
+    decode: bool = False,
+) -> Path:
     """Write the measurement under `directory` (created if missing) and return the file's path."""
     if directory.exists() and not directory.is_dir():
         raise ConfigError(f"--record {directory}: not a directory")
@@ -97,6 +108,7 @@ def write(directory: Path, objs: list[dict], preset: str, heads, rows, notes, ar
         raise ConfigError(f"--record {directory}: cannot create it ({e.strerror})") from None
     when = dt.datetime.now(dt.timezone.utc)
     command = "benchctl " + shlex.join(sys.argv[1:] if argv is None else argv)
-    path = target(directory, preset, objs[0]["device_name"], when.date())
-    path.write_text(render(objs, preset, heads, rows, notes, command, code_version(), when))
+    name = f"{preset}-decode" if decode else preset
+    path = target(directory, name, objs[0]["device_name"], when.date())
+    path.write_text(render(objs, preset, heads, rows, notes, command, code_version(), when, decode))
     return path

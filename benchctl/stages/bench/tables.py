@@ -11,7 +11,7 @@ from benchctl.core.tables import Column, Table
 BENCH = Table(
     "bench",
     "Speed benchmarks",
-    "One row per architecture and implementation per `benchctl bench` invocation.",
+    "One row per architecture and implementation (and batch size, for generation) per `benchctl bench` invocation.",
     (
         Column("id", int, "row id"),
         Column("bench_id", str, "one `benchctl bench` invocation"),
@@ -20,8 +20,9 @@ BENCH = Table(
         Column(
             "impl",
             str,
-            "benchctl, reference (an eager llama2.c copy at benchctl's precision) or reference-fp32 "
-            "(that copy in fp32, as llama2.c runs on a CPU)",
+            "train: benchctl, reference (an eager llama2.c copy at benchctl's precision) or reference-fp32 "
+            "(that copy in fp32, as llama2.c runs on a CPU); decode: decode (the decode path) or decode-reference "
+            "(the plain eager generation loop)",
         ),
         Column("compiled", int, "1 when torch.compile was on"),
         Column("dtype", str, "the precision the row's step ran in (bfloat16 autocast or float32)"),
@@ -30,7 +31,7 @@ BENCH = Table(
         Column("steps", int, "timed steps per repeat", "steps"),
         Column("repeats", int, "repeats (tokens/s is their median)"),
         Column("tokens_per_step", int, "tokens per optimizer step", "tokens"),
-        Column("tokens_per_s", float, "throughput, median over repeats", "tokens/s"),
+        Column("tokens_per_s", float, "throughput, median over repeats (decode: of the decode phase)", "tokens/s"),
         Column("tokens_per_s_min", float, "slowest repeat", "tokens/s"),
         Column("tokens_per_s_max", float, "fastest repeat", "tokens/s"),
         Column("step_seconds", float, "optimizer-step time", "s"),
@@ -56,9 +57,18 @@ BENCH = Table(
         Column("torch_version", str, "PyTorch version"),
         Column("git_commit", str, "benchctl commit"),
         Column("created_at", str, "when it was measured (UTC)"),
+        # added with bench --decode (columns are appended: an existing file gains them at the end)
+        Column("mode", str, "what was timed: train (the optimizer step) or decode (generation, bench --decode)"),
+        Column("batch", int, "decode: rows generated together"),
+        Column("prompt_tokens", int, "decode: prompt length of every row", "tokens"),
+        Column("new_tokens", int, "decode: new tokens per row (greedy, no stop ids)", "tokens"),
+        Column("prefill_tokens_per_s", float, "decode: prompt tokens per second of prefill, median", "tokens/s"),
+        Column("agreement", float, "decode: share of generated tokens equal to the reference path's in float32"),
     ),
     pk="id",
-    facets=("arch", "impl"),
+    backfill={"mode": "update bench set mode = 'train' where mode is null"},
+    facets=("arch", "impl", "mode"),
+    report_where="coalesce(mode, 'train') = 'train'",  # the report's cost and timing read training steps
 )
 
 TABLES = (BENCH,)
@@ -92,6 +102,7 @@ def bench_configs(db: sqlite_utils.Database, preset: str, device: str) -> list[d
     return list(
         db.query(
             "select arch, impl, device_name, config_json from bench where preset = ? and device = ? "
+            "and coalesce(mode, 'train') = 'train' "
             "order by created_at desc, id desc",
             [preset, device],
         )

@@ -32,7 +32,12 @@ def sample(
         float | None, typer.Option("--top-p", help="Nucleus sampling: keep the smallest set with this mass.")
     ] = None,
     max_new_tokens: Annotated[
-        int, typer.Option("--max-new-tokens", help="Token limit of a completion.")
+        int | None,
+        typer.Option(
+            "--max-new-tokens",
+            help="Token limit of a completion (default: what the model's context leaves after the prompt; a larger "
+            "limit slides the window past the context, with a warning).",
+        ),
     ] = opt.DEFAULT_MAX_NEW_TOKENS,
     seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = opt.DEFAULT_SEED,
     runs: Annotated[str | None, typer.Option("--runs", help="Only these run ids (comma list).")] = None,
@@ -62,6 +67,21 @@ def sample(
     batch_size: Annotated[
         int, typer.Option("--batch-size", help="Prompts generated together (recorded: it fixes three-part's noise).")
     ] = opt.DEFAULT_BATCH_SIZE,
+    precision: Annotated[
+        str,
+        typer.Option(
+            "--precision",
+            help="Weights' dtype for generation, cast once: auto (float32, bfloat16 on CUDA GPUs with native bf16), "
+            "float32, bfloat16 or float16.",
+        ),
+    ] = "auto",
+    compile_step: Annotated[
+        bool,
+        typer.Option(
+            "--compile/--no-compile",
+            help="Compile the per-token decode step with torch.compile (falls back to eager, saying why).",
+        ),
+    ] = False,
     device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda, cuda:N or mps.")] = "auto",
     jobs: Annotated[
         str,
@@ -93,6 +113,8 @@ def sample(
         extrapolate=extrapolate,
         exit_rule=exit_rule,
         exit_threshold=threshold,
+        precision=precision,
+        compile=compile_step,
         device=device,
         jobs=jobs,
     )
@@ -126,7 +148,8 @@ def sample(
     st = s.settings
     knobs = (
         f"temperature {st.temperature}, top-k {st.top_k or 'off'}, top-p {st.top_p or 'off'}, "
-        f"max {st.max_new_tokens} new tokens, seed {st.seed}, batch {st.batch_size}, device {s.device}"
+        f"max {'what the context leaves' if st.max_new_tokens is None else st.max_new_tokens} new tokens, "
+        f"seed {st.seed}, batch {st.batch_size}, device {s.device}, precision {st.precision}"
     )
     if exiting:
         knobs += (

@@ -22,11 +22,18 @@ Generation. Per run, prompts are taken in batches of `batch_size` consecutive pr
 kB .. kB+B-1). Prompts are encoded with a leading BOS and need not have equal lengths: the batch starts at the
 shortest prompt and feeds each longer prompt's remaining tokens in place of samples ("ragged prefill"), so every row
 is exactly its own prompt followed by its own samples, with no padding and no mask. One forward per token step with
-the model's KV cache (recurrent models cache every pass); rows that finish are dropped from the batch and from the
-cache; past the context the window slides as in llama2.c (the last `max_seq_len` tokens are re-encoded each step).
-Weights are kept in float32 on CPU or CUDA (`--device auto`) and the forward runs under the run's precision rule on
-that device, as in training: bf16 autocast where the device computes bf16 natively, fp32 elsewhere (each sample
-records the dtype it ran in; tokens are drawn from fp32 probabilities either way).
+the model's KV cache (recurrent models cache every pass), on the zoo's decode path (`architectures.generate`:
+inference mode, a static cache, finished rows dropped every few tokens; `--compile` compiles its step); each sample
+records the path that ran (`decode`).
+
+Context. By default a completion gets what the model's context leaves after its prompt (`options.context_limit`), so
+every token is predicted from a window the model was trained on. An explicit `--max-new-tokens` past that is honoured
+with a warning: from the end of the context the window slides as in llama2.c (the last `max_seq_len` tokens
+re-encoded every step, without a cache: slower, and text the model never learned to continue).
+
+Precision. The weights are cast once to the inference precision (`--precision`, default `auto`:
+`benchctl.core.runtime.inference_precision`, float32 on CPUs), never autocast per call; each sample records the
+dtype (`dtype`) and why (`dtype_reason`). Tokens are drawn from float32 probabilities either way.
 
 Seeds. Each row draws its tokens from its own generator seeded by f(seed, prompt index), so a control, FraiLT or
 relaxed sample does not depend on which other prompts share its batch (up to floating-point differences between
@@ -66,14 +73,14 @@ import torch
 
 import architectures
 from architectures.base import ExitRule
-from architectures.generate import Generation, generate
+from architectures.generate import DecodeReport, Generation, cast_for_inference, generate
 from benchctl.core import checkpoint, data
 from benchctl.core import db as dbm
 from benchctl.core.config import RunConfig
 from benchctl.core.data import Tokenizer
 from benchctl.core.errors import ConfigError, DataError, EvalError
 from benchctl.core.progress import Progress, as_progress, silent
-from benchctl.core.runtime import precision, resolve_device
+from benchctl.core.runtime import inference_precision, resolve_device
 from benchctl.stages import RunSelection
 from benchctl.stages.sample import tables as sample_tables
 from benchctl.stages.sample.options import DEFAULT_TEMPERATURE, SampleOptions
@@ -218,7 +225,7 @@ def generate_batch(
     model: torch.nn.Module,
     prompts: Sequence[Sequence[int]],
     *,
-    max_new_tokens: int,
+    max_new_tokens: int | Sequence[int],
     temperature: float = DEFAULT_TEMPERATURE,
     top_k: int | None = None,
     top_p: float | None = None,
@@ -227,13 +234,16 @@ def generate_batch(
     generators: Sequence[torch.Generator] | None = None,
     extrapolate: str | None = None,
     exit: Any = None,
+    compile: bool = False,
+    report: DecodeReport | None = None,
 ) -> list[Generation]:
     """Complete each prompt (token ids, BOS included) with the zoo's generation routine; see the module docstring.
 
     Prompts may differ in length (ragged prefill, no padding). Row b samples from `generators[b]` (None: the global
     RNG); temperature 0 is greedy. A row stops at a token in `stop_ids` (excluded from its tokens; by default the
-    end-of-story ids BOS and EOS) or after `max_new_tokens` new tokens. `extrapolate` and `exit` (an ExitRule) are
-    the test-time depth options of `architectures.generate.generate`.
+    end-of-story ids BOS and EOS) or after `max_new_tokens` new tokens (one limit, or one per prompt). `extrapolate`
+    and `exit` (an ExitRule) are the test-time depth options of `architectures.generate.generate`; `compile` and
+    `report` its decode path's.
     """
     return generate(
         model,
@@ -247,7 +257,19 @@ def generate_batch(
         generators=generators,
         extrapolate=extrapolate,
         exit=exit,
+        compile=compile,
+        report=report,
     )
+
+
+def decode_label(rep: DecodeReport, compile_asked: bool) -> str:
+    """What the `decode` column records: "fast compiled", "fast eager" (with the reason when compiling was asked
+    for), or "reference: <why>"."""
+    if rep.path != "fast":
+        return f"reference: {rep.reason}"
+    if rep.compiled:
+        return "fast compiled"
+    return f"fast eager: {rep.reason}" if compile_asked else "fast eager"
 
 
 def exit_rule(settings: SampleOptions) -> ExitRule | None:
@@ -406,40 +428,54 @@ def sample_run(
     device: torch.device,
     result: RunSamples,
     on_batch: Callable[[int], None] = lambda n: None,
+    log: Callable[[str], None] = lambda msg: None,
 ) -> None:
     """Generate and store the missing batches of one run, one transaction per batch."""
     run_id = p.row["id"]
     model, cfg, tok_path = checkpoint.load_model(checkpoint.run_dir(db_path, run_id) / checkpoint.CKPT_NAME, device)
-    model.float()
-    prec = precision(cfg, device)
+    dtype, dtype_reason = inference_precision(settings.precision, device)
+    cast_for_inference(model, dtype)  # once, for every batch: no autocast re-casting the weights at every step
+    ctx = cfg.model.max_seq_len
     tok = Tokenizer(tok_path)
     stop_ids = (tok.bos_id, tok.eos_id)
     # warm-up (kernel selection, allocator) so the measured speed is the steady state
-    with torch.no_grad(), prec.autocast(device):
+    with torch.inference_mode():
         model(torch.ones(1, 1, dtype=torch.long, device=device), n_recur=p.n_recur, extrapolate=p.extrapolate)
+    encoded_all = {q.id: tok.encode(q.text, bos=True, eos=False) for b in p.batches for q in b}
+    if settings.max_new_tokens is not None:
+        past = [e for e in encoded_all.values() if len(e) + settings.max_new_tokens - 1 > ctx]
+        if past:
+            log(
+                f"warning: --max-new-tokens {settings.max_new_tokens} runs past the {ctx}-token context of {run_id} "
+                f"for {len(past)} of {len(encoded_all)} prompts: from there the window slides, re-encoding the last "
+                f"{ctx} tokens every step without a cache (slower, and text the model was never trained to continue)"
+            )
     for batch in p.batches:
         ids = [sample_id(run_id, q.id, settings.hash) for q in batch]
-        encoded = [tok.encode(q.text, bos=True, eos=False) for q in batch]
+        encoded = [encoded_all[q.id] for q in batch]
+        limits = [settings.new_token_limit(len(e), ctx) for e in encoded]
+        rep = DecodeReport()
         # Three-part's s0 comes from the global RNG (sample_all runs inside fork_rng, so this does not leak).
         torch.manual_seed(batch_seed(settings.seed, [q.idx for q in batch]))
         gens = [torch.Generator(device=device).manual_seed(row_seed(settings.seed, q.idx)) for q in batch]
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         t0 = time.perf_counter()
-        with prec.autocast(device):
-            outs = generate_batch(
-                model,
-                encoded,
-                max_new_tokens=settings.max_new_tokens,
-                temperature=settings.temperature,
-                top_k=settings.top_k,
-                top_p=settings.top_p,
-                stop_ids=stop_ids,
-                n_recur=p.n_recur,
-                generators=gens,
-                extrapolate=p.extrapolate,
-                exit=exit_rule(settings),
-            )
+        outs = generate_batch(
+            model,
+            encoded,
+            max_new_tokens=limits,
+            temperature=settings.temperature,
+            top_k=settings.top_k,
+            top_p=settings.top_p,
+            stop_ids=stop_ids,
+            n_recur=p.n_recur,
+            generators=gens,
+            extrapolate=p.extrapolate,
+            exit=exit_rule(settings),
+            compile=settings.compile,
+            report=rep,
+        )
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         result.gen_seconds += time.perf_counter() - t0
@@ -459,12 +495,12 @@ def sample_run(
                     "temperature": settings.temperature,
                     "top_k": settings.top_k,
                     "top_p": settings.top_p,
-                    "max_new_tokens": settings.max_new_tokens,
+                    "max_new_tokens": limit,
                     "seed": settings.seed,
                     "n_recur": p.n_recur,
                     "batch_size": settings.batch_size,
                     "device": device.type,
-                    "dtype": prec.dtype,
+                    "dtype": rep.dtype,
                     "n_tokens": len(o.tokens),
                     "finish_reason": o.finish_reason,
                     "created_at": now,
@@ -472,8 +508,10 @@ def sample_run(
                     "exit_rule": settings.exit_rule,
                     "exit_threshold": settings.exit_threshold,
                     "mean_depth": o.mean_depth,
+                    "dtype_reason": dtype_reason,
+                    "decode": decode_label(rep, settings.compile),
                 }
-                for sid, q, ids_in, o in zip(ids, batch, encoded, outs)
+                for sid, q, ids_in, o, limit in zip(ids, batch, encoded, outs, limits)
             ],
         )
         result.generated += added
@@ -521,6 +559,7 @@ def sample_all(db, db_path: str | Path, opts: SampleOptions, *, progress: bool |
                     settings,
                     dev,
                     res,
+                    log=reporter.log,
                     on_batch=lambda n, label=label, res=res: bar.update(
                         advance=n, description=label, **{"tok/s": _rate(res.tokens_per_s)}
                     ),

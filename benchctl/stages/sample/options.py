@@ -15,15 +15,18 @@ from benchctl.core.errors import ConfigError, EvalError
 from benchctl.stages import RunSelection
 from benchctl.stages.train.executors import parse_jobs
 
-SAMPLER = "benchctl-sample-v1"  # bump when the generation procedure changes what a given seed produces
+# Bump when the generation procedure changes what a given seed produces. v2: weights cast once to the inference
+# precision (by default float32 on a CPU, where v1 ran under the training rule's bf16 autocast), the decode path.
+SAMPLER = "benchctl-sample-v2"
 
-# Defaults, recorded with every sample. temperature 1.0 / top-k 300: llama2.c's sample.py. 256 new tokens: run.c's
-# default length, and enough for ~85% of TinyStories validation continuations (median ~160 tokens at vocab 4096)
-# to end by themselves. 50 prompts per model: the study's scale for a judged comparison.
+# Defaults, recorded with every sample. temperature 1.0 / top-k 300: llama2.c's sample.py. New tokens: by default
+# (None) what the model's context leaves after each prompt, so no completion runs past the window the model was
+# trained on (see `context_limit`). 50 prompts per model: the study's scale for a judged comparison.
 DEFAULT_N_PROMPTS = 50
 DEFAULT_TEMPERATURE = 1.0
 DEFAULT_TOP_K = 300
-DEFAULT_MAX_NEW_TOKENS = 256
+DEFAULT_MAX_NEW_TOKENS: int | None = None
+PRECISIONS = ("auto", "float32", "bfloat16", "float16")
 DEFAULT_SEED = 0
 DEFAULT_BATCH_SIZE = 64
 DEFAULT_EXIT_THRESHOLD = 5e-4  # Huginn's default for its KL exit
@@ -42,8 +45,10 @@ SETTINGS = (
     "extrapolate",
     "exit_rule",
     "exit_threshold",
+    "precision",
 )
-_ONLY_WHEN_SET = ("extrapolate", "exit_rule", "exit_threshold")  # absent when None: default samples keep their hash
+# absent when None (precision: when "auto"), so default samples keep their hash
+_ONLY_WHEN_SET = ("extrapolate", "exit_rule", "exit_threshold", "precision")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,13 +60,15 @@ class SampleOptions:
     temperature: float = DEFAULT_TEMPERATURE
     top_k: int | None = DEFAULT_TOP_K  # None (or 0) = no top-k filter
     top_p: float | None = None  # None = no nucleus filter
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    max_new_tokens: int | None = DEFAULT_MAX_NEW_TOKENS  # None = what the context leaves after each prompt
     seed: int = DEFAULT_SEED
     n_recur: int | None = None  # None = each run's trained recurrence
     batch_size: int = DEFAULT_BATCH_SIZE
     extrapolate: str | None = None  # None = each architecture's default rule past the trained depth
     exit_rule: str | None = None  # kl | latent: per-token adaptive exit, n_recur = maximum depth
     exit_threshold: float | None = None  # None with an exit rule = DEFAULT_EXIT_THRESHOLD
+    precision: str = "auto"  # weights' dtype for generation; auto = the inference rule for the device
+    compile: bool = False  # compile the decode step (torch.compile); does not change what is sampled
     device: str = "auto"
     jobs: int | str = 1  # runs sampled at once, each share in its own process (a number or "auto")
 
@@ -76,7 +83,7 @@ class SampleOptions:
             raise ConfigError(f"--top-k must be >= 1 (or 0 for no top-k filter), got {self.top_k}")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise ConfigError(f"--top-p must be in (0, 1], got {self.top_p}")
-        if self.max_new_tokens < 1:
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ConfigError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
         if self.seed < 0:
             raise ConfigError(f"--seed must be >= 0, got {self.seed}")
@@ -90,14 +97,22 @@ class SampleOptions:
             raise ConfigError("--threshold needs --exit kl or --exit latent")
         if self.exit_threshold is not None and not self.exit_threshold >= 0:
             raise ConfigError(f"--threshold must be >= 0, got {self.exit_threshold}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"--precision must be one of {', '.join(PRECISIONS)}; got {self.precision!r}")
         if self.n_prompts < 1:
             raise ConfigError(f"--n-prompts must be >= 1, got {self.n_prompts}")
         parse_jobs(self.jobs)
 
     def to_dict(self) -> dict[str, Any]:
         """The settings a sample records (see SETTINGS), with the stop rule and the sampler's version."""
-        d = {k: getattr(self, k) for k in SETTINGS if not (k in _ONLY_WHEN_SET and getattr(self, k) is None)}
+        d = {k: getattr(self, k) for k in SETTINGS if not (k in _ONLY_WHEN_SET and getattr(self, k) in (None, "auto"))}
         return {**d, "stop": "bos,eos", "sampler": SAMPLER}
+
+    def new_token_limit(self, prompt_len: int, max_seq_len: int) -> int:
+        """New tokens a prompt of `prompt_len` tokens may get: `max_new_tokens` when set, else `context_limit`."""
+        if self.max_new_tokens is not None:
+            return self.max_new_tokens
+        return context_limit(prompt_len, max_seq_len)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -105,3 +120,10 @@ class SampleOptions:
     @property
     def hash(self) -> str:
         return hashlib.sha256(self.to_json().encode()).hexdigest()[:12]
+
+
+def context_limit(prompt_len: int, max_seq_len: int) -> int:
+    """New tokens the context leaves after a prompt: every token is then predicted from at most `max_seq_len`
+    tokens (the last new token is never fed back), so the prompt and its completion fill at most `max_seq_len` + 1
+    positions. At least 1 (a prompt longer than the context gets one token, predicted from its last window)."""
+    return max(1, max_seq_len + 1 - prompt_len)

@@ -47,13 +47,16 @@ SAMPLES = Table(
         Column("temperature", float, "sampling temperature"),
         Column("top_k", int, "top-k cut-off (0 = none)"),
         Column("top_p", float, "nucleus cut-off (1 = none)"),
-        Column("max_new_tokens", int, "generation limit", "tokens"),
+        Column("max_new_tokens", int, "generation limit of this sample (default: what the context leaves)", "tokens"),
         Column("seed", int, "sampling seed"),
         Column("n_recur", int, "test-time recurrence that ran (the run's trained one unless overridden)"),
         Column("batch_size", int, "generation batch size (fixes three-part's random initial states)"),
         Column("device", str, "device type it ran on (samples reproduce on the same type)"),
         Column(
-            "dtype", str, "precision the forward ran in: the run's rule on that device (bfloat16 autocast or float32)"
+            "dtype",
+            str,
+            "precision the forward ran in: the weights' dtype (before sampler v2: the run's rule on that device, "
+            "bfloat16 autocast or float32)",
         ),
         Column("n_tokens", int, "new tokens, end-of-story token excluded", "tokens"),
         Column("finish_reason", str, "eos or length"),
@@ -64,6 +67,10 @@ SAMPLES = Table(
         Column("exit_rule", str, "adaptive exit rule, kl or latent (empty: fixed depth)"),
         Column("exit_threshold", float, "adaptive exit threshold"),
         Column("mean_depth", float, "mean exit iteration over the positions processed (adaptive exit)"),
+        Column("dtype_reason", str, "why that precision: set by --precision, or the auto rule and the device"),
+        Column(
+            "decode", str, "the generation path that ran: fast compiled, fast eager, or reference, and why if not fast"
+        ),
     ),
     pk="id",
     foreign_keys=(("run_id", "runs", "id"), ("prompt_id", "prompts", "id")),

@@ -1,0 +1,163 @@
+"""The decode path of `architectures.generate` against the reference path: same tokens, for every architecture.
+
+The reference (`fast=False`) is the plain KV-cached loop in float32 under no_grad; the decode path (`fast=True`) runs
+under inference mode with a static cache, looks for finished rows only every few tokens, and can be compiled. Every
+registered architecture is covered (new files in `architectures/` are picked up through the registry).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+import architectures
+from architectures.base import ExitRule
+from architectures.generate import DecodeReport, cast_for_inference, compiler_unavailable, generate
+from benchctl.core.config import make_config
+
+ARCHS = architectures.names()
+PROMPTS = [[1, 5, 9, 3, 7], [1, 7, 2, 8, 11, 4, 6, 2], [1, 3, 4]]  # ragged: the batch starts at the shortest
+
+
+def build(arch: str, preset: str, seed: int = 0) -> architectures.BaseLM:
+    torch.manual_seed(seed)
+    model = architectures.build(arch, make_config(preset, arch).model).eval()
+    with torch.no_grad():  # a wider init than llama2.c's 0.02, so greedy choices are far from ties
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.mul_(8.0)
+    return model
+
+
+def run(model, prompts, **kw):
+    """Tokens and finish reasons of one generate call, with the global RNG seeded (three-part's initial states)."""
+    torch.manual_seed(123)
+    outs = generate(model, prompts, **kw)
+    return [(g.tokens, g.finish_reason, g.mean_depth) for g in outs]
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_greedy_decode_path_equals_reference(arch, preset):
+    model = build(arch, preset)
+    kw = dict(max_new_tokens=12, temperature=0.0)
+    # batch 1
+    one = run(model, PROMPTS[:1], fast=False, **kw)
+    rep = DecodeReport()
+    assert run(model, PROMPTS[:1], report=rep, **kw) == one
+    assert (rep.path, rep.compiled, rep.dtype, rep.autocast) == ("fast", False, "float32", None)
+    # a batch whose rows stop at different points: one at a stop id, one when asked, one at the length limit
+    free = run(model, PROMPTS, fast=False, **kw)
+    stop = free[0][0][4]  # row 0's fifth new token
+    asked_row = 2 if stop not in free[2][0][:6] else 1
+
+    def should_stop(row: int, new: list[int]) -> bool:
+        return row == asked_row and len(new) == 6
+
+    kw = dict(kw, stop_ids=(stop,), should_stop=should_stop)
+    ref = run(model, PROMPTS, fast=False, **kw)
+    assert ref[0][1] == "eos" and len(ref[0][0]) <= 4  # the setup stops rows early, so the comparison means something
+    assert ref[asked_row][1] == "eos"
+    for every in (1, 3, 8, 100):
+        assert run(model, PROMPTS, check_every=every, **kw) == ref, every
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_sampled_decode_path_equals_reference(arch):
+    model = build(arch, "tiny")
+
+    def gens():
+        return [torch.Generator().manual_seed(10 + i) for i in range(len(PROMPTS))]
+
+    kw = dict(max_new_tokens=10, temperature=0.9, top_k=40, stop_ids=(3,))
+    assert run(model, PROMPTS, generators=gens(), **kw) == run(model, PROMPTS, generators=gens(), fast=False, **kw)
+    # the global RNG for every row: other rows' draws depend on which rows are left, so finished rows leave at once
+    rep = DecodeReport()
+    assert run(model, PROMPTS, report=rep, **kw) == run(model, PROMPTS, fast=False, **kw)
+    assert rep.check_every == 1
+
+
+@pytest.mark.parametrize("arch", [a for a in ARCHS if architectures.get(a).iterable()])
+def test_decode_path_with_test_time_depth(arch):
+    model = build(arch, "tiny")
+    deeper = model.args.n_recur + 2
+    for kw in (
+        dict(n_recur=deeper),
+        dict(n_recur=deeper, exit=ExitRule("latent", 0.3)),
+        dict(exit=ExitRule("kl", 1e-3)),
+    ):
+        kw = dict(kw, max_new_tokens=8, temperature=0.0, stop_ids=(5,))
+        ref = run(model, PROMPTS, fast=False, **kw)
+        got = run(model, PROMPTS, **kw)
+        assert [(t, r) for t, r, _ in got] == [(t, r) for t, r, _ in ref]
+        if "exit" in kw:  # the mean exit depth counts the same positions
+            assert [d for *_, d in got] == pytest.approx([d for *_, d in ref], rel=1e-9)
+
+
+def test_decode_path_per_row_limits_and_past_the_context():
+    model = build("control", "tiny")
+    ctx = model.args.max_seq_len
+    limits = [3, 9, 5]
+    got = run(model, PROMPTS, max_new_tokens=limits, temperature=0.0)
+    assert [len(t) for t, *_ in got] == limits
+    assert got == run(model, PROMPTS, max_new_tokens=limits, temperature=0.0, fast=False)
+    # exactly filling the context still runs the decode path; one token more slides the window on the reference path
+    fits, rep = ctx - len(PROMPTS[1]) + 1, DecodeReport()
+    run(model, PROMPTS[1:2], max_new_tokens=fits, temperature=0.0, report=rep)
+    assert rep.path == "fast"
+    over = run(model, PROMPTS[1:2], max_new_tokens=fits + 1, temperature=0.0, report=rep)
+    assert rep.path == "reference" and "context" in rep.reason
+    assert over == run(model, PROMPTS[1:2], max_new_tokens=fits + 1, temperature=0.0, fast=False)
+    with pytest.raises(ValueError, match="2 max_new_tokens for 3 prompts"):
+        generate(model, PROMPTS, max_new_tokens=[1, 2])
+    with pytest.raises(ValueError, match="check_every"):
+        generate(model, PROMPTS, max_new_tokens=2, check_every=0)
+
+
+def test_decode_path_in_another_dtype_casts_a_copy_once():
+    model = build("relaxed", "tiny")
+    rep = DecodeReport()
+    outs = generate(model, PROMPTS, max_new_tokens=6, temperature=0.0, dtype=torch.bfloat16, report=rep)
+    assert rep.dtype == "bfloat16" and [len(g.tokens) for g in outs] == [6, 6, 6]
+    assert next(model.parameters()).dtype == torch.float32  # the caller's model is left alone
+    cast = cast_for_inference(build("relaxed", "tiny"), torch.bfloat16)
+    assert cast.rope_cos.dtype == torch.float32 and cast.output.weight.dtype == torch.bfloat16
+    generate(cast, PROMPTS, max_new_tokens=6, temperature=0.0, report=rep)
+    assert rep.dtype == "bfloat16"
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # as the eval adapter calls it
+        generate(model, PROMPTS, max_new_tokens=6, temperature=0.0, report=rep)
+    assert (rep.path, rep.dtype, rep.autocast) == ("fast", "float32", "bfloat16")
+
+
+def test_compile_falls_back_to_eager_with_the_reason(monkeypatch, caplog):
+    import architectures.generate as gen
+
+    model = build("control", "tiny")
+    ref = run(model, PROMPTS, max_new_tokens=6, temperature=0.0, fast=False)
+    monkeypatch.setattr(gen, "compiler_unavailable", lambda device: "no C++ compiler found (test)")
+    rep = DecodeReport()
+    with caplog.at_level(logging.WARNING, logger="architectures.generate"):
+        assert run(model, PROMPTS, max_new_tokens=6, temperature=0.0, compile=True, report=rep) == ref
+    assert not rep.compiled and rep.reason == "no C++ compiler found (test)"
+    assert "no C++ compiler found (test)" in caplog.text
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("inductor exploded\nmore detail")
+
+    monkeypatch.setattr(gen, "compiler_unavailable", lambda device: None)
+    monkeypatch.setattr(gen, "_compiled_step", lambda *a, **k: broken)
+    assert run(model, PROMPTS, max_new_tokens=6, temperature=0.0, compile=True, report=rep) == ref
+    assert not rep.compiled and rep.reason == "compilation failed: RuntimeError: inductor exploded"
+
+
+@pytest.mark.slow  # inductor compiles C++ kernels for every batch shape the generation passes through
+@pytest.mark.skipif(compiler_unavailable(torch.device("cpu")) is not None, reason="no C++ compiler for inductor")
+@pytest.mark.parametrize("arch", ["control", "three-part"])
+def test_compiled_decode_path_equals_reference(arch):
+    model = build(arch, "tiny")
+    kw = dict(max_new_tokens=8, temperature=0.0, stop_ids=(5,))
+    rep = DecodeReport()
+    assert run(model, PROMPTS, compile=True, report=rep, **kw) == run(model, PROMPTS, fast=False, **kw)
+    assert rep.compiled and rep.reason == ""
