@@ -100,12 +100,10 @@ def _read_table(conn: sqlite3.Connection, table: Table, have: set[str]) -> pd.Da
     if table.name not in have:
         return pd.DataFrame({c: pd.Series(dtype=object) for c in wanted})
     present = {r[1] for r in conn.execute(f"pragma table_info('{table.name}')")}
-    cols = [c for c in wanted if c in present]
+    # An older database lacks the newer columns: they read as NULL, also where `report_where` names one (a read-only
+    # report never migrates the file, so the condition must hold on the columns as they would be after migration).
+    described = ", ".join(c if c in present else f"NULL AS {c}" for c in table.column_names)
     where = f" where {table.report_where}" if table.report_where else ""
-    sql = f"select {', '.join(cols)} from {table.name}{where}"
-    df = pd.DataFrame.from_records(conn.execute(sql).fetchall(), columns=cols)
-    for c in wanted:
-        if c not in df.columns:
-            df[c] = None
-    df = df[wanted]
+    sql = f"select {', '.join(wanted)} from (select {described} from {table.name}){where}"
+    df = pd.DataFrame.from_records(conn.execute(sql).fetchall(), columns=wanted)
     return df.sort_values(list(table.sort_keys), kind="mergesort", na_position="first").reset_index(drop=True)
