@@ -20,3 +20,12 @@ def test_an_older_bench_table_without_newer_columns_is_read_not_refused(tmp_path
     bench = data.bench
     assert list(bench["tokens_per_s"]) == [1234.5] and bench["mode"].isna().all()
     assert path.read_bytes() == before  # read, never migrated
+
+
+def test_provenance_names_the_data_source_as_given_not_where_it_resolved():
+    from benchctl.stages.report.summary import _given_source
+
+    cfg = '{"data": {"source": "data/tinystories"}}'
+    assert _given_source(cfg, "/home/me/datasets/tinystories") == "data/tinystories"
+    assert _given_source('{"data": {"source": "hub"}}', "hub") == "hub"
+    assert _given_source("not json", "/x") == "/x"  # a config that cannot be read: the stored location

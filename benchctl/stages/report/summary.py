@@ -3,6 +3,8 @@ unit), the latest `benchctl bench` rows, and the provenance of every run (versio
 
 from __future__ import annotations
 
+import json
+
 from benchctl.report.context import CONTROL
 from benchctl.report.fmt import counts, date, fnum, fp, max_str, md_table, min_str, missing, need, py, scaled
 from benchctl.report.frames import Frames
@@ -166,6 +168,17 @@ def bench_section(frames: Frames) -> list[str]:
     return out
 
 
+def _given_source(config_json: object, stored: object) -> object:
+    """The data source as the run was given it (`--data`, e.g. 'hub' or a directory as typed), which is what a reader
+    would pass to reproduce the run; the resolved local location stays in `runs.data_source`, and the fingerprint
+    beside it identifies the content wherever it lives."""
+    try:
+        given = json.loads(str(config_json))["data"]["source"]
+    except (ValueError, KeyError, TypeError):
+        return stored
+    return given if isinstance(given, str) and given else stored
+
+
 def provenance_section(frames: Frames) -> list[str]:
     ctx, data, groups = frames.ctx, frames.data, judge_groups_of(frames)
     out = ["## Provenance", ""]
@@ -184,7 +197,7 @@ def provenance_section(frames: Frames) -> list[str]:
                 else ""
             ),
         ),
-        ("data source", counts(r["data_source"])),
+        ("data source", counts(_given_source(c, s) for c, s in zip(r["config_json"], r["data_source"]))),
         ("data fingerprint", counts(r["data_fingerprint"])),
         ("device", counts(f"{a} / {b}" if not missing(b) else a for a, b in zip(r["device"], r["device_name"]))),
         # train.dtype=auto resolves per machine: the precision each run actually trained in, and why
