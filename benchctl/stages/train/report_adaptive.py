@@ -54,6 +54,9 @@ def adaptive_section(frames: Frames) -> list[str]:
     models = [m for m in ctx.done_models if m in set(df["model"])]
     final = _final(df)
     train_names = sorted({n for n in df["name"] if not n.startswith("val_")}, key=_order)
+    depth = _depth_table(final, models)
+    if depth:  # the depth fractions have a table of their own
+        train_names = [n for n in train_names if not _DEPTH.match(n.split("/", 1)[-1])]
     out = ["## Adaptive computation", ""]
     out.append(
         "What the architectures that decide their own compute reported: auxiliary losses (`aux/`, the unweighted "
@@ -71,7 +74,6 @@ def adaptive_section(frames: Frames) -> list[str]:
             row.append("-" if t is None else fnum(t) + ("" if v is None else f" ({fnum(v)})"))
         rows.append(row)
     out += md_table(headers, rows, right=range(1, len(headers))) + [""]
-    depth = _depth_table(final, models)
     if depth:
         out += depth + [""]
     fig = fig_adaptive(ctx, df, models, train_names)
@@ -128,9 +130,18 @@ def fig_adaptive(ctx: Any, df: pd.DataFrame, models: list[str], names: list[str]
             ax.set_xlabel("step")
         for ax in axes[len(shown) :]:
             ax.set_visible(False)
-        handles, labels = axes[0].get_legend_handles_labels()
-        if handles:
-            fig.legend(handles, [tick(lab) for lab in labels], loc="outside lower center", ncols=min(len(labels), 5))
+        seen: dict[str, Any] = {}  # every model drawn in any panel, once, in model order
+        for ax in axes[: len(shown)]:
+            for handle, label in zip(*ax.get_legend_handles_labels()):
+                seen.setdefault(label, handle)
+        labels = [m for m in models if m in seen]
+        if labels:
+            fig.legend(
+                [seen[m] for m in labels],
+                [tick(m) for m in labels],
+                loc="outside lower center",
+                ncols=min(len(labels), 4),
+            )
         fig.suptitle(
             f"Auxiliary losses and architecture metrics during training · preset {ctx.preset}",
             fontsize=12,
