@@ -18,13 +18,20 @@ coda through three hooks (`prelude`, `core_step`, `coda`), so shared code can ru
 state after each iteration: `iterate` runs depths past the trained one (with the architecture's extrapolation rule)
 and the per-token adaptive exit. `schedule` stays the training path, bit-identical and fast; an architecture that
 does not implement the hooks runs at its fixed depth only.
+
+Adaptive computation. A training forward can say more than its next-token loss, through three calls an architecture
+makes from inside its forward (`schedule`): `add_aux_loss(name, value, weight)` (a term the trainer adds to the loss it
+optimises, e.g. a ponder cost or a router's balancing loss), `add_metric(name, value)` (a scalar the run records per
+logged step, e.g. the mean ponder time) and `add_compute(forward_flops_per_token)` (the compute a piece of the schedule
+really ran, when it depends on the data). The caller collects them with `take_stats()` after the forward. Whether the
+training forward is causal is declared (`causal_training`, `inference_rule`) and checked by the tests.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
 
 import torch
@@ -74,6 +81,41 @@ class ExitRule:
             raise ValueError(f"exit threshold must be >= 0, got {self.threshold}")
 
 
+@dataclass
+class ForwardStats:
+    """What one forward reported beyond its next-token loss (filled by `BaseLM.add_aux_loss`, `add_metric` and
+    `add_compute`, collected with `BaseLM.take_stats`).
+
+    aux:     name -> (term, weight): a scalar term (a 0-d tensor that carries gradients in training) and the weight it
+             enters the optimised loss with; the optimised loss is cross-entropy + sum(weight * term).
+    metrics: name -> scalar (a float or a 0-d tensor; tensors are detached when they are read).
+    compute: (forward FLOPs per token of the sequence, takes part in backward) for each piece of the schedule the
+             forward really ran, head excluded, the format of `BaseLM.flop_terms`; None when the architecture
+             reported none (its compute is then the analytic count).
+    """
+
+    aux: dict[str, tuple[torch.Tensor, float]] = field(default_factory=dict)
+    metrics: dict[str, torch.Tensor | float] = field(default_factory=dict)
+    compute: list[tuple[float, bool]] | None = None
+
+    def aux_total(self) -> torch.Tensor | None:
+        """sum(weight * term) over the auxiliary terms (None when there are none): what the trainer adds to the
+        cross-entropy it optimises."""
+        total: torch.Tensor | None = None
+        for term, weight in self.aux.values():
+            total = weight * term if total is None else total + weight * term
+        return total
+
+    def scalars(self) -> dict[str, float]:
+        """Every auxiliary term (unweighted, as `aux/<name>`) and metric (as `arch/<name>`) as plain floats: the
+        names a run's `metrics` table stores them under."""
+        out = {f"aux/{k}": float(v.detach()) for k, (v, _) in self.aux.items()}
+        out.update(
+            {f"arch/{k}": float(v.detach()) if torch.is_tensor(v) else float(v) for k, v in self.metrics.items()}
+        )
+        return out
+
+
 class IterOutput(NamedTuple):
     logits: torch.Tensor | None  # (B, T, V), None when return_logits=False
     loss: torch.Tensor | None
@@ -103,6 +145,13 @@ class BaseLM(nn.Module):
     - Every parameter with two or more dimensions gets weight decay in training, everything else (norm gains,
       biases) none, whatever component it belongs to; a new matrix- or vector-shaped parameter is decayed or not
       by its shape alone.
+    - The training forward is causal (`causal_training = True`: changing token t never changes the logits or the
+      loss before t, in train mode), or the architecture sets `causal_training = False` and names in
+      `inference_rule` the causal rule its evaluation and generation use instead (checked in eval mode).
+    - An architecture that reports auxiliary losses, metrics or the compute it really ran (`add_aux_loss`,
+      `add_metric`, `add_compute`; see `ForwardStats`) sets `reports_stats = True`: every forward then starts with
+      empty stats, and the trainer stays eager under `train.compile` auto (a depth decided by the data would
+      recompile or break the graph at every step).
     """
 
     name: ClassVar[str] = ""  # set by @register
@@ -116,6 +165,14 @@ class BaseLM(nn.Module):
     # then which rows are still in the batch changes what every row draws, and generation must drop finished rows
     # at the token they finish to draw what the reference path draws.
     draws_random_state: ClassVar[bool] = False
+    # The causality contract (checked by the registry tests). True: the training forward is causal. False: it is not
+    # (e.g. top-k routing over the whole sequence lets a later token decide an earlier token's depth), and
+    # `inference_rule` says, in a sentence, what causal rule evaluation and generation (eval mode) use instead.
+    causal_training: ClassVar[bool] = True
+    inference_rule: ClassVar[str] = ""
+    # True when the forward reports auxiliary losses, metrics or its compute (`add_aux_loss`, `add_metric`,
+    # `add_compute`): each forward then starts from empty stats.
+    reports_stats: ClassVar[bool] = False
     rope_cos: torch.Tensor  # buffers (register_buffer in __init__), declared for the type checker
     rope_sin: torch.Tensor
 
@@ -240,6 +297,8 @@ class BaseLM(nn.Module):
         materialising the logits (`linear_cross_entropy`): what training and validation use. Past the trained
         depth an architecture with extrapolation rules runs through `iterate` with `extrapolate` (None: default).
         """
+        if type(self).reports_stats:  # a class constant: no work at all for the architectures that report nothing
+            self.__dict__.pop("_forward_stats", None)
         n = self.resolve_n_recur(n_recur)
         if n > self.args.n_recur and self.extrapolate_rules:
             out = self.iterate(
@@ -284,6 +343,75 @@ class BaseLM(nn.Module):
                 logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=IGNORE_INDEX
             )
         return logits, loss
+
+    # ---- what a forward reports beyond its loss (adaptive computation) ---------------------------------------------
+
+    def _stats(self) -> ForwardStats:
+        if not type(self).reports_stats:
+            raise TypeError(f"{self.name}: set `reports_stats = True` on the class to report stats from its forward")
+        stats = self.__dict__.get("_forward_stats")
+        if stats is None:
+            stats = ForwardStats()
+            self.__dict__["_forward_stats"] = stats  # a plain attribute: never a submodule, buffer or state
+        return stats
+
+    def add_aux_loss(self, name: str, value: torch.Tensor, weight: float) -> None:
+        """Report an auxiliary training loss from inside the forward: `value` a scalar term (mean over the tokens,
+        with its graph), `weight` its coefficient. The trainer optimises cross-entropy + sum(weight * value) and
+        records the term per logged step as `aux/<name>`; the validation loss stays the plain cross-entropy, with the
+        terms measured on validation data beside it (`val_aux/<name>`). Reporting a name twice in one forward adds
+        the values (e.g. a loss per recursion step)."""
+        stats = self._stats()
+        if name in stats.aux:
+            old, w = stats.aux[name]
+            if w != weight:
+                raise ValueError(f"{self.name}: auxiliary loss {name!r} reported with weights {w} and {weight}")
+            value = old + value
+        stats.aux[name] = (value, float(weight))
+
+    def add_metric(self, name: str, value: torch.Tensor | float) -> None:
+        """Report a named scalar about this forward (mean ponder time, the fraction of tokens at a depth, a router's
+        load imbalance); the run records it per logged step as `arch/<name>` (averaged over the step's micro-batches)
+        and the report draws it. Reporting a name twice in one forward keeps the last value."""
+        self._stats().metrics[name] = value
+
+    def add_compute(self, forward_flops_per_token: float | torch.Tensor, backward: bool | None = None) -> None:
+        """Report compute a piece of the forward really ran: its forward FLOPs per token of the sequence (the
+        convention of `flop_terms`: 2 per multiply-add, attention over the scores it computed) and whether it takes
+        part in the backward pass (None: whether autograd is recording here, so work under `torch.no_grad()` counts
+        once). Once an architecture reports any compute in a forward, that forward's compute is the sum of what it
+        reported plus the head; otherwise it is the analytic `flops_per_token`."""
+        stats = self._stats()
+        if stats.compute is None:
+            stats.compute = []
+        f = (
+            float(forward_flops_per_token.detach())
+            if torch.is_tensor(forward_flops_per_token)
+            else float(forward_flops_per_token)
+        )
+        stats.compute.append((f, torch.is_grad_enabled() if backward is None else bool(backward)))
+
+    def take_stats(self) -> ForwardStats:
+        """What the last forward reported (empty when it reported nothing), and forget it."""
+        stats = self.__dict__.pop("_forward_stats", None)
+        return stats if stats is not None else ForwardStats()
+
+    def spent_flops_per_token(
+        self, stats: ForwardStats, seq_len: int | None = None, n_recur: int | None = None, training: bool = True
+    ) -> float:
+        """FLOPs per token a forward (+ backward when `training`) really spent: the compute it reported plus the head,
+        or, when it reported none, the analytic count at `n_recur` (`flops_per_token`, the upper bound)."""
+        if stats.compute is None:
+            return self.flops_per_token(seq_len, n_recur, training)
+        # the head takes part in the backward pass when the forward built a graph at all
+        head = (2.0 * self.args.dim * self.args.vocab_size, any(bwd for _, bwd in stats.compute))
+        terms = stats.compute + [head]
+        return float(sum(f * (3 if bwd and training else 1) for f, bwd in terms))
+
+    def block_flops(self, seq_len: int) -> float:
+        """Forward FLOPs per token of one `Block` application over a sequence of `seq_len` tokens (what a token
+        pays for one block it passes through; attention grows with the tokens it attends over)."""
+        return block_forward_flops(self.args, seq_len)
 
     # ---- iteration hooks (test-time recurrence) --------------------------------------------------------------------
 
@@ -337,6 +465,8 @@ class BaseLM(nn.Module):
         `n_recur` iterations always run, so every forward of a generation uses the same cache slots.
         """
         cls = type(self)
+        if cls.reports_stats:
+            self.__dict__.pop("_forward_stats", None)
         if not cls.iterable():
             raise RecurrenceError(f"{self.name}: runs at a fixed depth; it has no iteration hooks")
         n = self.resolve_n_recur(n_recur)

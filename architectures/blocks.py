@@ -73,16 +73,20 @@ def precompute_rope(head_dim: int, end: int, theta: float = 10000.0) -> tuple[to
 
 def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """llama2.c's rotation (x_r c - x_i s, x_r s + x_i c) of x (B, T, H, hd) in float32, as one complex multiply
-    (x_r + i x_i)(c + i s): one kernel forward and one backward instead of a dozen elementwise ops and a stack."""
+    (x_r + i x_i)(c + i s): one kernel forward and one backward instead of a dozen elementwise ops and a stack.
+
+    cos and sin are (T, hd/2), the positions every row shares, or (B, T, hd/2), positions per row (a block run over
+    tokens gathered from their sequences, as a router that sends only some tokens through a block does)."""
     B, T, H, hd = x.shape
     xf = x.float().reshape(B, T, H, hd // 2, 2)
+    rows = B if cos.dim() == 3 else 1
     # inductor has no complex kernels: under torch.compile the written-out form is the one it fuses
     if x.device.type in ("cpu", "cuda") and not torch.compiler.is_compiling():
-        freqs = torch.complex(cos, sin).view(1, T, 1, hd // 2)  # (1, T, 1, hd/2)
+        freqs = torch.complex(cos, sin).view(rows, T, 1, hd // 2)  # (1 or B, T, 1, hd/2)
         out = torch.view_as_real(torch.view_as_complex(xf) * freqs).flatten(3)  # (B, T, H, hd)
     else:  # compiling, or devices without complex kernels (e.g. MPS): the same products, written out
         xr, xi = xf.unbind(-1)  # (B, T, H, hd/2)
-        c, s = cos.view(1, T, 1, hd // 2), sin.view(1, T, 1, hd // 2)
+        c, s = cos.view(rows, T, 1, hd // 2), sin.view(rows, T, 1, hd // 2)
         out = torch.stack((xr * c - xi * s, xr * s + xi * c), dim=-1).flatten(3)
     return out.type_as(x)
 

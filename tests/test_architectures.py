@@ -207,12 +207,22 @@ def test_flops_per_token_match_flop_counter(arch, overrides, kw, tiny_model):
     x = tokens(2, T)
     torch.manual_seed(0)
     counted = counted_flops_per_token(model, x, **kw)
-    assert model.flops_per_token(T, **kw) == counted
-    # forward only
+    # what the forward reports it ran (the analytic count for an architecture that reports nothing), and the
+    # analytic count as its upper bound
+    spent = model.spent_flops_per_token(model.take_stats(), T, kw.get("n_recur"))
+    assert spent == counted and spent <= model.flops_per_token(T, **kw)
+    if not type(model).reports_stats:
+        assert model.flops_per_token(T, **kw) == counted
+    # forward only: work without gradients counts once
     model.zero_grad()
     with torch.no_grad():
         counted_fwd = counted_flops_per_token(model, x, backward=False, **kw)
-    assert model.flops_per_token(T, training=False, **kw) == counted_fwd
+    stats = model.take_stats()
+    assert model.spent_flops_per_token(stats, T, kw.get("n_recur"), training=False) == counted_fwd
+    if type(model).reports_stats:  # a forward-only forward costs 1x, even counted as training
+        assert model.spent_flops_per_token(stats, T, kw.get("n_recur"), training=True) == counted_fwd
+    else:
+        assert model.flops_per_token(T, training=False, **kw) == counted_fwd
 
 
 @pytest.mark.parametrize("arch", STUDY)
@@ -254,18 +264,107 @@ def test_forward_shapes_and_initial_loss(arch, tiny_model):
         model(tokens(1, 33))
 
 
-@pytest.mark.parametrize("arch", NAMES)
-def test_causality(arch, tiny_model):
-    model = tiny_model(arch)
+def assert_causal(model: BaseLM, mode: str) -> None:
+    """Changing token t never changes the logits, or the loss over the targets, before t (in `mode`).
+
+    Bit for bit, except for an architecture that routes tokens (`reports_stats`): it runs a block over the tokens
+    routed to it as a shorter sequence whose length a later token can change, and a matmul of another shape rounds
+    differently; for it the earlier values must agree to float32 rounding."""
+    model.train(mode == "train")
     T = 16
-    x = tokens(2, T)
+    x, y = tokens(2, T), tokens(2, T, seed=1)
+
+    def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+        if type(model).reports_stats:
+            return torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+        return torch.equal(a, b)
+
     base = seeded_logits(model, x)
     for t in (1, 7, T - 1):
         x2 = x.clone()
         x2[:, t] = (x2[:, t] + 1) % 512
         out = seeded_logits(model, x2)
-        assert torch.equal(out[:, :t], base[:, :t]), f"position < {t} saw token {t}"
+        assert same(out[:, :t], base[:, :t]), f"{mode} mode: position < {t} saw token {t}"
         assert not torch.allclose(out[:, t], base[:, t])  # the change is visible where it may be
+        before = y.clone()
+        before[:, t:] = -1  # the loss over the positions before t only
+        torch.manual_seed(1)
+        with torch.no_grad():
+            ref = model(x, before)[1]
+        torch.manual_seed(1)
+        with torch.no_grad():
+            assert same(model(x2, before)[1], ref), f"{mode} mode: the loss before {t} saw token {t}"
+    model.eval()
+
+
+@pytest.mark.parametrize("arch", NAMES)
+def test_causality(arch, tiny_model):
+    """The declared causality contract: a causal training forward (checked in train mode), or the causal inference
+    rule the architecture names (checked in eval mode, which evaluation and generation use)."""
+    model = tiny_model(arch)
+    cls = type(model)
+    if cls.causal_training:
+        assert_causal(model, "train")
+    else:
+        assert cls.inference_rule.strip(), f"{arch}: a non-causal training forward must name its inference rule"
+    assert_causal(model, "eval")
+
+
+@pytest.mark.parametrize("arch", NAMES)
+def test_forward_stats(arch, tiny_model):
+    """What a forward reports beyond its loss: every auxiliary term a finite scalar that carries gradients in
+    training, metrics finite scalars with the same names in every forward, the compute it ran within the analytic
+    bound; each forward starts afresh, and an architecture that reports nothing has empty stats."""
+    model = tiny_model(arch).train()
+    x, y = tokens(2, 16), tokens(2, 16, seed=1)
+    names = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        model(tokens(2, 16, seed=seed), y)
+        stats = model.take_stats()
+        assert model.take_stats() == architectures.base.ForwardStats()  # taken: forgotten
+        names.append((sorted(stats.aux), sorted(stats.metrics)))
+        for name, (term, weight) in stats.aux.items():
+            assert term.ndim == 0 and torch.isfinite(term) and term.requires_grad, name
+            assert math.isfinite(weight) and weight >= 0, name
+        assert all(math.isfinite(v) for v in stats.scalars().values())
+        assert model.spent_flops_per_token(stats, 16) <= model.flops_per_token(16) * (1 + 1e-12)
+        if not type(model).reports_stats:
+            assert stats == architectures.base.ForwardStats()
+            assert stats.aux_total() is None and stats.scalars() == {}
+    assert names[0] == names[1]
+    if type(model).reports_stats:  # two forwards without a take in between: the second one's stats only
+        torch.manual_seed(0)
+        model(x, y)
+        torch.manual_seed(0)
+        model(x, y)
+        twice = model.take_stats()
+        torch.manual_seed(0)
+        model(x, y)
+        once = model.take_stats()
+        assert twice.scalars() == once.scalars() and twice.compute == once.compute
+
+
+def test_a_block_runs_over_tokens_gathered_at_their_own_positions(tiny_model):
+    """Rotary tables per row (B, T, hd/2): a block over tokens gathered from each sequence (a router's selection)
+    computes, row by row, what it computes over that row alone with the row's positions."""
+    model = tiny_model("control")
+    x = model.tok_embeddings(tokens(2, 10))
+    idx = torch.tensor([[0, 2, 3, 7], [1, 4, 8, 9]])
+    gathered = torch.gather(x, 1, idx[..., None].expand(2, 4, x.shape[-1]))
+    cos, sin = model.rope_cos, model.rope_sin
+    with torch.no_grad():
+        both = model.layers[0](gathered, cos[idx], sin[idx])
+        for b in range(2):
+            alone = model.layers[0](gathered[b : b + 1], cos[idx[b]], sin[idx[b]])
+            torch.testing.assert_close(both[b : b + 1], alone, rtol=1e-6, atol=1e-6)
+        assert not torch.allclose(both, model.layers[0](gathered, cos[:4], sin[:4]))  # the positions matter
+
+
+def test_reporting_stats_must_be_declared(tiny_model):
+    model = tiny_model("control")
+    with pytest.raises(TypeError, match="reports_stats = True"):
+        model.add_metric("x", 1.0)
 
 
 @pytest.mark.parametrize("arch", NAMES)

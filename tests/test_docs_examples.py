@@ -20,9 +20,10 @@ def _extractor():
     return mod
 
 
-def test_the_guide_holds_an_architecture_and_a_whole_stage():
+def test_the_guide_holds_its_architectures_and_a_whole_stage():
     files = _extractor().examples(DOC.read_text(encoding="utf-8"))
     assert "architectures/gated_loop.py" in files
+    assert "architectures/settling_loop.py" in files  # the adaptive-computation example
     stage_dirs = {Path(p).parent for p in files if p.startswith("benchctl/stages/")}
     assert len(stage_dirs) == 1
     roles = {Path(p).name for p in files if p.startswith("benchctl/stages/")}

@@ -100,8 +100,13 @@ def test_params_table():
         assert line.count(f"{total:,}") == 2, line  # ours and the study's, side by side
         assert "✓" in line and "✗" not in line
     assert out.count("✓") == 4 + 1  # one per study row, plus the legend
-    # one row per component, one column per architecture; each column adds up to its total
-    lines = {ln.split()[0]: ln.split()[1:] for ln in out.splitlines() if ln.strip()}
+    # one row per component, one column per architecture (in as many tables as fit the terminal, never a count cut
+    # short); each column adds up to its total
+    assert "…" not in out
+    lines: dict[str, list[str]] = {}
+    for ln in out.split("unique parameters by component", 1)[1].split("depth and compute", 1)[0].splitlines():
+        if ln.strip() and not ln.strip().startswith(("─", "(continued)")):
+            lines.setdefault(ln.split()[0], []).extend(ln.split()[1:])
     archs = architectures.names()
     rows = {r["arch"]: r for r in accounting.table("paper")}
     for comp in accounting.component_names(list(rows.values())):

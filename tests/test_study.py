@@ -31,6 +31,7 @@ def test_registry_is_the_study_in_order():
         "loss_vs_compute.png",
         "loss_vs_params.png",
         "loss_vs_depth.png",
+        "adaptive_metrics.png",
         "retrofit_loss_flops.png",
         "judge_grades.png",
         "depth_loss.png",

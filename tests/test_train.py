@@ -464,13 +464,14 @@ def test_paper_on_cpu_asks_first_and_refuses_without_yes(tmp_path, tinystories_d
 
 
 @pytest.mark.slow
-def test_ddp_two_processes_match_single_process(tmp_path, tinystories_dir):
+@pytest.mark.parametrize("arch", ["control", "ut-act"])  # ut-act: auxiliary terms, metrics and spent FLOPs reduced
+def test_ddp_two_processes_match_single_process(tmp_path, tinystories_dir, arch):
     """torchrun with 2 CPU processes (gloo): the global batch is split, so the losses match one process."""
     cache = tmp_path / "cache"
     common = [
         "train",
         "--arch",
-        "control",
+        arch,
         "--preset",
         "tiny",
         "--data",
@@ -509,14 +510,26 @@ def test_ddp_two_processes_match_single_process(tmp_path, tinystories_dir):
     out, err = ddp.communicate(timeout=300)
     assert ddp.returncode == 0, err
     (r1, m1, _), (r2, m2, _) = (
-        _final_state(tmp_path / "one" / "results.db"),
-        _final_state(tmp_path / "two" / "results.db"),
+        _final_state(tmp_path / "one" / "results.db", arch),
+        _final_state(tmp_path / "two" / "results.db", arch),
     )
     assert r2[1] == "done"
     assert r2[3] == pytest.approx(r1[3], abs=1e-4)
     v1 = [v for s, n, v in m1 if n == "val_loss"]
     v2 = [v for s, n, v in m2 if n == "val_loss"]
     assert v2 == pytest.approx(v1, abs=1e-4)
+    # every rank's share is in the stored metrics: the same names and (to rounding) the same means as one process
+    names1, names2 = {n for _, n, _ in m1}, {n for _, n, _ in m2}
+    assert names1 == names2
+    for name in sorted(n for n in names1 if n.startswith(("aux/", "val_aux/", "val_arch/mean_depth"))):
+        a, b = [v for _, n, v in m1 if n == name], [v for _, n, v in m2 if n == name]
+        assert b == pytest.approx(a, rel=1e-3), name
+    # the training FLOPs of both processes: a fixed-depth model's are one process's; ut-act's loop stops once the
+    # tokens of a process's own half have halted, so two processes never spend more than one
+    f1, f2 = [v for _, n, v in m1 if n == "train_flops"], [v for _, n, v in m2 if n == "train_flops"]
+    assert len(f1) == len(f2) > 0 and all(b <= a * (1 + 1e-6) for a, b in zip(f1, f2))
+    if arch == "control":
+        assert f2 == pytest.approx(f1, rel=1e-9)
     con = sqlite3.connect(tmp_path / "two" / "results.db")
     assert con.execute("select world_size from runs").fetchone()[0] == 2
 

@@ -30,13 +30,9 @@ def params(
         print(json.dumps(rows, indent=2))
         return
     counts = Table(title=f"unique parameters — preset '{preset}'", title_justify="left", box=box.SIMPLE_HEAD)
-    parts = Table(title="unique parameters by component", title_justify="left", box=box.SIMPLE_HEAD)
     compute = Table(title="depth and compute", title_justify="left", box=box.SIMPLE_HEAD)
     for head in ("arch", "unique params", "study", ""):
         counts.add_column(head, justify="left" if head == "arch" else "right", no_wrap=True)
-    parts.add_column("component", justify="left", no_wrap=True)
-    for r in rows:
-        parts.add_column(r["arch"], justify="right", no_wrap=True)
     for head in ("arch", "depth", "effective params", "training MFLOP/token"):
         compute.add_column(head, justify="left" if head == "arch" else "right", no_wrap=True)
     for r in rows:
@@ -47,11 +43,18 @@ def params(
             r["arch"], str(r["effective_depth"]), f"{r['effective_params']:,}", f"{r['flops_per_token'] / 1e6:.1f}"
         )
     names = accounting.component_names(rows)
-    for i, c in enumerate(names):
-        parts.add_row(c, *(f"{r[c]:,}" if c in r else "-" for r in rows), end_section=i == len(names) - 1)
-    parts.add_row("total", *(f"{r['total_params']:,}" for r in rows))
     console.print(counts)
-    console.print(parts)
+    # one column per architecture: as many tables as it takes to fit the terminal, so no count is ever cut short
+    for i, group in enumerate(_fitting_groups(rows, names, console.width)):
+        title = "unique parameters by component" + (" (continued)" if i else "")
+        parts = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, min_width=len(title) + 2)
+        parts.add_column("component", justify="left", no_wrap=True)
+        for r in group:
+            parts.add_column(r["arch"], justify="right", no_wrap=True)
+        for j, c in enumerate(names):
+            parts.add_row(c, *(f"{r[c]:,}" if c in r else "-" for r in group), end_section=j == len(names) - 1)
+        parts.add_row("total", *(f"{r['total_params']:,}" for r in group))
+        console.print(parts)
     console.print(compute)
     console.print(
         "Every model has the tied embedding, its unique blocks and the final norm; the other components are the "
@@ -66,3 +69,21 @@ def params(
             "Sampled depth is on: depth and effective params are at the configured recurrence, training "
             "MFLOP/token is the expectation over the sampled depths (mean recurrence + 1)."
         )
+
+
+def _fitting_groups(rows: list[dict], names: list[str], width: int) -> list[list[dict]]:
+    """The architectures' rows in consecutive groups whose component table fits `width` columns (at least one
+    architecture a group): each column is as wide as its widest cell plus the table's padding."""
+    pad = 3  # a column's padding and separator in box.SIMPLE_HEAD
+    first = max(len(c) for c in [*names, "component", "total"]) + pad + 2
+    groups: list[list[dict]] = [[]]
+    used = first
+    for r in rows:
+        cells = [r["arch"], f"{r['total_params']:,}", *(f"{r[c]:,}" for c in names if c in r)]
+        w = max(len(c) for c in cells) + pad
+        if groups[-1] and used + w > width:
+            groups.append([])
+            used = first
+        groups[-1].append(r)
+        used += w
+    return groups

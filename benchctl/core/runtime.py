@@ -77,7 +77,7 @@ def resolve_compile(
     setting: bool | None,
     device: torch.device,
     amp: torch.dtype | None,
-    sampled_depth: bool,
+    sampled_depth: bool,  # the depth changes from step to step: sampled, or decided by the data (halting, routing)
     curriculum: bool,
     arch: str = "the model",
 ) -> CompileChoice:
@@ -93,8 +93,9 @@ def resolve_compile(
     if setting is not None:
         if setting and sampled_depth:
             raise ConfigError(
-                f"train.compile=true with {arch}'s sampled training depth recompiles at every new "
-                "depth; train without compile (it does not change the results)"
+                f"train.compile=true with {arch}'s training depth, which changes from step to step (sampled, or "
+                "decided by the data), recompiles at every new depth; train without compile (it does not change "
+                "the results)"
             )
         if setting:
             check_compile_available(device, "train.compile=true")

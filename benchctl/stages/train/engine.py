@@ -88,14 +88,21 @@ def evaluate(
     seed: int,
     dist_info: Dist | None = None,
     n_recur: int | None = None,
+    extras: dict[str, float] | None = None,
 ) -> float:
     """Mean next-token cross-entropy over fixed windows (N, T+1). RNG forked and seeded, so three-part's random
-    initial state is the same at every evaluation and training's RNG stream is untouched."""
+    initial state is the same at every evaluation and training's RNG stream is untouched.
+
+    The returned loss is the plain cross-entropy, whatever the architecture adds to its training loss. Given
+    `extras`, the auxiliary terms and metrics an architecture reports (`BaseLM.take_stats`) are filled in as
+    `val_aux/<name>` and `val_arch/<name>`: their means over the windows, weighted by tokens."""
     was_training = model.training
     model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=device)  # (sum of token losses, token count)
     dist_info = dist_info or Dist()  # a single process unless a process group is given
     mine = windows[dist_info.rank :: dist_info.world_size]
+    reports = bool(getattr(model, "reports_stats", False))
+    sums: dict[str, float] = {}
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
@@ -106,9 +113,18 @@ def evaluate(
                 _, loss = model(x, y, n_recur=n_recur, return_logits=False)
             total[0] += loss.double() * y.numel()
             total[1] += y.numel()
+            if reports:
+                for k, v in model.take_stats().scalars().items():
+                    sums[k] = sums.get(k, 0.0) + v * y.numel()
     if dist_info.enabled:
         dist.all_reduce(total)
     model.train(was_training)
+    if extras is not None and sums:
+        names = sorted(sums)  # every forward reports the same names (BaseLM.add_metric), so ranks agree on them
+        vec = torch.tensor([sums[k] for k in names], dtype=torch.float64, device=device)
+        if dist_info.enabled:
+            dist.all_reduce(vec)
+        extras.update({"val_" + k: float(v) / float(total[1]) for k, v in zip(names, vec.tolist())})
     return float(total[0] / total[1])
 
 
@@ -123,15 +139,20 @@ def train_step(
     *,
     ddp: bool = False,
     n_recur: int | None = None,
+    stats: StepStats | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One optimizer step: grad_accum micro-batches, clipping, AdamW. The exact step `train` runs and `bench` times.
 
     `train_model` is what runs forward (the model, or its compiled/DDP wrapper); `model` owns the parameters.
     `n_recur` runs the forward at that recurrence (the depth curriculum), None at the model's own.
-    Returns (summed micro-batch loss = the step's mean loss, gradient norm before clipping or None).
+    An architecture's auxiliary losses (`BaseLM.add_aux_loss`) are added to the loss it optimises; `stats`, when
+    given, receives what its forwards reported (the terms, its metrics, the FLOPs they really spent).
+    Returns (summed micro-batch cross-entropy = the step's mean next-token loss, gradient norm before clipping or
+    None).
     """
     t = cfg.train
     loss_sum = torch.zeros((), device=device)
+    reports = bool(getattr(model, "reports_stats", False))
     for micro in range(t.grad_accum):
         x, y = next_batch()
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
@@ -141,12 +162,41 @@ def train_step(
             # the loss only: the logits (B, T, V) are never materialised (architectures.blocks.linear_cross_entropy)
             depth = {} if n_recur is None else {"n_recur": n_recur}
             loss = train_model(x, y, return_logits=False, **depth)[1] / t.grad_accum
-        loss.backward()
+            objective = loss
+            if reports:
+                fwd = model.take_stats()
+                aux = fwd.aux_total()
+                if aux is not None:
+                    objective = loss + aux / t.grad_accum
+                if stats is not None:
+                    stats.add(fwd, model.spent_flops_per_token(fwd, x.shape[1], n_recur) * x.numel())
+        objective.backward()
         loss_sum += loss.detach()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip) if t.grad_clip > 0 else None
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return loss_sum, grad_norm
+
+
+@dataclass
+class StepStats:
+    """What one optimizer step's forwards reported beyond the loss (an architecture with `reports_stats`): the sums
+    of their scalars over the micro-batches and the FLOPs they really spent (forward + backward, this process's
+    tokens)."""
+
+    sums: dict[str, float] = field(default_factory=dict)
+    micro: int = 0
+    flops: float = 0.0
+
+    def add(self, fwd: Any, flops: float) -> None:
+        for k, v in fwd.scalars().items():
+            self.sums[k] = self.sums.get(k, 0.0) + v
+        self.micro += 1
+        self.flops += flops
+
+    def means(self) -> dict[str, float]:
+        """Each scalar's mean over the step's micro-batches."""
+        return {k: v / self.micro for k, v in self.sums.items()}
 
 
 @dataclass
@@ -256,7 +306,10 @@ class _Trainer:
         np.random.seed(cfg.seed)
         random.seed(cfg.seed)
         self.model = architectures.build(cfg.arch, cfg.model).to(self.device)
-        sampled_depth = getattr(self.model.arch_args, "recur_sampling", "fixed") != "fixed"
+        # a depth sampled per step, or decided by the data (halting, routing), would recompile at every step
+        sampled_depth = (
+            getattr(self.model.arch_args, "recur_sampling", "fixed") != "fixed" or type(self.model).reports_stats
+        )
         self.compile = resolve_compile(
             cfg.train.compile, self.device, self.amp, sampled_depth, curriculum.enabled(cfg), cfg.arch
         )
@@ -284,7 +337,14 @@ class _Trainer:
         self.nvml = telemetry.NvmlSampler(self.device)
         self.load = telemetry.LoadSampler()
         self.metrics: list[dict[str, Any]] = []
-        self.flops: curriculum.FlopCounter | None = None  # FLOPs spent so far, kept under a depth curriculum
+        # Training FLOPs spent so far. An architecture that reports its compute (`reports_stats`) adds up what its
+        # forwards ran: `spent` (every process, up to the last sync) plus `pending` (this process, since then),
+        # carried by the checkpoint. Any other is counted from its schedule (`flops`), the analytic count per step.
+        self.reports = bool(type(self.model).reports_stats)
+        self.flops: curriculum.FlopCounter | None = None
+        self.spent: float | None = 0.0
+        self.pending = 0.0
+        self.step_stats = StepStats()  # what the last step's forwards reported
         self.mirror: Any = tblog.NoMirror()  # TensorBoard copy of the metric rows, set once the start step is known
 
     def _setup_device(self) -> torch.device:
@@ -327,6 +387,8 @@ class _Trainer:
             self.sampler.load_state_dict(state["sampler"])
             ckpt.set_rng_state(state["rng"], self.device)
             self.start_step = self.step = self.resumed_from = int(state["step"])
+            spent = state.get("spent_flops")
+            self.spent = None if spent is None else float(spent)  # a checkpoint from before it was kept: unknown
             self.carried = telemetry.carried_from(state["telemetry"])
             change = ckpt.hardware_change(ckpt.saved_hardware(state), self._hardware())
             if change:
@@ -347,9 +409,7 @@ class _Trainer:
                     "weights; start it with 'benchctl retrofit'"
                 )
             self.model.load_state_dict(init_state)
-        self.flops = (
-            curriculum.FlopCounter(self.model, self.cfg, self.start_step) if curriculum.enabled(self.cfg) else None
-        )
+        self.flops = None if self.reports else curriculum.FlopCounter(self.model, self.cfg, self.start_step)
         self.step_times = list(self.carried["step_times"])
 
     def record_start(
@@ -452,6 +512,7 @@ class _Trainer:
         validation loss when one was measured."""
         cfg, t = self.cfg, self.cfg.train
         lr = get_lr(self.step, cfg)
+        self.step_stats = StepStats()
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         timed = self.step - self.start_step >= TIMING_WARMUP_STEPS
@@ -467,7 +528,9 @@ class _Trainer:
                 self.amp,
                 ddp=self.dist.enabled,
                 n_recur=depth,
+                stats=self.step_stats,
             )
+        self.pending += self.step_stats.flops
         if not timed:
             telemetry.sync(self.device)
             self.warmup_compile += time.perf_counter() - t0
@@ -502,9 +565,13 @@ class _Trainer:
         self._add_metric("lr", lr, self.step)
         if grad_norm is not None:
             self._add_metric("grad_norm", float(grad_norm), self.step)
-        if self.flops is not None:  # under a depth curriculum: the compute actually spent, and the depth
-            self._add_metric("train_flops", self.flops.advance_to(self.step), self.step)
+        spent = self._spent_flops()
+        if spent is not None:  # the training compute spent so far (forward + backward, every process)
+            self._add_metric("train_flops", spent, self.step)
+        if curriculum.enabled(self.cfg):
             self._add_metric("recur_depth", curriculum.depth_at(self.step - 1, self.cfg), self.step)
+        for name, value in self._reduced(self.step_stats.means()).items():  # auxiliary losses, architecture metrics
+            self._add_metric(name, value, self.step)
         rss = telemetry.run_peak_rss_bytes()
         if rss is not None:
             self._add_metric("peak_rss_bytes", rss, self.step)
@@ -515,6 +582,28 @@ class _Trainer:
             fields["tok/s"] = f"{tps:,.0f}"
         task.move_to(self.step, **fields)
         self._flush_metrics()
+
+    def _spent_flops(self) -> float | None:
+        """Training FLOPs spent up to this step, summed over the processes (every process calls it at the same
+        steps: logging and checkpoints). None when unknown (a run resumed from a checkpoint that did not keep it)."""
+        if self.flops is not None:
+            return self.flops.advance_to(self.step)
+        pending = torch.tensor(self.pending, dtype=torch.float64, device=self.device)
+        if self.dist.enabled:
+            dist.all_reduce(pending)
+        self.pending = 0.0
+        if self.spent is not None:
+            self.spent += float(pending)
+        return self.spent
+
+    def _reduced(self, values: dict[str, float]) -> dict[str, float]:
+        """Per-process scalars averaged over the processes (every forward reports the same names)."""
+        if not self.dist.enabled or not values:
+            return values
+        names = sorted(values)
+        vec = torch.tensor([values[k] for k in names], dtype=torch.float64, device=self.device)
+        dist.all_reduce(vec)
+        return {k: float(v) / self.dist.world_size for k, v in zip(names, vec.tolist())}
 
     def _finish(self, last_val: float | None) -> RunResult:
         final = last_val
@@ -531,14 +620,19 @@ class _Trainer:
 
     # ---- evaluation, metrics, checkpoints ---------------------------------------------------------------------------
 
-    def _evaluate(self) -> float:
+    def _evaluate(self, extras: dict[str, float] | None = None) -> float:
         e = self.cfg.eval
-        return evaluate(self.model, self.windows, e.val_batch_size, self.device, self.amp, e.val_seed, self.dist)
+        return evaluate(
+            self.model, self.windows, e.val_batch_size, self.device, self.amp, e.val_seed, self.dist, extras=extras
+        )
 
     def _eval_at(self, at_step: int) -> float:
+        extras: dict[str, float] = {}
         with self.eval_sw:
-            v = self._evaluate()
+            v = self._evaluate(extras)
         self._add_metric("val_loss", v, at_step)
+        for name, value in extras.items():  # the auxiliary terms and metrics on validation data, beside the loss
+            self._add_metric(name, value, at_step)
         return v
 
     def _add_metric(self, name: str, value: float, at_step: int) -> None:
@@ -598,6 +692,7 @@ class _Trainer:
 
     def _save_checkpoint(self) -> None:
         tel, step = self._telemetry(), self.step
+        spent = self._spent_flops() if self.flops is None else None  # reported compute: synced on every process
         if self.dist.is_main:
             size = ckpt.save(
                 self.ckpt_path,
@@ -612,6 +707,7 @@ class _Trainer:
                     "telemetry": tel,
                     "data_fingerprint": self.prepared.fingerprint,
                     "run_id": self.rid,
+                    "spent_flops": spent,
                 },
             )
             if self.db is not None:

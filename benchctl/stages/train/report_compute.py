@@ -4,8 +4,10 @@ and against training depth.
 They appear when the preset's finished models span more than one unique-parameter count or FLOPs/token (equal
 tokens then no longer mean equal compute). FLOPs are the project's analytic count (`BaseLM.flops_per_token`, through
 `benchctl.core.accounting`): every matmul, attention scores and the tied head included, recurrence counted per block
-application, forward + backward = 3x forward where gradients flow. A run's training FLOPs are its FLOPs per token
-times the tokens it trained on.
+application, forward + backward = 3x forward where gradients flow. A run's training FLOPs are what it spent, the
+`train_flops` metric it recorded at its last step (its forwards' own count for an architecture whose compute depends
+on the data: halting, routing); a run from before that metric was recorded falls back to its FLOPs per token times
+the tokens it trained on, which for an adaptive architecture is the upper bound, shown beside what it spent.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from matplotlib.ticker import EngFormatter, LogLocator, NullFormatter
 from benchctl.core import stats
 from benchctl.report.context import ARCH_COLOURS, CONTROL, Context, model_keys
 from benchctl.report.figures import _figure, _style, _title, tick
-from benchctl.report.fmt import fint, fnum, md_table
+from benchctl.report.fmt import fint, fnum, md_table, missing
 from benchctl.report.frames import Frames, accounting_frame, curve_frame, vals
 
 FLOP_DEFINITION = (
@@ -34,16 +36,30 @@ FLOP_DEFINITION = (
 def run_frame(frames: Frames) -> pd.DataFrame:
     """One row per done run: model, arch, seed, final loss, unique and effective parameters, FLOPs/token, block
     applications per token, tokens and training FLOPs. The accounting comes from each model's config."""
-    cols = ["model", "arch", "seed", "final", "params", "effective", "fpt", "depth", "tokens", "train_flops"]
+    cols = [
+        "model",
+        "arch",
+        "seed",
+        "final",
+        "params",
+        "effective",
+        "fpt",
+        "depth",
+        "tokens",
+        "train_flops",
+        "max_flops",
+    ]
     ctx = frames.ctx
     if ctx.done.empty:
         return pd.DataFrame(columns=cols)
     acc = _accounting(frames)
+    spent = spent_flops(frames)
     rows = []
     for r in ctx.done.to_dict("records"):
         a = acc.get(r["model"], {})
         fpt = _num(a.get("flops_per_token")) or _num(r.get("flops_per_token"))
         tokens = _num(r.get("tokens_seen"))
+        analytic = fpt * tokens if fpt and tokens else None
         rows.append(
             {
                 "model": r["model"],
@@ -55,10 +71,45 @@ def run_frame(frames: Frames) -> pd.DataFrame:
                 "fpt": fpt,
                 "depth": _num(a.get("effective_depth")),
                 "tokens": tokens,
-                "train_flops": fpt * tokens if fpt and tokens else None,
+                "train_flops": spent.get(r["id"], analytic),
+                "max_flops": analytic,
             }
         )
     return pd.DataFrame(rows, columns=cols)
+
+
+def _flops_metric(frames: Frames) -> pd.DataFrame:
+    """The done runs' `train_flops` rows: run_id, step, value (cumulative training FLOPs spent up to the step)."""
+    m = frames.data.metrics
+    if m.empty or frames.ctx.done.empty:
+        return pd.DataFrame(columns=["run_id", "step", "value"])
+    df = m[(m["name"] == "train_flops") & m["run_id"].isin(set(frames.ctx.done["id"]))][["run_id", "step", "value"]]
+    df = df.assign(step=pd.to_numeric(df["step"], errors="coerce"), value=pd.to_numeric(df["value"], errors="coerce"))
+    return df.dropna().sort_values(["run_id", "step"])
+
+
+def spent_flops(frames: Frames) -> dict[str, float]:
+    """run id -> the training FLOPs it spent, for the done runs that recorded them at their last step."""
+    done = frames.ctx.done
+    last_step = dict(zip(done["id"], pd.to_numeric(done["step"], errors="coerce"))) if "step" in done else {}
+    out: dict[str, float] = {}
+    for rid, g in _flops_metric(frames).groupby("run_id"):
+        last = g.iloc[-1]
+        if last_step.get(rid) is None or float(last["step"]) == float(last_step[rid]):
+            out[str(rid)] = float(last["value"])
+    return out
+
+
+def flops_at_steps(frames: Frames, run_id: str, steps: np.ndarray) -> np.ndarray | None:
+    """A run's cumulative training FLOPs spent at the given steps, interpolated between its logged steps (None when
+    it recorded none)."""
+    g = _flops_metric(frames)
+    g = g[g["run_id"] == run_id]
+    if g.empty:
+        return None
+    xs = np.concatenate([[0.0], g["step"].to_numpy(float)])
+    ys = np.concatenate([[0.0], g["value"].to_numpy(float)])
+    return np.interp(steps.astype(float), xs, ys)
 
 
 def _accounting(frames: Frames) -> dict[str, dict[str, Any]]:
@@ -85,7 +136,7 @@ def model_frame(runs: pd.DataFrame, ctx: Context) -> pd.DataFrame:
             continue
         ci = stats.mean_ci(vals(g, "final"))
         row = {"model": m, "arch": ctx.arch_of[m], "seeds": len(g), "final": ci.mean, "lo": ci.lo, "hi": ci.hi}
-        for c in ("params", "effective", "fpt", "depth", "tokens", "train_flops"):
+        for c in ("params", "effective", "fpt", "depth", "tokens", "train_flops", "max_flops"):
             v = vals(g, c)
             row[c] = float(np.mean(v)) if v else None
         rows.append(row)
@@ -116,7 +167,14 @@ def compute_section(frames: Frames) -> list[str]:
     per = model_frame(runs, ctx)
     out = ["## Loss against compute", ""]
     scale, unit = flop_unit(max(vals(per, "train_flops"), default=0.0))
-    headers = ["model", "arch", "seeds", "MFLOP/token", "tokens/run", f"training {unit}", "final val loss", "95% CI"]
+    # an architecture whose compute depends on the data spends less than its analytic count: both are shown
+    adaptive = any(
+        not (missing(r["train_flops"]) or missing(r["max_flops"])) and abs(r["train_flops"] / r["max_flops"] - 1) > 1e-9
+        for r in per.to_dict("records")
+    )
+    headers = ["model", "arch", "seeds", "MFLOP/token", "tokens/run", f"training {unit}"]
+    headers += [f"analytic max {unit}"] if adaptive else []
+    headers += ["final val loss", "95% CI"]
     rows = [
         [
             r["model"],
@@ -125,6 +183,7 @@ def compute_section(frames: Frames) -> list[str]:
             fnum(_scale(r["fpt"], 1e6), 3),
             fint(r["tokens"]),
             fnum(_scale(r["train_flops"], scale), 3),
+            *([fnum(_scale(r["max_flops"], scale), 3)] if adaptive else []),
             fnum(r["final"]),
             _ci(r),
         ]
@@ -136,9 +195,15 @@ def compute_section(frames: Frames) -> list[str]:
         "a recurrent model below it reaches a lower loss than a plain transformer given the same training "
         "compute."
     )
+    if adaptive:
+        out[-1] += (
+            " Training FLOPs are as spent: a model whose depth depends on the data (halting, routing) counts the "
+            "block applications its forwards really ran, and MFLOP/token and the analytic maximum are its "
+            "full-depth cost, the upper bound."
+        )
     out.append("")
     curves = curve_frame(ctx, frames.data.metrics)
-    fig = fig_loss_vs_compute(ctx, runs, per, curves)
+    fig = fig_loss_vs_compute(ctx, runs, per, curves, frames)
     if fig is not None:
         frames.figures["loss_vs_compute.png"] = fig
         out += ["![Final validation loss against training FLOPs](figures/loss_vs_compute.png)", ""]
@@ -304,8 +369,25 @@ def _legend(fig: Any, ax: Any) -> None:
     )
 
 
-def fig_loss_vs_compute(ctx: Context, runs: pd.DataFrame, per: pd.DataFrame, curves: pd.DataFrame) -> Any:
-    """Left: final loss against training FLOPs. Right: the validation curves against cumulative training FLOPs."""
+def _curve_flops(frames: Frames | None, model: str, c: pd.DataFrame, fpt: float | None) -> np.ndarray | None:
+    """x of a model's validation curve: the cumulative training FLOPs its runs spent at each step (mean over its
+    seeds), or tokens x FLOPs/token for runs that recorded none."""
+    if frames is not None:
+        done = frames.ctx.done
+        per_run = [
+            flops_at_steps(frames, rid, c["step"].to_numpy(float)) for rid in done.loc[done["model"] == model, "id"]
+        ]
+        got = [f for f in per_run if f is not None]
+        if got and len(got) == len(per_run):
+            return np.mean(got, axis=0)
+    return c["tokens"].to_numpy(float) * fpt if fpt else None
+
+
+def fig_loss_vs_compute(
+    ctx: Context, runs: pd.DataFrame, per: pd.DataFrame, curves: pd.DataFrame, frames: Frames | None = None
+) -> Any:
+    """Left: final loss against training FLOPs (as spent). Right: the validation curves against cumulative training
+    FLOPs."""
     if per.empty or per["train_flops"].isna().all():
         return None
     fpt = dict(zip(per["model"], per["fpt"]))
@@ -316,9 +398,10 @@ def fig_loss_vs_compute(ctx: Context, runs: pd.DataFrame, per: pd.DataFrame, cur
         left.set_title("final loss against training compute", fontsize=11)
         for m in [m for m in ctx.models if m in set(curves["model"])] if not curves.empty else []:
             c = curves[(curves["model"] == m) & (curves["tokens"] > 0)]
-            if c.empty or not fpt.get(m):
+            x = None if c.empty else _curve_flops(frames, m, c, fpt.get(m))
+            if x is None:
                 continue
-            right.plot(c["tokens"].to_numpy(float) * fpt[m], c["mean"], color=ctx.colours[m], linewidth=1.6)
+            right.plot(x, c["mean"], color=ctx.colours[m], linewidth=1.6)
         _log_x(right)
         right.set_xlabel("cumulative training FLOPs (log scale)")
         right.set_ylabel("validation loss (nats/token), mean over seeds")

@@ -2,13 +2,15 @@
 
 A failing run is recorded and the others go on; later stages work on the runs that finished. Its report sections
 show the runs and their status, the parameter accounting, training cost and validation loss, and, when the models
-differ in size or compute, loss against training compute, parameters and training depth."""
+differ in size or compute, loss against training compute, parameters and training depth, and for architectures that
+decide their own compute, their auxiliary losses and metrics."""
 
 from __future__ import annotations
 
 from benchctl.stages import Stage, StudyRun
 from benchctl.stages.train.options import TrainOptions
 from benchctl.stages.train.report import cost_section, loss_section, models_section, runs_section
+from benchctl.stages.train.report_adaptive import adaptive_section
 from benchctl.stages.train.report_compute import compute_section, depth_section, params_section
 from benchctl.stages.train.sweep import train_all
 from benchctl.stages.train.tables import TABLES, browse_queries
@@ -41,7 +43,16 @@ STAGE = Stage(
     run=run,
     tables=TABLES,
     queries=browse_queries,
-    sections=(runs_section, models_section, cost_section, loss_section, compute_section, params_section, depth_section),
+    sections=(
+        runs_section,
+        models_section,
+        cost_section,
+        loss_section,
+        compute_section,
+        params_section,
+        depth_section,
+        adaptive_section,
+    ),
     every_rank=True,
     figures=(
         "training_time.png",
@@ -51,5 +62,6 @@ STAGE = Stage(
         "loss_vs_compute.png",
         "loss_vs_params.png",
         "loss_vs_depth.png",
+        "adaptive_metrics.png",
     ),
 )

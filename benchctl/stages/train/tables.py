@@ -149,12 +149,14 @@ RUNS = Table(
 METRICS = Table(
     "metrics",
     "Training curves",
-    "Long format: one value per (run, step, metric name): val_loss, train_loss, lr, grad_norm, with the tokens seen "
-    "and the training time at that step.",
+    "Long format: one value per (run, step, metric name): val_loss, train_loss, lr, grad_norm, train_flops (training "
+    "FLOPs spent so far), and for an architecture that reports them its auxiliary loss terms (aux/<name>) and "
+    "metrics (arch/<name>), with val_aux/<name> and val_arch/<name> at each evaluation; with the tokens seen and the "
+    "training time at that step.",
     (
         Column("run_id", str, "the run (runs.id)"),
         Column("step", int, "optimizer step the value was measured at", "steps"),
-        Column("name", str, "val_loss and train_loss (nats/token), lr, grad_norm"),
+        Column("name", str, "val_loss and train_loss (nats/token), lr, grad_norm, train_flops, aux/..., arch/..."),
         Column("value", float, "the metric's value (losses in nats/token)"),
         Column("tokens", int, "training tokens seen at that step", "tokens"),
         Column("wall_seconds", float, "training time at that step (optimizer steps only)", "s"),
@@ -164,7 +166,11 @@ METRICS = Table(
     not_null=("value",),
     facets=("name",),
     report_sort=("run_id", "name", "step"),
-    report_where="name = 'val_loss'",  # the report draws validation curves only
+    # the report draws validation curves, training compute as spent and what adaptive architectures report
+    report_where=(
+        "name in ('val_loss', 'train_flops') or substr(name, 1, 4) = 'aux/' or substr(name, 1, 5) = 'arch/' "
+        "or substr(name, 1, 8) = 'val_aux/' or substr(name, 1, 9) = 'val_arch/'"
+    ),
 )
 
 CHECKPOINTS = Table(
