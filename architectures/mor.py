@@ -69,6 +69,7 @@ import torch.nn.functional as F
 
 from architectures import register
 from architectures.base import ArchArgs, BaseLM
+from architectures.blocks import StaticKVCache
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,7 +141,10 @@ class MoR(BaseLM):
             return self._forward(h, cos, sin, n_recur)
         # generation: re-run over the whole prefix, kept as token embeddings in one cache slot (see the docstring)
         pos, T = cache.pos, h.shape[1]
-        full = cache.next_layer().update(h.unsqueeze(1), h.unsqueeze(1), pos, cache.max_len)[0][:, 0]  # (B, pos+T, d)
+        if isinstance(cache, StaticKVCache):  # the decode path's preallocated cache: the slot is written in place
+            full = cache.write(h.unsqueeze(1), h.unsqueeze(1))[0][:, 0, : pos + T]  # (B, pos+T, d)
+        else:
+            full = cache.next_layer().update(h.unsqueeze(1), h.unsqueeze(1), pos, cache.max_len)[0][:, 0]
         out = self._forward(full, self.rope_cos[: pos + T], self.rope_sin[: pos + T], n_recur)
         return out[:, pos:]
 
