@@ -307,6 +307,20 @@ class Attention(nn.Module):
             q, k = qk.split([H, KV], dim=2)
             v = v.contiguous().unflatten(-1, (KV, hd))  # (B, T, KV, hd); a copy, so qkv is not kept alive for v
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, hd)
+        return self.attend(q, k, v, lora, cache)
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        lora: Mapping[str, LoRA] | None = None,
+        cache: AnyCache | None = None,
+    ) -> torch.Tensor:
+        """Attention of rotated queries q (B, H, T, hd) over keys and values k, v (B, KV, T, hd), through `cache`
+        when one is given, then the output projection: (B, T, dim). Blocks that make q, k, v their own way (e.g. with
+        biases) share everything from here on."""
+        B, T = q.shape[0], q.shape[2]
         if isinstance(cache, StaticKVCache):  # the decode path: whole preallocated slots under a mask
             ck, cv, mask = cache.write(k, v)
             y = F.scaled_dot_product_attention(q, ck, cv, attn_mask=mask, enable_gqa=self.n_kv_heads != self.n_heads)
@@ -325,7 +339,7 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
         else:  # a chunk after a cached prefix: query i sees keys up to pos + i
             S = k.shape[2]
-            mask = torch.arange(S, device=x.device)[None, :] <= (pos + torch.arange(T, device=x.device))[:, None]
+            mask = torch.arange(S, device=q.device)[None, :] <= (pos + torch.arange(T, device=q.device))[:, None]
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, d); a view when SDPA wrote (B, T, H, hd)
         return self.resid_dropout(project(self.wo, y, lora, "wo"))

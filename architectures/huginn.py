@@ -52,19 +52,17 @@ from typing import Any, Literal
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from numpy.polynomial.hermite import hermgauss
 
 from architectures import register
 from architectures.base import ArchArgs, BaseLM
 from architectures.blocks import (
+    AnyCache,
     Attention,
     Block,
-    KVCache,
     LoRA,
     RMSNorm,
     block_forward_flops,
-    causal_attention,
     project,
     rotate_pairs,
 )
@@ -99,32 +97,15 @@ class QKBiasAttention(Attention):
         cos: torch.Tensor,
         sin: torch.Tensor,
         lora: Mapping[str, LoRA] | None = None,
-        cache: KVCache | None = None,
+        cache: AnyCache | None = None,
     ) -> torch.Tensor:
-        B, T, _ = x.shape
         H, KV, hd = self.n_heads, self.n_kv_heads, self.head_dim
         q, k = project(self.wq, x, lora, "wq"), project(self.wk, x, lora, "wk")
         q, k = (q + self.q_bias).to(q.dtype), (k + self.k_bias).to(k.dtype)  # stay in the autocast dtype
         q = rotate_pairs(q.unflatten(-1, (H, hd)), cos, sin).transpose(1, 2)  # (B, H, T, hd)
         k = rotate_pairs(k.unflatten(-1, (KV, hd)), cos, sin).transpose(1, 2)  # (B, KV, T, hd)
         v = project(self.wv, x, lora, "wv").unflatten(-1, (KV, hd)).transpose(1, 2)
-        pos = 0
-        if cache is not None:
-            pos = cache.pos
-            k, v = cache.next_layer().update(k, v, pos, cache.max_len)  # (B, KV, pos+T, hd)
-        if KV != H:
-            k, v = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)
-        dropout_p = self.dropout if self.training else 0.0
-        if pos == 0:
-            y = causal_attention(q, k, v, dropout_p)
-        elif T == 1:
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
-        else:  # a chunk after a cached prefix: query i sees keys up to pos + i
-            S = k.shape[2]
-            mask = torch.arange(S, device=x.device)[None, :] <= (pos + torch.arange(T, device=x.device))[:, None]
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-        y = y.transpose(1, 2).reshape(B, T, -1)
-        return self.resid_dropout(project(self.wo, y, lora, "wo"))
+        return self.attend(q, k, v, lora, cache)
 
 
 class SandwichBlock(Block):
@@ -144,7 +125,7 @@ class SandwichBlock(Block):
         cos: torch.Tensor,
         sin: torch.Tensor,
         lora: Mapping[str, LoRA] | None = None,
-        cache: KVCache | None = None,
+        cache: AnyCache | None = None,
     ) -> torch.Tensor:
         h = self.attention_out_norm(x + self.attention(self.attention_norm(x), cos, sin, lora, cache))
         return self.ffn_out_norm(h + self.feed_forward(self.ffn_norm(h), lora))
