@@ -41,6 +41,12 @@ class DatabaseError(BenchctlError):
     exit_code = 5
 
 
+class ForeignDatabaseError(DatabaseError):
+    """An SQLite file that is not a benchctl results database: refused before a byte of it is written."""
+
+    exit_code = 2
+
+
 class JudgeError(BenchctlError):
     """No API key, or the judge service refused the whole job."""
 

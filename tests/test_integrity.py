@@ -1,0 +1,207 @@
+"""Tests that benchctl never touches what is not its own, and never records what did not happen.
+
+- A file benchctl creates carries its marker (`PRAGMA application_id`) and the schema version; an SQLite file
+  without the marker (another program's `runs` table, a `users` table) is refused by every command in one line with
+  exit 2, and keeps every byte (its SHA-256 before and after).
+- A results database from before the marker is read as it is by the read-only commands, and adopted by a writing
+  one through the versioned migration 1 -> 2; every version step has its migration and its test.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from benchctl import stages
+from benchctl.cli import main
+from benchctl.core import db as dbm
+from benchctl.core.errors import ForeignDatabaseError
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def run_cli(capsys, argv: list[str]) -> tuple[int, str, str]:
+    """(exit code, stderr, stdout) of `benchctl ARGV`."""
+    code: int | str | None = 0
+    try:
+        main(argv)
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return (0 if code is None else int(code)), out.err, out.out
+
+
+def other_apps_runs(path: Path) -> Path:
+    """Another program's database that happens to have a `runs` table."""
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("create table runs(id integer primary key, name text)")
+        conn.execute("insert into runs values (1, 'x')")
+    conn.close()
+    return path
+
+
+def other_apps_users(path: Path) -> Path:
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("create table users(id integer primary key, email text)")
+        conn.execute("insert into users values (1, 'a@example.org')")
+    conn.close()
+    return path
+
+
+def marked_by_someone_else(path: Path) -> Path:
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("PRAGMA application_id = 1234")
+        conn.execute("create table t(x)")
+    conn.close()
+    return path
+
+
+def legacy_database(path: Path) -> Path:
+    """A results database as benchctl wrote it before the marker: every table, schema version 1, a finished run."""
+    db = stages.connect(path)
+    db.execute("PRAGMA application_id = 0")
+    db.table("meta").upsert({"key": "schema_version", "value": "1"}, pk="key")
+    db.table("runs").insert(
+        {"id": "r1", "arch": "control", "variant": "control", "preset": "tiny", "seed": 0, "status": "done"}
+        | {"config_json": "{}", "step": 10, "max_steps": 10}
+    )
+    db.conn.close()
+    assert sqlite3.connect(path).execute("PRAGMA application_id").fetchone()[0] == 0
+    return path
+
+
+FOREIGN = (other_apps_runs, other_apps_users, marked_by_someone_else)
+COMMANDS = (
+    ["runs"],
+    ["runs", "--json"],
+    ["judge", "--dry-run"],
+    ["train", "--arch", "control", "--preset", "tiny", "--yes", "--no-progress"],
+    ["train-all", "--archs", "control", "--preset", "tiny", "--yes", "--no-progress"],
+    ["browse", "--no-open", "--port", "8999"],
+    ["report"],
+    ["sample", "--no-progress"],
+    ["eval", "--no-progress"],
+    ["depth", "--no-progress"],
+)
+
+
+def test_a_new_database_carries_the_marker_and_the_schema_version(tmp_path):
+    path = tmp_path / "results.db"
+    stages.connect(path).conn.close()
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA application_id").fetchone()[0] == dbm.APPLICATION_ID == 0x6263746C
+    assert conn.execute("select value from meta where key = 'schema_version'").fetchone()[0] == str(dbm.SCHEMA_VERSION)
+    conn.close()
+    assert path.read_bytes()[68:72] == b"bctl"  # the header field, as `file` and other tools read it
+
+
+@pytest.mark.parametrize("make", FOREIGN, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("argv", COMMANDS, ids=lambda a: " ".join(a[:2]))
+def test_every_command_refuses_a_foreign_file_and_changes_no_byte(tmp_path, capsys, make, argv):
+    path = make(tmp_path / "o.db")
+    before = sha256(path)
+    extra = ["--out", str(tmp_path / "rep")] if argv[0] == "report" else []
+    code, err, _ = run_cli(capsys, [*argv, "--db", str(path), *extra])
+    assert code == 2, err
+    assert "not a benchctl results database" in err and "nothing was changed" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert sha256(path) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o.db"]  # no -wal, -shm, report or runs/ beside it
+
+
+@pytest.mark.parametrize("make", FOREIGN, ids=lambda f: f.__name__)
+def test_the_db_layer_refuses_a_foreign_file_for_reading_and_writing(tmp_path, make):
+    path = make(tmp_path / "o.db")
+    before = sha256(path)
+    for kw in ({}, {"create": False}, {"readonly": True}, {"wal": False}):
+        with pytest.raises(ForeignDatabaseError):
+            stages.connect(path, **kw)
+    with pytest.raises(ForeignDatabaseError):
+        dbm.check_file(path)
+    assert sha256(path) == before
+
+
+def test_an_empty_file_is_a_new_database(tmp_path):
+    path = tmp_path / "results.db"
+    path.touch()
+    stages.connect(path).conn.close()
+    assert dbm.check_file(path).kind == "ours"
+
+
+def test_a_database_from_a_newer_benchctl_is_refused_and_kept(tmp_path):
+    path = tmp_path / "results.db"
+    db = stages.connect(path)
+    db.table("meta").upsert({"key": "schema_version", "value": str(dbm.SCHEMA_VERSION + 1)}, pk="key")
+    db.conn.close()
+    before = sha256(path)
+    for kw in ({}, {"readonly": True}):
+        with pytest.raises(dbm.DatabaseError, match="newer than this benchctl"):
+            stages.connect(path, **kw)
+    assert sha256(path) == before
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Databases from before the marker, and the versioned migrations
+
+
+def test_every_version_step_has_a_migration():
+    assert sorted(dbm.MIGRATIONS) == list(range(1, dbm.SCHEMA_VERSION))
+
+
+def test_a_legacy_database_is_recognised_only_with_benchctls_runs_columns(tmp_path):
+    legacy = legacy_database(tmp_path / "legacy.db")
+    assert dbm.check_file(legacy) == dbm.Identity("legacy", 1)
+    lookalike = tmp_path / "lookalike.db"  # schema version 1 in a meta table, but some other program's runs
+    conn = sqlite3.connect(lookalike)
+    with conn:
+        conn.execute("create table meta(key text primary key, value text)")
+        conn.execute("insert into meta values ('schema_version', '1')")
+        conn.execute("create table runs(id integer primary key, name text)")
+    conn.close()
+    with pytest.raises(ForeignDatabaseError):
+        dbm.check_file(lookalike)
+
+
+def test_read_only_commands_read_a_legacy_database_without_migrating_it(tmp_path, capsys):
+    path = legacy_database(tmp_path / "legacy.db")
+    before = sha256(path)
+    code, _, out = run_cli(capsys, ["runs", "--db", str(path), "--json"])
+    assert code == 0 and '"id": "r1"' in out
+    code, err, _ = run_cli(capsys, ["report", "--db", str(path), "--out", str(tmp_path / "rep")])
+    assert code == 0, err
+    rows = stages.connect(path, readonly=True).execute("select id, status from runs").fetchall()
+    assert rows == [("r1", "done")]
+    assert dbm.check_file(path).kind == "legacy"
+    assert sha256(path) == before
+
+
+def test_migration_1_to_2_adopts_a_legacy_database_and_keeps_its_rows(tmp_path):
+    path = legacy_database(tmp_path / "legacy.db")
+    db = stages.connect(path)
+    assert db.execute("PRAGMA application_id").fetchone()[0] == dbm.APPLICATION_ID
+    assert db.execute("select value from meta where key = 'schema_version'").fetchone()[0] == "2"
+    assert db.execute("select id, status, step from runs").fetchall() == [("r1", "done", 10)]
+    db.conn.close()
+    assert dbm.check_file(path) == dbm.Identity("ours", 2)
+
+
+def test_a_failed_migration_leaves_the_legacy_file_as_it_was(tmp_path, monkeypatch):
+    path = legacy_database(tmp_path / "legacy.db")
+    stages.connect(path, readonly=True).conn.close()
+
+    def broken(db):
+        dbm._adopt_marker(db)
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setitem(dbm.MIGRATIONS, 1, broken)
+    with pytest.raises(dbm.DatabaseError):
+        stages.connect(path)
+    assert dbm.check_file(path) == dbm.Identity("legacy", 1)  # the step and the version move together, or neither
