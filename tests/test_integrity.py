@@ -205,3 +205,101 @@ def test_a_failed_migration_leaves_the_legacy_file_as_it_was(tmp_path, monkeypat
     with pytest.raises(dbm.DatabaseError):
         stages.connect(path)
     assert dbm.check_file(path) == dbm.Identity("legacy", 1)  # the step and the version move together, or neither
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Checkpoints belong to their database; a run is done only with its data
+
+FAST = ["--set", "train.max_steps=6", "--set", "train.eval_interval=3", "--set", "train.ckpt_interval=2"]
+
+
+def train_argv(data_dir: Path, db: Path) -> list[str]:
+    return ["train", "--arch", "control", "--preset", "tiny", "--data", str(data_dir), "--no-progress", "--yes", *FAST]
+
+
+def runs_of(db: Path) -> list[tuple]:
+    conn = sqlite3.connect(db)
+    try:
+        return conn.execute("select id, status, step from runs").fetchall()
+    finally:
+        conn.close()
+
+
+def test_a_copied_runs_dir_is_never_resumed_nor_marked_done_by_a_new_database(
+    tmp_path, tinystories_dir, capsys, monkeypatch
+):
+    monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
+    first = tmp_path / "a" / "results.db"
+    code, err, _ = run_cli(capsys, [*train_argv(tinystories_dir, first), "--db", str(first)])
+    assert code == 0, err
+    (rid, status, step), *_ = runs_of(first)
+    assert status == "done" and step == 6
+
+    second = tmp_path / "b" / "results.db"  # a new database beside a copy of the finished run's folder
+    second.parent.mkdir()
+    import shutil
+
+    shutil.copytree(first.parent / "runs", second.parent / "runs")
+    ckpt_sha = sha256(second.parent / "runs" / rid / "ckpt.pt")
+    code, err, out = run_cli(capsys, [*train_argv(tinystories_dir, second), "--db", str(second)])
+    assert code == 4, err
+    assert "never recorded" in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert "resuming" not in out
+    assert [r for r in runs_of(second) if r[1] == "done"] == []
+    assert sha256(second.parent / "runs" / rid / "ckpt.pt") == ckpt_sha  # the other database's checkpoint is kept
+
+    # two databases in one directory share its runs dir: the second never takes the first's run as its own
+    other = first.parent / "other.db"
+    code, err, _ = run_cli(capsys, [*train_argv(tinystories_dir, other), "--db", str(other)])
+    assert code == 4 and "never recorded" in err
+    assert [r for r in runs_of(other) if r[1] == "done"] == []
+    assert runs_of(first) == [(rid, "done", 6)]
+
+
+def test_a_run_is_recorded_done_only_with_its_final_checkpoint_and_loss(tmp_path):
+    from benchctl.stages.train import tables as train_tables
+
+    db = stages.connect(tmp_path / "results.db")
+    run = {"id": "r1", "arch": "control", "preset": "tiny", "seed": 0, "config_json": "{}", "max_steps": 4}
+    train_tables.start_run(db, run, new=True, resume_step=0)
+
+    def finish():
+        train_tables.finish_run(db, "r1", final_val_loss=3.0, initial_val_loss=4.0)
+
+    with pytest.raises(dbm.DatabaseError, match="recorded step is 0 of 4"):
+        finish()
+    val = {"run_id": "r1", "step": 4, "name": "val_loss", "value": 3.0, "tokens": 0, "wall_seconds": 1.0}
+    train_tables.record_checkpoint(db, "r1", step=2, path="ck", size=1, metrics=[], run_values={})
+    train_tables.update_run(db, "r1", step=4)
+    with pytest.raises(dbm.DatabaseError, match="no checkpoint is recorded at step 4"):
+        finish()
+    train_tables.record_checkpoint(db, "r1", step=4, path="ck", size=1, metrics=[], run_values={})
+    with pytest.raises(dbm.DatabaseError, match="no validation loss is recorded at step 4"):
+        finish()
+    assert train_tables.get_run(db, "r1")["status"] != "done"
+    train_tables.record_metrics(db, [val])
+    finish()
+    assert train_tables.get_run(db, "r1")["status"] == "done"
+
+
+def test_a_checkpoint_written_but_not_recorded_is_recorded_on_resume(tmp_path, tinystories_dir, monkeypatch):
+    """Killed between writing the final checkpoint and recording it: the rerun records it and finishes the run."""
+    from benchctl.core import data
+    from benchctl.core.config import make_config
+    from benchctl.stages.train import tables as train_tables
+    from benchctl.stages.train.engine import train_run
+
+    monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
+    overrides = {"data.source": str(tinystories_dir), "train.max_steps": 6, "train.ckpt_interval": 3}
+    cfg = make_config("tiny", "control", overrides=overrides)
+    prepared = data.prepare(cfg.data, cfg.model.vocab_size, progress=False)
+    path = tmp_path / "results.db"
+    db = stages.connect(path)
+    r = train_run(cfg, prepared, db, path, progress=False, log=lambda *_: None)
+    with db.atomic():  # as if the last record_checkpoint and finish_run never happened
+        db.execute("update checkpoints set step = 3 where run_id = ?", [r.run_id])
+        db.execute("update runs set status = 'failed', step = 3 where id = ?", [r.run_id])
+    r2 = train_run(cfg, prepared, db, path, progress=False, log=lambda *_: None)
+    assert r2.resumed_from == 6 and r2.status == "done"
+    row = train_tables.get_run(db, r.run_id)
+    assert row["status"] == "done" and row["step"] == 6 and train_tables.incomplete(db, r.run_id) is None

@@ -168,9 +168,21 @@ def _is_alive(pid: int | None) -> bool:
     return True
 
 
-def _verdict(db: dbm.Database | None, rid: str, ckpt_path: Path, dist_info: Dist) -> tuple[str, dict[str, Any] | None]:
+def _verdict(
+    db: dbm.Database | None, cfg: RunConfig, rid: str, ckpt_path: Path, dist_info: Dist
+) -> tuple[str, dict[str, Any] | None]:
     """('skip' | 'resume' | 'train', the run's row): skip a finished run, resume one with a checkpoint."""
     existing = train_tables.get_run(db, rid) if db is not None else None
+    if db is not None and existing is None and ckpt_path.exists():
+        # every run's row is written before its first checkpoint: a checkpoint of a run this database never
+        # started was written for another database (a copied or shared runs dir), and resuming it would record
+        # someone else's run here, or mark it done with none of its rows
+        ckpt.check_config(ckpt.load(ckpt_path), cfg, ckpt_path)  # a planted file of another config says so first
+        raise ckpt.CheckpointError(
+            f"{ckpt_path} is a checkpoint this results database never recorded (it belongs to another database "
+            "sharing or copied into this runs dir); give this database its own directory (or --runs-dir), "
+            "or delete that run directory to retrain"
+        )
     if existing is not None and existing["status"] == "done" and ckpt_path.exists():
         return "skip", existing
     if existing is not None and existing["status"] == "running" and existing.get("hostname") == _hostname():
@@ -212,7 +224,7 @@ def train_run(
     rid = run_id(cfg, prepared.fingerprint)
     ckpt_path = ckpt.run_dir(db_path, rid, runs_dir) / ckpt.CKPT_NAME
     # rank 0 alone reads the state (it alone has the database); every rank acts on its verdict
-    verdict, existing = decide_on_main(dist_info, lambda: _verdict(db, rid, ckpt_path, dist_info))
+    verdict, existing = decide_on_main(dist_info, lambda: _verdict(db, cfg, rid, ckpt_path, dist_info))
     if verdict == "skip":
         return RunResult(rid, "done", skipped=True, row=existing if dist_info.is_main else {})
     if not isinstance(progress, Progress):
@@ -284,6 +296,7 @@ class _Trainer:
         self.nvml = telemetry.NvmlSampler(self.device)
         self.load = telemetry.LoadSampler()
         self.metrics: list[dict[str, Any]] = []
+        self.resumed_telemetry: dict[str, Any] | None = None  # the checkpoint's own, when resumed from one
         self.flops: curriculum.FlopCounter | None = None  # FLOPs spent so far, kept under a depth curriculum
         self.mirror: Any = tblog.NoMirror()  # TensorBoard copy of the metric rows, set once the start step is known
 
@@ -328,6 +341,7 @@ class _Trainer:
             ckpt.set_rng_state(state["rng"], self.device)
             self.start_step = self.step = self.resumed_from = int(state["step"])
             self.carried = telemetry.carried_from(state["telemetry"])
+            self.resumed_telemetry = state["telemetry"]
             change = ckpt.hardware_change(ckpt.saved_hardware(state), self._hardware())
             if change:
                 # step times from two kinds of hardware (or precisions, or an eager and a compiled step) would
@@ -389,6 +403,24 @@ class _Trainer:
             **(run_values or {}),
         }
         train_tables.start_run(self.db, row, new=existing is None, resume_step=self.start_step)
+        if self.resumed_from is not None and self.resumed_telemetry is not None:
+            # killed between writing a checkpoint and recording it: the database catches up with the file now, so
+            # the run's rows always describe the checkpoint it continues from
+            path = str(self.ckpt_path)
+            if train_tables.checkpoint_step(self.db, self.rid, path) != self.resumed_from:
+                tps = cfg.tokens_per_step
+                train_tables.record_checkpoint(
+                    self.db,
+                    self.rid,
+                    step=self.resumed_from,
+                    path=path,
+                    size=self.ckpt_path.stat().st_size,
+                    metrics=[],
+                    run_values={
+                        "tokens_seen": self.resumed_from * tps,
+                        **telemetry.run_columns(self.resumed_telemetry, tps),
+                    },
+                )
         self.ckpt_path.parent.mkdir(parents=True, exist_ok=True)
         tok_dst = self.ckpt_path.parent / ckpt.TOKENIZER_NAME
         if not tok_dst.exists():
