@@ -303,3 +303,92 @@ def test_a_checkpoint_written_but_not_recorded_is_recorded_on_resume(tmp_path, t
     assert r2.resumed_from == 6 and r2.status == "done"
     row = train_tables.get_run(db, r.run_id)
     assert row["status"] == "done" and row["step"] == 6 and train_tables.incomplete(db, r.run_id) is None
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Lifecycle: SIGTERM, two sweeps over one database, read-only files
+
+
+def test_sigterm_records_the_run_interrupted_like_ctrl_c(tmp_path, tinystories_dir):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    db_path = tmp_path / "results.db"
+    args = [*train_argv(tinystories_dir, db_path), "--set", "train.max_steps=400", "--db", str(db_path)]
+    env = {**os.environ, "BENCHCTL_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    p = subprocess.Popen(
+        [sys.executable, "-m", "benchctl", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline, step = time.time() + 240, 0
+    while time.time() < deadline and p.poll() is None and step < 2:
+        if db_path.exists():
+            try:
+                conn = sqlite3.connect(db_path, timeout=1)
+                step = (conn.execute("select step from runs").fetchone() or (0,))[0] or 0
+                conn.close()
+            except sqlite3.OperationalError:
+                step = 0
+        time.sleep(0.05)
+    assert p.poll() is None, "the run ended before it could be terminated"
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 128 + signal.SIGTERM, err
+    assert err.strip().splitlines()[-1] == "terminated; rerun the same command to resume"
+    conn = sqlite3.connect(db_path)
+    status, error, pid = conn.execute("select status, error, pid from runs").fetchone()
+    conn.close()
+    assert (status, error, pid) == ("failed", "interrupted", None)
+
+
+def test_a_sweep_waits_for_a_run_another_process_trains_and_reports_no_failure(tmp_path, tinystories_dir, monkeypatch):
+    import socket
+    import subprocess
+    import threading
+
+    from benchctl.core import data
+    from benchctl.core.config import make_config, run_id
+    from benchctl.stages.train import sweep
+    from benchctl.stages.train import tables as train_tables
+    from benchctl.stages.train.options import TrainOptions
+
+    monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
+    cfg = make_config("tiny", "control", overrides={"data.source": str(tinystories_dir), "train.max_steps": 6})
+    prepared = data.prepare(cfg.data, cfg.model.vocab_size, progress=False)
+    path = tmp_path / "results.db"
+    db = stages.connect(path)
+    rid = run_id(cfg, prepared.fingerprint)
+    other = subprocess.Popen(["sleep", "60"])  # the other process, training the run
+    run = {"id": rid, "arch": "control", "preset": "tiny", "seed": 0, "config_json": cfg.to_json(), "max_steps": 6}
+    train_tables.start_run(
+        db, {**run, "status": "running", "pid": other.pid, "hostname": socket.gethostname()}, new=True, resume_step=0
+    )
+    lines: list[str] = []
+    # it ends (killed: the run is left `running`, to be taken up); reaped, or its pid would stay alive as a zombie
+    threading.Timer(1.0, lambda: (other.kill(), other.wait())).start()
+    result = sweep.train_all([cfg], prepared, path, TrainOptions(yes=True), progress=False, log=lines.append)
+    assert result.failed == [] and result.done == [rid]
+    assert any("being trained by another process" in line and "waiting" in line for line in lines)
+    assert train_tables.get_run(db, rid)["status"] == "done"
+
+
+def test_runs_reads_a_database_it_cannot_write(tmp_path, capsys):
+    import os
+
+    path = tmp_path / "ro" / "results.db"
+    db = stages.connect(path)
+    db.table("runs").insert({"id": "r1", "arch": "control", "preset": "tiny", "seed": 0, "config_json": "{}"})
+    db.conn.close()
+    with pytest.raises(sqlite3.OperationalError, match="readonly"):
+        stages.connect(path, readonly=True).execute("create table x(y)")
+    if os.geteuid() == 0:
+        return  # root writes whatever the permissions say; the read-only connection above is what `runs` uses
+    for p in (path.parent, *path.parent.iterdir()):
+        p.chmod(0o555 if p.is_dir() else 0o444)
+    try:
+        code, err, out = run_cli(capsys, ["runs", "--db", str(path), "--json"])
+        assert code == 0 and '"id": "r1"' in out, err
+    finally:
+        path.parent.chmod(0o755)

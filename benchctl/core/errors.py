@@ -65,6 +65,16 @@ class Aborted(BenchctlError):
     exit_code = 130
 
 
+class Terminated(KeyboardInterrupt):
+    """A SIGTERM (a plain `kill`, a scheduler stopping the job), unwound like Ctrl-C: a training process records its
+    run as interrupted instead of leaving it `running`."""
+
+
+def raise_terminated(signum: int, frame: object) -> None:
+    """A SIGTERM handler: raise Terminated in the main thread, wherever it is."""
+    raise Terminated(f"signal {signum}")
+
+
 def did_you_mean(word: str, options: Iterable[str]) -> str:
     """ "; did you mean 'x'?" for the closest option to a mistyped word, or "" when nothing is close.
 

@@ -168,6 +168,37 @@ def _is_alive(pid: int | None) -> bool:
     return True
 
 
+class RunBusy(BenchctlError):
+    """Another live process on this machine is training the run."""
+
+    def __init__(self, run_id: str, pid: int):
+        super().__init__(f"run {run_id} is being trained by another process (pid {pid}); wait for it or kill it")
+        self.run_id, self.pid = run_id, pid
+
+
+def _still_training(db: dbm.Database, rid: str, pid: int) -> bool:
+    row = train_tables.get_run(db, rid)
+    return row is not None and row["status"] == "running" and row.get("pid") == pid and _is_alive(pid)
+
+
+def train_run_when_free(
+    cfg: RunConfig, prepared: Any, db: dbm.Database | None, db_path: Path, *, poll_s: float = 2.0, **kw: Any
+) -> RunResult:
+    """`train_run`, waiting for a run another process on this machine is training, then taking it up again (skipped
+    when it ended done, resumed when it did not): how a sweep shares its runs with another sweep over the same
+    database, so that both end with every run done and neither reports the other's runs as failures."""
+    log = kw.get("log", print)
+    while True:
+        try:
+            return train_run(cfg, prepared, db, db_path, **kw)
+        except RunBusy as e:
+            if db is None:
+                raise
+            log(f"  {e.run_id} is being trained by another process (pid {e.pid}); waiting for it to finish")
+            while _still_training(db, e.run_id, e.pid):
+                time.sleep(poll_s)
+
+
 def _verdict(
     db: dbm.Database | None, cfg: RunConfig, rid: str, ckpt_path: Path, dist_info: Dist
 ) -> tuple[str, dict[str, Any] | None]:
@@ -188,7 +219,7 @@ def _verdict(
     if existing is not None and existing["status"] == "running" and existing.get("hostname") == _hostname():
         pid = existing.get("pid")
         if _is_alive(pid) and not dist_info.enabled:
-            raise BenchctlError(f"run {rid} is being trained by another process (pid {pid}); wait for it or kill it")
+            raise RunBusy(rid, pid)
     return ("resume" if ckpt_path.exists() else "train"), existing
 
 
