@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 import signal
 import sys
 import threading
@@ -23,7 +24,7 @@ import typer
 import benchctl.commands as commands
 import benchctl.stages as stages
 from benchctl import __version__
-from benchctl.core.errors import BenchctlError, Terminated, raise_terminated
+from benchctl.core.errors import BenchctlError, ConfigError, Terminated, raise_terminated
 from benchctl.stages.cli import console, err_console
 
 app = typer.Typer(
@@ -77,6 +78,23 @@ def _gather() -> None:
 _gather()
 
 
+_NO_MEMORY = ("can't allocate memory", "out of memory", "Storage size calculation overflowed")
+
+
+def _out_of_memory(e: BaseException) -> str | None:
+    """One line for an allocation this machine cannot make (a batch or a model far too large for it), or None for
+    any other error. Torch reports it as a RuntimeError (CUDA's OutOfMemoryError is one) with C++ context around it."""
+    text = str(e)
+    if not isinstance(e, MemoryError) and not any(s in text for s in _NO_MEMORY):
+        return None
+    asked = re.search(r"allocate (\d+) bytes", text)
+    size = f" ({int(asked.group(1)) / 2**30:,.1f} GiB at once)" if asked else ""
+    return (
+        f"not enough memory for this configuration{size}; lower train.batch_size or the model's size "
+        "(model.dim, model.n_layers, ...), or run fewer --jobs at once"
+    )
+
+
 def _interrupt_of(exc: BaseException) -> KeyboardInterrupt | None:
     """The Ctrl-C or SIGTERM an exception was raised while handling (itself included), if any."""
     seen: BaseException | None = exc
@@ -101,6 +119,12 @@ def main(argv: list[str] | None = None) -> None:
     except BenchctlError as e:
         err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
         sys.exit(e.exit_code)
+    except (MemoryError, RuntimeError) as e:
+        short = _out_of_memory(e)
+        if short is None:
+            raise
+        err_console.print(f"[bold red]error:[/] {short}", highlight=False, soft_wrap=True)
+        sys.exit(ConfigError.exit_code)
     except (KeyboardInterrupt, SystemExit) as e:
         # Typer turns an interrupt inside a command into a silent exit 130: the interrupt is found in its context
         interrupt = _interrupt_of(e)

@@ -168,6 +168,9 @@ def _is_alive(pid: int | None) -> bool:
     return True
 
 
+RESTART_HINT = "delete it to restart the run from scratch"
+
+
 class RunBusy(BenchctlError):
     """Another live process on this machine is training the run."""
 
@@ -208,7 +211,9 @@ def _verdict(
         # every run's row is written before its first checkpoint: a checkpoint of a run this database never
         # started was written for another database (a copied or shared runs dir), and resuming it would record
         # someone else's run here, or mark it done with none of its rows
-        ckpt.check_config(ckpt.load(ckpt_path), cfg, ckpt_path)  # a planted file of another config says so first
+        ckpt.check_config(
+            ckpt.load(ckpt_path, unreadable_hint=RESTART_HINT), cfg, ckpt_path
+        )  # a planted file of another config says so first
         raise ckpt.CheckpointError(
             f"{ckpt_path} is a checkpoint this results database never recorded (it belongs to another database "
             "sharing or copied into this runs dir); give this database its own directory (or --runs-dir), "
@@ -364,7 +369,7 @@ class _Trainer:
                     f"rank {self.dist.rank} cannot see the checkpoint {self.ckpt_path} that "
                     "rank 0 resumes from; every process needs the same run directory"
                 )
-            state = ckpt.load(self.ckpt_path, map_location="cpu")
+            state = ckpt.load(self.ckpt_path, map_location="cpu", unreadable_hint=RESTART_HINT)
             ckpt.check_config(state, self.cfg, self.ckpt_path)
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
