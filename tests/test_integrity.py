@@ -129,9 +129,13 @@ def test_the_db_layer_refuses_a_foreign_file_for_reading_and_writing(tmp_path, m
     assert sha256(path) == before
 
 
-def test_an_empty_file_is_a_new_database(tmp_path):
+def test_an_empty_file_is_a_new_database(tmp_path, capsys):
     path = tmp_path / "results.db"
     path.touch()
+    for argv in (["runs"], ["judge", "--dry-run"]):  # a reader finds nothing to read, and creates nothing
+        code, err, _ = run_cli(capsys, [*argv, "--db", str(path)])
+        assert code == 5 and "is empty, not a results database yet" in err and len(err.strip().splitlines()) == 1
+    assert path.read_bytes() == b""
     stages.connect(path).conn.close()
     assert dbm.check_file(path).kind == "ours"
 

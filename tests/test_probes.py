@@ -68,6 +68,7 @@ def checkpoint_of(db: Path) -> Path:
         ),
         (["params", "--preset", "tiny", "--arch", "control", "--set", "model.dim=1000000000"], 2, "not enough memory"),
         (["browse", "--port", "99999", "--no-open"], 2, "--port must be in [1, 65535]"),
+        (["runs", "--status", "weird"], 2, "--status must be one of pending, running, done, failed"),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else None,
 )

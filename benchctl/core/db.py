@@ -181,6 +181,11 @@ def connect(
         conn.execute("PRAGMA foreign_keys = ON")
         db = _ImmediateDatabase(conn)
         if readonly:
+            if ident.kind == "new":  # nothing to read, and a reader creates nothing
+                conn.close()
+                raise DatabaseError(
+                    f"{p} is empty, not a results database yet; run 'benchctl train-all' first, or pass --db PATH"
+                )
             return db
         if wal and db.journal_mode != "wal":
             db.enable_wal()

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from benchctl import plans
 from benchctl.core.config import make_config, run_id
-from benchctl.core.errors import BenchctlError
+from benchctl.core.errors import BenchctlError, ConfigError
 from benchctl.stages.cli import (
     DataOpt,
     DbOpt,
@@ -266,6 +266,9 @@ def _f(x: float | None) -> str:
     return "-" if x is None else f"{x:.4f}"
 
 
+RUN_STATUSES = ("pending", "running", "done", "failed")
+
+
 @app.command()
 def runs(
     db: DbOpt = None,
@@ -278,6 +281,8 @@ def runs(
     from benchctl import stages
     from benchctl.stages.train import tables as train_tables
 
+    if status is not None and status not in RUN_STATUSES:
+        raise ConfigError(f"--status must be one of {', '.join(RUN_STATUSES)}, got {status!r}")
     handle = stages.connect(db_path_of(db), readonly=True)  # a listing never migrates or creates anything
     rows = train_tables.runs(handle, status=status, preset=preset)
     if as_json:
