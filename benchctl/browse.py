@@ -74,13 +74,9 @@ def check_database(path: str | Path) -> Served:
     if not p.is_file():
         what = "is a directory, not" if p.is_dir() else "does not exist; expected"
         raise DatabaseError(f"{p} {what} a results database; train something first or pass --db PATH")
+    if dbm.check_file(p).kind == "new":
+        raise DatabaseError(f"{p} is an empty SQLite file, not a results database; train something first")
     columns = dbm.file_columns(p)
-    missing = [t for t in ("meta", "runs") if t not in columns]
-    if missing:
-        raise DatabaseError(
-            f"{p} is an SQLite file but not a benchctl results database (no "
-            f"{' or '.join(missing)} table); pass the results.db that benchctl wrote"
-        )
     return Served(path=p.resolve(), name=p.stem, columns=columns)
 
 

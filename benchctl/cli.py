@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
+import signal
 import sys
+import threading
 from pathlib import Path
 from types import ModuleType
 from typing import Annotated
@@ -21,7 +24,7 @@ import typer
 import benchctl.commands as commands
 import benchctl.stages as stages
 from benchctl import __version__
-from benchctl.core.errors import BenchctlError
+from benchctl.core.errors import BenchctlError, ConfigError, Terminated, raise_terminated
 from benchctl.stages.cli import console, err_console
 
 app = typer.Typer(
@@ -75,15 +78,64 @@ def _gather() -> None:
 _gather()
 
 
+_NO_MEMORY = ("can't allocate memory", "out of memory", "Storage size calculation overflowed")
+
+
+def _out_of_memory(e: BaseException) -> str | None:
+    """One line for an allocation this machine cannot make (a batch or a model far too large for it), or None for
+    any other error. Torch reports it as a RuntimeError (CUDA's OutOfMemoryError is one) with C++ context around it."""
+    text = str(e)
+    if not isinstance(e, MemoryError) and not any(s in text for s in _NO_MEMORY):
+        return None
+    asked = re.search(r"allocate (\d+) bytes", text)
+    size = f" ({int(asked.group(1)) / 2**30:,.1f} GiB at once)" if asked else ""
+    return (
+        f"not enough memory for this configuration{size}; lower train.batch_size or the model's size "
+        "(model.dim, model.n_layers, ...), or run fewer --jobs at once"
+    )
+
+
+def _interrupt_of(exc: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C or SIGTERM an exception was raised while handling (itself included), if any."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return None
+        if isinstance(seen, KeyboardInterrupt):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def main(argv: list[str] | None = None) -> None:
+    # SIGTERM unwinds like Ctrl-C, so whatever is running records how it stopped (a run: interrupted)
+    previous = (
+        signal.signal(signal.SIGTERM, raise_terminated)
+        if threading.current_thread() is threading.main_thread()
+        else None
+    )
     try:
         app(args=argv, prog_name="benchctl", standalone_mode=True)
     except BenchctlError as e:
         err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
         sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        err_console.print("interrupted; rerun the same command to resume", highlight=False)
-        sys.exit(130)
+    except (MemoryError, RuntimeError) as e:
+        short = _out_of_memory(e)
+        if short is None:
+            raise
+        err_console.print(f"[bold red]error:[/] {short}", highlight=False, soft_wrap=True)
+        sys.exit(ConfigError.exit_code)
+    except (KeyboardInterrupt, SystemExit) as e:
+        # Typer turns an interrupt inside a command into a silent exit 130: the interrupt is found in its context
+        interrupt = _interrupt_of(e)
+        if interrupt is None:
+            raise
+        what = "terminated" if isinstance(interrupt, Terminated) else "interrupted"
+        err_console.print(f"{what}; rerun the same command to resume", highlight=False)
+        sys.exit(128 + signal.SIGTERM if isinstance(interrupt, Terminated) else 130)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -184,14 +184,14 @@ def test_refuses_what_is_not_a_results_database(tmp_path, capsys):
     conn.close()
     text = tmp_path / "notes.db"
     text.write_text("not a database at all " * 100)
-    for target, words in (
-        (tmp_path / "missing.db", "does not exist"),
-        (tmp_path, "directory"),
-        (other, "not a benchctl results database"),
-        (text, "not a readable SQLite database"),
+    for target, words, exit_code in (
+        (tmp_path / "missing.db", "does not exist", 5),
+        (tmp_path, "directory", 5),
+        (other, "not a benchctl results database", 2),
+        (text, "not a readable SQLite database", 5),
     ):
         code, err = _error(capsys, ["browse", "--db", str(target), "--port", str(_free_port()), "--no-open"])
-        assert code == 5, err
+        assert code == exit_code, err
         assert words in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 

@@ -276,6 +276,29 @@ def test_repeated_500s_are_recorded_as_a_failure(tmp_path):
     assert s.per_arch[0].stats["average"].mean is None
 
 
+HTML_PAGE = "<html><head><title>502 Bad Gateway</title></head><body><h1>Bad Gateway</h1></body></html>"
+
+
+@pytest.mark.parametrize("status", [502, 200, 401, 500])
+def test_a_body_labelled_json_that_is_not_is_stored_as_a_failed_grade(tmp_path, status):
+    """A proxy's HTML error page sent as application/json: the client cannot parse it at all (not even its status);
+    it is retried, then stored as a failure, never a crash."""
+    with fg.FakeGemini(script=lambda r: fg.Reply(status, HTML_PAGE)) as server:
+        db = make_db(tmp_path / "r.db", n_prompts=1, archs=("control",))
+        s = judge_all(db, base_url=server.url, max_attempts=3, **FAST)
+        assert server.count == 3
+    assert s.n_failed == 1 and s.n_ok == 0
+    row = grades(db)[0]
+    assert row["status"] == "failed" and row["average"] is None and "not JSON" in row["error"]
+
+
+def test_a_non_json_body_then_an_answer_is_graded(tmp_path, server):
+    db = make_db(tmp_path / "r.db", n_prompts=1, archs=("control",))
+    server.push(fg.Reply(502, HTML_PAGE))
+    s = judge_all(db, base_url=server.url, **FAST)
+    assert server.count == 2 and s.n_ok == 1 and s.n_failed == 0
+
+
 def test_other_4xx_fail_at_once(tmp_path, server):
     db = make_db(tmp_path / "r.db", n_prompts=1, archs=("control",))
     server.push(fg.error(400, "INVALID_ARGUMENT", "Request contains an invalid argument."))

@@ -245,7 +245,7 @@ def test_a_framework_import_of_a_stage_is_named():
 
 def test_browse_names_no_stage_table_in_its_sql_or_code():
     """Canned queries belong to the stages that own their tables: browse.py's SQL and identifiers name none of them
-    (`runs` alone is checked by name, in check_database: it is what makes a file a results database)."""
+    (what makes a file a results database is its marker, checked by benchctl.core.db)."""
     from benchctl import stages
 
     tree = ast.parse((REPO / "benchctl" / "browse.py").read_text(encoding="utf-8"))

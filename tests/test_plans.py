@@ -171,6 +171,8 @@ def test_old_database_gets_variant_column_named_after_the_arch(tmp_path):
         "seed integer not null, status text not null default 'pending', config_json text not null)"
     )
     conn.execute("insert into runs values ('r1', 'frailt', 'tiny', 0, 'done', '{}')")
+    conn.execute("create table meta (key text primary key, value text)")  # every benchctl wrote its version
+    conn.execute("insert into meta values ('schema_version', '1')")
     conn.commit()
     conn.close()
     db = stages.connect(path)

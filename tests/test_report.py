@@ -19,7 +19,7 @@ from benchctl import report, stages
 from benchctl.cli import app, main
 from benchctl.core import paper
 from benchctl.core import stats as bstats
-from benchctl.core.errors import ConfigError, DatabaseError
+from benchctl.core.errors import ConfigError, DatabaseError, ForeignDatabaseError
 from benchctl.stages.report import engine as report_engine
 
 SECTIONS = (
@@ -569,9 +569,12 @@ def test_empty_database(tmp_path):
 
 def test_database_without_tables(tmp_path):
     p = tmp_path / "bare.db"
-    sqlite3.connect(p).execute("create table unrelated (x)").connection.close()
+    sqlite3.connect(p).execute("vacuum").connection.close()  # an SQLite file with nothing in it yet
     md = report_engine.write_report(p, tmp_path / "r").read_text()
     assert "no runs yet" in md
+    sqlite3.connect(p).execute("create table unrelated (x)").connection.close()  # now another program's
+    with pytest.raises(ForeignDatabaseError):
+        report_engine.write_report(p, tmp_path / "r")
 
 
 def test_partial_database_runs_only(tmp_path):
@@ -762,7 +765,7 @@ def test_cli_bad_format_and_corrupt_file(tmp_path):
     assert isinstance(res.exception, ConfigError)
     bad = tmp_path / "bad.db"
     bad.write_text("this is not sqlite " * 100)
-    with pytest.raises(DatabaseError, match="cannot read results database"):
+    with pytest.raises(DatabaseError, match="not a readable SQLite database"):
         report_engine.write_report(bad, tmp_path / "r")
 
 

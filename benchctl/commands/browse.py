@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from benchctl.core.errors import ConfigError
 from benchctl.stages.cli import DbOpt, console, db_path_of
 
 app = typer.Typer()
@@ -28,6 +29,8 @@ def browse(
     ] = False,
 ) -> None:
     """Browse results.db in Datasette (read-only): every table and column described, canned queries included."""
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"--port must be in [1, 65535], got {port}")
     from benchctl import browse as engine  # datasette: kept out of 'benchctl --help'
 
     served = engine.check_database(db_path_of(db))

@@ -11,7 +11,9 @@ name.
 
 from __future__ import annotations
 
+import errno
 import random
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -109,22 +111,46 @@ def hardware_change(saved: dict[str, str] | None, now: dict[str, str]) -> str | 
 
 
 def save(path: Path, state: dict[str, Any]) -> int:
-    """Atomically write a checkpoint dict; returns its size in bytes."""
+    """Atomically write a checkpoint dict; returns its size in bytes. A write that fails for want of space (torch's
+    zip writer says only "unexpected pos") is a CheckpointError that says so: the write is atomic, so the previous
+    checkpoint is intact and the run resumes from it."""
     state = {"format_version": FORMAT_VERSION, **state}
-    atomic_write(path, lambda f: torch.save(state, f))
+    try:
+        atomic_write(path, lambda f: torch.save(state, f))
+    except (OSError, RuntimeError) as e:
+        free = _free_bytes(path.parent)
+        if getattr(e, "errno", None) != errno.ENOSPC and (free is None or free > _FULL):
+            raise
+        raise CheckpointError(
+            f"the disk is full: writing checkpoint {path} failed ({free or 0:,} bytes free). Nothing was lost: the "
+            "previous checkpoint is intact; free some space and rerun the same command to resume"
+        ) from None
     return path.stat().st_size
 
 
-def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+_FULL = 64 * 2**20  # less than this free beside a failed write: the write failed for want of space
+
+
+def _free_bytes(folder: Path) -> int | None:
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return None
+
+
+def load(
+    path: Path, map_location: str | torch.device = "cpu", *, unreadable_hint: str = "is it a benchctl checkpoint?"
+) -> dict[str, Any]:
+    """A checkpoint's state. `unreadable_hint` ends the error for a file that cannot be read: what the caller's
+    user can do about it (training can delete its own run's checkpoint; a file named on a command line may be
+    anything)."""
     if not path.exists():
         raise CheckpointError(f"no checkpoint at {path}")
     try:
         # Our own files: they carry RNG states (numpy arrays, tuples), so full unpickling is needed.
         state = torch.load(path, map_location=map_location, weights_only=False)
     except Exception as e:  # torch raises many types for a truncated/corrupt zip; all mean "unreadable"
-        raise CheckpointError(
-            f"checkpoint {path} is unreadable ({type(e).__name__}: {e}); delete it to restart the run from scratch"
-        ) from None
+        raise CheckpointError(f"checkpoint {path} is unreadable ({type(e).__name__}: {e}); {unreadable_hint}") from None
     if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION or "config" not in state:
         raise CheckpointError(f"{path} is not a benchctl checkpoint of format {FORMAT_VERSION}")
     return state

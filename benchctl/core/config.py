@@ -156,6 +156,7 @@ SECTIONS: dict[str, type] = {
     "log": LogConfig,
 }
 TOP_LEVEL = ("arch", "preset", "seed")
+MAX_SEED = 2**32 - 1
 _NOT_A_KEY = ("model.arch_args",)  # the container of the architecture's keys, not a key itself
 
 # Presets are plain data: overrides on top of the defaults above (which are the paper recipe). A preset may set
@@ -518,7 +519,8 @@ def validate(cfg: RunConfig) -> None:
         holder = getattr(cfg, section)
         value = getattr(holder, name) if hasattr(holder, name) else getattr(m.arch_args, name)
         _require(value in allowed, key, f"must be one of {', '.join(map(str, allowed))}; got {value!r}")
-    _require(cfg.seed >= 0, "seed", f"must be >= 0, got {cfg.seed}")
+    # numpy's generator, seeded with it, takes no more than 32 bits
+    _require(0 <= cfg.seed <= MAX_SEED, "seed", f"must be in [0, {MAX_SEED}], got {cfg.seed}")
     _require(t.batch_size >= 1, "train.batch_size", f"must be >= 1, got {t.batch_size}")
     _require(t.grad_accum >= 1, "train.grad_accum", f"must be >= 1, got {t.grad_accum}")
     _require(t.max_steps >= 1, "train.max_steps", f"must be >= 1, got {t.max_steps}")

@@ -9,6 +9,14 @@ This module knows no table but its own `meta` (the schema version): each stage d
 `benchctl/stages/<name>/tables.py` (a `benchctl.core.tables.Table` each) and writes them there, and `connect` creates
 or migrates whatever tables it is given. `benchctl.stages.connect` opens the file with every registered stage's
 tables; that is how everything but this module opens it.
+
+A file is benchctl's only if it says so: benchctl writes `PRAGMA application_id = APPLICATION_ID` into every file it
+creates, and the schema version into `meta`. Before anything is written, `identify` reads what a file is: new (no
+file, an empty file, or an SQLite file holding no schema object), benchctl's (the marker), a results database of a
+benchctl from before the marker (schema version 1 in `meta` and a `runs` table with benchctl's identifying columns,
+which a writing command adopts through the versioned migration 1 -> 2), or anything else, which every command
+refuses without changing a byte. Read-only commands (`readonly=True`) never migrate: they read a file of an older
+version as it is.
 """
 
 from __future__ import annotations
@@ -17,16 +25,24 @@ import contextlib
 import os
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 import sqlite_utils
 
-from benchctl.core.errors import DatabaseError
+from benchctl.core.errors import DatabaseError, ForeignDatabaseError
 from benchctl.core.tables import Column, Table
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# ASCII "bctl": SQLite's application_id header field (offset 68), written into every file benchctl creates, so that
+# `file results.db` and any tool can tell benchctl's files apart and benchctl never mistakes another program's
+# SQLite file for its own. Fixed forever: changing it would disown every database already written.
+APPLICATION_ID = 0x6263746C
+# Columns a `runs` table has had since the first benchctl: with schema version 1 in `meta`, how a database written
+# before the marker existed is recognised.
+LEGACY_RUNS_COLUMNS = frozenset({"id", "arch", "preset", "seed", "status", "config_json"})
 Database = sqlite_utils.Database  # what `connect` returns; the stages name the type through this module
 DEFAULT_DB = Path("results") / "results.db"
 
@@ -48,26 +64,129 @@ def default_path() -> Path:
     return Path(os.environ.get("BENCHCTL_DB") or DEFAULT_DB)
 
 
+@dataclass(frozen=True)
+class Identity:
+    """What an SQLite file is to benchctl: `kind` is "new" (nothing in it yet), "ours" (the marker), "legacy" (a
+    results database from before the marker) or "foreign" (anything else; `reason` says why)."""
+
+    kind: str
+    version: int | None = None  # the schema version stored in `meta` (ours, legacy)
+    reason: str = ""
+
+
+def identify(conn: sqlite3.Connection) -> Identity:
+    """Read (never write) what the open file is."""
+    app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+    names = {r[0]: r[1] for r in conn.execute("select name, type from sqlite_master")}
+    version = None
+    if names.get("meta") == "table":
+        cols = {r[1] for r in conn.execute("pragma table_info([meta])")}
+        if {"key", "value"} <= cols:
+            row = conn.execute("select value from meta where key = 'schema_version'").fetchone()
+            if row is not None and str(row[0]).isdigit():
+                version = int(row[0])
+    if app_id == APPLICATION_ID:
+        if version is None:
+            return Identity("foreign", reason="it carries benchctl's marker but no schema version in its meta table")
+        return Identity("ours", version)
+    if app_id != 0:
+        return Identity("foreign", reason=f"it belongs to another application (application_id {app_id:#010x})")
+    if not names:
+        return Identity("new")
+    runs_cols = {r[1] for r in conn.execute("pragma table_info([runs])")} if names.get("runs") == "table" else set()
+    if version == 1 and LEGACY_RUNS_COLUMNS <= runs_cols:
+        return Identity("legacy", 1)
+    return Identity("foreign", reason="it has no benchctl marker and is not a results database benchctl wrote")
+
+
+def _refuse(p: Path, ident: Identity) -> None:
+    if ident.kind == "foreign":
+        raise ForeignDatabaseError(
+            f"{p} is not a benchctl results database ({ident.reason}); nothing was changed. Pass a results.db "
+            "benchctl wrote, or a new path"
+        )
+    if ident.version is not None and ident.version > SCHEMA_VERSION:
+        raise DatabaseError(
+            f"results database has schema version {ident.version}, newer than this benchctl ({SCHEMA_VERSION}); "
+            "upgrade benchctl or use another --db"
+        )
+
+
+def _open(p: Path, *, readonly: bool) -> sqlite3.Connection:
+    if readonly:
+        # mode=ro: nothing this connection does can write the file (a read-only file or directory is fine too)
+        conn = sqlite3.connect(p.resolve().as_uri() + "?mode=ro", uri=True, timeout=30.0)
+    else:
+        conn = sqlite3.connect(str(p), timeout=30.0)
+    conn.execute("PRAGMA busy_timeout = 30000")
+    return conn
+
+
+def check_file(path: str | os.PathLike) -> Identity:
+    """Identify the existing file at `path` through a read-only connection and refuse (one line) one benchctl must
+    not touch: foreign, or of a newer schema. What the readers (`report`, `browse`) check before reading."""
+    p = Path(path)
+    try:
+        conn = _open(p, readonly=True)
+        try:
+            ident = identify(conn)
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as e:
+        raise DatabaseError(f"{p} is not a readable SQLite database ({e})") from None
+    _refuse(p, ident)
+    return ident
+
+
+def check_target(path: str | os.PathLike) -> None:
+    """Refuse, before any slow work, a --db that a writing command would refuse later: an existing file that is not
+    benchctl's (or of a newer schema). A missing file is fine: it will be created."""
+    p = Path(path)
+    if p.is_dir():
+        raise DatabaseError(f"{p} is a directory, not a results database; pass the path of a .db file")
+    if p.exists():
+        check_file(p)
+
+
 def connect(
-    path: str | os.PathLike | None = None, *, tables: Sequence[Table], create: bool = True, wal: bool = True
+    path: str | os.PathLike | None = None,
+    *,
+    tables: Sequence[Table],
+    create: bool = True,
+    wal: bool = True,
+    readonly: bool = False,
 ) -> sqlite_utils.Database:
     """Open results.db with WAL, foreign keys and a busy timeout, creating or migrating `tables` (and `meta`).
 
     `tables` are the stages' tables, parents before the tables whose foreign keys point at them. `wal=False` keeps
     the file's rollback journal instead (a file that processes on different machines share: WAL needs shared
     memory); either way the journal mode is only changed when it differs, since changing it needs the file to
-    itself."""
+    itself. A file that is not benchctl's is refused (ForeignDatabaseError) before anything is written.
+    `readonly=True` opens an existing file read-only and changes nothing: no table created, no migration."""
     p = Path(path) if path is not None else default_path()
-    if not create and not p.exists():
+    if (readonly or not create) and not p.exists():
         raise DatabaseError(
             f"no results database at {p}; run 'benchctl train-all' first, or pass --db PATH (or set BENCHCTL_DB)"
         )
+    if p.is_dir():
+        raise DatabaseError(f"{p} is a directory, not a results database; pass the path of a .db file")
     try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(str(p), timeout=30.0)
-        conn.execute("PRAGMA busy_timeout = 30000")
+        if not readonly:
+            p.parent.mkdir(parents=True, exist_ok=True)
+        conn = _open(p, readonly=readonly)
+        ident = identify(conn)  # before any write: a foreign file must keep every byte
+        if ident.kind == "foreign" or (ident.version or 0) > SCHEMA_VERSION:
+            conn.close()
+            _refuse(p, ident)
         conn.execute("PRAGMA foreign_keys = ON")
         db = _ImmediateDatabase(conn)
+        if readonly:
+            if ident.kind == "new":  # nothing to read, and a reader creates nothing
+                conn.close()
+                raise DatabaseError(
+                    f"{p} is empty, not a results database yet; run 'benchctl train-all' first, or pass --db PATH"
+                )
+            return db
         if wal and db.journal_mode != "wal":
             db.enable_wal()
         elif not wal and db.journal_mode == "wal":
@@ -78,18 +197,30 @@ def connect(
     return db
 
 
+def _adopt_marker(db: sqlite_utils.Database) -> None:
+    """1 -> 2: a results database from before the marker gets it (its tables are benchctl's already)."""
+    db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+
+
+# The explicit, versioned steps: MIGRATIONS[v] turns a version-v file into a version v+1 file. Added tables and
+# columns need no step (`migrate` creates what a file lacks); a step is for what that cannot express.
+MIGRATIONS: dict[int, Callable[[sqlite_utils.Database], None]] = {1: _adopt_marker}
+
+
 def migrate(db: sqlite_utils.Database, tables: Sequence[Table]) -> None:
-    """Create missing tables, add missing columns (filling in those with a backfill) and indexes, for `tables` and
-    `meta`; refuse a database from a newer benchctl."""
+    """Bring a benchctl file (or a new one) to SCHEMA_VERSION: the versioned steps from its version, then create
+    missing tables, add missing columns (filling in those with a backfill) and indexes, for `tables` and `meta`.
+    Refuses a foreign file or one from a newer benchctl."""
     tables = (*tables, META)
     with db.atomic():
-        if "meta" in db.table_names():
-            row = db.execute("select value from meta where key = 'schema_version'").fetchone()
-            if row is not None and int(row[0]) > SCHEMA_VERSION:
-                raise DatabaseError(
-                    f"results database has schema version {row[0]}, newer than this benchctl ({SCHEMA_VERSION}); "
-                    "upgrade benchctl or use another --db"
-                )
+        ident = identify(db.conn)  # again, under the write lock: another process may have created it meanwhile
+        if ident.kind == "foreign" or (ident.version or 0) > SCHEMA_VERSION:
+            _refuse(Path(db.conn.execute("PRAGMA database_list").fetchone()[2] or "database"), ident)
+        if ident.kind == "new":
+            db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        else:
+            for version in range(ident.version or SCHEMA_VERSION, SCHEMA_VERSION):
+                MIGRATIONS[version](db)
         for spec in tables:
             table = db.table(spec.name)  # a Table (db[name] may also be a View, which cannot be migrated)
             if not table.exists():

@@ -41,6 +41,12 @@ class DatabaseError(BenchctlError):
     exit_code = 5
 
 
+class ForeignDatabaseError(DatabaseError):
+    """An SQLite file that is not a benchctl results database: refused before a byte of it is written."""
+
+    exit_code = 2
+
+
 class JudgeError(BenchctlError):
     """No API key, or the judge service refused the whole job."""
 
@@ -57,6 +63,16 @@ class Aborted(BenchctlError):
     """The user declined a confirmation prompt."""
 
     exit_code = 130
+
+
+class Terminated(KeyboardInterrupt):
+    """A SIGTERM (a plain `kill`, a scheduler stopping the job), unwound like Ctrl-C: a training process records its
+    run as interrupted instead of leaving it `running`."""
+
+
+def raise_terminated(signum: int, frame: object) -> None:
+    """A SIGTERM handler: raise Terminated in the main thread, wherever it is."""
+    raise Terminated(f"signal {signum}")
 
 
 def did_you_mean(word: str, options: Iterable[str]) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from benchctl.core.db import SCHEMA_VERSION
+from benchctl.core.db import SCHEMA_VERSION, check_file
 from benchctl.core.errors import DatabaseError
 from benchctl.core.tables import Table
 
@@ -56,6 +56,7 @@ def open_db(path: str | os.PathLike) -> sqlite3.Connection:
             f"no results database at {p}; run 'benchctl train-all' (or 'benchctl study') first, "
             "or pass --db PATH (or set BENCHCTL_DB)"
         )
+    check_file(p)  # benchctl's own file (or one from before the marker), of a schema this benchctl reads
     try:
         conn = sqlite3.connect(p.resolve().as_uri() + "?mode=ro", uri=True, timeout=30.0)
         conn.execute("select count(*) from sqlite_master").fetchone()

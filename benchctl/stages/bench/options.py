@@ -43,6 +43,8 @@ class BenchOptions:
             raise ConfigError(f"--new-tokens must be >= 1, got {self.decode_new_tokens}")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"--threads must be >= 1, got {self.threads}")
+        if self.check_steps < 0:
+            raise ConfigError(f"--check-steps must be >= 0 (0: no check), got {self.check_steps}")
         if self.steps < 1 or self.repeats < 1 or self.warmup < 0:
             raise ConfigError(
                 f"--steps and --repeats must be >= 1 and warm-up >= 0 (got {self.steps}, {self.repeats}, {self.warmup})"

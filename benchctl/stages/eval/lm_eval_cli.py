@@ -36,7 +36,7 @@ from benchctl.core import checkpoint as ckpt
 from benchctl.core import data as datamod
 from benchctl.core import db as dbm
 from benchctl.core.config import RunConfig
-from benchctl.core.errors import DatabaseError, EvalError
+from benchctl.core.errors import ConfigError, DatabaseError, EvalError
 from benchctl.stages.eval import api as ev  # importing it registers the "benchctl" model with lm-eval
 from benchctl.stages.eval import tables as eval_tables
 from benchctl.stages.train import tables as train_tables
@@ -58,6 +58,19 @@ def _parse(argv: list[str]):
         return cli, cli.parse_args()
     finally:
         sys.argv = saved
+
+
+def _check_model_args(model_args: dict[str, Any]) -> None:
+    """The benchctl model's own arguments, checked before lm-eval builds it (where a bad one is a traceback)."""
+    raw = model_args.get("n_recur")
+    if raw in (None, ""):
+        return
+    try:
+        ok = int(raw) >= 1 and float(raw).is_integer()
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ConfigError(f"--model_args n_recur must be an integer >= 1, got {raw!r}")
 
 
 def _bundled_requested(tasks: list[str] | None) -> list[str]:
@@ -174,12 +187,21 @@ def run(
     setup_logging()
     cli, args = _parse(argv)
     source = _checkpoint(args) if getattr(args, "command", None) in ("run", "validate") else None
+    if source is not None:
+        _check_model_args(args.model_args or {})
     if source is not None and getattr(args, "device", None) is None and not getattr(args, "config", None):
         args.device = "auto"  # lm-eval's default is cuda:0; benchctl's adapter takes CUDA when present, else CPU
     rec = _prepare_record(args, source, Path(db_path) if db_path else dbm.default_path()) if record else None
     versions = _bundled_tasks(args, source, log) if hasattr(args, "tasks") else {}
     with _captured_results() as box:
-        cli.execute(args)
+        try:
+            cli.execute(args)
+        except ValueError as e:  # lm-eval's own word for a task name it does not know
+            if not str(e).startswith("Tasks not found"):
+                raise
+            raise ConfigError(
+                f"lm-eval: {e}; 'benchctl lm-eval ls tasks' lists the tasks (bundled: {', '.join(ev.BUNDLED_TASKS)})"
+            ) from None
     if rec is not None:
         if box.get("results") is None:
             raise EvalError("lm-eval returned no results to record")

@@ -89,7 +89,7 @@ def judge(
 
     if not dry_run:
         engine.require_api_key()  # before opening anything: a missing key costs nothing
-    database = stages.connect(db, create=False)
+    database = stages.connect(db, create=False, readonly=dry_run)  # a dry run changes nothing, not even the schema
     summary = engine.judge_all(
         database,
         opts,

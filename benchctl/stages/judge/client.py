@@ -423,6 +423,11 @@ class Job:
                 except self.transport_errors as e:
                     out.http_status, out.response_json = None, None
                     out.error = f"connection error: {type(e).__name__}: {e}".strip()
+                except json.JSONDecodeError as e:
+                    # a body labelled JSON that is not (a proxy's or gateway's HTML error page, whatever its status):
+                    # the client cannot even read the status out of it; a passing fault, retried, else a failed grade
+                    out.http_status, out.response_json = None, None
+                    out.error = f"the service answered with a body that is not JSON ({e.msg} at character {e.pos})"
                 else:
                     _read_answer(out, resp, self.s.protocol)
                     break

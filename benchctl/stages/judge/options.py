@@ -72,3 +72,8 @@ class JudgeOptions:
             raise ConfigError(f"--limit must be at least 1, got {self.limit}")
         if self.max_attempts < 1:
             raise ConfigError(f"--max-attempts must be at least 1, got {self.max_attempts}")
+        if not 0 <= self.temperature <= 2:  # the range Gemini accepts
+            raise ConfigError(f"--temperature must be in [0, 2], got {self.temperature}")
+        budget = self.thinking_budget
+        if isinstance(budget, int) and budget < -1:  # -1 is Gemini's "dynamic"
+            raise ConfigError(f"--thinking-budget must be -1 (dynamic), 0 (off) or a number of tokens, got {budget}")

@@ -107,7 +107,17 @@ def save(rendered: Rendered, out_dir: str | os.PathLike) -> Path:
     """Write out_dir/report.md and out_dir/figures/*.png; figures of sections without data any more are removed."""
     out = Path(out_dir)
     figdir = out / "figures"
-    figdir.mkdir(parents=True, exist_ok=True)
+    try:
+        figdir.mkdir(parents=True, exist_ok=True)
+        return _save(rendered, out, figdir)
+    except OSError as e:  # a file where the folder should be, a read-only or pseudo file system, a full disk
+        why = e.strerror or str(e)
+        raise ConfigError(
+            f"cannot write the report into {out} ({why}: {e.filename or out}); pass another --out"
+        ) from None
+
+
+def _save(rendered: Rendered, out: Path, figdir: Path) -> Path:
     for name in figure_names():
         if name not in rendered.figures and (figdir / name).exists():
             (figdir / name).unlink()  # a stale figure from an earlier report would contradict this one

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from benchctl import plans
 from benchctl.core.config import make_config, run_id
-from benchctl.core.errors import BenchctlError
+from benchctl.core.errors import BenchctlError, ConfigError
 from benchctl.stages.cli import (
     DataOpt,
     DbOpt,
@@ -102,6 +102,7 @@ def train(
     """Train one architecture (resumes an interrupted run; skips a finished one). Works under torchrun for DDP."""
     # torch, and sqlite_utils with pandas: kept out of 'benchctl --help'
     from benchctl import stages
+    from benchctl.core import db as dbm
     from benchctl.core.runtime import Dist, decide_on_main
     from benchctl.stages.train import tables as train_tables
     from benchctl.stages.train.engine import train_run
@@ -109,8 +110,9 @@ def train(
 
     cfg = make_config(preset, arch, seed, overrides_with_data(set_, data))
     dist_info = Dist.from_env()
-    prepared = prepare_for(cfg, progress)
     path = db_path_of(db)
+    dbm.check_target(path)  # a file that is not benchctl's is refused before the data is prepared
+    prepared = prepare_for(cfg, progress)
     handle = stages.connect(path) if dist_info.is_main else None
     log = console.print if dist_info.is_main else (lambda *_: None)
 
@@ -161,6 +163,7 @@ def train_all(
     opts = TrainOptions(yes=yes, jobs=jobs, executor=executor, ray_address=ray_address, runs_dir=runs_dir)
     # torch, and sqlite_utils with pandas: kept out of 'benchctl --help'
     from benchctl import stages
+    from benchctl.core import db as dbm
     from benchctl.core.runtime import Dist
     from benchctl.stages.train import sweep
     from benchctl.stages.train import tables as train_tables
@@ -174,8 +177,9 @@ def train_all(
         cfgs, variants = [r.cfg for r in planned], [r.variant for r in planned]
         if converted := [v.name for v in plan_.variants if v.parent is not None]:  # they need their parents trained
             console.print(f"plan {plan_.name}: conversions {', '.join(converted)} are made by 'benchctl study'")
-    prepared = prepare_for(cfgs[0], progress)
     path = db_path_of(db)
+    dbm.check_target(path)  # a file that is not benchctl's is refused before the data is prepared
+    prepared = prepare_for(cfgs[0], progress)
     is_main = Dist.from_env().is_main  # under torchrun every rank trains each run; rank 0 alone reports
     res = sweep.train_all(
         cfgs,
@@ -262,6 +266,9 @@ def _f(x: float | None) -> str:
     return "-" if x is None else f"{x:.4f}"
 
 
+RUN_STATUSES = ("pending", "running", "done", "failed")
+
+
 @app.command()
 def runs(
     db: DbOpt = None,
@@ -274,7 +281,9 @@ def runs(
     from benchctl import stages
     from benchctl.stages.train import tables as train_tables
 
-    handle = stages.connect(db_path_of(db), create=False)
+    if status is not None and status not in RUN_STATUSES:
+        raise ConfigError(f"--status must be one of {', '.join(RUN_STATUSES)}, got {status!r}")
+    handle = stages.connect(db_path_of(db), readonly=True)  # a listing never migrates or creates anything
     rows = train_tables.runs(handle, status=status, preset=preset)
     if as_json:
         keep = (

@@ -218,15 +218,63 @@ def _is_alive(pid: int | None) -> bool:
     return True
 
 
-def _verdict(db: dbm.Database | None, rid: str, ckpt_path: Path, dist_info: Dist) -> tuple[str, dict[str, Any] | None]:
+RESTART_HINT = "delete it to restart the run from scratch"
+
+
+class RunBusy(BenchctlError):
+    """Another live process on this machine is training the run."""
+
+    def __init__(self, run_id: str, pid: int):
+        super().__init__(f"run {run_id} is being trained by another process (pid {pid}); wait for it or kill it")
+        self.run_id, self.pid = run_id, pid
+
+
+def _still_training(db: dbm.Database, rid: str, pid: int) -> bool:
+    row = train_tables.get_run(db, rid)
+    return row is not None and row["status"] == "running" and row.get("pid") == pid and _is_alive(pid)
+
+
+def train_run_when_free(
+    cfg: RunConfig, prepared: Any, db: dbm.Database | None, db_path: Path, *, poll_s: float = 2.0, **kw: Any
+) -> RunResult:
+    """`train_run`, waiting for a run another process on this machine is training, then taking it up again (skipped
+    when it ended done, resumed when it did not): how a sweep shares its runs with another sweep over the same
+    database, so that both end with every run done and neither reports the other's runs as failures."""
+    log = kw.get("log", print)
+    while True:
+        try:
+            return train_run(cfg, prepared, db, db_path, **kw)
+        except RunBusy as e:
+            if db is None:
+                raise
+            log(f"  {e.run_id} is being trained by another process (pid {e.pid}); waiting for it to finish")
+            while _still_training(db, e.run_id, e.pid):
+                time.sleep(poll_s)
+
+
+def _verdict(
+    db: dbm.Database | None, cfg: RunConfig, rid: str, ckpt_path: Path, dist_info: Dist
+) -> tuple[str, dict[str, Any] | None]:
     """('skip' | 'resume' | 'train', the run's row): skip a finished run, resume one with a checkpoint."""
     existing = train_tables.get_run(db, rid) if db is not None else None
+    if db is not None and existing is None and ckpt_path.exists():
+        # every run's row is written before its first checkpoint: a checkpoint of a run this database never
+        # started was written for another database (a copied or shared runs dir), and resuming it would record
+        # someone else's run here, or mark it done with none of its rows
+        ckpt.check_config(
+            ckpt.load(ckpt_path, unreadable_hint=RESTART_HINT), cfg, ckpt_path
+        )  # a planted file of another config says so first
+        raise ckpt.CheckpointError(
+            f"{ckpt_path} is a checkpoint this results database never recorded (it belongs to another database "
+            "sharing or copied into this runs dir); give this database its own directory (or --runs-dir), "
+            "or delete that run directory to retrain"
+        )
     if existing is not None and existing["status"] == "done" and ckpt_path.exists():
         return "skip", existing
     if existing is not None and existing["status"] == "running" and existing.get("hostname") == _hostname():
         pid = existing.get("pid")
         if _is_alive(pid) and not dist_info.enabled:
-            raise BenchctlError(f"run {rid} is being trained by another process (pid {pid}); wait for it or kill it")
+            raise RunBusy(rid, pid)
     return ("resume" if ckpt_path.exists() else "train"), existing
 
 
@@ -262,7 +310,7 @@ def train_run(
     rid = run_id(cfg, prepared.fingerprint)
     ckpt_path = ckpt.run_dir(db_path, rid, runs_dir) / ckpt.CKPT_NAME
     # rank 0 alone reads the state (it alone has the database); every rank acts on its verdict
-    verdict, existing = decide_on_main(dist_info, lambda: _verdict(db, rid, ckpt_path, dist_info))
+    verdict, existing = decide_on_main(dist_info, lambda: _verdict(db, cfg, rid, ckpt_path, dist_info))
     if verdict == "skip":
         return RunResult(rid, "done", skipped=True, row=existing if dist_info.is_main else {})
     if not isinstance(progress, Progress):
@@ -345,6 +393,7 @@ class _Trainer:
         self.spent: float | None = 0.0
         self.pending = 0.0
         self.step_stats = StepStats()  # what the last step's forwards reported
+        self.resumed_telemetry: dict[str, Any] | None = None  # the checkpoint's own, when resumed from one
         self.mirror: Any = tblog.NoMirror()  # TensorBoard copy of the metric rows, set once the start step is known
 
     def _setup_device(self) -> torch.device:
@@ -380,7 +429,7 @@ class _Trainer:
                     f"rank {self.dist.rank} cannot see the checkpoint {self.ckpt_path} that "
                     "rank 0 resumes from; every process needs the same run directory"
                 )
-            state = ckpt.load(self.ckpt_path, map_location="cpu")
+            state = ckpt.load(self.ckpt_path, map_location="cpu", unreadable_hint=RESTART_HINT)
             ckpt.check_config(state, self.cfg, self.ckpt_path)
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
@@ -390,6 +439,7 @@ class _Trainer:
             spent = state.get("spent_flops")
             self.spent = None if spent is None else float(spent)  # a checkpoint from before it was kept: unknown
             self.carried = telemetry.carried_from(state["telemetry"])
+            self.resumed_telemetry = state["telemetry"]
             change = ckpt.hardware_change(ckpt.saved_hardware(state), self._hardware())
             if change:
                 # step times from two kinds of hardware (or precisions, or an eager and a compiled step) would
@@ -449,6 +499,24 @@ class _Trainer:
             **(run_values or {}),
         }
         train_tables.start_run(self.db, row, new=existing is None, resume_step=self.start_step)
+        if self.resumed_from is not None and self.resumed_telemetry is not None:
+            # killed between writing a checkpoint and recording it: the database catches up with the file now, so
+            # the run's rows always describe the checkpoint it continues from
+            path = str(self.ckpt_path)
+            if train_tables.checkpoint_step(self.db, self.rid, path) != self.resumed_from:
+                tps = cfg.tokens_per_step
+                train_tables.record_checkpoint(
+                    self.db,
+                    self.rid,
+                    step=self.resumed_from,
+                    path=path,
+                    size=self.ckpt_path.stat().st_size,
+                    metrics=[],
+                    run_values={
+                        "tokens_seen": self.resumed_from * tps,
+                        **telemetry.run_columns(self.resumed_telemetry, tps),
+                    },
+                )
         self.ckpt_path.parent.mkdir(parents=True, exist_ok=True)
         tok_dst = self.ckpt_path.parent / ckpt.TOKENIZER_NAME
         if not tok_dst.exists():

@@ -13,7 +13,7 @@ from typing import Any
 import sqlite_utils
 
 from benchctl.core.db import now, retry_locked
-from benchctl.core.errors import BenchctlError, CheckpointError, ConfigError
+from benchctl.core.errors import BenchctlError, CheckpointError, ConfigError, DatabaseError
 from benchctl.core.tables import Column, Table
 
 _ENV = "as recorded from the training process"
@@ -414,11 +414,39 @@ def record_checkpoint(
         db["runs"].update(run_id, {"step": step, "updated_at": stamp, **run_values})
 
 
+def checkpoint_step(db: sqlite_utils.Database, run_id: str, path: str) -> int | None:
+    """The step of the checkpoint recorded at `path` for the run (None: none recorded there)."""
+    row = db.execute("select step from checkpoints where run_id = ? and path = ?", [run_id, path]).fetchone()
+    return None if row is None else int(row[0])
+
+
+def incomplete(db: sqlite_utils.Database, run_id: str) -> str | None:
+    """What a run lacks to be done, or None: its last step recorded at max_steps, the final checkpoint's row and
+    the final validation loss among its metrics. A run is never recorded done without the data that shows it."""
+    run = get_run(db, run_id)
+    if run is None:
+        return "it has no row"
+    last = run.get("max_steps")
+    if last is None or run.get("step") != last:
+        return f"its recorded step is {run.get('step')} of {last}"
+    if not db.execute("select 1 from checkpoints where run_id = ? and step = ?", [run_id, last]).fetchone():
+        return f"no checkpoint is recorded at step {last}"
+    if not db.execute(
+        "select 1 from metrics where run_id = ? and step = ? and name = 'val_loss'", [run_id, last]
+    ).fetchone():
+        return f"no validation loss is recorded at step {last}"
+    return None
+
+
 def finish_run(
     db: sqlite_utils.Database, run_id: str, *, final_val_loss: float, initial_val_loss: float | None
 ) -> None:
+    """The run reached its last step: recorded done, in a transaction that first checks its rows (`incomplete`)."""
     stamp = now()
     with db.atomic():
+        missing = incomplete(db, run_id)
+        if missing is not None:
+            raise DatabaseError(f"run {run_id} cannot be recorded done: {missing}; rerun to train it")
         db["runs"].update(
             run_id,
             {

@@ -31,7 +31,7 @@ import torch
 
 from benchctl import stages
 from benchctl.core import accounting
-from benchctl.core.errors import BenchctlError
+from benchctl.core.errors import BenchctlError, Terminated, raise_terminated
 from benchctl.core.progress import Progress, Task, as_progress
 from benchctl.stages.train import engine
 from benchctl.stages.train.executors import (
@@ -73,7 +73,7 @@ class InProcess:
             c = spec.cfg
             self.log(f"[{spec.index}/{len(specs)}] {spec.variant} seed {c.seed} (preset {c.preset})")
             try:
-                r = engine.train_run(
+                r = engine.train_run_when_free(
                     c,
                     self.prepared,
                     self.db,
@@ -146,7 +146,7 @@ class ProcessPool:
                 [s.process for s in running],
                 events,
                 self.log,
-                terminate_after=0.0 if isinstance(e, _Terminated) else 2.0,
+                terminate_after=0.0 if isinstance(e, Terminated) else 2.0,
             )
             raise
         finally:
@@ -311,7 +311,7 @@ def in_processes(
                 ended[event[1]] = (event[0], event[2])
                 relay.close_tasks(event[1])
     except BaseException as e:  # as in ProcessPool.run: a kill is passed on at once, Ctrl-C reached every process
-        _stop(procs, events, log, terminate_after=0.0 if isinstance(e, _Terminated) else 2.0)
+        _stop(procs, events, log, terminate_after=0.0 if isinstance(e, Terminated) else 2.0)
         raise
     finally:
         stop.restore()
@@ -344,7 +344,7 @@ def _group_main(
     parent: int,
 ) -> None:
     """One group of `in_processes`: its result (or its error) goes back to the parent as the last event."""
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    signal.signal(signal.SIGTERM, raise_terminated)
     _watch_parent(parent)
     torch.set_num_threads(threads)
     reporter = _RemoteProgress(events, number, progress)
@@ -445,19 +445,11 @@ class _TermAsInterrupt:
     def __init__(self) -> None:
         self._old = None
         if threading.current_thread() is threading.main_thread():
-            self._old = signal.signal(signal.SIGTERM, _raise_terminated)
+            self._old = signal.signal(signal.SIGTERM, raise_terminated)
 
     def restore(self) -> None:
         if self._old is not None:
             signal.signal(signal.SIGTERM, self._old)
-
-
-class _Terminated(KeyboardInterrupt):
-    """A SIGTERM, handled like Ctrl-C (a training process records its run as interrupted)."""
-
-
-def _raise_terminated(signum: int, frame: Any) -> None:
-    raise _Terminated(f"signal {signum}")
 
 
 # ---- inside a slot's process ----------------------------------------------------------------------------------------
@@ -517,14 +509,14 @@ def _slot_main(
     parent: int,
 ) -> None:
     """A slot: train each run handed over until told to stop, reporting every outcome."""
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    signal.signal(signal.SIGTERM, raise_terminated)
     _watch_parent(parent)
     torch.set_num_threads(threads)
     reporter = _RemoteProgress(events, number, progress)
     try:
         db = stages.connect(db_path)
         while (spec := inbox.get()) is not None:
-            outcome = _train_one(spec, prepared, db, Path(db_path), runs_dir, reporter, engine.train_run)
+            outcome = _train_one(spec, prepared, db, Path(db_path), runs_dir, reporter, engine.train_run_when_free)
             events.put(("result", number, spec.index, outcome))
     except KeyboardInterrupt:
         return

@@ -1,0 +1,398 @@
+"""Tests that benchctl never touches what is not its own, and never records what did not happen.
+
+- A file benchctl creates carries its marker (`PRAGMA application_id`) and the schema version; an SQLite file
+  without the marker (another program's `runs` table, a `users` table) is refused by every command in one line with
+  exit 2, and keeps every byte (its SHA-256 before and after).
+- A results database from before the marker is read as it is by the read-only commands, and adopted by a writing
+  one through the versioned migration 1 -> 2; every version step has its migration and its test.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from benchctl import stages
+from benchctl.cli import main
+from benchctl.core import db as dbm
+from benchctl.core.errors import ForeignDatabaseError
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def run_cli(capsys, argv: list[str]) -> tuple[int, str, str]:
+    """(exit code, stderr, stdout) of `benchctl ARGV`."""
+    code: int | str | None = 0
+    try:
+        main(argv)
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return (0 if code is None else int(code)), out.err, out.out
+
+
+def other_apps_runs(path: Path) -> Path:
+    """Another program's database that happens to have a `runs` table."""
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("create table runs(id integer primary key, name text)")
+        conn.execute("insert into runs values (1, 'x')")
+    conn.close()
+    return path
+
+
+def other_apps_users(path: Path) -> Path:
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("create table users(id integer primary key, email text)")
+        conn.execute("insert into users values (1, 'a@example.org')")
+    conn.close()
+    return path
+
+
+def marked_by_someone_else(path: Path) -> Path:
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("PRAGMA application_id = 1234")
+        conn.execute("create table t(x)")
+    conn.close()
+    return path
+
+
+def legacy_database(path: Path) -> Path:
+    """A results database as benchctl wrote it before the marker: every table, schema version 1, a finished run."""
+    db = stages.connect(path)
+    db.execute("PRAGMA application_id = 0")
+    db.table("meta").upsert({"key": "schema_version", "value": "1"}, pk="key")
+    db.table("runs").insert(
+        {"id": "r1", "arch": "control", "variant": "control", "preset": "tiny", "seed": 0, "status": "done"}
+        | {"config_json": "{}", "step": 10, "max_steps": 10}
+    )
+    db.conn.close()
+    assert sqlite3.connect(path).execute("PRAGMA application_id").fetchone()[0] == 0
+    return path
+
+
+FOREIGN = (other_apps_runs, other_apps_users, marked_by_someone_else)
+COMMANDS = (
+    ["runs"],
+    ["runs", "--json"],
+    ["judge", "--dry-run"],
+    ["train", "--arch", "control", "--preset", "tiny", "--yes", "--no-progress"],
+    ["train-all", "--archs", "control", "--preset", "tiny", "--yes", "--no-progress"],
+    ["browse", "--no-open", "--port", "8999"],
+    ["report"],
+    ["sample", "--no-progress"],
+    ["eval", "--no-progress"],
+    ["depth", "--no-progress"],
+)
+
+
+def test_a_new_database_carries_the_marker_and_the_schema_version(tmp_path):
+    path = tmp_path / "results.db"
+    stages.connect(path).conn.close()
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA application_id").fetchone()[0] == dbm.APPLICATION_ID == 0x6263746C
+    assert conn.execute("select value from meta where key = 'schema_version'").fetchone()[0] == str(dbm.SCHEMA_VERSION)
+    conn.close()
+    assert path.read_bytes()[68:72] == b"bctl"  # the header field, as `file` and other tools read it
+
+
+@pytest.mark.parametrize("make", FOREIGN, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("argv", COMMANDS, ids=lambda a: " ".join(a[:2]))
+def test_every_command_refuses_a_foreign_file_and_changes_no_byte(tmp_path, capsys, make, argv):
+    path = make(tmp_path / "o.db")
+    before = sha256(path)
+    extra = ["--out", str(tmp_path / "rep")] if argv[0] == "report" else []
+    code, err, _ = run_cli(capsys, [*argv, "--db", str(path), *extra])
+    assert code == 2, err
+    assert "not a benchctl results database" in err and "nothing was changed" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert sha256(path) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o.db"]  # no -wal, -shm, report or runs/ beside it
+
+
+@pytest.mark.parametrize("make", FOREIGN, ids=lambda f: f.__name__)
+def test_the_db_layer_refuses_a_foreign_file_for_reading_and_writing(tmp_path, make):
+    path = make(tmp_path / "o.db")
+    before = sha256(path)
+    for kw in ({}, {"create": False}, {"readonly": True}, {"wal": False}):
+        with pytest.raises(ForeignDatabaseError):
+            stages.connect(path, **kw)
+    with pytest.raises(ForeignDatabaseError):
+        dbm.check_file(path)
+    assert sha256(path) == before
+
+
+def test_an_empty_file_is_a_new_database(tmp_path, capsys):
+    path = tmp_path / "results.db"
+    path.touch()
+    for argv in (["runs"], ["judge", "--dry-run"]):  # a reader finds nothing to read, and creates nothing
+        code, err, _ = run_cli(capsys, [*argv, "--db", str(path)])
+        assert code == 5 and "is empty, not a results database yet" in err and len(err.strip().splitlines()) == 1
+    assert path.read_bytes() == b""
+    stages.connect(path).conn.close()
+    assert dbm.check_file(path).kind == "ours"
+
+
+def test_a_database_from_a_newer_benchctl_is_refused_and_kept(tmp_path):
+    path = tmp_path / "results.db"
+    db = stages.connect(path)
+    db.table("meta").upsert({"key": "schema_version", "value": str(dbm.SCHEMA_VERSION + 1)}, pk="key")
+    db.conn.close()
+    before = sha256(path)
+    for kw in ({}, {"readonly": True}):
+        with pytest.raises(dbm.DatabaseError, match="newer than this benchctl"):
+            stages.connect(path, **kw)
+    assert sha256(path) == before
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Databases from before the marker, and the versioned migrations
+
+
+def test_every_version_step_has_a_migration():
+    assert sorted(dbm.MIGRATIONS) == list(range(1, dbm.SCHEMA_VERSION))
+
+
+def test_a_legacy_database_is_recognised_only_with_benchctls_runs_columns(tmp_path):
+    legacy = legacy_database(tmp_path / "legacy.db")
+    assert dbm.check_file(legacy) == dbm.Identity("legacy", 1)
+    lookalike = tmp_path / "lookalike.db"  # schema version 1 in a meta table, but some other program's runs
+    conn = sqlite3.connect(lookalike)
+    with conn:
+        conn.execute("create table meta(key text primary key, value text)")
+        conn.execute("insert into meta values ('schema_version', '1')")
+        conn.execute("create table runs(id integer primary key, name text)")
+    conn.close()
+    with pytest.raises(ForeignDatabaseError):
+        dbm.check_file(lookalike)
+
+
+def test_read_only_commands_read_a_legacy_database_without_migrating_it(tmp_path, capsys):
+    path = legacy_database(tmp_path / "legacy.db")
+    before = sha256(path)
+    code, _, out = run_cli(capsys, ["runs", "--db", str(path), "--json"])
+    assert code == 0 and '"id": "r1"' in out
+    code, err, _ = run_cli(capsys, ["report", "--db", str(path), "--out", str(tmp_path / "rep")])
+    assert code == 0, err
+    rows = stages.connect(path, readonly=True).execute("select id, status from runs").fetchall()
+    assert rows == [("r1", "done")]
+    assert dbm.check_file(path).kind == "legacy"
+    assert sha256(path) == before
+
+
+def test_migration_1_to_2_adopts_a_legacy_database_and_keeps_its_rows(tmp_path):
+    path = legacy_database(tmp_path / "legacy.db")
+    db = stages.connect(path)
+    assert db.execute("PRAGMA application_id").fetchone()[0] == dbm.APPLICATION_ID
+    assert db.execute("select value from meta where key = 'schema_version'").fetchone()[0] == "2"
+    assert db.execute("select id, status, step from runs").fetchall() == [("r1", "done", 10)]
+    db.conn.close()
+    assert dbm.check_file(path) == dbm.Identity("ours", 2)
+
+
+def test_a_failed_migration_leaves_the_legacy_file_as_it_was(tmp_path, monkeypatch):
+    path = legacy_database(tmp_path / "legacy.db")
+    stages.connect(path, readonly=True).conn.close()
+
+    def broken(db):
+        dbm._adopt_marker(db)
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setitem(dbm.MIGRATIONS, 1, broken)
+    with pytest.raises(dbm.DatabaseError):
+        stages.connect(path)
+    assert dbm.check_file(path) == dbm.Identity("legacy", 1)  # the step and the version move together, or neither
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Checkpoints belong to their database; a run is done only with its data
+
+FAST = ["--set", "train.max_steps=6", "--set", "train.eval_interval=3", "--set", "train.ckpt_interval=2"]
+
+
+def train_argv(data_dir: Path, db: Path) -> list[str]:
+    return ["train", "--arch", "control", "--preset", "tiny", "--data", str(data_dir), "--no-progress", "--yes", *FAST]
+
+
+def runs_of(db: Path) -> list[tuple]:
+    conn = sqlite3.connect(db)
+    try:
+        return conn.execute("select id, status, step from runs").fetchall()
+    finally:
+        conn.close()
+
+
+def test_a_copied_runs_dir_is_never_resumed_nor_marked_done_by_a_new_database(
+    tmp_path, tinystories_dir, capsys, monkeypatch
+):
+    monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
+    first = tmp_path / "a" / "results.db"
+    code, err, _ = run_cli(capsys, [*train_argv(tinystories_dir, first), "--db", str(first)])
+    assert code == 0, err
+    (rid, status, step), *_ = runs_of(first)
+    assert status == "done" and step == 6
+
+    second = tmp_path / "b" / "results.db"  # a new database beside a copy of the finished run's folder
+    second.parent.mkdir()
+    import shutil
+
+    shutil.copytree(first.parent / "runs", second.parent / "runs")
+    ckpt_sha = sha256(second.parent / "runs" / rid / "ckpt.pt")
+    code, err, out = run_cli(capsys, [*train_argv(tinystories_dir, second), "--db", str(second)])
+    assert code == 4, err
+    assert "never recorded" in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert "resuming" not in out
+    assert [r for r in runs_of(second) if r[1] == "done"] == []
+    assert sha256(second.parent / "runs" / rid / "ckpt.pt") == ckpt_sha  # the other database's checkpoint is kept
+
+    # two databases in one directory share its runs dir: the second never takes the first's run as its own
+    other = first.parent / "other.db"
+    code, err, _ = run_cli(capsys, [*train_argv(tinystories_dir, other), "--db", str(other)])
+    assert code == 4 and "never recorded" in err
+    assert [r for r in runs_of(other) if r[1] == "done"] == []
+    assert runs_of(first) == [(rid, "done", 6)]
+
+
+def test_a_run_is_recorded_done_only_with_its_final_checkpoint_and_loss(tmp_path):
+    from benchctl.stages.train import tables as train_tables
+
+    db = stages.connect(tmp_path / "results.db")
+    run = {"id": "r1", "arch": "control", "preset": "tiny", "seed": 0, "config_json": "{}", "max_steps": 4}
+    train_tables.start_run(db, run, new=True, resume_step=0)
+
+    def finish():
+        train_tables.finish_run(db, "r1", final_val_loss=3.0, initial_val_loss=4.0)
+
+    with pytest.raises(dbm.DatabaseError, match="recorded step is 0 of 4"):
+        finish()
+    val = {"run_id": "r1", "step": 4, "name": "val_loss", "value": 3.0, "tokens": 0, "wall_seconds": 1.0}
+    train_tables.record_checkpoint(db, "r1", step=2, path="ck", size=1, metrics=[], run_values={})
+    train_tables.update_run(db, "r1", step=4)
+    with pytest.raises(dbm.DatabaseError, match="no checkpoint is recorded at step 4"):
+        finish()
+    train_tables.record_checkpoint(db, "r1", step=4, path="ck", size=1, metrics=[], run_values={})
+    with pytest.raises(dbm.DatabaseError, match="no validation loss is recorded at step 4"):
+        finish()
+    assert train_tables.get_run(db, "r1")["status"] != "done"
+    train_tables.record_metrics(db, [val])
+    finish()
+    assert train_tables.get_run(db, "r1")["status"] == "done"
+
+
+def test_a_checkpoint_written_but_not_recorded_is_recorded_on_resume(tmp_path, tinystories_dir, monkeypatch):
+    """Killed between writing the final checkpoint and recording it: the rerun records it and finishes the run."""
+    from benchctl.core import data
+    from benchctl.core.config import make_config
+    from benchctl.stages.train import tables as train_tables
+    from benchctl.stages.train.engine import train_run
+
+    monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
+    overrides = {"data.source": str(tinystories_dir), "train.max_steps": 6, "train.ckpt_interval": 3}
+    cfg = make_config("tiny", "control", overrides=overrides)
+    prepared = data.prepare(cfg.data, cfg.model.vocab_size, progress=False)
+    path = tmp_path / "results.db"
+    db = stages.connect(path)
+    r = train_run(cfg, prepared, db, path, progress=False, log=lambda *_: None)
+    with db.atomic():  # as if the last record_checkpoint and finish_run never happened
+        db.execute("update checkpoints set step = 3 where run_id = ?", [r.run_id])
+        db.execute("update runs set status = 'failed', step = 3 where id = ?", [r.run_id])
+    r2 = train_run(cfg, prepared, db, path, progress=False, log=lambda *_: None)
+    assert r2.resumed_from == 6 and r2.status == "done"
+    row = train_tables.get_run(db, r.run_id)
+    assert row["status"] == "done" and row["step"] == 6 and train_tables.incomplete(db, r.run_id) is None
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Lifecycle: SIGTERM, two sweeps over one database, read-only files
+
+
+def test_sigterm_records_the_run_interrupted_like_ctrl_c(tmp_path, tinystories_dir):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    db_path = tmp_path / "results.db"
+    args = [*train_argv(tinystories_dir, db_path), "--set", "train.max_steps=400", "--db", str(db_path)]
+    env = {**os.environ, "BENCHCTL_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    p = subprocess.Popen(
+        [sys.executable, "-m", "benchctl", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline, step = time.time() + 240, 0
+    while time.time() < deadline and p.poll() is None and step < 2:
+        if db_path.exists():
+            try:
+                conn = sqlite3.connect(db_path, timeout=1)
+                step = (conn.execute("select step from runs").fetchone() or (0,))[0] or 0
+                conn.close()
+            except sqlite3.OperationalError:
+                step = 0
+        time.sleep(0.05)
+    assert p.poll() is None, "the run ended before it could be terminated"
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 128 + signal.SIGTERM, err
+    assert err.strip().splitlines()[-1] == "terminated; rerun the same command to resume"
+    conn = sqlite3.connect(db_path)
+    status, error, pid = conn.execute("select status, error, pid from runs").fetchone()
+    conn.close()
+    assert (status, error, pid) == ("failed", "interrupted", None)
+
+
+def test_a_sweep_waits_for_a_run_another_process_trains_and_reports_no_failure(tmp_path, tinystories_dir, monkeypatch):
+    import socket
+    import subprocess
+    import threading
+
+    from benchctl.core import data
+    from benchctl.core.config import make_config, run_id
+    from benchctl.stages.train import sweep
+    from benchctl.stages.train import tables as train_tables
+    from benchctl.stages.train.options import TrainOptions
+
+    monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
+    cfg = make_config("tiny", "control", overrides={"data.source": str(tinystories_dir), "train.max_steps": 6})
+    prepared = data.prepare(cfg.data, cfg.model.vocab_size, progress=False)
+    path = tmp_path / "results.db"
+    db = stages.connect(path)
+    rid = run_id(cfg, prepared.fingerprint)
+    other = subprocess.Popen(["sleep", "60"])  # the other process, training the run
+    run = {"id": rid, "arch": "control", "preset": "tiny", "seed": 0, "config_json": cfg.to_json(), "max_steps": 6}
+    train_tables.start_run(
+        db, {**run, "status": "running", "pid": other.pid, "hostname": socket.gethostname()}, new=True, resume_step=0
+    )
+    lines: list[str] = []
+    # it ends (killed: the run is left `running`, to be taken up); reaped, or its pid would stay alive as a zombie
+    threading.Timer(1.0, lambda: (other.kill(), other.wait())).start()
+    result = sweep.train_all([cfg], prepared, path, TrainOptions(yes=True), progress=False, log=lines.append)
+    assert result.failed == [] and result.done == [rid]
+    assert any("being trained by another process" in line and "waiting" in line for line in lines)
+    assert train_tables.get_run(db, rid)["status"] == "done"
+
+
+def test_runs_reads_a_database_it_cannot_write(tmp_path, capsys):
+    import os
+
+    path = tmp_path / "ro" / "results.db"
+    db = stages.connect(path)
+    db.table("runs").insert({"id": "r1", "arch": "control", "preset": "tiny", "seed": 0, "config_json": "{}"})
+    db.conn.close()
+    with pytest.raises(sqlite3.OperationalError, match="readonly"):
+        stages.connect(path, readonly=True).execute("create table x(y)")
+    if os.geteuid() == 0:
+        return  # root writes whatever the permissions say; the read-only connection above is what `runs` uses
+    for p in (path.parent, *path.parent.iterdir()):
+        p.chmod(0o555 if p.is_dir() else 0o444)
+    try:
+        code, err, out = run_cli(capsys, ["runs", "--db", str(path), "--json"])
+        assert code == 0 and '"id": "r1"' in out, err
+    finally:
+        path.parent.chmod(0o755)

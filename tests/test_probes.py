@@ -1,0 +1,160 @@
+"""The probes of docs/troubleshooting.md: bad input a careful new user might try, and the one line each gets.
+
+Each row of the table there has a test here: the command, its exit code, and words of its one-line message (no
+traceback). The integrity probes (foreign databases, copied checkpoints, SIGTERM, two sweeps) are in
+tests/test_integrity.py; the judge's non-JSON bodies in tests/test_judge.py.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from benchctl.cli import main
+
+
+def run_cli(capsys, argv: list[str]) -> tuple[int, str, str]:
+    code: int | str | None = 0
+    try:
+        main(argv)
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return (0 if code is None else int(code)), out.err, out.out
+
+
+def one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tinystories_dir) -> Path:
+    """A results database with one finished tiny run (its checkpoint beside it)."""
+    import os
+
+    folder = tmp_path_factory.mktemp("trained")
+    os.environ["BENCHCTL_CACHE"] = str(folder / "cache")
+    try:
+        main(
+            ["train", "--arch", "control", "--preset", "tiny", "--data", str(tinystories_dir), "--yes"]
+            + ["--no-progress", "--set", "train.max_steps=6", "--set", "train.warmup_steps=1"]
+            + ["--db", str(folder / "results.db")]
+        )
+    except SystemExit as e:
+        assert not e.code
+    finally:
+        os.environ.pop("BENCHCTL_CACHE", None)
+    return folder / "results.db"
+
+
+def checkpoint_of(db: Path) -> Path:
+    conn = sqlite3.connect(db)
+    (rid,) = conn.execute("select id from runs").fetchone()
+    conn.close()
+    return db.parent / "runs" / rid / "ckpt.pt"
+
+
+@pytest.mark.parametrize(
+    "argv, code, words",
+    [
+        (
+            ["train", "--arch", "control", "--preset", "tiny", "--seed", "99999999999999999999999"],
+            2,
+            "seed: must be in",
+        ),
+        (["params", "--preset", "tiny", "--arch", "control", "--set", "model.dim=1000000000"], 2, "not enough memory"),
+        (["browse", "--port", "99999", "--no-open"], 2, "--port must be in [1, 65535]"),
+        (["runs", "--status", "weird"], 2, "--status must be one of pending, running, done, failed"),
+        (["judge", "--dry-run", "--temperature", "-5"], 2, "--temperature must be in [0, 2]"),
+        (["judge", "--dry-run", "--thinking-budget", "-7"], 2, "--thinking-budget must be -1 (dynamic)"),
+        (["bench", "--preset", "tiny", "--check-steps", "-1"], 2, "--check-steps must be >= 0"),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else None,
+)
+def test_a_bad_value_is_one_line(tmp_path, capsys, argv, code, words):
+    got, err, _ = run_cli(capsys, [*argv, "--db", str(tmp_path / "results.db")] if argv[0] != "params" else argv)
+    assert got == code, err
+    assert words in one_line(err)
+
+
+@pytest.mark.parametrize("out", ["/etc/passwd", "/proc/nope"])
+def test_report_into_a_place_it_cannot_write_is_one_line(trained, capsys, out):
+    code, err, _ = run_cli(capsys, ["report", "--db", str(trained), "--out", out])
+    assert code == 2, err
+    assert f"cannot write the report into {out}" in one_line(err)
+
+
+@pytest.mark.parametrize(
+    "model_args, tasks, words",
+    [
+        (",n_recur=0", "tinystories_ppl", "n_recur must be an integer >= 1"),
+        ("", "nosuchtask", "Tasks not found: nosuchtask"),
+    ],
+)
+def test_lm_eval_bad_arguments_are_one_line(trained, model_args, tasks, words):
+    argv = ["lm-eval", "--model", "benchctl", "--model_args", f"checkpoint={checkpoint_of(trained)}{model_args}"]
+    code, err = run_subprocess([*argv, "--tasks", tasks, "--limit", "2"], trained.parent / "cache")
+    assert code == 2, err
+    # lm-eval logs its own warnings (about --limit) before; the error is the last line
+    assert words in err.strip().splitlines()[-1] and "Traceback" not in err
+
+
+def test_lm_eval_on_a_file_that_is_no_checkpoint_gives_no_advice_to_delete_it(tmp_path):
+    argv = ["lm-eval", "--model", "benchctl", "--model_args", "checkpoint=/etc/passwd", "--tasks", "tinystories_ppl"]
+    code, err = run_subprocess(argv, tmp_path)
+    line = err.strip().splitlines()[-1]
+    assert code == 4 and "unreadable" in line and "delete" not in line and "Traceback" not in err
+
+
+def run_subprocess(argv: list[str], cache: Path) -> tuple[int, str]:
+    """lm-eval's logging keeps the stream it first saw: in-process runs would log into a closed capture."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "BENCHCTL_CACHE": str(cache), "CUDA_VISIBLE_DEVICES": ""}
+    p = subprocess.run([sys.executable, "-m", "benchctl", *argv], env=env, capture_output=True, text=True, timeout=600)
+    return p.returncode, p.stderr
+
+
+def test_out_of_memory_is_recognised_and_nothing_else():
+    from benchctl.cli import _out_of_memory
+
+    alloc = RuntimeError(
+        "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to "
+        "allocate 25600000000 bytes. Error code 12 (Cannot allocate memory)"
+    )
+    assert "not enough memory for this configuration (23.8 GiB at once)" in _out_of_memory(alloc)
+    assert _out_of_memory(MemoryError()) is not None
+    assert _out_of_memory(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")) is not None
+    assert _out_of_memory(RuntimeError("shape mismatch")) is None
+
+
+def test_a_checkpoint_write_on_a_full_disk_says_so_and_keeps_the_previous_one(tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    from benchctl.core import checkpoint as ckpt
+    from benchctl.core.errors import CheckpointError
+
+    path = tmp_path / "ckpt.pt"
+    ckpt.save(path, {"config": "{}", "step": 2})
+    before = path.read_bytes()
+
+    def full(target, write):  # what torch's zip writer says when the disk fills under it
+        raise RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 5824 vs 5760")
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(ckpt, "atomic_write", full)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**9, 10**9 - 4096, 4096))
+    with pytest.raises(CheckpointError, match="the disk is full") as info:
+        ckpt.save(path, {"config": "{}", "step": 4})
+    assert "Nothing was lost" in str(info.value) and "rerun" in str(info.value)
+    assert path.read_bytes() == before
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**12, 0, 10**12))
+    with pytest.raises(RuntimeError, match="unexpected pos"):  # with space left it is not a full disk: kept as is
+        ckpt.save(path, {"config": "{}", "step": 4})
