@@ -383,6 +383,25 @@ def test_gemini_and_an_openai_compatible_server_are_two_judges_cached_apart(tmp_
         assert run(db, other.url).n_ok == 6 and other.count == 6
 
 
+def test_report_names_both_judges_and_their_agreement(tmp_path, server, monkeypatch):
+    from benchctl.stages.report import engine as report_engine
+
+    monkeypatch.setenv("GEMINI_API_KEY", "test-key")
+    db = make_db(tmp_path / "r.db", n_prompts=4)
+    with fg.FakeGemini() as gemini:
+        judge.judge_all(db, judge.JudgeOptions(base_url=gemini.url, repeats=2, **FAST), progress=False)
+    run(db, server.url)
+    md = report_engine.build(tmp_path / "r.db").markdown
+    judge_sec = md.split("## Judge reliability")[0].split("## Judge\n")[1]
+    assert f"backend `openai`, model `fake-model`, endpoint `{server.host}/v1`" in judge_sec
+    assert f"system_fingerprint `{fo.FINGERPRINT}`" in judge_sec
+    assert "backend `gemini`, model `gemini-2.5-flash`" in judge_sec and "modelVersion `fake-gemini`" in judge_sec
+    rel = md.split("## Judge reliability")[1].split("\n## ")[0]
+    pairs = rel.split("### Agreement and ranking between every pair of judges")[1]
+    assert "gemini-2.5-flash / json" in pairs and f"{name_at(server)} / json" in pairs
+    assert "Kendall" in pairs and "ranked differently" in pairs
+
+
 def test_cli_grades_with_an_openai_compatible_server(tmp_path, server):
     from benchctl.cli import app
 
