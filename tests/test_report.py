@@ -806,3 +806,67 @@ def test_two_judges_are_reported_apart(tmp_path):
     assert 0 < n_control < 8
     cmp = [r for r in tables(section(md, "Comparisons"))[0] if r["quantity"] == "judge average"]
     assert len(cmp) == 1 and cmp[0]["n (a, b)"] == "2 shared (12 prompts)"  # the primary judge: 2 seeds, 12 prompts
+
+
+def test_every_pair_of_judges_agreement_and_where_their_rankings_differ(tmp_path):
+    """A second judge (an OpenAI-compatible server, named fully) that reverses the grades: alpha and Kendall's tau
+    per pair against independent computations, a ranking table that says the judges disagree, and the Comparisons
+    section saying the verdict on the models' order holds for the primary judge only."""
+    archs = ("control", "frailt", "three-part")
+    p = build_fixture_db(tmp_path / "r.db", archs=archs, seeds=(0, 1), evals=False, failed_run=False, running_run=False)
+    other = "openai:qwen3-8b@127.0.0.1:8000/v1"
+    conn = sqlite3.connect(p)
+    host = "generativelanguage.googleapis.com"
+    conn.execute("update judge_grades set backend = 'gemini', model = judge_model, endpoint = ?", (host,))
+    conn.execute(
+        """insert into judge_grades (sample_id, judge_model, prompt_hash, repeat, status, grammar, creativity,
+           consistency, plot, average, backend, model, endpoint, model_revision)
+           select sample_id, ?, prompt_hash, repeat, status, 11 - grammar, 11 - creativity, 11 - consistency,
+           11 - plot, 11 - average, 'openai', 'qwen3-8b', '127.0.0.1:8000/v1', 'fp_local1'
+           from judge_grades where status = 'ok' and sample_id in
+           (select id from samples where prompt_id not in ('pset01:0', 'pset01:1'))""",
+        (other,),
+    )
+    conn.commit()
+    conn.close()
+    md = report_engine.build(p).markdown
+    judge = section(md, "Judge")
+    assert "backend `openai`, model `qwen3-8b`, endpoint `127.0.0.1:8000/v1`, system_fingerprint `fp_local1`" in judge
+    assert f"backend `gemini`, model `gemini-2.5-flash`, endpoint `{host}`, modelVersion not reported" in judge
+    rel = section(md, "Judge reliability")
+    part = rel.split("### Agreement and ranking between every pair of judges")[1].split("### ")[0]
+    pairs, ranking = tables(part)
+    assert len(pairs) == 1 and pairs[0]["judge a"].startswith(f"{JUDGE_MODEL} / json") and other in pairs[0]["judge b"]
+
+    def per_sample(judge_model):
+        rows = q(
+            p,
+            """select g.sample_id, r.arch, avg(g.average) from judge_grades g join samples s on s.id = g.sample_id
+               join runs r on r.id = s.run_id where g.judge_model = ? and g.status = 'ok' group by g.sample_id""",
+            (judge_model,),
+        )
+        return {sid: (arch, v) for sid, arch, v in rows}
+
+    a, b = per_sample(JUDGE_MODEL), per_sample(other)
+    shared = sorted(set(a) & set(b))
+    alpha = bstats.krippendorff_alpha([[a[s][1], b[s][1]] for s in shared])
+    means = {arch: tuple(np.mean([g[s][1] for s in shared if a[s][0] == arch]) for g in (a, b)) for arch in archs}
+    tau = sps.kendalltau([means[m][0] for m in archs], [means[m][1] for m in archs]).statistic
+    assert pairs[0]["shared samples"] == str(len(shared)) and pairs[0]["alpha (average)"].startswith(fnum(alpha, 2))
+    assert pairs[0]["Kendall tau"] == fnum(tau, 2) == "-1.00" and pairs[0]["models"] == "3"
+    rank_a = sps.rankdata([-means[m][0] for m in archs], method="min")
+    rank_b = sps.rankdata([-means[m][1] for m in archs], method="min")
+    differ = [m for m, x, y in zip(archs, rank_a, rank_b) if x != y]
+    assert len(differ) == 2  # reversed: the ends swap, the middle keeps its rank
+    rows = by_model(ranking)
+    for m, x, y in zip(archs, rank_a, rank_b):
+        assert rows[m][f"{JUDGE_MODEL} / json"] == f"{int(x)} ({fnum(means[m][0], 2)})"
+        assert rows[m][f"{other} / json"] == f"{int(y)} ({fnum(means[m][1], 2)})"
+        assert rows[m]["judges agree"] == ("no" if m in differ else "yes")
+    assert f"on the {len(shared)} samples all of them graded. The judges disagree about the rank of " in rel
+    trust = rel.split("### How far to trust the judge")[1]
+    assert f"the models' ranking changes with the judge for {', '.join(sorted(differ))}." in trust
+    cmp = section(md, "Comparisons")
+    assert "The judges disagree about the rank of " in cmp and "holds for the primary judge only" in cmp
+    for m in differ:
+        assert f"{m}: " in cmp.split("The judges disagree about the rank of ")[1]

@@ -140,6 +140,10 @@ EXPECTED_SQL = {
         '   "thinking_tokens" INTEGER,\n'
         '   "total_tokens" INTEGER,\n'
         '   "created_at" TEXT,\n'
+        '   "backend" TEXT,\n'
+        '   "model" TEXT,\n'
+        '   "endpoint" TEXT,\n'
+        '   "model_revision" TEXT,\n'
         '   PRIMARY KEY ("sample_id", "judge_model", "prompt_hash", "repeat")\n'
         ")"
     ),
@@ -167,7 +171,12 @@ EXPECTED_SQL = {
         '   "max_output_tokens" INTEGER,\n'
         '   "protocol" TEXT,\n'
         '   "created_at" TEXT,\n'
-        '   "updated_at" TEXT\n'
+        '   "updated_at" TEXT,\n'
+        '   "seed" INTEGER,\n'
+        '   "backend" TEXT,\n'
+        '   "model" TEXT,\n'
+        '   "endpoint" TEXT,\n'
+        '   "model_revision" TEXT\n'
         ")"
     ),
     "meta": ('CREATE TABLE "meta" (\n   "key" TEXT PRIMARY KEY,\n   "value" TEXT\n)'),
@@ -384,6 +393,40 @@ def test_bench_rows_from_before_decode_timing_become_training_rows(tmp_path):
     conn.close()
     db = stages.connect(path)
     assert db.execute("select mode from bench where bench_id = 'b1'").fetchone()[0] == "train"
+    db.conn.close()
+
+
+def test_migration_names_the_judge_of_grades_stored_before_judges_were_named(tmp_path):
+    """Grades from before a judge was named by backend were all Gemini's: the added columns say so; where they were
+    sent and which revision answered were not recorded, and stay empty."""
+    path = tmp_path / "old.db"
+    stages.connect(path).conn.close()
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("insert into runs (id, arch, preset, seed, config_json) values ('r1', 'control', 'tiny', 0, '{}')")
+        conn.execute("insert into prompts (id, prompt_set, idx, text) values ('p:0', 'p', 0, 'Once')")
+        conn.execute("insert into samples (id, run_id, prompt_id, completion) values ('s1', 'r1', 'p:0', ' upon')")
+        for col in ("backend", "model", "endpoint", "model_revision"):
+            conn.execute(f"alter table judge_grades drop column {col}")
+            conn.execute(f"alter table judge_requests drop column {col}")
+        conn.execute("alter table judge_requests drop column seed")
+        conn.execute(
+            "insert into judge_grades (sample_id, judge_model, prompt_hash, repeat, status) "
+            "values ('s1', 'gemini-2.5-flash', 'h', 0, 'ok')"
+        )
+        conn.execute(
+            "insert into judge_requests (key, judge_model, prompt_hash, sample_id, repeat, status) "
+            "values ('gemini-2.5-flash|h|s1|0', 'gemini-2.5-flash', 'h', 's1', 0, 'ok')"
+        )
+    conn.close()
+    db = stages.connect(path)
+    for table in ("judge_grades", "judge_requests"):
+        row = db.execute(f"select backend, model, endpoint, model_revision from {table}").fetchone()
+        assert row == ("gemini", "gemini-2.5-flash", None, None)
+    assert db.execute("select seed from judge_requests").fetchone() == (None,)
+    for table in ("judge_grades", "judge_requests"):  # every column a fresh database has (added ones go last)
+        fresh = stages.connect(tmp_path / "fresh.db")[table].columns_dict
+        assert db[table].columns_dict == fresh
     db.conn.close()
 
 

@@ -45,9 +45,14 @@ def study(
     archs: Annotated[
         str | None, typer.Option("--archs", help="Keep only the plan's variants of these architectures (comma list).")
     ] = None,
-    judge_model: Annotated[str, typer.Option("--judge-model", help="Gemini model that grades the stories.")] = (
-        "gemini-2.5-flash"
-    ),
+    judge_model: Annotated[
+        str,
+        typer.Option(
+            "--judge-model",
+            help="Judge model that grades the stories: a Gemini model, or openai:<name> for an OpenAI-compatible "
+            "server (its base URL from $OPENAI_BASE_URL).",
+        ),
+    ] = "gemini-2.5-flash",
     n_prompts: Annotated[int | None, typer.Option("--n-prompts", help="Story beginnings to complete.")] = None,
     tasks: Annotated[str | None, typer.Option("--tasks", help="lm-eval tasks (default: the bundled ones).")] = None,
     skip: Annotated[str | None, typer.Option("--skip", help="Stages to skip: sample, judge, eval, depth.")] = None,

@@ -1,4 +1,5 @@
-"""`benchctl judge`: grade every generated story with Gemini and print a table per architecture."""
+"""`benchctl judge`: grade every generated story with a judge model (Gemini, or any OpenAI-compatible server) and
+print a table per architecture."""
 
 from __future__ import annotations
 
@@ -20,7 +21,23 @@ app = typer.Typer()
 
 @app.command()
 def judge(
-    model: Annotated[str, typer.Option("--model", "-m", help="Gemini model that grades.")] = "gemini-2.5-flash",
+    model: Annotated[
+        str,
+        typer.Option(
+            "--model",
+            "-m",
+            help="Judge model: a Gemini model (gemini-2.5-flash), or openai:<name> for OpenAI or any OpenAI-compatible "
+            "server (openai:gpt-4.1-mini; openai:Qwen/Qwen3-8B with --base-url).",
+        ),
+    ] = "gemini-2.5-flash",
+    base_url: Annotated[
+        str | None,
+        typer.Option(
+            "--base-url",
+            help="The service's base URL, e.g. http://localhost:8000/v1 for vLLM [default: $OPENAI_BASE_URL or "
+            "$GOOGLE_GEMINI_BASE_URL, else the backend's own service]. Part of an OpenAI-compatible judge's name.",
+        ),
+    ] = None,
     concurrency: Annotated[int, typer.Option("--concurrency", "-c", help="Requests in flight at most.")] = 8,
     limit: Annotated[
         int | None,
@@ -35,11 +52,24 @@ def judge(
     temperature: Annotated[
         float, typer.Option("--temperature", help="Judge sampling temperature (stored per request).")
     ] = 0.0,
+    seed: Annotated[
+        int,
+        typer.Option("--seed", help="Judge sampling seed, sent and stored per request (repeat k is sent seed + k)."),
+    ] = 0,
     thinking_budget: Annotated[
         int | None,
         typer.Option(
             "--thinking-budget",
-            help="Thinking tokens allowed [default: 0 on gemini-2.5-flash(-lite), the model's own default elsewhere].",
+            help="Gemini only: thinking tokens allowed [default: 0 on gemini-2.5-flash(-lite), the model's own "
+            "default elsewhere].",
+        ),
+    ] = None,
+    max_output_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--max-output-tokens",
+            help="Output limit per answer [default: 2048 for assess, 1024 for json with thinking off; 8192 when the "
+            "judge may think or reason]. An answer cut off at the limit is stored as a failure.",
         ),
     ] = None,
     max_attempts: Annotated[
@@ -60,10 +90,12 @@ def judge(
     as_json: JsonOpt = False,
     progress: ProgressOpt = True,
 ) -> None:
-    """Grade generated stories with Gemini: grammar, creativity, consistency, plot (1-10) per sample.
+    """Grade generated stories with a judge model: grammar, creativity, consistency, plot (1-10) per sample.
 
-    Needs GEMINI_API_KEY (or GOOGLE_API_KEY); GOOGLE_GEMINI_BASE_URL points the client at another endpoint.
-    Every request and answer is cached in results.db by (model, prompt-file and protocol hash, sample, repeat): a
+    Gemini needs GEMINI_API_KEY (or GOOGLE_API_KEY). openai:<name> needs OPENAI_API_KEY for OpenAI's own service;
+    a local server (vLLM, SGLang, Ollama, llama.cpp, LM Studio) at --base-url needs none. Every request and answer
+    is cached in results.db by (judge, prompt-file and protocol hash, sample, repeat) — an OpenAI-compatible judge's
+    name carries its server's host, so two servers are two judges, never mixed: a
     rerun skips every grade already stored as ok and regrades the failed ones (rate-limited, truncated,
     unparseable...), so after an interruption just run the same command again. Answers that are not valid scores are
     stored as failures, never as scores. `--protocol assess` (default) has the judge write its general assessment of
@@ -73,6 +105,9 @@ def judge(
     opts = JudgeOptions(
         select=RunSelection(run_ids=split_list(runs)),
         judge_model=model,
+        base_url=base_url,
+        judge_seed=seed,
+        max_output_tokens=max_output_tokens,
         concurrency=concurrency,
         repeats=repeats,
         limit=limit,
@@ -88,7 +123,7 @@ def judge(
     from benchctl.stages.judge import api as engine
 
     if not dry_run:
-        engine.require_api_key()  # before opening anything: a missing key costs nothing
+        engine.require_key(engine.resolve(model, base_url))  # before opening anything: a missing key costs nothing
     database = stages.connect(db, create=False, readonly=dry_run)  # a dry run changes nothing, not even the schema
     summary = engine.judge_all(
         database,
@@ -117,12 +152,15 @@ def _half_width(stat) -> str:
 
 
 def print_summary(summary) -> None:
-    from benchctl.stages.judge.api import CRITERIA  # google.genai: kept out of 'benchctl --help'
+    from benchctl.stages.judge.client import CRITERIA  # pydantic: kept out of 'benchctl --help'
 
     s = summary
+    thinking = "model default" if s.thinking_budget is None else s.thinking_budget
     head = (
-        f"{s.judge_model}, protocol {s.protocol}, prompt {s.prompt_hash}, temperature {s.temperature:g}, thinking "
-        f"{'model default' if s.thinking_budget is None else s.thinking_budget}, repeats {s.repeats}"
+        f"{s.judge_model} (backend {s.backend}, model {s.model}, at {s.endpoint}), protocol {s.protocol}, prompt "
+        f"{s.prompt_hash}, temperature {s.temperature:g}, seed {'none' if s.seed is None else s.seed}"
+        + (f", thinking {thinking}" if s.backend == "gemini" else "")
+        + f", repeats {s.repeats}"
     )
     console.print(head, highlight=False)
     if s.dry_run:

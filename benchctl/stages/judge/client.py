@@ -1,71 +1,73 @@
-"""Talking to Gemini: the API key, the request, the retry policy, and reading the answer into a `Grade`.
+"""What every judge backend shares: the answer's schema and its strict parser, the retry policy, and the job that
+grades keys concurrently. The backends (`gemini.py`, `openai_chat.py`) only build a request, send it through their
+SDK and read the answer; everything that decides what a grade is, how often to retry and how many requests fly at
+once is here, once.
 
-- google-genai's async client (`client.aio.models.generate_content`) with structured output (the pydantic `Grade`
-  schema, or `AssessedGrade` — an `assessment` text first — under the `assess` protocol), at most `concurrency`
-  requests in flight (an asyncio.Semaphore; the SDK has no limit of its own).
-- The SDK's own retries are switched off (`HttpRetryOptions(attempts=1)` also disables its implicit retry on
-  connection errors); benchctl retries 429, 5xx and transport errors with exponential backoff and jitter, honouring
-  the server's RetryInfo `retryDelay` (which the SDK does not), up to `max_attempts` calls. Other 4xx fail the key at
-  once; an invalid key, a refused permission or an unknown model stop the whole job (`Job.refused`).
-- The answer is parsed here, not through `response.parsed` (silently None on bad JSON): unparseable, truncated
-  (finishReason MAX_TOKENS), blocked (promptFeedback.blockReason or a non-STOP finish reason), incomplete or
-  out-of-range answers become failures with the raw text and finish reason — never a score.
-- Token usage is read per response; cost is estimated from a small price table (unknown model -> None).
+- Structured output: the pydantic `Grade` schema, or `AssessedGrade` — an `assessment` text first — under the
+  `assess` protocol, sent as each backend's structured-output schema.
+- At most `concurrency` requests in flight (an asyncio.Semaphore; neither SDK has a limit of its own).
+- The SDKs' own retries are switched off; benchctl retries 429, 5xx and transport errors with exponential backoff
+  and jitter, honouring the delay the server asks for (Gemini's RetryInfo `retryDelay`, a `Retry-After` header), up
+  to `max_attempts` calls. Other 4xx fail the key at once; an invalid key, a refused permission, an unknown model or
+  a setting the service rejects stop the whole job (`Job.refused`): every other request would fail the same way.
+- The answer is parsed here, never through an SDK's own parsing (google-genai's `response.parsed` is silently None
+  on bad JSON): blocked, refused, truncated, unparseable, incomplete or out-of-range answers become failures with
+  the raw text and finish reason — never a score.
+- Token usage is read per response; cost is estimated from a small price table (unknown judge -> None).
 
-The google-genai SDK is imported only when a request is built, so a dry run and the summary never load it.
+No SDK is imported here: a dry run and the summary never load one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import json
-import os
 import random
-import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import pydantic
-from google import genai
-from google.genai import errors as genai_errors
-from google.genai import types
-
-from benchctl.core.errors import JudgeError
 
 CRITERIA = ("grammar", "creativity", "consistency", "plot")
 SCORE_MIN, SCORE_MAX = 1, 10
 
-API_KEY_VARS = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
-# Thinking: off (budget 0) on the models that allow turning it off; other models keep their default (not sent).
-# The budget actually sent is stored with every request.
-_THINKING_OFF_MODELS = ("gemini-2.5-flash", "gemini-2.5-flash-lite")
-
 # The json answer is ~25 tokens; an assessment adds a paragraph (~100–300 tokens), so its limit leaves several times
-# that. Thinking tokens count towards the output limit, so leave room when thinking is on.
+# that. Thinking tokens count towards the output limit, so leave room when thinking is on (or may be: a model of an
+# OpenAI-compatible server may reason before it answers, and its reasoning counts towards the limit too).
 MAX_OUTPUT_NO_THINKING = 1024
 MAX_OUTPUT_ASSESS_NO_THINKING = 2048
 MAX_OUTPUT_THINKING = 8192
 
-# Dry-run estimate: Gemini tokenizes English at roughly 4 characters per token; the JSON answer is ~25–35 tokens,
-# one with an assessment ~250.
+# Dry-run estimate: current tokenizers (Gemini's, OpenAI's) take English at roughly 4 characters per token; the JSON
+# answer is ~25–35 tokens, one with an assessment ~250.
 CHARS_PER_TOKEN = 4.0
 OUTPUT_TOKENS_ESTIMATE = 40
 ASSESS_OUTPUT_TOKENS_ESTIMATE = 250
 
-# USD per million tokens, paid tier, prompts up to 200k tokens (ai.google.dev/gemini-api/docs/pricing, 2025).
-# Output price applies to candidates and thinking tokens alike. Models not listed have no cost estimate.
+# USD per million tokens (input, output), keyed by the judge's stored name, so a price applies only to the service
+# that charges it: the same model name served by a local server (openai:<model>@host) has no price.
+# Gemini: paid tier, prompts up to 200k tokens (ai.google.dev/gemini-api/docs/pricing, 2025); the output price
+# applies to candidates and thinking tokens alike. OpenAI: standard tier (openai.com/api/pricing, 2025); reasoning
+# tokens are billed as output. Judges not listed have no cost estimate.
 PRICES_USD_PER_M: dict[str, tuple[float, float]] = {
     "gemini-2.5-flash": (0.30, 2.50),
     "gemini-2.5-pro": (1.25, 10.00),
     "gemini-2.5-flash-lite": (0.10, 0.40),
     "gemini-2.0-flash": (0.10, 0.40),
     "gemini-2.0-flash-lite": (0.075, 0.30),
+    "openai:gpt-4.1": (2.00, 8.00),
+    "openai:gpt-4.1-mini": (0.40, 1.60),
+    "openai:gpt-4.1-nano": (0.10, 0.40),
+    "openai:gpt-4o": (2.50, 10.00),
+    "openai:gpt-4o-mini": (0.15, 0.60),
 }
 
 
 class Grade(pydantic.BaseModel):
-    """The judge's answer: four integer scores 1..10 (the structured-output schema sent to Gemini)."""
+    """The judge's answer: four integer scores 1..10 (the structured-output schema sent to the judge)."""
 
     grammar: int = pydantic.Field(ge=SCORE_MIN, le=SCORE_MAX)
     creativity: int = pydantic.Field(ge=SCORE_MIN, le=SCORE_MAX)
@@ -97,44 +99,13 @@ def answer_schema(protocol: str) -> type[pydantic.BaseModel]:
     return AssessedGrade if protocol == "assess" else Grade
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Keys, settings, prices.
-
-
-def api_key() -> str | None:
-    for var in API_KEY_VARS:
-        value = os.environ.get(var, "").strip()
-        if value:
-            return value
-    return None
-
-
-def has_api_key() -> bool:
-    """True if GEMINI_API_KEY or GOOGLE_API_KEY is set (non-empty)."""
-    return api_key() is not None
-
-
-def require_api_key() -> str:
-    key = api_key()
-    if key is None:
-        raise JudgeError(
-            "no Gemini API key: set GEMINI_API_KEY (or GOOGLE_API_KEY) to a key from "
-            "https://aistudio.google.com/apikey, or use --dry-run to count requests without sending any"
-        )
-    return key
-
-
-def default_thinking_budget(model: str) -> int | None:
-    """0 (thinking off) for models that allow it; None (the model's default, not sent) otherwise."""
-    return 0 if _bare_model(model) in _THINKING_OFF_MODELS else None
-
-
 def _bare_model(model: str) -> str:
     return model.removeprefix("models/")
 
 
 def estimate_cost(model: str, prompt_tokens: int, output_tokens: int) -> float | None:
-    """USD for `prompt_tokens` in and `output_tokens` out (candidates + thinking); None for a model not in the table."""
+    """USD for `prompt_tokens` in and `output_tokens` out (candidates + thinking) of the judge stored as `model`;
+    None for a judge not in the table."""
     price = PRICES_USD_PER_M.get(_bare_model(model))
     if price is None:
         return None
@@ -144,8 +115,8 @@ def estimate_cost(model: str, prompt_tokens: int, output_tokens: int) -> float |
 @dataclass
 class Usage:
     prompt_tokens: int = 0
-    output_tokens: int = 0  # candidatesTokenCount
-    thinking_tokens: int = 0  # thoughtsTokenCount
+    output_tokens: int = 0  # Gemini candidatesTokenCount; OpenAI completion_tokens less reasoning_tokens
+    thinking_tokens: int = 0  # Gemini thoughtsTokenCount; OpenAI completion_tokens_details.reasoning_tokens
     total_tokens: int = 0
 
     def __iadd__(self, other: Usage) -> Usage:
@@ -163,17 +134,14 @@ class Usage:
 # Parsing an answer (pure; never turns a bad answer into a score).
 
 
-def parse_grade(
-    text: str | None, finish_reason: str | None, block_reason: str | None = None, protocol: str = "json"
+def parse_answer(
+    text: str | None, problem: str | None = None, protocol: str = "json"
 ) -> tuple[Grade | AssessedGrade | None, str | None]:
-    """(grade, None) for a complete, valid answer; (None, why) otherwise. Under `assess` the answer must also carry
-    a non-empty `assessment` string, and the grade returned is an AssessedGrade holding it."""
-    if block_reason:
-        return None, f"blocked: promptFeedback.blockReason {block_reason}"
-    if finish_reason == "MAX_TOKENS":
-        return None, "truncated: finishReason MAX_TOKENS"
-    if finish_reason not in (None, "STOP"):
-        return None, f"blocked or stopped early: finishReason {finish_reason}"
+    """(grade, None) for a complete, valid answer; (None, why) otherwise. `problem` is the backend's reason the
+    answer did not end normally (blocked, refused, truncated), which fails it whatever the text. Under `assess` the
+    answer must also carry a non-empty `assessment` string, and the grade returned is an AssessedGrade holding it."""
+    if problem:
+        return None, problem
     if not text or not text.strip():
         return None, "empty answer"
     try:
@@ -204,90 +172,62 @@ def parse_grade(
     return Grade(**{c: obj[c] for c in CRITERIA}), None
 
 
-def _enum_str(value: Any) -> str | None:
-    if value is None:
-        return None
-    return str(getattr(value, "value", value))
+def parse_grade(
+    text: str | None, finish_reason: str | None, block_reason: str | None = None, protocol: str = "json"
+) -> tuple[Grade | AssessedGrade | None, str | None]:
+    """`parse_answer` for an answer in Gemini's terms: a prompt block reason, or a finish reason other than STOP
+    (MAX_TOKENS: truncated), fails it."""
+    return parse_answer(text, gemini_problem(finish_reason, block_reason), protocol)
 
 
-def _response_text(response: Any) -> tuple[str | None, str | None, str | None]:
-    """(answer text without thought parts, finish reason, prompt block reason) of a GenerateContentResponse."""
-    block = _enum_str(getattr(response.prompt_feedback, "block_reason", None)) if response.prompt_feedback else None
-    if not response.candidates:
-        return None, None, block
-    cand = response.candidates[0]
-    parts = (cand.content.parts or []) if cand.content else []
-    text = "".join(p.text for p in parts if p.text is not None and not p.thought)
-    return (text if parts else None), _enum_str(cand.finish_reason), block
-
-
-def _usage(response: Any) -> Usage:
-    um = response.usage_metadata
-    if um is None:
-        return Usage()
-    return Usage(
-        prompt_tokens=um.prompt_token_count or 0,
-        output_tokens=um.candidates_token_count or 0,
-        thinking_tokens=um.thoughts_token_count or 0,
-        total_tokens=um.total_token_count or 0,
-    )
+def gemini_problem(finish_reason: str | None, block_reason: str | None) -> str | None:
+    """Why a Gemini answer did not end normally, or None."""
+    if block_reason:
+        return f"blocked: promptFeedback.blockReason {block_reason}"
+    if finish_reason == "MAX_TOKENS":
+        return "truncated: finishReason MAX_TOKENS"
+    if finish_reason not in (None, "STOP"):
+        return f"blocked or stopped early: finishReason {finish_reason}"
+    return None
 
 
 # --------------------------------------------------------------------------------------------------------------------
 # Retry policy.
 
 
-_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)s\s*$")
-
-
-def _retryable(code: int | None) -> bool:
+def retryable(code: int | None) -> bool:
     """429 (rate limit / quota) and every 5xx; other 4xx would fail the same way again."""
     return code is not None and (code == 429 or 500 <= code < 600)
 
 
-def server_retry_delay(error: Any) -> float | None:
-    """Seconds the server asked us to wait: google.rpc.RetryInfo `retryDelay` ("2s", "0.3s"), else Retry-After."""
-    body = getattr(error, "details", None)
-    err = body.get("error", body) if isinstance(body, dict) else None
-    for detail in (err or {}).get("details", []) if isinstance(err, dict) else []:
-        if isinstance(detail, dict) and str(detail.get("@type", "")).endswith("google.rpc.RetryInfo"):
-            m = _DURATION.match(str(detail.get("retryDelay", "")))
-            if m:
-                return float(m.group(1))
-    headers = getattr(getattr(error, "response", None), "headers", None)
-    if headers is not None:
-        value = headers.get("Retry-After")
-        if value is not None and value.strip().replace(".", "", 1).isdigit():
-            return float(value)
-    return None
+def retry_after(headers: Mapping[str, str] | None) -> float | None:
+    """Seconds a response's headers ask the client to wait: `retry-after-ms` (OpenAI's), else `Retry-After` as
+    seconds or as an HTTP date; None without either (or with one that cannot be read)."""
+    if headers is None:
+        return None
+    ms = headers.get("retry-after-ms")
+    if ms is not None:
+        try:
+            return max(0.0, float(ms) / 1000)
+        except ValueError:
+            pass
+    value = headers.get("Retry-After")
+    if value is None:
+        return None
+    value = value.strip()
+    if value.replace(".", "", 1).isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
 
 
 def backoff_delay(attempt: int, base_delay: float, max_delay: float, rng: random.Random) -> float:
     """Exponential backoff with 'equal jitter': half of min(max, base * 2^(attempt-1)) fixed, half random."""
     cap = min(max_delay, base_delay * (2 ** (attempt - 1)))
     return cap / 2 + rng.uniform(0, cap / 2)
-
-
-def _transport_errors() -> tuple[type[BaseException], ...]:
-    """Connection-level failures of whichever HTTP stack the SDK uses (aiohttp, httpx2 or httpx)."""
-    errs: list[type[BaseException]] = [asyncio.TimeoutError, ConnectionError]
-    try:
-        import aiohttp  # optional: one of the HTTP stacks the SDK may use
-
-        errs.append(aiohttp.ClientError)
-    except ImportError:
-        pass
-    for mod in ("httpx2", "httpx"):
-        try:
-            errs.append(__import__(mod).TransportError)
-        except (ImportError, AttributeError):
-            pass
-    return tuple(errs)
-
-
-def _refuses_job(code: int, message: str) -> bool:
-    """Errors that every other request would hit too: bad key, no permission, unknown model."""
-    return code in (401, 403, 404) or (code == 400 and "api key" in message.lower())
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -321,11 +261,17 @@ class Outcome:
     usage: Usage = field(default_factory=Usage)  # of the response that produced this outcome
     billed: Usage = field(default_factory=Usage)  # over every answered call for this key in this run
     latency_s: float = 0.0
+    request: dict[str, Any] = field(default_factory=dict)  # what was sent, as stored in judge_requests.request_json
+    system_fingerprint: str | None = None  # the served model's revision, where the service reports one
 
 
 @dataclass
 class Settings:
-    """One job's request settings and retry policy (the same for every key)."""
+    """One job's request settings and retry policy (the same for every key).
+
+    `judge_model` is the name grades are stored and cached under (`JudgeSpec.name`); `model` the name sent to the
+    service (the same for Gemini). `seed`: the judge's sampling seed; repeat k of every sample is sent seed + k, so a
+    rerun asks for the same grades and repeats still differ. None: no seed sent."""
 
     judge_model: str
     prompt_hash: str
@@ -336,46 +282,74 @@ class Settings:
     base_delay: float
     max_delay: float
     protocol: str = "json"
+    backend: str = "gemini"
+    model: str = ""
+    endpoint: str | None = None
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            self.model = self.judge_model
+
+    def seed_for(self, item: WorkItem) -> int | None:
+        return self.seed_for_repeat(item.repeat)
+
+    def seed_for_repeat(self, repeat: int) -> int | None:
+        return None if self.seed is None else self.seed + repeat
 
 
-def request_record(item: WorkItem, s: Settings) -> dict[str, Any]:
-    """What is sent, as stored in judge_requests.request_json (the SDK turns it into the REST body).
+@dataclass
+class Answer:
+    """What a backend read from one answered call (HTTP 200): the stored response, the answer's text, the finish
+    reason as the service reported it, why the answer did not end normally (`problem`: blocked, refused, truncated —
+    None if it did), the tokens, and the served model's fingerprint where the service reports one."""
 
-    Mirrors `_gen_config`: the two must change together.
-    """
-    return {
-        "model": s.judge_model,
-        "contents": item.prompt,
-        "generation_config": {
-            "temperature": s.temperature,
-            "max_output_tokens": s.max_output_tokens,
-            "thinking_budget": s.thinking_budget,
-            "response_mime_type": "application/json",
-            "response_schema": answer_schema(s.protocol).model_json_schema(),
-        },
-    }
+    response_json: Any
+    text: str | None
+    finish_reason: str | None
+    problem: str | None
+    usage: Usage
+    system_fingerprint: str | None = None
 
 
-def _gen_config(s: Settings) -> Any:
-    thinking = None if s.thinking_budget is None else types.ThinkingConfig(thinking_budget=s.thinking_budget)
-    return types.GenerateContentConfig(
-        response_mime_type="application/json",
-        response_schema=answer_schema(s.protocol),
-        temperature=s.temperature,
-        max_output_tokens=s.max_output_tokens,
-        thinking_config=thinking,
-    )
+class CallFailed(Exception):
+    """A call that produced no answer: an HTTP error, a body that is not JSON, a dropped connection.
+
+    `retryable`: a passing fault (429, 5xx, transport), worth another call; `refuses_job`: every other request would
+    fail the same way (bad key, unknown model, a setting the service rejects); `retry_delay`: seconds the server
+    asked to wait, if it said."""
+
+    def __init__(
+        self,
+        error: str,
+        *,
+        http_status: int | None = None,
+        response_json: Any = None,
+        retryable: bool,
+        refuses_job: bool = False,
+        retry_delay: float | None = None,
+    ):
+        super().__init__(error)
+        self.error = error
+        self.http_status = http_status
+        self.response_json = response_json
+        self.retryable = retryable
+        self.refuses_job = refuses_job
+        self.retry_delay = retry_delay
 
 
-def make_client(key: str, base_url: str | None, timeout_s: float) -> Any:
-    http_options = types.HttpOptions(
-        base_url=base_url,  # None -> the SDK uses $GOOGLE_GEMINI_BASE_URL, else the public endpoint
-        timeout=int(timeout_s * 1000),  # milliseconds
-        # attempts=1: no SDK retries at all (with retry_options unset the SDK still retries connection errors
-        # once after a 1–10 s sleep); benchctl owns the retry policy.
-        retry_options=types.HttpRetryOptions(attempts=1),
-    )
-    return genai.Client(api_key=key, http_options=http_options)
+class Backend(Protocol):
+    """One judge service, behind its SDK: what `Job` needs of it."""
+
+    def request_record(self, item: WorkItem) -> dict[str, Any]:
+        """What is sent for `item`, as stored in judge_requests.request_json."""
+        ...
+
+    async def send(self, item: WorkItem) -> Answer:
+        """One call; raises CallFailed when the service gives no answer."""
+        ...
+
+    async def aclose(self) -> None: ...
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -383,22 +357,20 @@ def make_client(key: str, base_url: str | None, timeout_s: float) -> Any:
 
 
 class Job:
-    """Grades keys with a shared client, concurrency limit, retry policy and jitter RNG; counts the calls made."""
+    """Grades keys through one backend with a concurrency limit, retry policy and jitter RNG; counts the calls."""
 
-    def __init__(self, aclient: Any, s: Settings, concurrency: int, seed: int | None):
-        self.aclient = aclient
+    def __init__(self, backend: Backend, s: Settings, concurrency: int, seed: int | None):
+        self.backend = backend
         self.s = s
-        self.config = _gen_config(s)
         self.sem = asyncio.Semaphore(concurrency)
         self.refused: str | None = None  # set when the service refuses the whole job
         self.n_requests = 0
         self.rng = random.Random(seed)
-        self.transport_errors = _transport_errors()
 
     async def grade(self, item: WorkItem) -> Outcome | None:
         """All attempts for one key; None if the job was refused before this key was sent."""
         async with self.sem:  # at most `concurrency` keys (hence HTTP requests) in flight
-            out = Outcome(item, None, None)
+            out = Outcome(item, None, None, request=self.backend.request_record(item))
             started = time.monotonic()
             while True:
                 if self.refused is not None:
@@ -407,29 +379,18 @@ class Job:
                 self.n_requests += 1
                 delay: float | None = None
                 try:
-                    resp = await self.aclient.models.generate_content(
-                        model=self.s.judge_model, contents=item.prompt, config=self.config
-                    )
-                except genai_errors.APIError as e:
-                    out.http_status, out.response_json = e.code, e.details
-                    out.error = f"HTTP {e.code} {e.status or ''}: {e.message or ''}".strip()
-                    if not _retryable(e.code):
-                        if _refuses_job(e.code or 0, e.message or ""):
+                    answer = await self.backend.send(item)
+                except CallFailed as f:
+                    out.http_status, out.response_json, out.error = f.http_status, f.response_json, f.error
+                    if not f.retryable:
+                        if f.refuses_job:
                             self.refused = out.error
                         break  # other 4xx: retrying cannot help
-                    delay = server_retry_delay(e)
+                    delay = f.retry_delay
                     if delay is not None:
                         delay += self.rng.uniform(0, 0.1 * delay)  # spread the herd a little beyond the hint
-                except self.transport_errors as e:
-                    out.http_status, out.response_json = None, None
-                    out.error = f"connection error: {type(e).__name__}: {e}".strip()
-                except json.JSONDecodeError as e:
-                    # a body labelled JSON that is not (a proxy's or gateway's HTML error page, whatever its status):
-                    # the client cannot even read the status out of it; a passing fault, retried, else a failed grade
-                    out.http_status, out.response_json = None, None
-                    out.error = f"the service answered with a body that is not JSON ({e.msg} at character {e.pos})"
                 else:
-                    _read_answer(out, resp, self.s.protocol)
+                    _read_answer(out, answer, self.s.protocol)
                     break
                 if out.attempts >= self.s.max_attempts:
                     out.error = f"gave up after {out.attempts} attempts; last: {out.error}"
@@ -441,15 +402,12 @@ class Job:
             return out
 
 
-def _read_answer(out: Outcome, resp: Any, protocol: str) -> None:
+def _read_answer(out: Outcome, answer: Answer, protocol: str) -> None:
     """Fill `out` from an answered call: the stored response, its tokens, and the grade or why there is none."""
     out.http_status = 200
-    out.response_json = resp.model_dump(
-        mode="json",
-        exclude_none=True,
-        exclude={"sdk_http_response", "automatic_function_calling_history", "parsed"},
-    )
-    out.usage = _usage(resp)
-    out.billed += out.usage
-    out.raw_text, out.finish_reason, block = _response_text(resp)
-    out.grade, out.error = parse_grade(out.raw_text, out.finish_reason, block, protocol)
+    out.response_json = answer.response_json
+    out.usage = answer.usage
+    out.billed += answer.usage
+    out.raw_text, out.finish_reason = answer.text, answer.finish_reason
+    out.system_fingerprint = answer.system_fingerprint
+    out.grade, out.error = parse_answer(answer.text, answer.problem, protocol)

@@ -14,6 +14,7 @@ from typing import Any
 
 from benchctl.core.errors import JudgeError
 from benchctl.core.progress import Progress, as_progress
+from benchctl.stages.judge import judges
 from benchctl.stages.judge.client import (
     ASSESS_OUTPUT_TOKENS_ESTIMATE,
     CHARS_PER_TOKEN,
@@ -24,12 +25,10 @@ from benchctl.stages.judge.client import (
     Job,
     Settings,
     WorkItem,
-    default_thinking_budget,
     estimate_cost,
-    make_client,
-    require_api_key,
 )
-from benchctl.stages.judge.options import AUTO, JudgeOptions
+from benchctl.stages.judge.judges import JudgeSpec
+from benchctl.stages.judge.options import JudgeOptions
 from benchctl.stages.judge.prompt import Template, load_template
 from benchctl.stages.judge.storage import Database, existing_status, record, select_samples
 from benchctl.stages.judge.summary import JudgeSummary, summarize
@@ -41,26 +40,57 @@ def reporter(progress: bool | Progress) -> Progress:
     return as_progress(progress, stderr=True)
 
 
+def backend_module(backend: str) -> Any:
+    """The module of a backend (`gemini` or `openai_chat`), imported only when a job is sent: each loads its SDK."""
+    if backend == judges.GEMINI:
+        from benchctl.stages.judge import gemini
+
+        return gemini
+    from benchctl.stages.judge import openai_chat
+
+    return openai_chat
+
+
+def require_key(spec: JudgeSpec) -> str:
+    """The key a judge's requests carry; a JudgeError naming the variable to set when it needs one and none is set."""
+    return str(backend_module(spec.backend).require_key(spec))
+
+
+def has_key(spec: JudgeSpec) -> bool:
+    """True when a job with this judge can be sent (its key is set, or it needs none)."""
+    return bool(backend_module(spec.backend).has_key(spec))
+
+
+def max_output_tokens(opts: JudgeOptions, budget: int | None) -> int:
+    """The output limit sent: the option's, else room for the protocol's answer, and room to think unless thinking
+    is known to be off (a Gemini budget of 0)."""
+    if opts.max_output_tokens is not None:
+        return opts.max_output_tokens
+    no_thinking = MAX_OUTPUT_ASSESS_NO_THINKING if opts.protocol == "assess" else MAX_OUTPUT_NO_THINKING
+    return no_thinking if budget == 0 else MAX_OUTPUT_THINKING
+
+
 async def judge_all_async(db: Database, opts: JudgeOptions, *, progress: bool | Progress = True) -> JudgeSummary:
     """Async form of `judge_all` (same arguments), for callers that already run an event loop."""
-    key = None if opts.dry_run else require_api_key()  # before any work, so a missing key never costs a thing
+    spec = judges.resolve(opts.judge_model, opts.base_url)
+    key = None if opts.dry_run else require_key(spec)  # before any work, so a missing key never costs a thing
     t0 = time.monotonic()
     template = load_template(opts.prompt_path, opts.protocol)
-    budget = default_thinking_budget(opts.judge_model) if opts.thinking_budget == AUTO else opts.thinking_budget
-    max_output_tokens = opts.max_output_tokens
-    if max_output_tokens is None:
-        no_thinking = MAX_OUTPUT_ASSESS_NO_THINKING if opts.protocol == "assess" else MAX_OUTPUT_NO_THINKING
-        max_output_tokens = no_thinking if budget == 0 else MAX_OUTPUT_THINKING
+    budget = _thinking_budget(spec, opts)
     s = Settings(
-        opts.judge_model,
+        spec.name,
         template.hash,
         opts.temperature,
         budget,
-        max_output_tokens,
+        max_output_tokens(opts, budget),
         opts.max_attempts,
         opts.base_delay,
         opts.max_delay,
         opts.protocol,
+        backend=spec.backend,
+        model=spec.model,
+        endpoint=spec.endpoint,
+        seed=opts.judge_seed,
     )
 
     samples = _selected(select_samples(db, opts.select.run_ids, opts.limit), opts)
@@ -70,7 +100,7 @@ async def judge_all_async(db: Database, opts: JudgeOptions, *, progress: bool | 
     todo = _todo(db, samples, template, s, opts.repeats, opts.retry_failed)
     n_keys = len(samples) * opts.repeats
     summary = JudgeSummary(
-        judge_model=opts.judge_model,
+        judge_model=spec.name,
         prompt_hash=template.hash,
         prompt_path=str(template.path),
         dry_run=opts.dry_run,
@@ -82,6 +112,10 @@ async def judge_all_async(db: Database, opts: JudgeOptions, *, progress: bool | 
         n_cached=n_keys - len(todo),
         n_todo=len(todo),
         protocol=opts.protocol,
+        backend=spec.backend,
+        model=spec.model,
+        endpoint=spec.endpoint,
+        seed=opts.judge_seed,
     )
     if opts.dry_run:
         _estimate(todo, s, summary)
@@ -91,8 +125,8 @@ async def judge_all_async(db: Database, opts: JudgeOptions, *, progress: bool | 
             todo,
             s,
             summary,
+            spec=spec,
             key=key,
-            base_url=opts.base_url,
             timeout_s=opts.timeout_s,
             concurrency=opts.concurrency,
             seed=opts.seed,
@@ -102,6 +136,16 @@ async def judge_all_async(db: Database, opts: JudgeOptions, *, progress: bool | 
     summarize(db, samples, s, opts.repeats, summary)
     summary.elapsed_s = time.monotonic() - t0
     return summary
+
+
+def _thinking_budget(spec: JudgeSpec, opts: JudgeOptions) -> int | None:
+    """The thinking budget sent: Gemini's (auto: 0 where the model allows it); none for an OpenAI-compatible judge
+    (the chat-completions protocol has no such setting)."""
+    if spec.backend != judges.GEMINI:
+        return None
+    if isinstance(opts.thinking_budget, str):  # AUTO, the only text the option takes
+        return judges.default_thinking_budget(spec.model)
+    return opts.thinking_budget
 
 
 def _selected(samples: list[dict[str, Any]], opts: JudgeOptions) -> list[dict[str, Any]]:
@@ -153,16 +197,17 @@ async def _run(
     s: Settings,
     summary: JudgeSummary,
     *,
+    spec: JudgeSpec,
     key: str,
-    base_url: str | None,
     timeout_s: float,
     concurrency: int,
     seed: int | None,
     progress: Progress,
 ) -> None:
     """Grade every key of `todo`, storing each outcome as it completes; raise JudgeError if the service refused."""
-    client = make_client(key, base_url, timeout_s)
-    job = Job(client.aio, s, concurrency, seed)
+    module = backend_module(spec.backend)
+    backend = module.make_backend(spec, key, s, timeout_s)
+    job = Job(backend, s, concurrency, seed)
     bar = progress.task(f"{s.judge_model} judging", total=len(todo), ok=0, failed=0)
     tasks = [asyncio.create_task(job.grade(it)) for it in todo]
     try:
@@ -184,12 +229,12 @@ async def _run(
         for t in tasks:  # only left over when interrupted: in-flight answers are dropped, their keys stay pending
             t.cancel()
         bar.close()
-        await client.aio.aclose()
+        await backend.aclose()
     summary.n_requests = job.n_requests
     if job.refused is not None:
         raise JudgeError(
-            f"the judge service refused the job ({job.refused}); check the key in GEMINI_API_KEY / GOOGLE_API_KEY "
-            f"and the model name '{s.judge_model}'. {summary.n_ok} grade(s) stored; rerun to continue"
+            f"the judge service refused the job ({job.refused}); {module.refused_hint(spec)}. "
+            f"{summary.n_ok} grade(s) stored; rerun to continue"
         )
 
 

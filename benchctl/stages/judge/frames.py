@@ -37,6 +37,30 @@ class JudgeGroup:
     per_seed_prompt: dict[str, dict[tuple[int, str], float]] = field(default_factory=dict)
     # every grade row of the group, with its model, run_seed and the sample's n_tokens
     grades: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # who graded, named fully: backend, the model as sent, the base URL's host (and path), and every revision the
+    # service reported for its answers (OpenAI's system_fingerprint, Gemini's modelVersion); None: not recorded
+    backend: str | None = None
+    model: str | None = None
+    endpoint: str | None = None
+    revisions: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        """judge / protocol / prompt hash: how the report names one set of grades."""
+        return f"{self.judge_model} / {self.protocol} / {self.prompt_hash[:12]}"
+
+    def identity(self) -> str:
+        """The judge named fully, in words: backend, model, endpoint and the revision(s) that answered."""
+        parts = [f"backend `{self.backend or 'gemini'}`", f"model `{self.model or self.judge_model}`"]
+        parts.append(f"endpoint `{self.endpoint}`" if self.endpoint else "endpoint not recorded")
+        term = "system_fingerprint" if self.backend == "openai" else "modelVersion"
+        if self.revisions:
+            shown = ", ".join(f"`{r}`" for r in self.revisions[:5])
+            more = f" and {len(self.revisions) - 5} more" if len(self.revisions) > 5 else ""
+            parts.append(f"{term} {shown}{more}")
+        else:
+            parts.append(f"{term} not reported")
+        return ", ".join(parts)
 
 
 def judge_groups(ctx: Context, samples: pd.DataFrame, grades: pd.DataFrame) -> list[JudgeGroup]:
@@ -56,7 +80,8 @@ def judge_groups(ctx: Context, samples: pd.DataFrame, grades: pd.DataFrame) -> l
             lambda r: json.dumps([py(r[c]) for c in ("temperature", "top_k", "top_p", "max_new_tokens", "n_recur")]),
             axis=1,
         )
-    g = grades.merge(
+    # judge_grades.model is the judge's model as sent; `model` here is the graded model (the runs' variant)
+    g = grades.rename(columns={"model": "judge_sent_model"}).merge(
         s[["sample_id", "run_id", "prompt_id", "model", "run_seed", "n_tokens", "settings_key"]],
         on="sample_id",
         how="inner",
@@ -117,7 +142,23 @@ def _judge_group(ctx: Context, ss: pd.DataFrame, gg: pd.DataFrame, jm: str, ph: 
         protocol="/".join(protocols) or "json",
         per_seed_prompt=per_seed_prompt,
         grades=gg.reset_index(drop=True),
+        backend=_one(gg, "backend"),
+        model=_one(gg, "judge_sent_model"),
+        endpoint=_one(gg, "endpoint"),
+        revisions=_values(gg[gg["status"] == "ok"], "model_revision"),
     )
+
+
+def _values(gg: pd.DataFrame, col: str) -> list[str]:
+    """The distinct values of a column, sorted; [] when it is absent or empty."""
+    return sorted({str(v) for v in gg[col].dropna()}) if col in gg else []
+
+
+def _one(gg: pd.DataFrame, col: str) -> str | None:
+    """The value a group shares in `col` (its most frequent one, should a group ever mix), or None."""
+    if col not in gg or gg[col].dropna().empty:
+        return None
+    return str(gg[col].dropna().astype(str).value_counts().index[0])
 
 
 def judge_groups_of(frames: Frames) -> list[JudgeGroup]:

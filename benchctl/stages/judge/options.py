@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from benchctl.core.errors import ConfigError
 from benchctl.stages import RunSelection
+from benchctl.stages.judge.judges import GEMINI, check_base_url, split_model
 
 DEFAULT_MODEL = "gemini-2.5-flash"
 # Temperature 0 by default: each grade is the judge's most likely verdict, so a mean over samples is not blurred by
@@ -22,25 +23,31 @@ AUTO = "auto"
 # general assessment of the story first, in an `assessment` field ahead of the grades, as the grading text asks.
 PROTOCOLS = ("json", "assess")
 DEFAULT_PROTOCOL = "assess"
+# The judge's sampling seed, sent with every request (repeat k of a sample gets DEFAULT_SEED + k) and stored: a rerun
+# asks for the same grades, and services that honour a seed (vLLM, Ollama, OpenAI on a best-effort basis) give them.
+DEFAULT_SEED = 0
 
 
 @dataclass(frozen=True, kw_only=True)
 class JudgeOptions:
     """Everything one `benchctl judge` decides: grade the selected runs' samples (the first `limit` prompts of each
-    run) `repeats` times with `judge_model`.
+    run) `repeats` times with `judge_model` (a Gemini model, or `openai:<model>` for any OpenAI-compatible server;
+    see benchctl.stages.judge.judges).
 
-    concurrency: requests in flight at most. thinking_budget: "auto" = 0 on the 2.5-flash models, the model's
-    default elsewhere; None = never send one; an int = that budget. max_output_tokens None = 1024 with thinking off,
-    8192 otherwise. retry_failed: regrade keys whose stored grade failed (True) or keep them (False).
-    max_attempts / base_delay / max_delay (seconds): the retry policy for 429, 5xx and connection errors.
-    base_url: the service root (default: $GOOGLE_GEMINI_BASE_URL, else Google's endpoint). seed: the jitter RNG.
+    concurrency: requests in flight at most. thinking_budget (Gemini only): "auto" = 0 on the 2.5-flash models, the
+    model's default elsewhere; None = never send one; an int = that budget. max_output_tokens None = 1024 with
+    thinking off, 8192 otherwise (an OpenAI-compatible judge may reason: 8192). retry_failed: regrade keys whose
+    stored grade failed (True) or keep them (False). max_attempts / base_delay / max_delay (seconds): the retry
+    policy for 429, 5xx and connection errors. base_url: the service root (default: $GOOGLE_GEMINI_BASE_URL or
+    $OPENAI_BASE_URL, else the backend's own service). judge_seed: the sampling seed sent (repeat k: judge_seed + k;
+    None: none sent). seed: the retry jitter's RNG.
     protocol: "assess" (the judge writes its general assessment, stored in judge_grades.assessment, then the grades;
     output limit 2048 with thinking off) or "json" (grades only). Each protocol is its own prompt version (hash), so
     a grade cached under one is never reused for the other. dry_run: count the requests and estimate their tokens
     and cost, send nothing."""
 
     select: RunSelection = field(default_factory=RunSelection)
-    judge_model: str = DEFAULT_MODEL
+    judge_model: str = DEFAULT_MODEL  # a Gemini model, or openai:<model> for an OpenAI-compatible server
     concurrency: int = 8
     repeats: int = 1
     limit: int | None = None
@@ -51,8 +58,9 @@ class JudgeOptions:
     retry_failed: bool = True
     max_attempts: int = 6
     protocol: str = DEFAULT_PROTOCOL
-    # the service, the retry delays and the prompt file: the command line leaves them at these defaults
+    judge_seed: int | None = DEFAULT_SEED
     base_url: str | None = None
+    # the retry delays and the prompt file: the command line leaves them at these defaults
     base_delay: float = 1.0
     max_delay: float = 60.0
     timeout_s: float = 120.0
@@ -60,8 +68,14 @@ class JudgeOptions:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if not self.judge_model or not self.judge_model.strip():
-            raise ConfigError("--model must name a Gemini model, e.g. gemini-2.5-flash")
+        backend, _ = split_model(self.judge_model or "")
+        if backend != GEMINI and self.thinking_budget not in (AUTO, None):
+            raise ConfigError(
+                "--thinking-budget applies to Gemini models only; an OpenAI-compatible server has no such setting "
+                "(leave it out, and raise --max-output-tokens if the model reasons before it answers)"
+            )
+        if self.base_url is not None:
+            check_base_url(self.base_url)
         if self.protocol not in PROTOCOLS:
             raise ConfigError(f"--protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}")
         if self.concurrency < 1:
@@ -72,8 +86,12 @@ class JudgeOptions:
             raise ConfigError(f"--limit must be at least 1, got {self.limit}")
         if self.max_attempts < 1:
             raise ConfigError(f"--max-attempts must be at least 1, got {self.max_attempts}")
-        if not 0 <= self.temperature <= 2:  # the range Gemini accepts
-            raise ConfigError(f"--temperature must be in [0, 2], got {self.temperature}")
+        if not 0 <= self.temperature <= 2:  # the range Gemini and OpenAI accept
+            raise ConfigError(f"--temperature must be in [0, 2], got {self.temperature:g}")
         budget = self.thinking_budget
         if isinstance(budget, int) and budget < -1:  # -1 is Gemini's "dynamic"
             raise ConfigError(f"--thinking-budget must be -1 (dynamic), 0 (off) or a number of tokens, got {budget}")
+        if self.max_output_tokens is not None and self.max_output_tokens < 1:
+            raise ConfigError(f"--max-output-tokens must be at least 1, got {self.max_output_tokens}")
+        if self.judge_seed is not None and self.judge_seed < 0:
+            raise ConfigError(f"--seed must be 0 or more, got {self.judge_seed}")

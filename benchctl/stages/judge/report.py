@@ -110,7 +110,7 @@ def judge_section(frames: Frames) -> list[str]:
     if not groups:
         return out + need(
             "No judge grades: `benchctl sample` then `benchctl judge --model gemini-2.5-flash` "
-            "(needs GEMINI_API_KEY) produce them."
+            "(needs GEMINI_API_KEY), or `--model openai:<name>` for an OpenAI-compatible server, produce them."
         )
     for gi, jg in enumerate(groups):
         settings = ", ".join(f"{k}={'-' if v is None else v}" for k, v in jg.settings.items())
@@ -119,7 +119,7 @@ def judge_section(frames: Frames) -> list[str]:
         out.append("")
         out.append(
             f"Judge model `{jg.judge_model}`, protocol `{jg.protocol}`, grading prompt hash `{jg.prompt_hash}`, "
-            f"sampling {settings}."
+            f"sampling {settings}. Judge: {jg.identity()}."
         )
         out.append("")
         headers = ["model", "samples", "graded", "failed"] + list(JUDGE_COLUMNS)

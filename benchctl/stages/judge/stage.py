@@ -1,6 +1,7 @@
-"""Stage `judge`: a Gemini model grades the stored samples; skipped, with a note on how to run it later, when no
-API key is set. Its report sections show the grades per criterion beside the study's, and how far the judge
-can be trusted (agreement between repeats and judges, length bias, failure rates)."""
+"""Stage `judge`: a judge model (Gemini, or any OpenAI-compatible server) grades the stored samples; skipped, with a
+note on how to run it later, when the judge needs an API key and none is set. Its report sections show the grades
+per criterion beside the study's, and how far the judge can be trusted (agreement between repeats and judges, length
+bias, failure rates)."""
 
 from __future__ import annotations
 
@@ -12,15 +13,18 @@ from benchctl.stages.judge.tables import TABLES, browse_queries
 
 
 def run(study: StudyRun) -> None:
-    # google.genai: kept out of 'benchctl report', which loads every stage for its report sections
+    # the SDKs: kept out of 'benchctl report', which loads every stage for its report sections
     from benchctl.stages.judge import api as judge
 
     opts, ids = study.opts, study.run_ids
     if study.skips("judge") or not ids:
         study.say("skipped")
-    elif not judge.has_api_key():
+        return
+    spec = judge.resolve(opts.judge_model)
+    if not judge.has_key(spec):
+        keys = "GEMINI_API_KEY (or GOOGLE_API_KEY)" if spec.backend == "gemini" else "OPENAI_API_KEY"
         study.say(
-            "skipped — no GEMINI_API_KEY (or GOOGLE_API_KEY) set; set one and rerun "
+            f"skipped — no {keys} set; set one and rerun "
             f"'benchctl study' (or 'benchctl judge --model {opts.judge_model}') to grade the stories"
         )
     else:

@@ -1,7 +1,8 @@
 """What the judge reads from and writes to results.db, as judge objects; the queries themselves live in the tables
 modules (benchctl.stages.judge.tables, and sample's and train's for what the judge reads).
 
-The unit of work is a key (judge model, prompt hash, sample id, repeat); the prompt hash covers the protocol too.
+The unit of work is a key (judge, prompt hash, sample id, repeat); the prompt hash covers the protocol too, and the
+judge's stored name (`judge_model`) its backend and, for an OpenAI-compatible server, the base URL's host.
 Each key's request row (`judge_requests`, with what was sent, the raw response, tokens and attempts summed over every
 run) and grade row (`judge_grades`, the four scores or the failure, and the assessment under the `assess` protocol)
 are written together as soon as the answer arrives.
@@ -15,7 +16,7 @@ from typing import Any
 
 from benchctl.core.errors import ConfigError
 from benchctl.stages.judge import tables as judge_tables
-from benchctl.stages.judge.client import CRITERIA, Outcome, Settings, request_record
+from benchctl.stages.judge.client import CRITERIA, Outcome, Settings
 from benchctl.stages.sample import tables as sample_tables
 from benchctl.stages.train import tables as train_tables
 
@@ -43,7 +44,6 @@ def existing_status(db: Database, judge_model: str, prompt_hash: str) -> dict[tu
 
 def record(db: Database, o: Outcome, s: Settings) -> None:
     """Write one key's request/response and grade, in one transaction (a killed run keeps every finished key)."""
-    request = request_record(o.item, s)
     status = "ok" if o.grade is not None else "failed"
     req_row = {
         "key": o.item.key(s.judge_model, s.prompt_hash),
@@ -51,7 +51,7 @@ def record(db: Database, o: Outcome, s: Settings) -> None:
         "prompt_hash": s.prompt_hash,
         "sample_id": o.item.sample_id,
         "repeat": o.item.repeat,
-        "request_json": json.dumps(request),
+        "request_json": json.dumps(o.request),
         "response_json": json.dumps(o.response_json) if o.response_json is not None else None,
         "http_status": o.http_status,
         "attempts": o.attempts,  # this run's; judge.tables adds earlier runs' calls and tokens for the key
@@ -67,6 +67,8 @@ def record(db: Database, o: Outcome, s: Settings) -> None:
         "thinking_budget": s.thinking_budget,
         "max_output_tokens": s.max_output_tokens,
         "protocol": s.protocol,
+        "seed": s.seed_for(o.item),
+        **_judge_columns(o, s),
     }
     g = o.grade
     grade_row = {
@@ -87,8 +89,15 @@ def record(db: Database, o: Outcome, s: Settings) -> None:
         "output_tokens": o.usage.output_tokens,
         "thinking_tokens": o.usage.thinking_tokens,
         "total_tokens": o.usage.total_tokens,
+        **_judge_columns(o, s),
     }
     judge_tables.record_judge_answer(db, req_row, grade_row)
+
+
+def _judge_columns(o: Outcome, s: Settings) -> dict[str, Any]:
+    """Who graded, named fully: the backend, the model as sent, where it was sent (host and path, never a key), and
+    the served model's revision where the service reported one."""
+    return {"backend": s.backend, "model": s.model, "endpoint": s.endpoint, "model_revision": o.system_fingerprint}
 
 
 def grades_in_scope(db: Database, s: Settings, sample_ids: Sequence[str]) -> list[dict[str, Any]]:

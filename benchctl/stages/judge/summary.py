@@ -70,6 +70,10 @@ class JudgeSummary:
     notes: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
     protocol: str = "json"  # json: grades only; assess: a general assessment first, then the grades
+    backend: str = "gemini"  # gemini or openai (an OpenAI-compatible server)
+    model: str = ""  # the model name sent (judge_model is the name grades are stored under)
+    endpoint: str | None = None  # host (and path) of the base URL
+    seed: int | None = None  # the judge's sampling seed (repeat k: seed + k); None: none sent
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -93,15 +97,19 @@ def _add_totals(db: Database, s: Settings, ids: list[str], repeats: int, summary
         usage_total += Usage(
             r["prompt_tokens"] or 0, r["output_tokens"] or 0, r["thinking_tokens"] or 0, r["total_tokens"] or 0
         )
-        if r["status"] == "ok" and (r["temperature"] != s.temperature or r["thinking_budget"] != s.thinking_budget):
+        if r["status"] == "ok" and (
+            r["temperature"] != s.temperature
+            or r["thinking_budget"] != s.thinking_budget
+            or r.get("seed") != s.seed_for_repeat(r["repeat"])
+        ):
             mismatched += 1
     summary.usage_total = usage_total
     summary.cost_total_usd = usage_total.cost(s.judge_model)
     summary.cost_usd = summary.usage.cost(s.judge_model)
     if mismatched:
         summary.notes.append(
-            f"{mismatched} cached grade(s) were made with another temperature or thinking budget than "
-            f"temperature={s.temperature}, thinking_budget={s.thinking_budget}; see judge_requests"
+            f"{mismatched} cached grade(s) were made with another temperature, thinking budget or seed than "
+            f"temperature={s.temperature}, thinking_budget={s.thinking_budget}, seed={s.seed}; see judge_requests"
         )
     if summary.cost_usd is None and not summary.dry_run:
         summary.notes.append(f"no price known for '{s.judge_model}': cost not estimated")

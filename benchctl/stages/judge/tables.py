@@ -15,15 +15,40 @@ from benchctl.core.tables import Column, Table
 from benchctl.stages.train.tables import model_label
 
 _PROTOCOL = "json (grades only) or assess (a general assessment first); empty: made before protocols existed, i.e. json"
+_JUDGE_MODEL = (
+    "the judge the grade is stored and cached under: a Gemini model (gemini-2.5-flash), or openai:<model> for "
+    "OpenAI's service and openai:<model>@<host:port/path> for another OpenAI-compatible server"
+)
+# Who graded, named fully. Rows stored before these columns existed were all Gemini's: backend and model are filled
+# in for them; where they were sent and which revision answered were not recorded.
+_JUDGE_COLUMNS = (
+    Column("backend", str, "the judge's backend: gemini (google-genai) or openai (an OpenAI-compatible server)"),
+    Column("model", str, "the model name sent to the service"),
+    Column("endpoint", str, "host (and path) of the service's base URL, never a key; empty: not recorded"),
+    Column(
+        "model_revision",
+        str,
+        "the served model's revision as the service reported it: system_fingerprint (OpenAI-compatible servers "
+        "that report one), modelVersion (Gemini); empty: not reported",
+    ),
+)
+
+
+def _judge_backfill(table: str) -> dict[str, str]:
+    return {
+        "backend": f"update {table} set backend = 'gemini' where backend is null",
+        "model": f"update {table} set model = judge_model where model is null",
+    }
+
 
 JUDGE_REQUESTS = Table(
     "judge_requests",
     "Judge requests",
-    "Cache of every request to the judge model and its answer, with tokens, attempts and latency, keyed by (judge "
-    "model, prompt hash, sample, repeat).",
+    "Cache of every request to the judge and its answer, with tokens, attempts and latency, keyed by (judge, prompt "
+    "hash, sample, repeat).",
     (
         Column("key", str, "'<judge_model>|<prompt_hash>|<sample_id>|<repeat>'"),
-        Column("judge_model", str, "the grading model, e.g. gemini-2.5-flash"),
+        Column("judge_model", str, _JUDGE_MODEL),
         Column("prompt_hash", str, "hash of the judge prompt template (and protocol, for assess)"),
         Column("sample_id", str, "the graded completion (samples.id)"),
         Column("repeat", int, "repeat index of the same request"),
@@ -46,20 +71,23 @@ JUDGE_REQUESTS = Table(
         Column("protocol", str, _PROTOCOL),
         Column("created_at", str, "first request (UTC)"),
         Column("updated_at", str, "latest answer (UTC)"),
+        Column("seed", int, "the judge's sampling seed sent (repeat k: the job's seed + k); empty: none sent"),
+        *_JUDGE_COLUMNS,
     ),
     pk="key",
     foreign_keys=(("sample_id", "samples", "id"),),
+    backfill=_judge_backfill("judge_requests"),
     report_skip=("request_json", "response_json"),
 )
 
 JUDGE_GRADES = Table(
     "judge_grades",
     "Judge grades",
-    "Parsed grades (1-10 per criterion) or failures, per (sample, judge model, prompt hash, repeat). Failed rows are "
-    "never scores.",
+    "Parsed grades (1-10 per criterion) or failures, per (sample, judge, prompt hash, repeat). Failed rows are never "
+    "scores.",
     (
         Column("sample_id", str, "the graded completion (samples.id)"),
-        Column("judge_model", str, "the grading model"),
+        Column("judge_model", str, _JUDGE_MODEL),
         Column("prompt_hash", str, "hash of the judge prompt template (and protocol, for assess)"),
         Column("repeat", int, "repeat index"),
         Column("status", str, "ok or failed; failed rows carry no grades"),
@@ -82,12 +110,14 @@ JUDGE_GRADES = Table(
         Column("thinking_tokens", int, "thinking tokens of the call", "tokens"),
         Column("total_tokens", int, "all tokens of the call", "tokens"),
         Column("created_at", str, "when it was graded (UTC)"),
+        *_JUDGE_COLUMNS,
     ),
     pk=("sample_id", "judge_model", "prompt_hash", "repeat"),
     foreign_keys=(("sample_id", "samples", "id"),),
     not_null=("status",),
+    backfill=_judge_backfill("judge_grades"),
     indexes=(("judge_model", "prompt_hash"),),
-    facets=("judge_model", "status"),
+    facets=("judge_model", "backend", "status"),
     report_skip=("raw_text",),
 )
 

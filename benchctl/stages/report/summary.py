@@ -10,6 +10,7 @@ from benchctl.report.fmt import counts, date, fnum, fp, max_str, md_table, min_s
 from benchctl.report.frames import Frames
 from benchctl.stages.bench.frames import bench_frame
 from benchctl.stages.judge.frames import judge_groups_of, primary_judge
+from benchctl.stages.judge.reliability import rank_disagreements
 from benchctl.stages.report.frames import LOSS, comparison_frame
 
 _TESTS = {
@@ -76,6 +77,13 @@ def comparisons_section(frames: Frames) -> list[str]:
                 f"`{g.judge_model}` / `{g.protocol}` / `{g.prompt_hash}` ({g.n_ok})" for g in others
             )
         out += [line + ".", ""]
+        disagree = rank_disagreements(frames)
+        if disagree:
+            out += [
+                "The judges disagree about the rank of " + "; ".join(disagree) + " (on the samples they all "
+                "graded; see Judge reliability): a verdict on these models' order holds for the primary judge only.",
+                "",
+            ]
     return out
 
 
@@ -216,7 +224,8 @@ def provenance_section(frames: Frames) -> list[str]:
             (
                 "judge",
                 "; ".join(
-                    f"{g.judge_model} / {g.protocol} / prompt {g.prompt_hash} ({g.n_ok} ok grades)" for g in groups
+                    f"{g.judge_model} / {g.protocol} / prompt {g.prompt_hash} ({g.n_ok} ok grades; {g.identity()})"
+                    for g in groups
                 ),
             )
         )
