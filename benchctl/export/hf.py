@@ -89,10 +89,11 @@ def hf_config(weights: LlamaWeights) -> dict[str, Any]:
 def write_tokenizer(sp_model: Path, out: Path, max_len: int) -> None:
     """tokenizer.json, tokenizer_config.json, special_tokens_map.json and tokenizer.model in `out`."""
     from tokenizers import Regex, normalizers, pre_tokenizers, processors
-    from transformers import LlamaTokenizer
+    from transformers import LlamaTokenizerFast
 
     shutil.copyfile(sp_model, out / "tokenizer.model")
-    converted = LlamaTokenizer.from_pretrained(str(out), legacy=False)  # converts tokenizer.model's pieces and merges
+    # transformers converts tokenizer.model's pieces and merges into a tokenizers BPE
+    converted = LlamaTokenizerFast.from_pretrained(str(out), legacy=False)
     bt = converted.backend_tokenizer
     bt.normalizer = normalizers.Sequence(
         [normalizers.Replace(Regex(r"\A +| +\z"), ""), normalizers.Replace(Regex(" {2,}"), " ")]
