@@ -25,7 +25,7 @@ import torch.nn as nn
 
 from architectures import register
 from architectures.base import ArchArgs, BaseLM
-from architectures.blocks import PROJECTIONS, LoRA, block_forward_flops, block_shapes
+from architectures.blocks import PROJECTIONS, Block, LoRA, block_forward_flops, block_shapes
 
 # The paper's LoRA share: 16 sets (4 passes x 4 blocks) of rank 16 at d = 256, h = 688 hold 1,249,280 parameters,
 # 29.65% of the 4,212,992 unique parameters of the control they are added to.
@@ -60,6 +60,9 @@ class Relaxed(BaseLM):
     description = "looped blocks with a LoRA per pass and block"
 
     extrapolate_rules = ("cycle", "last", "none")
+    # Unrolled, with each pass's LoRA merged into its shared weights, it is a plain Llama of n_recur * n_layers blocks:
+    # `benchctl export` writes that as transformers' LlamaForCausalLM and as llama2.c's model.bin.
+    export_formats = ("hf", "llama2c")
 
     @classmethod
     def default_n_recur(cls, args: Any) -> int:
@@ -125,6 +128,22 @@ class Relaxed(BaseLM):
         for b, layer in enumerate(self.layers):
             s = layer(s, cos, sin, lora=None if k is None else self.lora_at(k, b), cache=cache)
         return s
+
+    def unrolled(
+        self, n_recur: int | None = None, extrapolate: str | None = None
+    ) -> list[tuple[Block, nn.ModuleDict | None]]:
+        """The schedule as a plain stack of block calls (block, LoRA set or None), pass by pass, at `n_recur` passes
+        (default: as trained) with the extrapolation rule `core_step` uses past the trained ones."""
+        n = self.resolve_n_recur(n_recur)
+        rule = self.resolve_extrapolate(extrapolate)
+        R = len(self.lora)
+        calls: list[tuple[Block, nn.ModuleDict | None]] = []
+        for t in range(n):
+            k = t if t < R else {"cycle": t % R, "last": R - 1}.get(rule or "none")
+            calls += [
+                (cast(Block, layer), None if k is None else self.lora_at(k, b)) for b, layer in enumerate(self.layers)
+            ]
+        return calls
 
     def components(self, n_recur):
         return [("blocks", self.layers, n_recur), ("lora", self.lora, 1)]
