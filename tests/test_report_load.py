@@ -8,12 +8,17 @@ from benchctl import report, stages
 
 
 def test_an_older_bench_table_without_newer_columns_is_read_not_refused(tmp_path):
-    # a bench table as written before the decode benchmark added `mode` (which the report's filter names)
+    # a results database whose bench table is as written before the decode benchmark added `mode` (which the
+    # report's filter names)
     path = tmp_path / "old.db"
+    stages.connect(path).conn.close()
     conn = sqlite3.connect(path)
-    conn.execute("create table bench (bench_id text, arch text, impl text, preset text, tokens_per_s real)")
-    conn.execute("insert into bench values ('b1', 'control', 'benchctl', 'small', 1234.5)")
-    conn.commit()
+    with conn:
+        conn.execute("alter table bench drop column mode")
+        conn.execute(
+            "insert into bench (bench_id, arch, impl, preset, tokens_per_s) values ('b1', 'control', 'benchctl', "
+            "'small', 1234.5)"
+        )
     conn.close()
     before = path.read_bytes()
     data = report.read(path, stages.tables())
