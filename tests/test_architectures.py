@@ -186,14 +186,20 @@ def test_weight_sharing_is_one_module_per_block():
 # ---- FLOPs ----------------------------------------------------------------------------------------------------------
 
 
-def counted_flops_per_token(model: BaseLM, x: torch.Tensor, backward: bool = True, **kw) -> float:
-    """What torch.utils.flop_counter counts for one forward (+ backward) of x (B, T), per token. SDPA is forced to
-    the math backend: the CPU flash kernel has no FLOP formula registered, the math one decomposes into matmuls."""
+def counted_flops_per_token(
+    model: BaseLM, x: torch.Tensor, backward: bool = True, **kw
+) -> tuple[float, architectures.base.ForwardStats]:
+    """What torch.utils.flop_counter counts for one forward (+ backward) of x (B, T), per token, and what that forward
+    reported. The backward is the trainer's: of cross-entropy + the weighted auxiliary terms (part of a model's graph
+    may hang off an auxiliary term alone, e.g. deep supervision's earlier answers). SDPA is forced to the math
+    backend: the CPU flash kernel has no FLOP formula registered, the math one decomposes into matmuls."""
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         _, loss = model(x, x, **kw)
+        stats = model.take_stats()
         if backward:
-            loss.backward()
-    return counter.get_total_flops() / x.numel()
+            aux = stats.aux_total()
+            (loss if aux is None else loss + aux).backward()
+    return counter.get_total_flops() / x.numel(), stats
 
 
 FLOP_CASES = [(a, FIXED_TRAINING_DEPTH.get(a, {}), {}) for a in NAMES] + [
@@ -212,18 +218,17 @@ def test_flops_per_token_match_flop_counter(arch, overrides, kw, tiny_model):
     T = 16  # below the context, so the formula must use the actual sequence length
     x = tokens(2, T)
     torch.manual_seed(0)
-    counted = counted_flops_per_token(model, x, **kw)
+    counted, stats = counted_flops_per_token(model, x, **kw)
     # what the forward reports it ran (the analytic count for an architecture that reports nothing), and the
     # analytic count as its upper bound
-    spent = model.spent_flops_per_token(model.take_stats(), T, kw.get("n_recur"))
+    spent = model.spent_flops_per_token(stats, T, kw.get("n_recur"))
     assert spent == counted and spent <= model.flops_per_token(T, **kw)
     if not type(model).reports_stats:
         assert model.flops_per_token(T, **kw) == counted
     # forward only: work without gradients counts once
     model.zero_grad()
     with torch.no_grad():
-        counted_fwd = counted_flops_per_token(model, x, backward=False, **kw)
-    stats = model.take_stats()
+        counted_fwd, stats = counted_flops_per_token(model, x, backward=False, **kw)
     assert model.spent_flops_per_token(stats, T, kw.get("n_recur"), training=False) == counted_fwd
     if type(model).reports_stats:  # a forward-only forward costs 1x, even counted as training
         assert model.spent_flops_per_token(stats, T, kw.get("n_recur"), training=True) == counted_fwd
@@ -236,7 +241,7 @@ def test_paper_flops_match_flop_counter_on_meta(arch):
     model = paper_model(arch).train()
     with torch.device("meta"):
         x = torch.zeros(1, 128, dtype=torch.long)
-    assert model.flops_per_token(128) == counted_flops_per_token(model, x)
+    assert model.flops_per_token(128) == counted_flops_per_token(model, x)[0]
 
 
 def test_flops_reflect_recurrence():

@@ -26,7 +26,7 @@ from benchctl.stages.sample import engine as smp
 from benchctl.stages.sample.options import SampleOptions
 from benchctl.stages.train import tables as train_tables
 
-RECURRENT = ["frailt", "three-part", "relaxed", "huginn"]
+RECURRENT = ["frailt", "three-part", "relaxed", "huginn", "trm"]
 
 
 def tokens(b: int, t: int, seed: int = 0) -> torch.Tensor:

@@ -39,7 +39,7 @@ def write(tmp_path, text: str):
 
 
 def test_builtin_plans_and_their_variants():
-    assert plans.builtin_names() == ["study", "controls", "depth", "retrofit"]
+    assert plans.builtin_names() == ["study", "controls", "depth", "retrofit", "survey"]
     by = {p.name: p for p in plans.builtin()}
     assert [v.name for v in by["study"].variants] == ["control", "frailt", "three-part", "relaxed"]
     assert [v.name for v in by["controls"].variants] == [
@@ -50,6 +50,14 @@ def test_builtin_plans_and_their_variants():
         "control-2x",
         "control-16",
         "control-iso-flops",
+    ]
+    assert [v.name for v in by["survey"].variants] == [v.name for v in by["controls"].variants] + [
+        "ut-act",
+        "mor-expert",
+        "mor-token",
+        "shared-cycle",
+        "huginn",
+        "trm",
     ]
     assert len(by["depth"].variants) == 12
     conversions = [v.name for v in by["retrofit"].variants if v.parent == "control-16"]
@@ -139,6 +147,18 @@ def test_iso_flop_steps_match_the_named_variants_training_flops(controls_tiny):
     assert iso.train.warmup_steps == frailt.train.warmup_steps  # warm-up unchanged
     assert runs["control-2x"].model.n_layers == 8 and runs["control-16"].model.n_layers == 16
     assert accounting.describe(runs["control-16"])["flops_per_token"] == fpt_frailt  # 16 block applications each
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small", "paper"])
+def test_survey_designs_have_about_the_controls_unique_parameters(preset):
+    runs = {r.variant: r.cfg for r in plans.resolve(plans.load("survey"), preset, [0])}
+    ctrl = accounting.describe(runs["control"])["total_params"]
+    for name in ("ut-act", "mor-expert", "mor-token", "shared-cycle", "huginn", "trm"):
+        assert abs(accounting.describe(runs[name])["total_params"] / ctrl - 1) <= 0.10, (preset, name)
+    assert runs["mor-token"].model.arch_args.mor_routing == "token"
+    assert runs["mor-expert"].model.arch_args.mor_routing == "expert"
+    controls = {r.variant: r.cfg for r in plans.resolve(plans.load("controls"), preset, [0])}
+    assert all(run_id(cfg, "fp") == run_id(runs[name], "fp") for name, cfg in controls.items())
 
 
 def test_a_variant_is_a_label_not_part_of_the_run_id(controls_tiny):
