@@ -550,6 +550,8 @@ class BaseLM(nn.Module):
         the last position only. Nothing depends on a Python position, so one compiled graph serves every step.
         Neither `pos` nor `cache.pos` is advanced here (the caller does both). Meant for `torch.inference_mode`.
         """
+        if type(self).reports_stats:
+            self.__dict__.pop("_forward_stats", None)  # each step reports afresh, as each forward does
         n = self.resolve_n_recur(n_recur)
         T = tokens.shape[1]
         positions = pos + torch.arange(T, device=tokens.device)

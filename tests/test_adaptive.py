@@ -195,3 +195,14 @@ def test_report_shows_spent_flops_and_the_adaptive_metrics(tmp_path, tinystories
     assert "| ut-act" in adaptive and "| control" not in adaptive
     assert "](figures/adaptive_metrics.png)" in adaptive
     assert (tmp_path / "report" / "figures" / "adaptive_metrics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_decode_steps_report_afresh_rather_than_pile_up(tiny_model):
+    """Each decode step starts its stats from nothing, as each forward does: generating many tokens must not grow the
+    reported compute list or keep summing auxiliary losses."""
+    import architectures.generate as gen
+
+    model = tiny_model("ut-act").eval()
+    gen.generate(model, [[1, 2, 3, 4]], max_new_tokens=6, temperature=0.0)
+    stats = model.take_stats()
+    assert stats.compute is None or len(stats.compute) <= 1
