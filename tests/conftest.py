@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -116,13 +117,15 @@ def synthetic_stories(n: int, seed: int) -> list[str]:
     return out
 
 
+# Resolved once, where pytest starts: tests change directory, and a relative path would then name another place.
+_TEST_DATA = os.environ.get("BENCHCTL_TEST_DATA")
+TEST_DATA = Path(_TEST_DATA).resolve() if _TEST_DATA else None
+
+
 def real_tinystories() -> Path | None:
     """The directory $BENCHCTL_TEST_DATA names, when it holds both splits."""
-    import os
-
-    env = os.environ.get("BENCHCTL_TEST_DATA")
-    if env and (Path(env) / "train.txt").is_file() and (Path(env) / "valid.txt").is_file():
-        return Path(env)
+    if TEST_DATA is not None and (TEST_DATA / "train.txt").is_file() and (TEST_DATA / "valid.txt").is_file():
+        return TEST_DATA
     return None
 
 
