@@ -14,7 +14,9 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import sqlite3
+import struct
 import subprocess
 import sys
 
@@ -27,7 +29,10 @@ from benchctl import stages
 from benchctl.cli import app, main
 from benchctl.core import runtime
 from benchctl.core.config import make_config
+from benchctl.core.errors import ConfigError
+from benchctl.export.llama import export_formats
 from benchctl.stages.bench import engine as B
+from benchctl.stages.bench import external as X
 from benchctl.stages.train.engine import make_optimizer, train_step
 
 runner = CliRunner()
@@ -339,8 +344,18 @@ def test_bench_decode_times_both_paths_and_checks_the_tokens(tmp_path):
     con = sqlite3.connect(db_path)
     con.row_factory = sqlite3.Row
     rows = [dict(r) for r in con.execute("select * from bench order by id")]
-    expected = [(a, impl, b) for a in architectures.names() for b in (1, 3) for impl in ("decode", "decode-reference")]
+    expected = [
+        (a, impl, b)
+        for a in architectures.names()
+        for b in (1, 3)
+        for impl in (
+            "decode",
+            "decode-reference",
+            *(["transformers"] if "hf" in export_formats(architectures.get(a)) else []),
+        )
+    ]
     assert [(r["arch"], r["impl"], r["batch"]) for r in rows] == expected
+    assert any(r["impl"] == "transformers" for r in rows)  # the same weights through the hf export
     for r in rows:
         assert (r["mode"], r["preset"], r["repeats"], r["warmup_steps"], r["dtype"]) == (
             "decode",
@@ -351,7 +366,8 @@ def test_bench_decode_times_both_paths_and_checks_the_tokens(tmp_path):
         )
         assert (r["prompt_tokens"], r["new_tokens"], r["compiled"]) == (16, 6, 0)
         assert r["tokens_per_s_min"] <= r["tokens_per_s"] <= r["tokens_per_s_max"] and r["prefill_tokens_per_s"] > 0
-        assert r["agreement"] == 1.0  # the decode path's greedy tokens are the reference loop's
+        assert r["agreement"] == 1.0  # the decode path's and transformers' greedy tokens are the reference loop's
+        assert r["impl_detail"]
     # the training bench and the report leave generation rows alone
     from benchctl.stages.bench import tables as bench_tables
 
@@ -365,9 +381,97 @@ def test_decode_agreement_counts_differing_and_missing_tokens():
     assert agreement([[1, 2, 3], [4]], [[1, 9, 3], [4, 5]]) == pytest.approx(3 / 5)
 
 
+# llama2.c's Makefile, as its repository has it (the targets bench --llama2c reads)
+MAKEFILE = """# choose your compiler, e.g. gcc/clang
+# example override to clang: make run CC=clang
+CC = gcc
+
+# the most basic way of building that is most likely to work on most systems
+.PHONY: run
+run: run.c
+\t$(CC) -O3 -o run run.c -lm
+\t$(CC) -O3 -o runq runq.c -lm
+
+.PHONY: runfast
+runfast: run.c
+\t$(CC) -Ofast -o run run.c -lm
+\t$(CC) -Ofast -o runq runq.c -lm
+
+.PHONY: runomp
+runomp: run.c
+\t$(CC) -Ofast -fopenmp -march=native run.c  -lm  -o run
+"""
+
+
+def test_run_c_is_built_with_the_makefiles_runfast_command(tmp_path):
+    cmd = X.runfast_command(MAKEFILE, tmp_path / "src", tmp_path / "out" / "run")
+    assert cmd == ["gcc", "-Ofast", "-o", str(tmp_path / "out" / "run"), str(tmp_path / "src" / "run.c"), "-lm"]
+    assert X.runfast_command(MAKEFILE.replace("CC = gcc", "CC = clang"), tmp_path, tmp_path / "r")[0] == "clang"
+    with pytest.raises(ConfigError, match="no `runfast` target"):
+        X.runfast_command(MAKEFILE.replace("runfast:", "fast:"), tmp_path, tmp_path / "r")
+
+
+def test_run_c_rate_is_read_from_its_last_line():
+    # run.c: fprintf(stderr, "achieved tok/s: %f\n", (pos-1) / (double)(end-start)*1000);
+    assert X.parse_tok_per_s("achieved tok/s: 29350.000000\n") == 29350.0
+    assert X.parse_tok_per_s("achieved tok/s: inf\n") is None  # the run fell within one millisecond tick
+    assert X.parse_tok_per_s("") is None  # a single position: run.c prints no rate
+
+
+def test_run_c_text_agreement_counts_new_tokens_up_to_the_first_difference(tmp_path):
+    # a tokenizer.bin as the llama2c export writes it: max length, then per id its score, length and bytes
+    pieces = [b"<unk>", b"\n<s>\n", b"\n</s>\n", b"\x07", b" Once", b" upon", b" a", b" time", b".", b"\xc3\xa9"]
+    path = tmp_path / "tokenizer.bin"
+    path.write_bytes(
+        struct.pack("<I", max(map(len, pieces))) + b"".join(struct.pack("<fI", 0.0, len(p)) + p for p in pieces)
+    )
+    assert X.read_tokenizer_bin(path) == pieces
+    prompt = [1, 4, 5]  # BOS " Once" " upon": run.c strips the space after BOS
+    new = [6, 7, 3, 9, 8]  # " a" " time" (bell: not printed) "é" "."
+    assert X.text_agreement(pieces, prompt, new, b"Once upon a time\xc3\xa9.\n") == 1.0
+    assert X.text_agreement(pieces, prompt, new, b"Once upon a time.\n") == pytest.approx(3 / 5)
+    assert X.text_agreement(pieces, prompt, new, b"Once upon a time\xc3\xa9. a\n") == pytest.approx(5 / 6)
+    assert X.text_agreement(pieces, prompt, new, b"Twice\n") == 0.0
+
+
+FAKE_RUN_C = r"""#include <stdio.h>
+#include <string.h>
+/* stands in for llama2.c's run.c: echoes its prompt, then reports a rate in run.c's format */
+int main(int argc, char **argv) {
+    for (int i = 1; i < argc - 1; i++) if (strcmp(argv[i], "-i") == 0) printf("%s", argv[i + 1]);
+    printf("\n");
+    fprintf(stderr, "achieved tok/s: %f\n", 1234.5);
+    return 0;
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc (the fake checkout's Makefile names it)")
+def test_bench_decode_llama2c_compiles_runs_and_stores_run_c_rows(tmp_path, tinystories_dir):
+    checkout = tmp_path / "llama2.c"
+    checkout.mkdir()
+    (checkout / "Makefile").write_text(MAKEFILE)
+    (checkout / "run.c").write_text(FAKE_RUN_C)
+    db_path = tmp_path / "r.db"
+    argv = ["bench", "--decode", "--preset", "tiny", "--archs", "control", "--batches", "1", "--new-tokens", "4"]
+    argv += ["--repeats", "1", "--warmup", "0", "--llama2c", str(checkout), "--set", f"data.source={tinystories_dir}"]
+    result = runner.invoke(app, [*argv, "--db", str(db_path), "--record", str(tmp_path / "bench")])
+    assert result.exit_code == 0, result.output
+    con = sqlite3.connect(db_path)
+    con.row_factory = sqlite3.Row
+    (row,) = [dict(r) for r in con.execute("select * from bench where impl = 'llama2c-runfast'")]
+    assert (row["batch"], row["threads"], row["tokens_per_s"], row["prefill_tokens_per_s"]) == (1, 1, 1234.5, None)
+    assert row["agreement"] == 0.0  # the fake prints the prompt and no continuation
+    assert "-Ofast" in row["impl_detail"] and "not a git checkout" in row["impl_detail"]
+    (record,) = (tmp_path / "bench").iterdir()
+    assert "| x transformers | x runfast |" in record.read_text()
+
+
 @pytest.mark.parametrize(
     "argv,needle",
     [
+        (["--decode", "--llama2c", "/nonexistent/llama2.c"], "not a llama2.c checkout"),
+        (["--llama2c", "."], "goes with --decode"),
         (["--decode", "--batches", "1,x"], "--batches"),
         (["--decode", "--batches", "0"], "--batches"),
         (["--steps", "0"], "--steps"),

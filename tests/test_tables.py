@@ -63,7 +63,8 @@ EXPECTED_SQL = {
         '   "prompt_tokens" INTEGER,\n'
         '   "new_tokens" INTEGER,\n'
         '   "prefill_tokens_per_s" REAL,\n'
-        '   "agreement" REAL\n'
+        '   "agreement" REAL,\n'
+        '   "impl_detail" TEXT\n'
         ")"
     ),
     "checkpoints": (

@@ -123,8 +123,9 @@ def write_tokenizer(sp_model: Path, out: Path, max_len: int) -> None:
     (out / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n")
 
 
-def write_hf(weights: LlamaWeights, sp_model: Path, out: Path) -> list[str]:
-    """The folder's model files (config, generation config, safetensors, tokenizer); returns the names written."""
+def write_hf_model(weights: LlamaWeights, out: Path) -> None:
+    """config.json, generation_config.json and model.safetensors: what `from_pretrained` needs to build the model
+    (`benchctl bench --decode` loads them without a tokenizer)."""
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
@@ -133,5 +134,10 @@ def write_hf(weights: LlamaWeights, sp_model: Path, out: Path) -> list[str]:
         json.dumps({"bos_token_id": BOS_ID, "eos_token_id": BOS_ID}, indent=2) + "\n"
     )
     save_file(hf_state_dict(weights), str(out / "model.safetensors"), metadata={"format": "pt"})
+
+
+def write_hf(weights: LlamaWeights, sp_model: Path, out: Path) -> list[str]:
+    """The folder's model files (config, generation config, safetensors, tokenizer); returns the names written."""
+    write_hf_model(weights, out)
     write_tokenizer(sp_model, out, weights.shape.max_seq_len)
     return sorted(p.name for p in out.iterdir())

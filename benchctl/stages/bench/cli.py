@@ -65,6 +65,15 @@ def bench(
         int | None,
         typer.Option("--new-tokens", help="With --decode: new tokens per row [default: what the context leaves]."),
     ] = None,
+    llama2c: Annotated[
+        Path | None,
+        typer.Option(
+            "--llama2c",
+            help="With --decode: a checkout of karpathy/llama2.c; its run.c is compiled with the Makefile's "
+            "runfast flags into a temporary folder and timed on the llama2c export (batch 1, one thread).",
+            metavar="DIR",
+        ),
+    ] = None,
     set_: SetOpt = None,
     db: DbOpt = None,
     as_json: JsonOpt = False,
@@ -86,6 +95,7 @@ def bench(
         decode_batches=_batches(batches),
         decode_prompt_tokens=prompt_tokens,
         decode_new_tokens=new_tokens,
+        llama2c=llama2c,
     )
     from benchctl.stages.bench import engine as B  # torch: kept out of 'benchctl --help'
 
@@ -109,7 +119,7 @@ def bench(
     if record is not None:
         from benchctl.stages.bench import record as R
 
-        heads, rows = (DECODE_HEADS, decode_rows(objs)) if decode else (HEADS, table_rows(objs))
+        heads, rows = (DECODE_RECORD_HEADS, decode_rows(objs, record=True)) if decode else (HEADS, table_rows(objs))
         log(f"wrote {R.write(record, objs, preset, heads, rows, notes, decode=decode)}")
 
 
@@ -121,6 +131,8 @@ def notes_of(objs: list[dict], path: Path) -> list[str]:
         return [
             f"device: {objs[0]['device_name']}; tok/s: median over repeats (decode: min-max beside it); agreement: "
             f"share of tokens equal to the reference loop's in fp32",
+            "llama2c-runfast: run.c built with its Makefile's runfast flags, on one thread; --record's file "
+            "gives each row's decode tok/s over transformers' and run.c's at the same architecture and batch size",
             f"bench id {objs[0]['bench_id']} (table 'bench' in {path})",
         ]
     o0 = objs[0]
@@ -221,25 +233,37 @@ def _batches(text: str) -> tuple[int, ...]:
 
 
 DECODE_HEADS = ("arch", "impl", "batch", "compiled", "prefill tok/s", "decode tok/s", "min-max", "agreement")
+# the file --record writes also has the threads and the ratios (too wide for a terminal)
+DECODE_RECORD_HEADS = (*DECODE_HEADS, "threads", "x transformers", "x runfast")
 
 
-def decode_rows(objs: list[dict]) -> list[tuple[str, ...]]:
-    """One row per architecture, implementation and batch size, formatted as printed (DECODE_HEADS)."""
+def _ratio(r: dict, objs: list[dict], impl: str) -> str:
+    """The row's decode tok/s over `impl`'s for the same architecture and batch size ('-' when either is missing)."""
+    other = next((o for o in objs if (o["arch"], o["batch"], o["impl"]) == (r["arch"], r["batch"], impl)), None)
+    if other is None or not other.get("tokens_per_s") or r.get("tokens_per_s") is None:
+        return "-"
+    return f"{r['tokens_per_s'] / other['tokens_per_s']:.2f}"
+
+
+def decode_rows(objs: list[dict], record: bool = False) -> list[tuple[str, ...]]:
+    """One row per architecture, implementation and batch size, formatted as printed (DECODE_HEADS; with `record`,
+    DECODE_RECORD_HEADS)."""
     out = []
     for r in objs:
         tps, lo, hi, pre = r["tokens_per_s"], r["tokens_per_s_min"], r["tokens_per_s_max"], r["prefill_tokens_per_s"]
-        out.append(
-            (
-                r["arch"],
-                r["impl"],
-                str(r["batch"]),
-                "yes" if r["compiled"] else "no",
-                "-" if pre is None else f"{pre:,.0f}",
-                "-" if tps is None else f"{tps:,.0f}",
-                "-" if lo is None else f"{lo:,.0f}-{hi:,.0f}",
-                f"{r['agreement']:.1%}",
-            )
+        row = (
+            r["arch"],
+            r["impl"],
+            str(r["batch"]),
+            "yes" if r["compiled"] else "no",
+            "-" if pre is None else f"{pre:,.0f}",
+            "-" if tps is None else f"{tps:,.0f}",
+            "-" if lo is None else f"{lo:,.0f}-{hi:,.0f}",
+            f"{r['agreement']:.1%}",
         )
+        if record:
+            row += (str(r["threads"]), _ratio(r, objs, "transformers"), _ratio(r, objs, "llama2c-runfast"))
+        out.append(row)
     return out
 
 

@@ -7,6 +7,7 @@ Cheap to import: the command line is built from it (`benchctl --help`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from benchctl.core.errors import ConfigError
@@ -33,6 +34,7 @@ class BenchOptions:
     decode_batches: tuple[int, ...] = (1, 16)  # rows generated together
     decode_prompt_tokens: int = 16  # prompt length of every row
     decode_new_tokens: int | None = None  # None: what the context leaves after the prompt
+    llama2c: Path | None = None  # a karpathy/llama2.c checkout: also time its run.c (runfast) on the llama2c export
 
     def __post_init__(self) -> None:
         if not self.decode_batches or min(self.decode_batches) < 1:
@@ -41,6 +43,8 @@ class BenchOptions:
             raise ConfigError(f"--prompt-tokens must be >= 1, got {self.decode_prompt_tokens}")
         if self.decode_new_tokens is not None and self.decode_new_tokens < 1:
             raise ConfigError(f"--new-tokens must be >= 1, got {self.decode_new_tokens}")
+        if self.llama2c is not None and not self.decode:
+            raise ConfigError("--llama2c times run.c's generation: it goes with --decode")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"--threads must be >= 1, got {self.threads}")
         if self.check_steps < 0:

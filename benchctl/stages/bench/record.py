@@ -82,7 +82,7 @@ def render(
         f"- Bench id `{o0['bench_id']}` (its rows are in the `bench` table of the results database).",
         "",
         "| " + " | ".join(heads) + " |",
-        "|" + "|".join("---" if h in ("arch", "dtype") else "---:" for h in heads) + "|",
+        "|" + "|".join("---" if h in ("arch", "dtype", "impl") else "---:" for h in heads) + "|",
     ]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     lines += [""] + [f"- {n}" for n in notes] + [""]

@@ -21,8 +21,9 @@ BENCH = Table(
             "impl",
             str,
             "train: benchctl, reference (an eager llama2.c copy at benchctl's precision) or reference-fp32 "
-            "(that copy in fp32, as llama2.c runs on a CPU); decode: decode (the decode path) or decode-reference "
-            "(the plain eager generation loop)",
+            "(that copy in fp32, as llama2.c runs on a CPU); decode: decode (the decode path), decode-reference "
+            "(the plain eager generation loop), transformers (LlamaForCausalLM.generate on the hf export) or "
+            "llama2c-runfast (llama2.c's run.c built with its Makefile's runfast flags, on the llama2c export)",
         ),
         Column("compiled", int, "1 when torch.compile was on"),
         Column("dtype", str, "the precision the row's step ran in (bfloat16 autocast or float32)"),
@@ -63,7 +64,18 @@ BENCH = Table(
         Column("prompt_tokens", int, "decode: prompt length of every row", "tokens"),
         Column("new_tokens", int, "decode: new tokens per row (greedy, no stop ids)", "tokens"),
         Column("prefill_tokens_per_s", float, "decode: prompt tokens per second of prefill, median", "tokens/s"),
-        Column("agreement", float, "decode: share of generated tokens equal to the reference path's in float32"),
+        Column(
+            "agreement",
+            float,
+            "decode: share of generated tokens equal to the reference path's in float32 (llama2c-runfast: of "
+            "the new tokens before the text run.c prints first differs from theirs)",
+        ),
+        # added with the transformers and run.c rows of bench --decode
+        Column(
+            "impl_detail",
+            str,
+            "decode: what ran under the impl's name (library version, run.c's commit and build command, its prompt)",
+        ),
     ),
     pk="id",
     backfill={"mode": "update bench set mode = 'train' where mode is null"},
