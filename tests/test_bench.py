@@ -345,29 +345,33 @@ def test_bench_decode_times_both_paths_and_checks_the_tokens(tmp_path):
     con.row_factory = sqlite3.Row
     rows = [dict(r) for r in con.execute("select * from bench order by id")]
     expected = [
-        (a, impl, b)
+        (a, impl, b, dtype)
         for a in architectures.names()
         for b in (1, 3)
-        for impl in (
-            "decode",
-            "decode-reference",
-            *(["transformers"] if "hf" in export_formats(architectures.get(a)) else []),
-        )
+        for impl, dtype in [
+            ("decode", "float32"),
+            ("decode-reference", "float32"),
+            ("decode", "bfloat16"),  # --precisions' default: float32 and bfloat16
+            *([("transformers", "float32")] if "hf" in export_formats(architectures.get(a)) else []),
+        ]
     ]
-    assert [(r["arch"], r["impl"], r["batch"]) for r in rows] == expected
+    assert [(r["arch"], r["impl"], r["batch"], r["dtype"]) for r in rows] == expected
     assert any(r["impl"] == "transformers" for r in rows)  # the same weights through the hf export
     for r in rows:
-        assert (r["mode"], r["preset"], r["repeats"], r["warmup_steps"], r["dtype"]) == (
-            "decode",
-            "tiny",
-            2,
-            1,
-            "float32",
-        )
+        assert (r["mode"], r["preset"], r["repeats"], r["warmup_steps"]) == ("decode", "tiny", 2, 1)
         assert (r["prompt_tokens"], r["new_tokens"], r["compiled"]) == (16, 6, 0)
         assert r["tokens_per_s_min"] <= r["tokens_per_s"] <= r["tokens_per_s_max"] and r["prefill_tokens_per_s"] > 0
-        assert r["agreement"] == 1.0  # the decode path's and transformers' greedy tokens are the reference loop's
         assert r["impl_detail"]
+        if r["dtype"] == "float32":  # the decode path's and transformers' greedy tokens are the reference loop's
+            assert r["agreement"] == 1.0
+        else:
+            assert 0.0 <= r["agreement"] <= 1.0
+    # sample and eval take the precision these rows measured fastest, unless told
+    from benchctl.stages.bench.precision import choose_precision
+
+    dtype, reason = choose_precision(stages.connect(db_path), "auto", torch.device("cpu"))
+    assert reason.startswith("measured: ") and "bfloat16" in reason and dtype in (torch.float32, torch.bfloat16)
+    assert choose_precision(stages.connect(db_path), "float32", torch.device("cpu"))[1].startswith("set: ")
     # the training bench and the report leave generation rows alone
     from benchctl.stages.bench import tables as bench_tables
 
@@ -467,9 +471,60 @@ def test_bench_decode_llama2c_compiles_runs_and_stores_run_c_rows(tmp_path, tiny
     assert "| x transformers | x runfast |" in record.read_text()
 
 
+def _decode_row(bench_id: str, arch: str, dtype: str, tps: float, device_name: str, when: str) -> dict:
+    return {
+        "bench_id": bench_id,
+        "arch": arch,
+        "mode": "decode",
+        "impl": "decode",
+        "batch": 1,
+        "dtype": dtype,
+        "tokens_per_s": tps,
+        "device": "cpu",
+        "device_name": device_name,
+        "created_at": when,
+    }
+
+
+def test_inference_precision_is_the_newest_measured_fastest_on_this_hardware(tmp_path):
+    from benchctl.core import telemetry
+    from benchctl.stages.bench.precision import choose_precision
+
+    cpu = torch.device("cpu")
+    here = telemetry.hardware_name(cpu) + " (2 cores, 2 threads)"
+    db = stages.connect(tmp_path / "r.db")
+    dtype, reason = choose_precision(db, "auto", cpu)
+    assert dtype == torch.float32 and reason.startswith("auto: float32, no bench --decode comparison")
+    rows = [  # bench b1: bfloat16 faster for both architectures
+        _decode_row("b1", "control", "float32", 100.0, here, "2026-01-01"),
+        _decode_row("b1", "control", "bfloat16", 150.0, here, "2026-01-01"),
+        _decode_row("b1", "relaxed", "float32", 100.0, here, "2026-01-01"),
+        _decode_row("b1", "relaxed", "bfloat16", 120.0, here, "2026-01-01"),
+        # newer, but another machine, or one precision only: not a comparison on this hardware
+        _decode_row("b2", "control", "float32", 100.0, "Another CPU (4 cores)", "2026-02-01"),
+        _decode_row("b2", "control", "bfloat16", 10.0, "Another CPU (4 cores)", "2026-02-01"),
+        _decode_row("b3", "control", "float32", 100.0, here, "2026-03-01"),
+    ]
+    db["bench"].insert_all(rows)
+    dtype, reason = choose_precision(db, "auto", cpu)
+    assert dtype == torch.bfloat16 and reason.startswith("measured: bfloat16 decoded fastest (bench --decode b1")
+    assert "bfloat16 1.34x" in reason  # sqrt(1.5 * 1.2)
+    assert choose_precision(db, "float16", cpu)[0] == torch.float16  # the user's choice wins
+    db["bench"].insert_all(  # the newest comparison here: float32 ahead
+        [
+            _decode_row("b4", "control", "float32", 100.0, here, "2026-04-01"),
+            _decode_row("b4", "control", "bfloat16", 80.0, here, "2026-04-01"),
+        ]
+    )
+    dtype, reason = choose_precision(db, "auto", cpu)
+    assert dtype == torch.float32 and reason.startswith("measured: float32 decoded fastest (bench --decode b4")
+
+
 @pytest.mark.parametrize(
     "argv,needle",
     [
+        (["--decode", "--precisions", "bfloat16"], "--precisions"),
+        (["--decode", "--precisions", "float32,fp8"], "--precisions"),
         (["--decode", "--llama2c", "/nonexistent/llama2.c"], "not a llama2.c checkout"),
         (["--llama2c", "."], "goes with --decode"),
         (["--decode", "--batches", "1,x"], "--batches"),

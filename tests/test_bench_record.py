@@ -76,13 +76,14 @@ def test_record_into_a_file_is_one_clear_error(tmp_path):
 
 
 def test_a_decode_measurement_has_its_own_file_and_table(tmp_path):
-    from benchctl.stages.bench.cli import DECODE_HEADS, decode_rows
+    from benchctl.stages.bench.cli import DECODE_RECORD_HEADS, decode_rows
 
     row = {
         "bench_id": "20261126-000000-fedcba",
         "arch": "control",
         "mode": "decode",
         "impl": "decode",
+        "dtype": "float32",
         "batch": 1,
         "compiled": 1,
         "device_name": "AMD EPYC 9R45 (2 cores, 2 threads)",
@@ -93,13 +94,18 @@ def test_a_decode_measurement_has_its_own_file_and_table(tmp_path):
         "prefill_tokens_per_s": 9000.0,
         "agreement": 1.0,
     }
-    objs = [row, {**row, "impl": "reference", "compiled": 0}]
+    objs = [
+        row,
+        {**row, "impl": "decode-reference", "compiled": 0},
+        {**row, "impl": "transformers", "compiled": 0, "tokens_per_s": 1000.0},
+        {**row, "impl": "llama2c-runfast", "compiled": 0, "tokens_per_s": 10000.0, "prefill_tokens_per_s": None},
+    ]
     path = R.write(
         tmp_path,
         objs,
         "small",
-        DECODE_HEADS,
-        decode_rows(objs),
+        DECODE_RECORD_HEADS,
+        decode_rows(objs, record=True),
         notes_of(objs, tmp_path / "r.db"),
         argv=["bench", "--decode"],
         decode=True,
@@ -107,4 +113,5 @@ def test_a_decode_measurement_has_its_own_file_and_table(tmp_path):
     text = path.read_text()
     assert path.name.startswith("small-decode_amd-epyc-9r45-2core_")
     assert text.startswith("# Generation (decode), preset `small`: control\n")
-    assert "| control | decode | 1 | yes | 9,000 | 2,500 | 2,400-2,600 | 100.0% |" in text
+    assert "| control | decode | fp32 | 1 | yes | 9,000 | 2,500 | 2,400-2,600 | 100.0% | 1 | 2.50 | 0.25 |" in text
+    assert "| control | llama2c-runfast | fp32 | 1 | no | - | 10,000 |" in text

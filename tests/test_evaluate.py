@@ -164,19 +164,32 @@ def test_loglikelihood_equals_direct_computation(trained):
     assert [x[0] for x in other] == pytest.approx([x[0] for x in got], abs=1e-4)
 
 
-def test_the_adapter_runs_under_the_runs_precision_rule(trained):
-    """Without a dtype the adapter applies the run's rule (train.dtype=auto: bf16 autocast where the CPU computes
-    bf16 natively), as training did; scores stay within bf16's rounding of the fp32 ones."""
-    from benchctl.core.runtime import resolve_precision
+def test_the_adapter_casts_the_weights_once(trained):
+    """float32 unless a dtype is given, then the weights are cast once (no autocast); at float32 the scores are the
+    checkpoint's own forward, and in bf16 within bf16's rounding of them."""
+    from benchctl.core.checkpoint import load_model
 
     lm = ev.BenchctlLM(checkpoint=trained.ckpt("frailt"), device="cpu", progress=False)
-    assert lm.precision.dtype == resolve_precision("auto", torch.device("cpu")).dtype
+    assert (lm.dtype, lm.dtype_reason, next(lm.model.parameters()).dtype) == (
+        "float32",
+        "default: float32",
+        torch.float32,
+    )
     pairs = [("Once upon a time", " there was a dog."), ("Lily", " smiled.")]
-    got = [ll for ll, _ in lm.loglikelihood(ll_requests(pairs))]
-    fp32 = [ll for ll, _ in lm_for(trained, "frailt").loglikelihood(ll_requests(pairs))]
-    assert got == pytest.approx(fp32, rel=0.05)
-    if lm.precision.amp is not None:
-        assert got != fp32  # really ran in bf16
+    fp32 = [ll for ll, _ in lm.loglikelihood(ll_requests(pairs))]
+    model, _cfg, _tok = load_model(trained.ckpt("frailt"), torch.device("cpu"))
+    for (ctx, cont), ll in zip(pairs, fp32):
+        c, w = lm.tok.encode(ctx, bos=True), lm.tok.encode(cont, bos=False)
+        with torch.no_grad():
+            logits, _ = model.eval()(torch.tensor([c + w[:-1]]), n_recur=lm.n_recur)
+        want = F.log_softmax(logits[0, len(c) - 1 :], -1).gather(-1, torch.tensor(w)[:, None]).sum()
+        assert ll == pytest.approx(float(want), abs=1e-5)
+    bf = lm_for(trained, "frailt", dtype="bfloat16", dtype_reason="set: --precision bfloat16")
+    assert next(bf.model.parameters()).dtype == torch.bfloat16 and bf.dtype_reason == "set: --precision bfloat16"
+    got = [ll for ll, _ in bf.loglikelihood(ll_requests(pairs))]
+    assert got == pytest.approx(fp32, rel=0.05) and got != fp32  # really ran in bf16
+    with pytest.raises(ValueError, match="dtype must be"):
+        lm_for(trained, "frailt", dtype="float8")
 
 
 def test_empty_context_uses_bos(trained):
@@ -504,6 +517,8 @@ def test_eval_end_to_end_stores_rows(trained):
                 r = by[(rid, task, metric)]
                 assert r["n_recur"] == n and r["limit_n"] == 8 and r["n_samples"] == 8
                 assert r["batch_size"] == 16 and r["lm_eval_version"] == lm_eval.__version__
+                # no decode benchmark in this database: float32, and the row says why
+                assert r["dtype"] == "float32" and r["dtype_reason"].startswith("auto: float32, no bench --decode")
                 assert re.fullmatch(r"1\+[0-9a-f]{12}", r["task_version"]) and r["created_at"]
                 assert np.isfinite(r["value"])
                 if metric.startswith("acc"):

@@ -110,6 +110,7 @@ EXPECTED_SQL = {
         '   "lm_eval_version" TEXT,\n'
         '   "created_at" TEXT,\n'
         '   "dtype" TEXT,\n'
+        '   "dtype_reason" TEXT,\n'
         '   PRIMARY KEY ("run_id", "task", "metric", "n_recur", "limit_n")\n'
         ")"
     ),
@@ -382,6 +383,23 @@ def test_migration_adds_a_missing_column_and_backfills_it(tmp_path):
     db.conn.close()
     assert _schema_sql(path)["idx_runs_arch_preset_seed"] == EXPECTED_SQL["idx_runs_arch_preset_seed"]
     assert '"variant" TEXT' in _schema_sql(path)["runs"]
+
+
+def test_eval_results_from_before_the_cast_once_say_how_they_ran(tmp_path):
+    path = tmp_path / "old.db"
+    stages.connect(path).conn.close()
+    conn = sqlite3.connect(path)
+    with conn:  # a database from before eval recorded why its precision: results computed under autocast
+        conn.execute("alter table eval_results drop column dtype_reason")
+        conn.execute(
+            "insert into eval_results (run_id, task, metric, n_recur, limit_n, dtype) "
+            "values ('r1', 't', 'acc', 1, 0, 'bfloat16'), ('r1', 't', 'acc_norm', 1, 0, null)"
+        )
+    conn.close()
+    db = stages.connect(path)
+    got = dict(db.execute("select metric, dtype_reason from eval_results").fetchall())
+    assert got["acc"].startswith("autocast: the run's training precision rule") and got["acc_norm"] is None
+    db.conn.close()
 
 
 def test_bench_rows_from_before_decode_timing_become_training_rows(tmp_path):

@@ -195,17 +195,10 @@ def resolve_precision(setting: str, device: torch.device) -> Precision:
 
 
 def inference_precision(setting: str, device: torch.device) -> tuple[torch.dtype, str]:
-    """The dtype generation casts a model's weights to once (no autocast), and why, as recorded with samples.
+    """The dtype the user set for generation (weights cast once, no autocast), and the reason recorded with it.
 
-    `auto`: bfloat16 on a CUDA device that computes bf16 natively (sm_80+), float32 everywhere else, CPUs with
-    native bf16 included: decoding one token is a chain of small matrix-vector products and per-step overhead, which
-    bf16 weights do not make faster on a CPU, and autocast would re-cast every weight at every step. An explicit
-    dtype always wins."""
-    cap, native = capability(device)
-    if setting == "auto":
-        if device.type == "cuda" and native:
-            return torch.bfloat16, f"auto: native bf16 on {cap}"
-        return torch.float32, f"auto: float32 for decoding on {cap}"
+    `auto` is decided from measurements, which live in the results database: `benchctl.stages.bench.precision`."""
+    cap, _native = capability(device)
     if setting not in INFERENCE_DTYPES:
         raise ConfigError(f"--precision must be auto, {', '.join(INFERENCE_DTYPES)}; got {setting!r}")
     return INFERENCE_DTYPES[setting], f"set: --precision {setting} ({cap})"

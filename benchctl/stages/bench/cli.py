@@ -65,6 +65,14 @@ def bench(
         int | None,
         typer.Option("--new-tokens", help="With --decode: new tokens per row [default: what the context leaves]."),
     ] = None,
+    precisions: Annotated[
+        str,
+        typer.Option(
+            "--precisions",
+            help="With --decode: the precisions the decode path's weights are cast to, a comma list including "
+            "float32; sample and eval use the fastest measured.",
+        ),
+    ] = "float32,bfloat16",
     llama2c: Annotated[
         Path | None,
         typer.Option(
@@ -95,6 +103,7 @@ def bench(
         decode_batches=_batches(batches),
         decode_prompt_tokens=prompt_tokens,
         decode_new_tokens=new_tokens,
+        decode_precisions=tuple(split_list(precisions) or []),
         llama2c=llama2c,
     )
     from benchctl.stages.bench import engine as B  # torch: kept out of 'benchctl --help'
@@ -232,14 +241,15 @@ def _batches(text: str) -> tuple[int, ...]:
         raise ConfigError(f"--batches takes a comma list of batch sizes, got {text!r}") from None
 
 
-DECODE_HEADS = ("arch", "impl", "batch", "compiled", "prefill tok/s", "decode tok/s", "min-max", "agreement")
+DECODE_HEADS = ("arch", "impl", "dtype", "batch", "compiled", "prefill tok/s", "decode tok/s", "min-max", "agreement")
 # the file --record writes also has the threads and the ratios (too wide for a terminal)
 DECODE_RECORD_HEADS = (*DECODE_HEADS, "threads", "x transformers", "x runfast")
 
 
 def _ratio(r: dict, objs: list[dict], impl: str) -> str:
     """The row's decode tok/s over `impl`'s for the same architecture and batch size ('-' when either is missing)."""
-    other = next((o for o in objs if (o["arch"], o["batch"], o["impl"]) == (r["arch"], r["batch"], impl)), None)
+    key = (r["arch"], r["batch"], impl)
+    other = next((o for o in objs if (o["arch"], o["batch"], o["impl"]) == key), None)
     if other is None or not other.get("tokens_per_s") or r.get("tokens_per_s") is None:
         return "-"
     return f"{r['tokens_per_s'] / other['tokens_per_s']:.2f}"
@@ -254,6 +264,7 @@ def decode_rows(objs: list[dict], record: bool = False) -> list[tuple[str, ...]]
         row = (
             r["arch"],
             r["impl"],
+            _short(r["dtype"]),
             str(r["batch"]),
             "yes" if r["compiled"] else "no",
             "-" if pre is None else f"{pre:,.0f}",
@@ -270,7 +281,7 @@ def decode_rows(objs: list[dict], record: bool = False) -> list[tuple[str, ...]]
 def _decode_table(objs: list[dict], preset: str) -> Table:
     t = Table(title=f"generation — preset '{preset}'", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for head in DECODE_HEADS:
-        t.add_column(head, justify="left" if head in ("arch", "impl") else "right", no_wrap=True)
+        t.add_column(head, justify="left" if head in ("arch", "impl", "dtype") else "right", no_wrap=True)
     for row in decode_rows(objs):
         t.add_row(*row)
     return t

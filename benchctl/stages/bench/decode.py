@@ -2,15 +2,19 @@
 on the reference path, with the tokens checked against the reference in float32 in the same run.
 
 Per architecture, at its trained depth, the model is built from the preset's config under the bench seed (random
-weights: speed does not depend on what the weights say) and cast once to float32. For each batch size, every row's
-prompt is `prompt_tokens` random ids (the same for every architecture) and the generation greedy with no stop ids,
-so every row runs to its limit: `new_tokens`, or by default what the context leaves after the prompt. Subjects:
+weights: speed does not depend on what the weights say), its matrices scaled up (`widen`: so that greedy
+continuations vary and the agreement check compares real choices) and cast once to float32. For each batch size,
+every row's prompt is `prompt_tokens` random ids (the same for every architecture) and the generation greedy with
+no stop ids, so every row runs to its limit: `new_tokens`, or by default what the context leaves after the prompt.
+Subjects:
 
 - `decode`: `architectures.generate.generate` on the decode path (compiled with `--compile`);
-- `decode-reference`: the same call with `fast=False`, the plain eager loop, in float32.
+- `decode-reference`: the same call with `fast=False`, the plain eager loop, in float32;
+- `decode` again for every other precision of `--precisions`, the weights cast once to it (what sample and eval
+  choose from: `benchctl.stages.bench.precision`).
 
 Warm-up generations (compilation happens there) are excluded; then the subjects take turns generation by generation
-for `repeats` rounds, so load on a shared machine falls on both alike. Each generation is split into its prefill
+for `repeats` rounds, so load on a shared machine falls on all alike. Each generation is split into its prefill
 (the forward over the prompts) and its decode phase (everything after), timed apart (`DecodeReport` timing); rows
 hold the median tokens per second of each phase over the repeats, the decode phase's slowest and fastest repeat, and
 `agreement`: the share of generated tokens equal to the reference path's in float32 (1 = token for token).
@@ -23,6 +27,7 @@ path in float32 checked in the same run.
 
 from __future__ import annotations
 
+import copy
 import os
 import statistics
 import tempfile
@@ -41,7 +46,7 @@ from benchctl.core import db as dbm
 from benchctl.core import telemetry
 from benchctl.core.config import RunConfig, make_config
 from benchctl.core.errors import ConfigError
-from benchctl.core.runtime import resolve_device
+from benchctl.core.runtime import INFERENCE_DTYPES, resolve_device
 from benchctl.stages.bench import external as X
 from benchctl.stages.bench.options import BenchOptions
 
@@ -119,6 +124,20 @@ class RunCSubject(DecodeSubject):
         return X.text_agreement(pieces, self.prompts[0], self.expected, self.printed)
 
 
+WIDEN = 8.0
+
+
+@torch.no_grad()
+def widen(model: torch.nn.Module) -> torch.nn.Module:
+    """Scale the model's matrices by WIDEN, in place. At its initialisation (std 0.02) a model's greedy continuation
+    is mostly one token repeated, so the agreement between implementations would compare almost nothing; wider
+    weights give continuations that vary and greedy choices far from ties (speed does not depend on the values)."""
+    for p in model.parameters():
+        if p.dim() >= 2:
+            p.mul_(WIDEN)
+    return model
+
+
 def agreement(got: list[list[int]], ref: list[list[int]]) -> float:
     """Share of positions where two generations of the same prompts hold the same token (missing ones differ)."""
     total = sum(max(len(a), len(b)) for a, b in zip(got, ref))
@@ -139,11 +158,17 @@ def run_decode(opts: BenchOptions, log: Callable[[str], None] = lambda _m: None)
         run_c = _build_run_c(opts, device, Path(tmp), log)
         for cfg in cfgs:
             torch.manual_seed(opts.seed)
-            model = cast_for_inference(architectures.build(cfg.arch, cfg.model).to(device), torch.float32)
+            model = cast_for_inference(widen(architectures.build(cfg.arch, cfg.model)).to(device), torch.float32)
             ctx = cfg.model.max_seq_len
             n_prompt = min(opts.decode_prompt_tokens, ctx)
             n_new = opts.decode_new_tokens or ctx + 1 - n_prompt
             hf = _hf_model(cfg, model, device, Path(tmp) / cfg.arch / "hf", log)
+            # the decode path in the other precisions asked for: the weights cast once, as sample and eval cast them
+            cast = {
+                p: cast_for_inference(copy.deepcopy(model), INFERENCE_DTYPES[p])
+                for p in opts.decode_precisions
+                if p != "float32"
+            }
             for batch in opts.decode_batches:
                 g = torch.Generator().manual_seed(opts.seed)
                 prompts = torch.randint(3, cfg.model.vocab_size, (batch, n_prompt), generator=g).tolist()
@@ -151,6 +176,9 @@ def run_decode(opts: BenchOptions, log: Callable[[str], None] = lambda _m: None)
                 subjects = [
                     DecodeSubject(cfg.arch, impl, cfg, model, batch, prompts, n_new, compiled and impl == "decode")
                     for impl in IMPLS
+                ]
+                subjects += [
+                    DecodeSubject(cfg.arch, "decode", cfg, m, batch, prompts, n_new, compiled) for m in cast.values()
                 ]
                 if hf is not None:
                     subjects.append(
@@ -281,7 +309,7 @@ def _row(
     if isinstance(s, RunCSubject):
         notes = [
             f"threads={threads}",
-            "greedy, stops at BOS as run.c does (new_tokens is the limit); random weights",
+            "greedy, stops at BOS as run.c does (new_tokens is the limit); random weights, widened",
             "tok/s: run.c's own figure over every position after the first, prompt included; no separate prefill",
         ]
     else:
@@ -289,7 +317,7 @@ def _row(
         notes = [
             f"threads={threads}",
             f"{last.path} path, {how}",
-            "greedy, no stop ids: every row runs to its limit; random weights",
+            "greedy, no stop ids: every row runs to its limit; random weights, widened",
         ]
     return {
         "bench_id": bench_id,

@@ -12,6 +12,8 @@ from typing import Any
 
 from benchctl.core.errors import ConfigError
 
+INFERENCE_PRECISIONS = ("float32", "bfloat16", "float16")  # benchctl.core.runtime.INFERENCE_DTYPES (no torch here)
+
 
 @dataclass(frozen=True, kw_only=True)
 class BenchOptions:
@@ -34,6 +36,7 @@ class BenchOptions:
     decode_batches: tuple[int, ...] = (1, 16)  # rows generated together
     decode_prompt_tokens: int = 16  # prompt length of every row
     decode_new_tokens: int | None = None  # None: what the context leaves after the prompt
+    decode_precisions: tuple[str, ...] = ("float32", "bfloat16")  # the decode path's weights cast to each
     llama2c: Path | None = None  # a karpathy/llama2.c checkout: also time its run.c (runfast) on the llama2c export
 
     def __post_init__(self) -> None:
@@ -43,6 +46,12 @@ class BenchOptions:
             raise ConfigError(f"--prompt-tokens must be >= 1, got {self.decode_prompt_tokens}")
         if self.decode_new_tokens is not None and self.decode_new_tokens < 1:
             raise ConfigError(f"--new-tokens must be >= 1, got {self.decode_new_tokens}")
+        bad = [p for p in self.decode_precisions if p not in INFERENCE_PRECISIONS]
+        if bad or "float32" not in self.decode_precisions:
+            raise ConfigError(
+                f"--precisions takes a comma list of {', '.join(INFERENCE_PRECISIONS)} including float32 (what the "
+                f"others are compared with), got {','.join(self.decode_precisions)}"
+            )
         if self.llama2c is not None and not self.decode:
             raise ConfigError("--llama2c times run.c's generation: it goes with --decode")
         if self.threads is not None and self.threads < 1:

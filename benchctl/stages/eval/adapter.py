@@ -17,6 +17,8 @@
   `torch.random.fork_rng` seeded with `seed` mixed with a hash of the batch's tokens: the same requests with the same
   batch size give bit-identical log-likelihoods in any order and process, and the global torch RNG is left untouched.
   (A different batch size changes padding and so three-part's noise: `batch_size` is stored with every result.)
+- Precision: the weights are cast once to `dtype` (float32 unless given; `benchctl eval` passes the precision the
+  decode benchmark measured fastest on the device, or the user's `--precision`), never autocast per call.
 - Progress: one task per request type on the `Progress` it is given (lm-eval's own "Tokenizing" bar is not drawn).
 """
 
@@ -37,11 +39,11 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.utils import Collator, handle_stop_sequences, normalize_gen_kwargs
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-from architectures.generate import generate
+from architectures.generate import cast_for_inference, generate
 from benchctl.core import data as datamod
 from benchctl.core.checkpoint import load_model
 from benchctl.core.progress import Progress, as_progress
-from benchctl.core.runtime import resolve_device, resolve_precision
+from benchctl.core.runtime import INFERENCE_DTYPES, resolve_device
 from benchctl.stages.eval.options import DEFAULT_BATCH_SIZE
 
 DEFAULT_SEED = 1234  # seed mixed into every forward (three-part's random initial state)
@@ -77,6 +79,7 @@ class BenchctlLM(TemplateLM):
         tokenizer: datamod.Tokenizer | None = None,
         progress: bool | Progress = True,
         dtype: str | None = None,
+        dtype_reason: str | None = None,
     ) -> None:
         super().__init__()
         self._device = resolve_device(device or "auto", option="--device")
@@ -86,15 +89,20 @@ class BenchctlLM(TemplateLM):
             model, cfg, tok_path = load_model(Path(checkpoint), self._device)
             tokenizer = datamod.Tokenizer(tok_path)
             self.arch = cfg.arch
-            dtype = dtype or cfg.train.dtype
         else:
             if tokenizer is None:
                 raise ValueError("BenchctlLM(model=...) also needs tokenizer=")
             model = model.to(self._device).eval()
             self.arch = getattr(model, "name", type(model).__name__)
-        # The run's precision rule on this device (bf16 autocast where it is native, as in training); the
-        # log-probabilities are computed in fp32 either way. A bare model without a rule runs in fp32.
-        self.precision = resolve_precision(dtype or "float32", self._device)
+        # The weights are cast once (no autocast re-casting them at every call); `benchctl eval` passes the precision
+        # chosen from the decode benchmark's measurements, anything else gets float32 unless it names one. The
+        # log-probabilities are computed in fp32 either way.
+        name = "float32" if dtype in (None, "", "auto") else str(dtype)
+        if name not in INFERENCE_DTYPES:
+            raise ValueError(f"dtype must be auto or one of {', '.join(INFERENCE_DTYPES)}; got {dtype!r}")
+        self.dtype = name
+        self.dtype_reason = dtype_reason or (f"set: dtype={name}" if name == dtype else "default: float32")
+        model = cast_for_inference(model, INFERENCE_DTYPES[name])
         self.model = model
         self.tok = tokenizer
         self.checkpoint = str(checkpoint) if checkpoint is not None else None
@@ -169,7 +177,7 @@ class BenchctlLM(TemplateLM):
     @torch.no_grad()
     def _logprobs(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (B, T) -> log-probabilities (B, T, V), float32."""
-        with self._seeded(tokens), self.precision.autocast(self._device):
+        with self._seeded(tokens):
             logits, _ = self.model(tokens.to(self._device), n_recur=self.n_recur)  # (B, T, V)
         return F.log_softmax(logits.float(), dim=-1)
 
@@ -305,7 +313,7 @@ class BenchctlLM(TemplateLM):
         def should_stop(_row: int, new: list[int]) -> bool:
             return bool(until) and any(s in self.tok.decode(new) for s in until)
 
-        with self._seeded(idx), self.precision.autocast(self._device):
+        with self._seeded(idx):
             outs = generate(
                 self.model,
                 idx.tolist(),

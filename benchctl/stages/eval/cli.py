@@ -54,6 +54,14 @@ def eval_(
             help="CPU threads for torch (default: torch's choice; 1 is fastest for tiny models on a shared machine).",
         ),
     ] = None,
+    precision: Annotated[
+        str,
+        typer.Option(
+            "--precision",
+            help="Weights' dtype, cast once: auto (the fastest bench --decode measured on this hardware; float32 "
+            "without a measurement), float32, bfloat16 or float16.",
+        ),
+    ] = "auto",
     force: Annotated[bool, typer.Option("--force", help="Recompute results already in the database.")] = False,
     include_path: Annotated[
         list[Path] | None,
@@ -83,6 +91,7 @@ def eval_(
         include_paths=include_path or (),
         threads=threads,
         jobs=jobs,
+        precision=precision,
     )
     # lm_eval and torch, and sqlite_utils with pandas: kept out of 'benchctl --help'
     from benchctl import stages

@@ -37,8 +37,10 @@ from benchctl.core.checkpoint import CKPT_NAME, rng_state, run_dir, set_rng_stat
 from benchctl.core.config import RunConfig
 from benchctl.core.errors import EvalError
 from benchctl.core.progress import Progress, as_progress
+from benchctl.core.runtime import resolve_device
 from benchctl.core.telemetry import git_commit
 from benchctl.stages import RunSelection
+from benchctl.stages.bench.precision import choose_precision
 from benchctl.stages.eval import tables as eval_tables
 from benchctl.stages.eval.adapter import BenchctlLM
 from benchctl.stages.eval.options import EvalOptions
@@ -111,6 +113,7 @@ def result_rows(
     batch_size: int,
     versions: dict[str, str],
     dtype: str | None = None,
+    dtype_reason: str | None = None,
 ) -> list[dict[str, Any]]:
     """simple_evaluate's output -> eval_results rows (stderr "N/A" -> None)."""
     rows = []
@@ -148,6 +151,7 @@ def result_rows(
                     "lm_eval_version": lm_eval.__version__,
                     "created_at": created,
                     "dtype": dtype,
+                    "dtype_reason": dtype_reason,
                 }
             )
     return rows
@@ -352,12 +356,15 @@ class _Session:
     def evaluate(self, run: dict[str, Any], r: int, todo: list[str], index: TaskIndex, label: str) -> None:
         """Run lm-eval on one run's checkpoint and replace its rows for `todo` in one transaction."""
         opts, t_run = self.opts, time.perf_counter()
+        dtype, dtype_reason = choose_precision(self.db, opts.precision, resolve_device(opts.device, option="--device"))
         lm = BenchctlLM(
             checkpoint=run_dir(self.db_path, run["id"]) / CKPT_NAME,
             n_recur=r,
             batch_size=opts.batch_size,
             device=opts.device,
             progress=self.progress,
+            dtype=str(dtype).removeprefix("torch."),
+            dtype_reason=dtype_reason,
         )
         self.note(f"{label}: {', '.join(todo)}")
         with _quiet(), hub_offline(self.offline):
@@ -372,7 +379,14 @@ class _Session:
                 device=str(lm.device),
             )
         rows = result_rows(
-            results, run["id"], r, opts.limit, opts.batch_size, index.versions(), dtype=lm.precision.dtype
+            results,
+            run["id"],
+            r,
+            opts.limit,
+            opts.batch_size,
+            index.versions(),
+            dtype=lm.dtype,
+            dtype_reason=lm.dtype_reason,
         )
         done_tasks = {row["task"] for row in rows}
         eval_tables.replace_eval_results(

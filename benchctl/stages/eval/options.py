@@ -18,6 +18,7 @@ from benchctl.stages.train.executors import parse_jobs
 BUNDLED_TASKS = ("tinystories_ppl", "tinystories_ending", "tinystories_names", "tinystories_order")
 DEFAULT_DOCS = 200  # documents per bundled task
 DEFAULT_BATCH_SIZE = 32  # requests per forward pass
+PRECISIONS = ("auto", "float32", "bfloat16", "float16")
 
 
 def check_task_names(standard: Sequence[str]) -> None:
@@ -44,6 +45,7 @@ class EvalOptions:
     include_paths: Sequence[str | os.PathLike] = ()
     threads: int | None = None  # torch's CPU threads while evaluating (None: torch's choice)
     jobs: int | str = 1  # runs evaluated at once, each share in its own process (a number or "auto")
+    precision: str = "auto"  # weights' dtype, cast once; auto: the fastest bench --decode measured here, else fp32
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tasks", tuple(dict.fromkeys(self.tasks or BUNDLED_TASKS)))
@@ -62,6 +64,8 @@ class EvalOptions:
             if not p.is_dir():
                 raise EvalError(f"--include-path {p} is not a directory of lm-eval task YAMLs")
         parse_jobs(self.jobs)
+        if self.precision not in PRECISIONS:
+            raise EvalError(f"--precision must be one of {', '.join(PRECISIONS)}; got {self.precision!r}")
 
     @property
     def bundled(self) -> list[str]:

@@ -27,11 +27,27 @@ EVAL_RESULTS = Table(
         Column("batch_size", int, "requests per forward pass (padding can move scores)"),
         Column("lm_eval_version", str, "lm-eval version"),
         Column("created_at", str, "when it was computed (UTC)"),
-        Column("dtype", str, "precision the forward ran in: the run's rule on that device (empty: not recorded)"),
+        Column(
+            "dtype",
+            str,
+            "precision the forward ran in: the weights' dtype (before dtype_reason was recorded: the run's training "
+            "rule on that device, as autocast; empty: not recorded)",
+        ),
+        Column(
+            "dtype_reason",
+            str,
+            "why that precision: set by --precision, or measured fastest by bench --decode on the device (which "
+            "measurement), or float32 for want of one",
+        ),
     ),
     pk=("run_id", "task", "metric", "n_recur", "limit_n"),
     foreign_keys=(("run_id", "runs", "id"),),
     indexes=(("task",),),
+    # results stored before the weights were cast once ran under the run's training rule, as autocast
+    backfill={
+        "dtype_reason": "update eval_results set dtype_reason = 'autocast: the run''s training precision rule "
+        "(stored before eval cast the weights once)' where dtype is not null"
+    },
     facets=("task", "metric"),
 )
 

@@ -31,9 +31,10 @@ every token is predicted from a window the model was trained on. An explicit `--
 with a warning: from the end of the context the window slides as in llama2.c (the last `max_seq_len` tokens
 re-encoded every step, without a cache: slower, and text the model never learned to continue).
 
-Precision. The weights are cast once to the inference precision (`--precision`, default `auto`:
-`benchctl.core.runtime.inference_precision`, float32 on CPUs), never autocast per call; each sample records the
-dtype (`dtype`) and why (`dtype_reason`). Tokens are drawn from float32 probabilities either way.
+Precision. The weights are cast once to the inference precision (`--precision`, default `auto`: the precision
+`bench --decode` measured fastest on this hardware, float32 without a measurement;
+`benchctl.stages.bench.precision`), never autocast per call; each sample records the dtype (`dtype`) and why
+(`dtype_reason`). Tokens are drawn from float32 probabilities either way.
 
 Seeds. Each row draws its tokens from its own generator seeded by f(seed, prompt index), so a control, FraiLT or
 relaxed sample does not depend on which other prompts share its batch (up to floating-point differences between
@@ -80,8 +81,9 @@ from benchctl.core.config import RunConfig
 from benchctl.core.data import Tokenizer
 from benchctl.core.errors import ConfigError, DataError, EvalError
 from benchctl.core.progress import Progress, as_progress, silent
-from benchctl.core.runtime import inference_precision, resolve_device
+from benchctl.core.runtime import resolve_device
 from benchctl.stages import RunSelection
+from benchctl.stages.bench.precision import choose_precision
 from benchctl.stages.sample import tables as sample_tables
 from benchctl.stages.sample.options import DEFAULT_TEMPERATURE, SampleOptions
 from benchctl.stages.train import tables as train_tables
@@ -433,7 +435,7 @@ def sample_run(
     """Generate and store the missing batches of one run, one transaction per batch."""
     run_id = p.row["id"]
     model, cfg, tok_path = checkpoint.load_model(checkpoint.run_dir(db_path, run_id) / checkpoint.CKPT_NAME, device)
-    dtype, dtype_reason = inference_precision(settings.precision, device)
+    dtype, dtype_reason = choose_precision(db, settings.precision, device)
     cast_for_inference(model, dtype)  # once, for every batch: no autocast re-casting the weights at every step
     ctx = cfg.model.max_seq_len
     tok = Tokenizer(tok_path)

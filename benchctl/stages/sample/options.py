@@ -67,7 +67,7 @@ class SampleOptions:
     extrapolate: str | None = None  # None = each architecture's default rule past the trained depth
     exit_rule: str | None = None  # kl | latent: per-token adaptive exit, n_recur = maximum depth
     exit_threshold: float | None = None  # None with an exit rule = DEFAULT_EXIT_THRESHOLD
-    precision: str = "auto"  # weights' dtype for generation; auto = the inference rule for the device
+    precision: str = "auto"  # weights' dtype for generation; auto = the fastest bench --decode measured here
     compile: bool = False  # compile the decode step (torch.compile); does not change what is sampled
     device: str = "auto"
     jobs: int | str = 1  # runs sampled at once, each share in its own process (a number or "auto")

@@ -67,7 +67,12 @@ SAMPLES = Table(
         Column("exit_rule", str, "adaptive exit rule, kl or latent (empty: fixed depth)"),
         Column("exit_threshold", float, "adaptive exit threshold"),
         Column("mean_depth", float, "mean exit iteration over the positions processed (adaptive exit)"),
-        Column("dtype_reason", str, "why that precision: set by --precision, or the auto rule and the device"),
+        Column(
+            "dtype_reason",
+            str,
+            "why that precision: set by --precision, or measured fastest by bench --decode on the device (which "
+            "measurement), or float32 for want of one",
+        ),
         Column(
             "decode", str, "the generation path that ran: fast compiled, fast eager, or reference, and why if not fast"
         ),
