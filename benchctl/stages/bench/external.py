@@ -62,9 +62,11 @@ def transformers_unavailable() -> str | None:
 def load_hf(weights: Any, folder: Path, device: torch.device) -> torch.nn.Module:
     """The `hf` export of `weights`, written to `folder` and loaded back as a float32 `LlamaForCausalLM`."""
     from transformers import LlamaForCausalLM
+    from transformers.utils import logging as hf_logging
 
     from benchctl.export.hf import write_hf_model
 
+    hf_logging.disable_progress_bar()  # its weight-loading bar would break into the bench's log
     write_hf_model(weights, folder)
     model = LlamaForCausalLM.from_pretrained(str(folder), dtype=torch.float32).to(device).eval()
     gc = model.generation_config
