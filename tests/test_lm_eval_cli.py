@@ -121,6 +121,7 @@ def test_lm_eval_passthrough_prints_its_table_and_records(trained):
                 version,
             )
             assert r["value"] == pytest.approx(saved["results"]["tinystories_ppl"][f"{r['metric']},none"])
+            assert (r["dtype"], r["dtype_reason"]) == ("float32", "default: float32")  # no dtype in --model_args
         # The same documents through `benchctl eval` give the same numbers.
         opts = ev.EvalOptions(tasks=["tinystories_ppl"], limit=5, batch_size=16, device="cpu", force=True)
         summary = ev.evaluate_runs(handle, trained["db"], opts, progress=False)

@@ -92,6 +92,7 @@ def test_report_into_a_place_it_cannot_write_is_one_line(trained, capsys, out):
     "model_args, tasks, words",
     [
         (",n_recur=0", "tinystories_ppl", "n_recur must be an integer >= 1"),
+        (",dtype=fp8", "tinystories_ppl", "dtype must be auto or one of float32"),
         ("", "nosuchtask", "Tasks not found: nosuchtask"),
     ],
 )

@@ -59,6 +59,14 @@ def _as_int(name: str, value: Any, minimum: int = 1) -> int:
     return v
 
 
+def adapter_precision(dtype: str | None) -> tuple[str, str]:
+    """(dtype name, reason) of the adapter's weights for its `dtype` argument: float32 unless one is named."""
+    name = "float32" if dtype in (None, "", "auto") else str(dtype)
+    if name not in INFERENCE_DTYPES:
+        raise ValueError(f"dtype must be auto or one of {', '.join(INFERENCE_DTYPES)}; got {dtype!r}")
+    return name, f"set: dtype={name}" if name == dtype else "default: float32"
+
+
 @register_model("benchctl")
 class BenchctlLM(TemplateLM):
     """A benchctl checkpoint (any architecture) as an lm-eval language model."""
@@ -97,11 +105,8 @@ class BenchctlLM(TemplateLM):
         # The weights are cast once (no autocast re-casting them at every call); `benchctl eval` passes the precision
         # chosen from the decode benchmark's measurements, anything else gets float32 unless it names one. The
         # log-probabilities are computed in fp32 either way.
-        name = "float32" if dtype in (None, "", "auto") else str(dtype)
-        if name not in INFERENCE_DTYPES:
-            raise ValueError(f"dtype must be auto or one of {', '.join(INFERENCE_DTYPES)}; got {dtype!r}")
-        self.dtype = name
-        self.dtype_reason = dtype_reason or (f"set: dtype={name}" if name == dtype else "default: float32")
+        name, why = adapter_precision(dtype)
+        self.dtype, self.dtype_reason = name, dtype_reason or why
         model = cast_for_inference(model, INFERENCE_DTYPES[name])
         self.model = model
         self.tok = tokenizer

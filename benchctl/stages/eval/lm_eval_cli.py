@@ -39,6 +39,7 @@ from benchctl.core.config import RunConfig
 from benchctl.core.errors import ConfigError, DatabaseError, EvalError
 from benchctl.stages.eval import api as ev  # importing it registers the "benchctl" model with lm-eval
 from benchctl.stages.eval import tables as eval_tables
+from benchctl.stages.eval.adapter import adapter_precision
 from benchctl.stages.train import tables as train_tables
 
 
@@ -62,6 +63,10 @@ def _parse(argv: list[str]):
 
 def _check_model_args(model_args: dict[str, Any]) -> None:
     """The benchctl model's own arguments, checked before lm-eval builds it (where a bad one is a traceback)."""
+    try:
+        adapter_precision(model_args.get("dtype"))
+    except ValueError as e:
+        raise ConfigError(f"--model_args {e}") from None
     raw = model_args.get("n_recur")
     if raw in (None, ""):
         return
@@ -134,6 +139,8 @@ class _Record:
     run_id: str
     n_recur: int
     limit: int | None
+    dtype: str  # the adapter's weights, as its dtype argument makes them (adapter_precision)
+    dtype_reason: str
 
 
 def _prepare_record(args, source: _Checkpoint | None, db_path: Path) -> _Record:
@@ -159,8 +166,15 @@ def _prepare_record(args, source: _Checkpoint | None, db_path: Path) -> _Record:
         )
     raw = (args.model_args or {}).get("n_recur")
     n_recur = int(raw) if raw not in (None, "") else int(source.cfg.model.n_recur)
+    dtype, dtype_reason = adapter_precision((args.model_args or {}).get("dtype"))
     return _Record(
-        db=db, db_path=db_path, run_id=source.run_id, n_recur=n_recur, limit=None if limit is None else int(limit)
+        db=db,
+        db_path=db_path,
+        run_id=source.run_id,
+        n_recur=n_recur,
+        limit=None if limit is None else int(limit),
+        dtype=dtype,
+        dtype_reason=dtype_reason,
     )
 
 
@@ -170,7 +184,16 @@ def _store(rec: _Record, results: dict[str, Any], versions: dict[str, str]) -> i
         batch_size = int(config.get("batch_size"))
     except (TypeError, ValueError):  # "auto" or absent: the adapter's own default applied
         batch_size = ev.DEFAULT_BATCH_SIZE
-    rows = ev.result_rows(results, rec.run_id, rec.n_recur, rec.limit, batch_size, versions)
+    rows = ev.result_rows(
+        results,
+        rec.run_id,
+        rec.n_recur,
+        rec.limit,
+        batch_size,
+        versions,
+        dtype=rec.dtype,
+        dtype_reason=rec.dtype_reason,
+    )
     tasks = {r["task"] for r in rows} | set(results.get("results", {}))
     eval_tables.replace_eval_results(rec.db, rows, {(rec.run_id, t) for t in tasks}, rec.n_recur, rec.limit or 0)
     return len(rows)
