@@ -415,6 +415,25 @@ def test_bench_rows_from_before_decode_timing_become_training_rows(tmp_path):
     db.conn.close()
 
 
+def test_decode_rows_from_before_impl_detail_name_benchctls_paths(tmp_path):
+    path = tmp_path / "old.db"
+    stages.connect(path).conn.close()
+    conn = sqlite3.connect(path)
+    with conn:  # a database from before impl_detail: decode rows of the two benchctl paths, and a training row
+        conn.execute("alter table bench drop column impl_detail")
+        for impl, mode in (("decode", "decode"), ("decode-reference", "decode"), ("benchctl", "train")):
+            conn.execute("insert into bench (bench_id, arch, impl, mode) values ('b1', 'control', ?, ?)", [impl, mode])
+    conn.close()
+    db = stages.connect(path)
+    got = dict(db.execute("select impl, impl_detail from bench").fetchall())
+    assert got == {
+        "decode": "benchctl architectures.generate, decode path (fast=True)",
+        "decode-reference": "benchctl architectures.generate, reference loop (fast=False)",
+        "benchctl": None,
+    }
+    db.conn.close()
+
+
 def test_migration_names_the_judge_of_grades_stored_before_judges_were_named(tmp_path):
     """Grades from before a judge was named by backend were all Gemini's: the added columns say so; where they were
     sent and which revision answered were not recorded, and stay empty."""

@@ -78,7 +78,14 @@ BENCH = Table(
         ),
     ),
     pk="id",
-    backfill={"mode": "update bench set mode = 'train' where mode is null"},
+    backfill={
+        "mode": "update bench set mode = 'train' where mode is null",
+        # decode rows from before impl_detail: only benchctl's two paths existed
+        "impl_detail": "update bench set impl_detail = case impl "
+        "when 'decode' then 'benchctl architectures.generate, decode path (fast=True)' "
+        "when 'decode-reference' then 'benchctl architectures.generate, reference loop (fast=False)' end "
+        "where mode = 'decode'",
+    },
     facets=("arch", "impl", "mode"),
     report_where="coalesce(mode, 'train') = 'train'",  # the report's cost and timing read training steps
 )
