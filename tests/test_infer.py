@@ -8,9 +8,11 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from fixtures_db import build_fixture_db
 
 from benchctl.core.errors import ConfigError
+from benchctl.stages.infer.latent import states, trace_latents
 from benchctl.stages.infer.options import DEFAULT_KV, DEFAULT_THRESHOLDS, InferOptions, parse_kv
 from benchctl.stages.infer.tables import browse_queries
 from benchctl.stages.report import engine as report
@@ -47,6 +49,38 @@ def test_bad_options_name_their_flag(bad, says):
     assert says in str(e.value)
 
 
+# ---- latent view ---------------------------------------------------------------------------------------------------
+
+RECURRENT = ["frailt", "three-part", "relaxed", "huginn", "trm"]
+
+
+@pytest.mark.parametrize("arch", RECURRENT)
+def test_latent_states_are_the_ones_the_forward_reads_out(arch, tiny_model):
+    """The last traced state, through the coda, final norm and head, gives the model's own logits; the stored
+    convergence is the relative change between consecutive traced states."""
+    model = tiny_model(arch).eval()
+    w = torch.randint(0, 512, (2, 13), generator=torch.Generator().manual_seed(3))
+    st = states(model, w[:1, :-1], seed=5)
+    n = model.resolve_n_recur(None)
+    assert st.shape[:2] == (n + 1, 12)  # the state is (T, d) or wider (trm carries two)
+    cos, sin = model.rope_cos[:12], model.rope_sin[:12]
+    torch.manual_seed(5)
+    with torch.no_grad():
+        ref = model(w[:1, :-1])[0]
+        got = model.output(model.norm(model.coda(st[-1][None], cos, sin, None)))
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+    rows = trace_latents(model, w, n_tokens=3, seed=5)
+    assert len(rows) == 2 and rows[0]["n_recur"] == n and rows[0]["tokens"] == 12
+    conv = torch.tensor(json.loads(rows[0]["convergence_json"]))
+    want = (st[1:] - st[:-1]).norm(dim=-1) / st[1:].norm(dim=-1)
+    torch.testing.assert_close(conv, want, rtol=1e-4, atol=1e-5)
+    assert json.loads(rows[0]["positions_json"]) == [0, 6, 11]
+    xy = json.loads(rows[0]["pca_json"])
+    assert len(xy) == 3 and all(len(traj) == n + 1 and len(traj[0]) == 2 for traj in xy)
+    explained = json.loads(rows[0]["explained"])
+    assert 0 < explained[1] <= explained[0] and sum(explained) <= 1 + 1e-9
+
+
 # ---- browse and report -----------------------------------------------------------------------------------------------
 
 
@@ -78,4 +112,3 @@ def test_report_section_renders_on_a_fixture(tmp_path):
     assert "one seed, so about that trained model only" in _section(one.markdown, "Inference cost")
     empty = report.build(build_fixture_db(tmp_path / "none.db", seeds=(0,), judge=False, evals=False)).markdown
     assert "No inference rows" in _section(empty, "Inference cost")
-    assert json  # noqa: B018 (json is used by the end-to-end tests below)

@@ -51,6 +51,7 @@ from benchctl.core.errors import DataError, EvalError
 from benchctl.core.progress import Progress, as_progress, silent
 from benchctl.core.runtime import resolve_device
 from benchctl.stages.infer import tables as infer_tables
+from benchctl.stages.infer.latent import trace_latents
 from benchctl.stages.infer.options import InferOptions
 from benchctl.stages.train import tables as train_tables
 
@@ -279,47 +280,6 @@ def measure(
     }
     row["seconds"] = time.perf_counter() - t0
     return row
-
-
-def trace_latents(model: Any, windows: torch.Tensor, n_tokens: int, seed: int) -> list[dict[str, Any]]:
-    """The latent view's data for each window (N, T+1) at the trained depth: per-position convergence across
-    iterations and the PCA projection of `n_tokens` evenly spaced positions' states (see the module docstring)."""
-    n = model.resolve_n_recur(None)
-    rule = model.resolve_extrapolate(None)
-    out = []
-    for w in windows:
-        x = w[None, :-1]
-        T = x.shape[1]
-        cos, sin = model.rope_cos[:T], model.rope_sin[:T]
-        torch.manual_seed(seed)
-        with torch.no_grad():
-            s, ctx = model.prelude(model.embed(x), cos, sin, None)
-            states = [s[0].float()]
-            for t in range(n):
-                s = model.core_step(s, ctx, t, cos, sin, None, rule)
-                states.append(s[0].float())
-        st = torch.stack(states)  # (n+1, T, d)
-        conv = (st[1:] - st[:-1]).norm(dim=-1) / st[1:].norm(dim=-1).clamp_min(1e-12)  # (n, T)
-        k = min(n_tokens, T)
-        positions = sorted({round(i * (T - 1) / max(k - 1, 1)) for i in range(k)})
-        pts = st[:, positions].transpose(0, 1).reshape(-1, st.shape[-1]).double()  # (P*(n+1), d)
-        centred = pts - pts.mean(0, keepdim=True)
-        _, sv, vh = torch.linalg.svd(centred, full_matrices=False)
-        xy = (centred @ vh[:2].T).reshape(len(positions), n + 1, -1)
-        var = sv**2
-        explained = (var[:2] / var.sum().clamp_min(1e-300)).tolist()
-        out.append(
-            {
-                "n_recur": n,
-                "tokens": T,
-                "token_ids_json": json.dumps(x[0].tolist()),
-                "convergence_json": json.dumps([[round(float(v), 6) for v in r] for r in conv]),
-                "positions_json": json.dumps(positions),
-                "pca_json": json.dumps([[[round(float(v), 5) for v in p[:2]] for p in traj] for traj in xy]),
-                "explained": json.dumps([round(e, 5) for e in explained]),
-            }
-        )
-    return out
 
 
 def measure_run(
