@@ -6,6 +6,7 @@ agreement against full depth, the latent view; a rerun measures nothing), its br
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -112,3 +113,115 @@ def test_report_section_renders_on_a_fixture(tmp_path):
     assert "one seed, so about that trained model only" in _section(one.markdown, "Inference cost")
     empty = report.build(build_fixture_db(tmp_path / "none.db", seeds=(0,), judge=False, evals=False)).markdown
     assert "No inference rows" in _section(empty, "Inference cost")
+
+
+# ---- the stage end to end --------------------------------------------------------------------------------------------
+
+SMALL = dict(
+    batch=3,
+    single=1,
+    prompt_tokens=6,
+    new_tokens=5,
+    windows=4,
+    thresholds="0,1e-2",
+    kv="full,last",
+    drafts="1",
+    latent_sequences=1,
+    latent_tokens=3,
+)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tinystories_dir):
+    root = tmp_path_factory.mktemp("infer")
+    from benchctl.cli import main
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("BENCHCTL_CACHE", str(root / "cache"))
+        mp.delenv("BENCHCTL_DB", raising=False)
+        with pytest.raises(SystemExit) as exc:
+            main(
+                [
+                    "train-all",
+                    "--preset",
+                    "tiny",
+                    "--archs",
+                    "control,frailt",
+                    "--data",
+                    str(tinystories_dir),
+                    "--db",
+                    str(root / "results" / "results.db"),
+                    "--set",
+                    "train.max_steps=2",
+                    "--set",
+                    "train.warmup_steps=1",
+                    "--no-progress",
+                    "--yes",
+                ]
+            )
+        assert exc.value.code in (0, None)
+    return root
+
+
+@pytest.fixture
+def results(trained, tmp_path, monkeypatch):
+    monkeypatch.setenv("BENCHCTL_CACHE", str(trained / "cache"))
+    shutil.copytree(trained / "results", tmp_path / "results")
+    return tmp_path / "results" / "results.db"
+
+
+def test_infer_measures_every_setting_once_and_resumes(results):
+    from benchctl import stages
+    from benchctl.stages.infer import engine
+
+    db = stages.connect(results)
+    s = engine.infer_all(db, results, InferOptions(**SMALL), progress=False)
+    rows = list(db.query("select i.*, r.arch from inference_results i join runs r on r.id = i.run_id"))
+    assert len(rows) == len(s.rows) == 6 and not s.unsupported
+    control = [r for r in rows if r["arch"] == "control"]
+    frailt = {r["setting"]: r for r in rows if r["arch"] == "frailt"}
+    assert [r["setting"] for r in control] == ["full depth"] and control[0]["agreement"] == 1.0
+    assert len(frailt) == 5  # full depth, threshold 0 under last, 1e-2 under full and last, one draft
+    full = frailt["full depth"]
+    assert (full["prompts"], full["single"], full["prompt_tokens"], full["new_tokens"], full["windows"]) == (
+        3,
+        1,
+        6,
+        5,
+        4,
+    )
+    assert len(json.loads(full["tokens_json"])) == 3 and full["kv_bytes_per_1k"] > 0 and full["flops_per_token"] > 0
+    for r in rows:
+        assert r["tokens_per_s_1"] > 0 and r["tokens_per_s_batch"] > 0 and r["val_loss"] > 0
+        assert 0 <= r["agreement"] <= 1
+    assert all(1 <= r["mean_depth"] <= r["n_recur"] for r in frailt.values())
+    spec = [r for r in frailt.values() if r["kind"] == "speculative"]
+    assert len(spec) == 1 and spec[0]["draft_n_recur"] == 1 and spec[0]["agreement"] == 1.0  # greedy is exact
+    assert spec[0]["val_loss"] == full["val_loss"] and spec[0]["proposed"] >= spec[0]["accepted"] >= 0
+    zero = next(r for r in frailt.values() if r["kind"] == "plain" and r["exit_threshold"] == 0 and r["kv"] == "last")
+    assert zero["agreement"] == 1.0 and zero["val_loss"] == full["val_loss"]  # nothing exits at threshold 0
+    lat = list(db.query("select l.*, r.arch from inference_latents l join runs r on r.id = l.run_id"))
+    assert [(r["arch"], r["sequence"]) for r in lat] == [("frailt", 0)] and s.latents == 1
+    assert len(json.loads(lat[0]["convergence_json"])) == lat[0]["n_recur"]
+    again = engine.infer_all(db, results, InferOptions(**SMALL), progress=False)
+    assert (len(again.rows), again.skipped, again.latents) == (0, 6, 0)
+    # resumable: a lost row is measured again, its agreement against the stored full-depth tokens
+    db.conn.execute("delete from inference_results where setting = ?", [spec[0]["setting"]])
+    db.conn.commit()
+    resumed = engine.infer_all(db, results, InferOptions(**SMALL), progress=False)
+    assert [r["setting"] for r in resumed.rows] == [spec[0]["setting"]] and resumed.rows[0]["agreement"] == 1.0
+
+
+def test_cli_prints_the_rows_and_errors_are_one_line(results, capsys):
+    from benchctl import cli
+
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["infer", "--db", str(results), "--no-progress", "--kv", "lastt"])
+    err = capsys.readouterr().err
+    assert exc.value.code == ConfigError.exit_code and "--kv: unknown strategy 'lastt'" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    argv = ["infer", "--db", str(results), "--no-progress", "--archs", "control", "--batch", "2", "--single", "1"]
+    with pytest.raises(SystemExit) as exc:
+        cli.main([*argv, "--new-tokens", "3", "--windows", "2"])
+    out = capsys.readouterr().out
+    assert exc.value.code in (0, None) and "full depth" in out and "1 measured, 0 already stored" in out

@@ -171,6 +171,7 @@ def plan(
                 f"run {row['id']} was trained on data {row['data_fingerprint'][:12]}, but its source "
                 f"{cfg.data.source} now gives {prepared.fingerprint[:12]}; restore the original data"
             )
+        # the run's fixed validation set (as `train` evaluates on), longer only when the prompts need more windows
         need = max(opts.batch, sizes["windows"], opts.latent_sequences, 1)
         win = data.val_windows(
             prepared.valid_tokens(), cfg.model.max_seq_len, max(need, cfg.eval.val_windows), cfg.eval.val_seed
@@ -186,7 +187,7 @@ def _generate(model: Any, m: Measured, prompts: list[list[int]], new: int, seed:
     torch.manual_seed(seed)  # random initial states (three-part) draw the same numbers for every setting
     with torch.no_grad():
         if m.speculative:
-            return inf.speculative_generate(model, prompts, new, draft=m.draft, k=m.k, verify=m.setting)
+            return inf.speculative_generate(model, prompts, new, draft=m.draft, k=m.k)  # verified at full depth
         return inf.generate_adaptive(model, prompts, new, m.setting, temperature=0.0)
 
 
@@ -194,17 +195,18 @@ def _rate(tokens: float, seconds: float) -> float | None:
     return tokens / seconds if seconds > 0 else None
 
 
-def _peak_start(device: torch.device) -> None:
+def _peak_start(device: torch.device) -> bool:
+    """Start a peak-memory phase; False where only the process's lifetime peak can be read."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    else:
-        telemetry.reset_peak_rss()
+        return True
+    return telemetry.reset_peak_rss()
 
 
-def _peak(device: torch.device) -> tuple[int | None, str]:
+def _peak(device: torch.device, phase: bool) -> tuple[int | None, str]:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device)), "cuda-allocated"
-    return telemetry.run_peak_rss_bytes(), "process-rss"
+    return telemetry.run_peak_rss_bytes(), "process-rss" if phase else "process-rss-lifetime"
 
 
 def teacher_forced(model: Any, windows: torch.Tensor, batch_size: int, setting: Any, seed: int) -> dict[str, float]:
@@ -243,9 +245,9 @@ def measure(
     t0 = time.perf_counter()
     _generate(model, m, prompts[:1], min(new, 4), seed)  # warm-up: first-call costs stay out of the timings
     singles = [_generate(model, m, [p], new, seed) for p in prompts[: sizes["single"]]]
-    _peak_start(device)
+    phase = _peak_start(device)
     batched = _generate(model, m, prompts, new, seed)
-    peak, source = _peak(device)
+    peak, source = _peak(device, phase)
     cached = sum(len(p) + len(t) for p, t in zip(prompts, batched.tokens))
     tf = teacher_forced(model, windows[: sizes["windows"]], int(cfg.eval.val_batch_size), m.setting, seed)
     row = {

@@ -45,7 +45,12 @@ INFERENCE_RESULTS = Table(
         Column(
             "peak_mem_bytes", int, "peak memory of the batched generation (CUDA: allocated; CPU: process RSS)", "bytes"
         ),
-        Column("peak_mem_source", str, "what peak_mem_bytes measures: cuda-allocated or process-rss"),
+        Column(
+            "peak_mem_source",
+            str,
+            "what peak_mem_bytes measures: cuda-allocated, process-rss (since the generation began) or "
+            "process-rss-lifetime (where the kernel cannot reset the peak)",
+        ),
         Column("kv_bytes", int, "KV-cache bytes held by the batched generation", "bytes"),
         Column("kv_bytes_per_1k", float, "KV-cache bytes per 1,000 cached tokens", "bytes"),
         Column("flops_per_token", float, "forward FLOPs spent per generated token (batched generation)", "FLOPs/token"),
