@@ -152,6 +152,7 @@ class Huginn(BaseLM):
     label = "Huginn"
     description = "recurrent depth as released: sandwich blocks, random state, sampled depth, truncated backprop"
     draws_random_state = True  # the initial state is drawn per row, fresh every forward
+    warm_startable = True  # s0 is drawn, the token enters every step through e
 
     @classmethod
     def default_n_recur(cls, args: Any) -> int:
