@@ -450,12 +450,12 @@ def _depth_rows(rid: str, arch: str, trained: int, final: float, seed: int) -> l
 # settings all cost loss; three-part has no cheaper setting at all.
 _INFER = {
     "frailt": (
-        ("exit kl<0.001 kv last", "plain", 1e-3, "last", 0, 0.6, 1.0, 0.001, 0.97),
-        ("exit kl<0.01 kv first", "plain", 1e-2, "first", 0, 0.4, 0.25, 0.06, 0.8),
-        ("speculative draft depth 1 k=4", "speculative", 0.0, "full", 1, 1.2, 1.0, 0.0, 1.0),
+        ("n=trained exit=0.001 rule=kl kv=last", "plain", 1e-3, "last", 0, 0.6, 1.0, 0.001, 0.97),
+        ("n=trained exit=0.01 rule=kl kv=first", "plain", 1e-2, "first", 0, 0.4, 0.25, 0.06, 0.8),
+        ("speculative draft n=1 k=4", "speculative", 0.0, "full", 1, 1.2, 1.0, 0.0, 1.0),
     ),
-    "relaxed": (("exit kl<0.01 kv last", "plain", 1e-2, "last", 0, 0.5, 1.0, 0.08, 0.7),),
-    "three-part": (("speculative draft depth 1 k=4", "speculative", 0.0, "full", 1, 1.3, 1.0, 0.0, 1.0),),
+    "relaxed": (("n=trained exit=0.01 rule=kl kv=last", "plain", 1e-2, "last", 0, 0.5, 1.0, 0.08, 0.7),),
+    "three-part": (("speculative draft n=1 k=4", "speculative", 0.0, "full", 1, 1.3, 1.0, 0.0, 1.0),),
 }
 
 

@@ -92,9 +92,8 @@ def settings_for(arch_cls: Any, opts: InferOptions) -> list[Measured]:
             for kv in opts.kv:
                 if thr == 0 and kv == "full" and not w:
                     continue
-                out.append(
-                    Measured(inf.InferenceSetting(exit_threshold=thr, exit_rule=opts.exit_rule, kv=kv, warm_start=w))
-                )
+                rule = opts.exit_rule if thr > 0 else None  # threshold 0: no token exits, whatever the rule
+                out.append(Measured(inf.InferenceSetting(exit_threshold=thr, exit_rule=rule, kv=kv, warm_start=w)))
     out += [Measured(inf.InferenceSetting(), inf.InferenceSetting(n_recur=d), opts.spec_k) for d in opts.drafts]
     return out
 
@@ -248,7 +247,6 @@ def measure(
     phase = _peak_start(device)
     batched = _generate(model, m, prompts, new, seed)
     peak, source = _peak(device, phase)
-    cached = sum(len(p) + len(t) for p, t in zip(prompts, batched.tokens))
     tf = teacher_forced(model, windows[: sizes["windows"]], int(cfg.eval.val_batch_size), m.setting, seed)
     row = {
         "kind": "speculative" if m.speculative else "plain",
@@ -270,7 +268,8 @@ def measure(
         "peak_mem_bytes": peak,
         "peak_mem_source": source,
         "kv_bytes": int(batched.kv_bytes),
-        "kv_bytes_per_1k": 1000.0 * batched.kv_bytes / cached if cached else None,
+        # per cached position and row, as the strategy declares it (the engine's tests hold kv_bytes to it)
+        "kv_bytes_per_1k": 1000.0 * inf.kv_bytes_per_token(model, m.setting),
         "flops_per_token": float(batched.flops_per_token),
         "mean_depth": float(batched.mean_depth),
         **tf,

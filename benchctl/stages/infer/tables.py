@@ -51,10 +51,19 @@ INFERENCE_RESULTS = Table(
             "what peak_mem_bytes measures: cuda-allocated, process-rss (since the generation began) or "
             "process-rss-lifetime (where the kernel cannot reset the peak)",
         ),
-        Column("kv_bytes", int, "KV-cache bytes held by the batched generation", "bytes"),
-        Column("kv_bytes_per_1k", float, "KV-cache bytes per 1,000 cached tokens", "bytes"),
+        Column(
+            "kv_bytes",
+            int,
+            "peak KV-cache bytes the batched generation held (speculative: prompts one at a time, the largest)",
+            "bytes",
+        ),
+        Column("kv_bytes_per_1k", float, "KV-cache bytes the setting holds per 1,000 cached tokens of a row", "bytes"),
         Column("flops_per_token", float, "forward FLOPs spent per generated token (batched generation)", "FLOPs/token"),
-        Column("mean_depth", float, "mean iterations a generated token ran"),
+        Column(
+            "mean_depth",
+            float,
+            "mean iterations computed per generated token (speculative: drafts and verifications together)",
+        ),
         Column("val_loss", float, "teacher-forced validation loss under the setting", "nats/token"),
         Column("val_flops_per_token", float, "forward FLOPs spent per token of the teacher-forced loss", "FLOPs/token"),
         Column("val_mean_depth", float, "mean iterations per token of the teacher-forced loss"),
