@@ -90,28 +90,16 @@ def infer(
         stages.connect(path, create=False), path, opts, progress=Progress(enabled=progress, console=console)
     )
     t = Table(title="inference cost (rows measured by this call)", title_justify="left", box=box.SIMPLE_HEAD)
-    heads = (
-        "arch",
-        "seed",
-        "setting",
-        "tok/s b1",
-        f"tok/s b{opts.batch}",
-        "KV KB/1k tok",
-        "MFLOP/tok",
-        "depth",
-        "loss",
-        "agree",
-    )
-    for head in heads:
-        t.add_column(head, justify="left" if head in ("arch", "setting") else "right", no_wrap=True)
+    heads = ("run", "setting", "tok/s b1", f"tok/s b{opts.batch}", "KV KB/1k", "MFLOP/tok", "depth", "loss", "agree")
+    for head in heads:  # the settings' labels are long: they wrap, the numbers do not
+        t.add_column(head, justify="left" if head in ("run", "setting") else "right", no_wrap=head != "setting")
 
     def num(v: float | None, fmt: str) -> str:
         return "-" if v is None else format(v, fmt)
 
     for r in s.rows:
         t.add_row(
-            r["arch"],
-            str(r["seed"]),
+            f"{r['arch']} s{r['seed']}",
             r["setting"],
             num(r["tokens_per_s_1"], ",.0f"),
             num(r["tokens_per_s_batch"], ",.0f"),

@@ -39,7 +39,10 @@ INFERENCE_RESULTS = Table(
         Column("tokens_per_s_1", float, "decode tokens per second at batch 1 (prefill excluded)", "tokens/s"),
         Column("prefill_tokens_per_s_1", float, "prefill prompt tokens per second at batch 1", "tokens/s"),
         Column(
-            "tokens_per_s_batch", float, "decode tokens per second at batch `prompts` (prefill excluded)", "tokens/s"
+            "tokens_per_s_batch",
+            float,
+            "decode tokens per second at batch `prompts`, prefill excluded (speculative: the prompts one after another)",
+            "tokens/s",
         ),
         Column("prefill_tokens_per_s_batch", float, "prefill prompt tokens per second at batch `prompts`", "tokens/s"),
         Column(
