@@ -41,7 +41,7 @@ INFERENCE_RESULTS = Table(
         Column(
             "tokens_per_s_batch",
             float,
-            "decode tokens per second at batch `prompts`, prefill excluded (speculative: the prompts one after another)",
+            "decode tokens per second at batch `prompts`, prefill excluded (speculative: the prompts one by one)",
             "tokens/s",
         ),
         Column("prefill_tokens_per_s_batch", float, "prefill prompt tokens per second at batch `prompts`", "tokens/s"),
