@@ -273,7 +273,8 @@ def measure(
         "flops_per_token": float(batched.flops_per_token),
         "mean_depth": float(batched.mean_depth),
         **tf,
-        "agreement": 1.0 if reference is None else agreement(batched.tokens, reference),
+        # full depth is its own reference; without a stored full-depth row there is nothing to agree with
+        "agreement": 1.0 if m.label == FULL else None if reference is None else agreement(batched.tokens, reference),
         "proposed": getattr(batched, "proposed", None),
         "accepted": getattr(batched, "accepted", None),
         "acceptance_rate": getattr(batched, "acceptance_rate", None),
@@ -311,7 +312,7 @@ def measure_run(
             summary.unsupported.append((p.row["id"], m.label, reason))
             on_row(None)
             continue
-        row = measure(model, m, prompts, p.sizes, windows, cfg, device, reference if m.label != FULL else None)
+        row = measure(model, m, prompts, p.sizes, windows, cfg, device, reference)
         if m.label == FULL:
             reference = json.loads(row["tokens_json"])
         row = {"run_id": p.row["id"], "setting": m.label, **p.sizes, **row}
