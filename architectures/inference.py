@@ -16,7 +16,7 @@ What an active token at iteration i attends to, for every earlier position, is a
   position, the latest iteration that wrote it (an exited position's last computed entry fills every slot it would
   have written later, as for `last`);
 - `first`: every iteration reads the entries of the first iteration (one slot per core block call); later iterations
-  compute their queries from the current state and write nothing.
+  compute only their queries from the current state (no key or value projections: `StaticKVCache.reuses_kv`).
 
 The blocks outside the recurrence (prelude, coda) keep one slot per block call, as in `generate`. Every strategy at
 threshold 0 (no token exits) is its own non-skipping reference (tests/test_inference.py writes those references out
@@ -239,6 +239,10 @@ class _Cache(StaticKVCache):
     def begin_phase(self, phase: str, iteration: int = 0) -> None:
         self.phase, self.calls = (phase, iteration), 0
 
+    def reuses_kv(self) -> bool:
+        # `first` past the first iteration: the block computes its queries only
+        return self.kind == "first" and self.phase[0] == "r" and self.phase[1] > 0
+
     def _key(self, j: int) -> tuple[tuple[Any, ...], bool]:
         """(slot key of block call j of the current phase, whether this call writes it)."""
         phase, it = self.phase
@@ -258,12 +262,17 @@ class _Cache(StaticKVCache):
             self.slots[key] = (z, z.clone())
         return self.slots[key]
 
-    def write(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def write(self, k: torch.Tensor | None, v: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.widx is None or self.qmask is None:
             raise RuntimeError("the engine sets the queries before a forward")
         key, writes = self._key(self.calls)
         self.calls += 1
         self.writes += 1
+        if k is None or v is None:
+            if writes or key not in self.slots:
+                raise RuntimeError(f"block call {key} has no stored keys and values to reuse")
+            ck, cv = self.slots[key]
+            return ck[:, :, : self.L], cv[:, :, : self.L], self.qmask
         ck, cv = self._slot(key, k)
         if writes:
             B, H, m, D = k.shape

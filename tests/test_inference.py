@@ -362,7 +362,16 @@ def test_each_strategy_holds_the_cache_it_declares(models, arch):
             positions = 4 + 5 - 1  # the last new token is never fed
             assert got.kv_bytes == kv_bytes_per_token(model, setting) * 2 * positions, (kv, threshold)
     a = model.args
-    assert kv_bytes_per_token(model, InferenceSetting()) == slots["full"] * a.n_kv_heads * (a.dim // a.n_heads) * 2 * 4
+    kv_width = a.n_kv_heads * (a.dim // a.n_heads)
+    assert kv_bytes_per_token(model, InferenceSetting()) == slots["full"] * kv_width * 2 * 4
+    # `first` computes no keys or values past the first iteration: two projections fewer per step call
+    tokens = batch(8)
+    full = evaluate_adaptive(model, tokens, tokens, InferenceSetting())
+    first = evaluate_adaptive(model, tokens, tokens, InferenceSetting(kv="first"))
+    per_projection = 2.0 * a.dim * kv_width
+    if arch == "relaxed":  # and their LoRA deltas
+        per_projection += 2.0 * model.arch_args.lora_rank * (a.dim + kv_width)
+    assert full[1] - first[1] == pytest.approx((n - 1) * step * 2 * per_projection, rel=1e-9)
 
 
 @pytest.mark.parametrize("arch", architectures.names())
