@@ -162,6 +162,9 @@ class InferenceResult:
     prefill_seconds: float
     decode_seconds: float
     new_tokens: int
+    # mean exit depth over the same tokens (the iteration each token's state froze at); equals mean_depth except
+    # under `full`, which computes every iteration of an exited token too
+    mean_exit_depth: float = 0.0
 
 
 @dataclass
@@ -431,12 +434,14 @@ class _Engine:
         self.rows = rows
         self.flops = 0.0  # spent since the last `take`
         self.depth_sum = 0.0  # iterations computed since the last `take` (token-iterations)
+        self.exit_sum = 0.0  # exit depths since the last `take`, summed over tokens
         self.kv_peak = 0
         self.last_state: torch.Tensor | None = None  # (B, 1, ds): each row's final state of its last token
 
-    def take(self) -> tuple[float, float]:
-        out = (self.flops, self.depth_sum)
-        self.flops, self.depth_sum = 0.0, 0.0
+    def take(self) -> tuple[float, float, float]:
+        """(FLOPs, iterations computed, exit depths) since the last call, summed over tokens."""
+        out = (self.flops, self.depth_sum, self.exit_sum)
+        self.flops, self.depth_sum, self.exit_sum = 0.0, 0.0, 0.0
         return out
 
     def select_rows(self, keep: torch.Tensor) -> None:
@@ -452,6 +457,7 @@ class _Engine:
             hs, ds = zip(*(self.forward(tokens[:, i : i + 1], setting) for i in range(tokens.shape[1])))
             return torch.cat(hs, 1), torch.cat(ds, 1)
         h, depths = self._forward(tokens, setting)
+        self.exit_sum += float(depths.sum())
         self.kv_peak = max(self.kv_peak, self.cache.bytes_held(self.rows))
         return h, depths
 
@@ -623,7 +629,7 @@ def generate_adaptive(
         logits = model.output(model.norm(h[:, -1]))
         eng.flops += _costs(model, setting).head * B
         t1 = _clock(device)
-        pre_flops, pre_depth = eng.take()
+        pre_flops, pre_depth, pre_exit = eng.take()
         pre_tokens = B * T
         fed = 0
         while True:
@@ -656,9 +662,12 @@ def generate_adaptive(
             eng.flops += _costs(model, setting).head * len(live)
             fed += len(live)
         t2 = _clock(device)
-    dec_flops, dec_depth = eng.take()
+    dec_flops, dec_depth, dec_exit = eng.take()
     tokens = [o if o is not None else [] for o in out]
-    flops, depth, per = (dec_flops, dec_depth, fed) if fed else (pre_flops, pre_depth, pre_tokens)
+    if fed:
+        flops, depth, exit_depth, per = dec_flops, dec_depth, dec_exit, fed
+    else:
+        flops, depth, exit_depth, per = pre_flops, pre_depth, pre_exit, pre_tokens
     return InferenceResult(
         tokens=tokens,
         flops_per_token=flops / per,
@@ -667,6 +676,7 @@ def generate_adaptive(
         prefill_seconds=t1 - t0,
         decode_seconds=t2 - t1,
         new_tokens=sum(len(t) for t in tokens),
+        mean_exit_depth=exit_depth / per,
     )
 
 
@@ -682,7 +692,7 @@ def evaluate_adaptive(
         logits = model.output(model.norm(h)).float()
         eng.flops += _costs(model, setting).head * B * T
         loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(-1), ignore_index=IGNORE_INDEX)
-    flops, depth = eng.take()
+    flops, depth, _ = eng.take()
     return float(loss), flops / (B * T), depth / (B * T)
 
 
@@ -719,7 +729,7 @@ def speculative_generate(
     device = next(model.parameters()).device
     out: list[list[int]] = []
     proposed = accepted = 0
-    flops = depth = 0.0
+    flops = depth = exit_depth = 0.0
     produced = 0
     kv_peak = 0
     pre_s = dec_s = 0.0
@@ -763,8 +773,8 @@ def speculative_generate(
                 nxt = new[-1]
             new = new[:max_new_tokens]
             t2 = _clock(device)
-            f, d = eng.take()
-            flops, depth, produced = flops + f, depth + d, produced + len(new) - 1
+            f, d, e = eng.take()
+            flops, depth, exit_depth, produced = flops + f, depth + d, exit_depth + e, produced + len(new) - 1
             kv_peak = max(kv_peak, eng.kv_peak)
             pre_s, dec_s = pre_s + (t1 - t0), dec_s + (t2 - t1)
             out.append(new)
@@ -777,6 +787,7 @@ def speculative_generate(
         prefill_seconds=pre_s,
         decode_seconds=dec_s,
         new_tokens=sum(len(t) for t in out),
+        mean_exit_depth=exit_depth / per,
         proposed=proposed,
         accepted=accepted,
         acceptance_rate=accepted / proposed if proposed else 0.0,
