@@ -220,20 +220,22 @@ class _Cache(StaticKVCache):
     gathered active tokens). Slots hold `capacity + 1` positions: the last one takes the padding's writes and is never
     read."""
 
-    def __init__(self, kind: str, budget: int | None, capacity: int):
+    def __init__(self, kind: str, budget: int | None, capacity: int, rows: int):
         super().__init__(capacity)
-        self.kind, self.budget, self.capacity = kind, budget, capacity
+        self.kind, self.budget, self.capacity, self.rows = kind, budget, capacity, rows
         self.slots: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = {}
         self.phase: tuple[str, int] = ("p", 0)
         self.calls = 0
         self.writes = 0  # block calls (attention) since `reset_count`
         self.widx: torch.Tensor | None = None  # (B, m) slot position each query writes
+        self.qrows: torch.Tensor | None = None  # the rows the queries belong to (None: every row, in order)
         self.qmask: torch.Tensor | None = None  # (B, 1, m, L)
         self.L = 0
 
-    def queries(self, qpos: torch.Tensor, valid: torch.Tensor | None, L: int) -> None:
-        """The next block calls' queries: positions (B, m) of each row, which are real (`valid`, None: all), and the
-        number of key positions to read (one past the largest real position)."""
+    def queries(self, qpos: torch.Tensor, valid: torch.Tensor | None, L: int, rows: torch.Tensor | None = None) -> None:
+        """The next block calls' queries: positions (b, m) of each of the rows `rows` (None: every row), which are
+        real (`valid`, None: all), and the number of key positions to read (one past the largest real position)."""
+        self.qrows = rows
         self.widx = qpos if valid is None else torch.where(valid, qpos, torch.full_like(qpos, self.capacity))
         keys = torch.arange(L, device=qpos.device)
         self.qmask = (keys[None, None, None, :] <= qpos[:, None, :, None]).contiguous()
@@ -260,8 +262,8 @@ class _Cache(StaticKVCache):
 
     def _slot(self, key: tuple[Any, ...], like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if key not in self.slots:
-            B, H, _, D = like.shape
-            z = like.new_zeros(B, H, self.capacity + 1, D)
+            _, H, _, D = like.shape
+            z = like.new_zeros(self.rows, H, self.capacity + 1, D)
             self.slots[key] = (z, z.clone())
         return self.slots[key]
 
@@ -275,14 +277,22 @@ class _Cache(StaticKVCache):
             if writes or key not in self.slots:
                 raise RuntimeError(f"block call {key} has no stored keys and values to reuse")
             ck, cv = self.slots[key]
-            return ck[:, :, : self.L], cv[:, :, : self.L], self.qmask
+            return self._read(ck), self._read(cv), self.qmask
         ck, cv = self._slot(key, k)
         if writes:
-            B, H, m, D = k.shape
-            idx = self.widx[:, None, :, None].expand(B, H, m, D)
-            ck.scatter_(2, idx, k.to(ck.dtype))
-            cv.scatter_(2, idx, v.to(cv.dtype))
-        return ck[:, :, : self.L], cv[:, :, : self.L], self.qmask
+            if self.qrows is None:
+                B, H, m, D = k.shape
+                idx = self.widx[:, None, :, None].expand(B, H, m, D)
+                ck.scatter_(2, idx, k.to(ck.dtype))
+                cv.scatter_(2, idx, v.to(cv.dtype))
+            else:  # (b, 1) rows x (b, m) positions index (b, m, H, D)
+                r = self.qrows[:, None]
+                ck[r, :, self.widx] = k.transpose(1, 2).to(ck.dtype)
+                cv[r, :, self.widx] = v.transpose(1, 2).to(cv.dtype)
+        return self._read(ck), self._read(cv), self.qmask
+
+    def _read(self, c: torch.Tensor) -> torch.Tensor:
+        return c[:, :, : self.L] if self.qrows is None else c[self.qrows, :, : self.L]
 
     def copy_exited(self, it: int, n: int, step_calls: int, rows: torch.Tensor, pos: torch.Tensor) -> None:
         """Positions `pos` of rows `rows` exited after iteration `it`: fill the recurrent slots their iterations
@@ -302,6 +312,7 @@ class _Cache(StaticKVCache):
 
     def select_rows(self, keep: torch.Tensor) -> None:
         self.slots = {key: (k[keep], v[keep]) for key, (k, v) in self.slots.items()}
+        self.rows = int(keep.numel())
 
     def bytes_held(self, rows: int) -> int:
         """Bytes of the slots' entries for the positions cached so far, `rows` rows."""
@@ -372,7 +383,7 @@ def _costs(model: BaseLM, setting: InferenceSetting) -> _Costs:
     attn = 4.0 * a.n_heads * (a.dim // a.n_heads)
     device = next(model.parameters()).device
     kind, budget = _parse_kv(setting.kv)
-    cache = _Cache(kind, budget, 1)
+    cache = _Cache(kind, budget, 1, 1)
     tokens = torch.zeros(1, 1, dtype=torch.long, device=device)
     cos, sin = model.rope_cos[:1], model.rope_sin[:1]
     cache.queries(torch.zeros(1, 1, dtype=torch.long, device=device), None, 1)
@@ -429,7 +440,7 @@ class _Engine:
         self.model = model
         self.iterable = type(model).iterable()
         self.kind, budget = _parse_kv(setting.kv)
-        self.cache = _Cache(self.kind, budget, capacity)
+        self.cache = _Cache(self.kind, budget, capacity, rows)
         self.device = next(model.parameters()).device
         self.rows = rows
         self.flops = 0.0  # spent since the last `take`
@@ -500,12 +511,18 @@ class _Engine:
         n_act, keys_act = float(B * T), keys_all
         for t in range(n):
             gathered = skip and exit is not None and n_act < B * T
-            if gathered:
+            rows: torch.Tensor | None = None
+            idx: torch.Tensor | None = None
+            valid: torch.Tensor | None = None
+            if gathered and T == 1:  # one token per row (a decode step): run the rows still active
+                rows = active[:, 0].nonzero().flatten()
+                q, c_a, s_a, x, ctx_a = qpos[rows], cos, sin, s[rows], _rows(ctx, rows, B)
+                cache.queries(q, None, p0 + T, rows)
+            elif gathered:
                 counts = active.sum(1)
                 m = int(counts.max())
                 order = torch.sort((~active).to(torch.int8), dim=1, stable=True).indices  # active first, in order
-                idx: torch.Tensor | None = order[:, :m]  # (B, m)
-                assert idx is not None
+                idx = order[:, :m]  # (B, m)
                 valid = rel[None, :m] < counts[:, None]
                 q = torch.where(valid, p0 + idx, torch.zeros_like(idx))
                 c_a, s_a = model.rope_cos[q], model.rope_sin[q]
@@ -513,7 +530,6 @@ class _Engine:
                 ctx_a = _gather(ctx, idx, B, T)
                 cache.queries(q, valid, int(q.max()) + 1)
             else:
-                idx = valid = None
                 q, c_a, s_a, x, ctx_a = qpos, cos, sin, s, ctx
                 cache.queries(qpos, None, p0 + T)
             cache.begin_phase("r", t)
@@ -533,12 +549,25 @@ class _Engine:
                     prev = torch.full(
                         (B, T, model.args.vocab_size), -math.log(model.args.vocab_size), device=tokens.device
                     )
-                prev_x = prev if idx is None else prev.gather(1, idx[..., None].expand(B, idx.shape[1], prev.shape[-1]))
+                if rows is not None:
+                    prev_x = prev[rows]
+                elif idx is not None:
+                    prev_x = prev.gather(1, idx[..., None].expand(B, idx.shape[1], prev.shape[-1]))
+                else:
+                    prev_x = prev
                 crit = F.kl_div(cur, prev_x, log_target=True, reduction="none").sum(-1)
-                prev = cur if idx is None else prev.scatter(1, idx[..., None].expand_as(cur), cur)
+                if rows is not None:
+                    prev = prev.index_copy(0, rows, cur)
+                elif idx is not None:
+                    prev = prev.scatter(1, idx[..., None].expand_as(cur), cur)
+                else:
+                    prev = cur
             else:
                 crit = (new - x).float().norm(dim=-1) / new.float().norm(dim=-1).clamp_min(1e-12)
-            if idx is None:
+            if rows is not None:
+                s = s.index_copy(0, rows, new)
+                done = torch.zeros_like(active).index_copy(0, rows, crit < exit.threshold)
+            elif idx is None:
                 s = torch.where(active[..., None], new, s)
                 done = active & (crit < exit.threshold)
             else:
@@ -563,6 +592,11 @@ class _Engine:
         cache.advance(T)
         model.__dict__.pop("_forward_stats", None)
         return h, depths
+
+
+def _rows(ctx: Any, rows: torch.Tensor, B: int) -> Any:
+    """The context of the rows `rows`: a (B, ...) tensor is indexed; anything else is passed as it is."""
+    return ctx[rows] if torch.is_tensor(ctx) and ctx.dim() >= 1 and ctx.shape[0] == B else ctx
 
 
 def _gather(ctx: Any, idx: torch.Tensor, B: int, T: int) -> Any:
