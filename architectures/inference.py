@@ -742,8 +742,9 @@ def speculative_generate(
     """Greedy self-speculative decoding, one prompt at a time: `draft` proposes k tokens (one forward each, e.g. at a
     shallow depth), `verify` (default: the trained depth, no exit) runs them in one forward and keeps the longest
     prefix that agrees with its own greedy choices, plus its own next token. The tokens are those of greedy decoding
-    under `verify`. Draft and verifier share one cache (the verifier's forward overwrites every entry the drafts
-    wrote), so both use the same KV strategy; warm start is not supported here.
+    under `verify` where a forward's result does not depend on how tokens are grouped into forwards (kv full, last,
+    first; no random initial state). Draft and verifier share one cache (the verifier's forward overwrites every
+    entry the drafts wrote), so both use the same KV strategy; warm start is not supported here.
 
     `flops_per_token` and `mean_depth` count drafts and verifications together per token the decode phase produced
     (every new token but each prompt's first, which the prefill produces)."""

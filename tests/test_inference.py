@@ -420,6 +420,16 @@ def test_speculative_greedy_equals_full_depth_greedy(models, arch):
     # a draft at the verifier's own depth is always accepted
     same = speculative_generate(model, prompts, 9, draft=InferenceSetting(), k=3)
     assert same.tokens == ref and same.accepted == same.proposed
+    # other strategies: greedy decoding under the verifier's setting, drafts with a loose exit included
+    rule, thr = thresholds(model, batch(12))[0]
+    for draft in (
+        InferenceSetting(exit_threshold=thr, exit_rule=rule, kv="last"),
+        InferenceSetting(n_recur=1, kv="first"),
+    ):
+        verify = InferenceSetting(kv=draft.kv)
+        want = generate_adaptive(model, prompts[:1], 6, verify).tokens
+        got = speculative_generate(model, prompts[:1], 6, draft=draft, k=3, verify=verify)
+        assert got.tokens == want, draft.label()
     with pytest.raises(ValueError, match="share one cache"):
         speculative_generate(model, prompts, 4, draft=InferenceSetting(n_recur=1, kv="first"), k=2)
 
