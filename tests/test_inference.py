@@ -143,6 +143,22 @@ def test_full_depth_reproduces_generate_and_iterate(models, arch):
     assert depth == n
 
 
+def test_sampling_draws_what_generate_draws(models):
+    model = models(ITERABLE[0])
+    kw = dict(temperature=0.9, top_k=40)
+    got = generate_adaptive(
+        model, [[1, 5, 9, 3]], 8, InferenceSetting(), generator=torch.Generator().manual_seed(4), **kw
+    )
+    ref = generate(model, [[1, 5, 9, 3]], max_new_tokens=8, generators=[torch.Generator().manual_seed(4)], **kw)
+    assert got.tokens == [ref[0].tokens]
+    # a stop id ends its row and is not kept
+    stop = ref[0].tokens[3]
+    cut = generate_adaptive(
+        model, [[1, 5, 9, 3]], 8, InferenceSetting(), generator=torch.Generator().manual_seed(4), stop_ids=(stop,), **kw
+    )
+    assert cut.tokens == [ref[0].tokens[: ref[0].tokens.index(stop)]]
+
+
 @pytest.mark.parametrize("arch", ITERABLE)
 def test_full_with_an_exit_is_iterates_adaptive_exit(models, arch):
     model = models(arch)
