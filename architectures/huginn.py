@@ -62,6 +62,7 @@ from architectures.blocks import (
     Block,
     LoRA,
     RMSNorm,
+    StaticKVCache,
     block_forward_flops,
     project,
     rotate_pairs,
@@ -100,6 +101,10 @@ class QKBiasAttention(Attention):
         cache: AnyCache | None = None,
     ) -> torch.Tensor:
         H, KV, hd = self.n_heads, self.n_kv_heads, self.head_dim
+        if isinstance(cache, StaticKVCache) and cache.reuses_kv():  # this call reads stored keys and values only
+            q = project(self.wq, x, lora, "wq")
+            q = rotate_pairs((q + self.q_bias).to(q.dtype).unflatten(-1, (H, hd)), cos, sin).transpose(1, 2)
+            return self.attend(q, None, None, lora, cache)
         q, k = project(self.wq, x, lora, "wq"), project(self.wk, x, lora, "wk")
         q, k = (q + self.q_bias).to(q.dtype), (k + self.k_bias).to(k.dtype)  # stay in the autocast dtype
         q = rotate_pairs(q.unflatten(-1, (H, hd)), cos, sin).transpose(1, 2)  # (B, H, T, hd)

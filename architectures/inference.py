@@ -16,7 +16,7 @@ What an active token at iteration i attends to, for every earlier position, is a
   position, the latest iteration that wrote it (an exited position's last computed entry fills every slot it would
   have written later, as for `last`);
 - `first`: every iteration reads the entries of the first iteration (one slot per core block call); later iterations
-  compute their queries from the current state and write nothing.
+  compute only their queries from the current state (no key or value projections: `StaticKVCache.reuses_kv`).
 
 The blocks outside the recurrence (prelude, coda) keep one slot per block call, as in `generate`. Every strategy at
 threshold 0 (no token exits) is its own non-skipping reference (tests/test_inference.py writes those references out
@@ -162,6 +162,9 @@ class InferenceResult:
     prefill_seconds: float
     decode_seconds: float
     new_tokens: int
+    # mean exit depth over the same tokens (the iteration each token's state froze at); equals mean_depth except
+    # under `full`, which computes every iteration of an exited token too
+    mean_exit_depth: float = 0.0
 
 
 @dataclass
@@ -217,20 +220,22 @@ class _Cache(StaticKVCache):
     gathered active tokens). Slots hold `capacity + 1` positions: the last one takes the padding's writes and is never
     read."""
 
-    def __init__(self, kind: str, budget: int | None, capacity: int):
+    def __init__(self, kind: str, budget: int | None, capacity: int, rows: int):
         super().__init__(capacity)
-        self.kind, self.budget, self.capacity = kind, budget, capacity
+        self.kind, self.budget, self.capacity, self.rows = kind, budget, capacity, rows
         self.slots: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = {}
         self.phase: tuple[str, int] = ("p", 0)
         self.calls = 0
         self.writes = 0  # block calls (attention) since `reset_count`
         self.widx: torch.Tensor | None = None  # (B, m) slot position each query writes
+        self.qrows: torch.Tensor | None = None  # the rows the queries belong to (None: every row, in order)
         self.qmask: torch.Tensor | None = None  # (B, 1, m, L)
         self.L = 0
 
-    def queries(self, qpos: torch.Tensor, valid: torch.Tensor | None, L: int) -> None:
-        """The next block calls' queries: positions (B, m) of each row, which are real (`valid`, None: all), and the
-        number of key positions to read (one past the largest real position)."""
+    def queries(self, qpos: torch.Tensor, valid: torch.Tensor | None, L: int, rows: torch.Tensor | None = None) -> None:
+        """The next block calls' queries: positions (b, m) of each of the rows `rows` (None: every row), which are
+        real (`valid`, None: all), and the number of key positions to read (one past the largest real position)."""
+        self.qrows = rows
         self.widx = qpos if valid is None else torch.where(valid, qpos, torch.full_like(qpos, self.capacity))
         keys = torch.arange(L, device=qpos.device)
         self.qmask = (keys[None, None, None, :] <= qpos[:, None, :, None]).contiguous()
@@ -238,6 +243,10 @@ class _Cache(StaticKVCache):
 
     def begin_phase(self, phase: str, iteration: int = 0) -> None:
         self.phase, self.calls = (phase, iteration), 0
+
+    def reuses_kv(self) -> bool:
+        # `first` past the first iteration: the block computes its queries only
+        return self.kind == "first" and self.phase[0] == "r" and self.phase[1] > 0
 
     def _key(self, j: int) -> tuple[tuple[Any, ...], bool]:
         """(slot key of block call j of the current phase, whether this call writes it)."""
@@ -253,24 +262,37 @@ class _Cache(StaticKVCache):
 
     def _slot(self, key: tuple[Any, ...], like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if key not in self.slots:
-            B, H, _, D = like.shape
-            z = like.new_zeros(B, H, self.capacity + 1, D)
+            _, H, _, D = like.shape
+            z = like.new_zeros(self.rows, H, self.capacity + 1, D)
             self.slots[key] = (z, z.clone())
         return self.slots[key]
 
-    def write(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def write(self, k: torch.Tensor | None, v: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.widx is None or self.qmask is None:
             raise RuntimeError("the engine sets the queries before a forward")
         key, writes = self._key(self.calls)
         self.calls += 1
         self.writes += 1
+        if k is None or v is None:
+            if writes or key not in self.slots:
+                raise RuntimeError(f"block call {key} has no stored keys and values to reuse")
+            ck, cv = self.slots[key]
+            return self._read(ck), self._read(cv), self.qmask
         ck, cv = self._slot(key, k)
         if writes:
-            B, H, m, D = k.shape
-            idx = self.widx[:, None, :, None].expand(B, H, m, D)
-            ck.scatter_(2, idx, k.to(ck.dtype))
-            cv.scatter_(2, idx, v.to(cv.dtype))
-        return ck[:, :, : self.L], cv[:, :, : self.L], self.qmask
+            if self.qrows is None:
+                B, H, m, D = k.shape
+                idx = self.widx[:, None, :, None].expand(B, H, m, D)
+                ck.scatter_(2, idx, k.to(ck.dtype))
+                cv.scatter_(2, idx, v.to(cv.dtype))
+            else:  # (b, 1) rows x (b, m) positions index (b, m, H, D)
+                r = self.qrows[:, None]
+                ck[r, :, self.widx] = k.transpose(1, 2).to(ck.dtype)
+                cv[r, :, self.widx] = v.transpose(1, 2).to(cv.dtype)
+        return self._read(ck), self._read(cv), self.qmask
+
+    def _read(self, c: torch.Tensor) -> torch.Tensor:
+        return c[:, :, : self.L] if self.qrows is None else c[self.qrows, :, : self.L]
 
     def copy_exited(self, it: int, n: int, step_calls: int, rows: torch.Tensor, pos: torch.Tensor) -> None:
         """Positions `pos` of rows `rows` exited after iteration `it`: fill the recurrent slots their iterations
@@ -290,6 +312,7 @@ class _Cache(StaticKVCache):
 
     def select_rows(self, keep: torch.Tensor) -> None:
         self.slots = {key: (k[keep], v[keep]) for key, (k, v) in self.slots.items()}
+        self.rows = int(keep.numel())
 
     def bytes_held(self, rows: int) -> int:
         """Bytes of the slots' entries for the positions cached so far, `rows` rows."""
@@ -360,7 +383,7 @@ def _costs(model: BaseLM, setting: InferenceSetting) -> _Costs:
     attn = 4.0 * a.n_heads * (a.dim // a.n_heads)
     device = next(model.parameters()).device
     kind, budget = _parse_kv(setting.kv)
-    cache = _Cache(kind, budget, 1)
+    cache = _Cache(kind, budget, 1, 1)
     tokens = torch.zeros(1, 1, dtype=torch.long, device=device)
     cos, sin = model.rope_cos[:1], model.rope_sin[:1]
     cache.queries(torch.zeros(1, 1, dtype=torch.long, device=device), None, 1)
@@ -417,17 +440,19 @@ class _Engine:
         self.model = model
         self.iterable = type(model).iterable()
         self.kind, budget = _parse_kv(setting.kv)
-        self.cache = _Cache(self.kind, budget, capacity)
+        self.cache = _Cache(self.kind, budget, capacity, rows)
         self.device = next(model.parameters()).device
         self.rows = rows
         self.flops = 0.0  # spent since the last `take`
         self.depth_sum = 0.0  # iterations computed since the last `take` (token-iterations)
+        self.exit_sum = 0.0  # exit depths since the last `take`, summed over tokens
         self.kv_peak = 0
         self.last_state: torch.Tensor | None = None  # (B, 1, ds): each row's final state of its last token
 
-    def take(self) -> tuple[float, float]:
-        out = (self.flops, self.depth_sum)
-        self.flops, self.depth_sum = 0.0, 0.0
+    def take(self) -> tuple[float, float, float]:
+        """(FLOPs, iterations computed, exit depths) since the last call, summed over tokens."""
+        out = (self.flops, self.depth_sum, self.exit_sum)
+        self.flops, self.depth_sum, self.exit_sum = 0.0, 0.0, 0.0
         return out
 
     def select_rows(self, keep: torch.Tensor) -> None:
@@ -443,6 +468,7 @@ class _Engine:
             hs, ds = zip(*(self.forward(tokens[:, i : i + 1], setting) for i in range(tokens.shape[1])))
             return torch.cat(hs, 1), torch.cat(ds, 1)
         h, depths = self._forward(tokens, setting)
+        self.exit_sum += float(depths.sum())
         self.kv_peak = max(self.kv_peak, self.cache.bytes_held(self.rows))
         return h, depths
 
@@ -485,12 +511,18 @@ class _Engine:
         n_act, keys_act = float(B * T), keys_all
         for t in range(n):
             gathered = skip and exit is not None and n_act < B * T
-            if gathered:
+            rows: torch.Tensor | None = None
+            idx: torch.Tensor | None = None
+            valid: torch.Tensor | None = None
+            if gathered and T == 1:  # one token per row (a decode step): run the rows still active
+                rows = active[:, 0].nonzero().flatten()
+                q, c_a, s_a, x, ctx_a = qpos[rows], cos, sin, s[rows], _rows(ctx, rows, B)
+                cache.queries(q, None, p0 + T, rows)
+            elif gathered:
                 counts = active.sum(1)
                 m = int(counts.max())
                 order = torch.sort((~active).to(torch.int8), dim=1, stable=True).indices  # active first, in order
-                idx: torch.Tensor | None = order[:, :m]  # (B, m)
-                assert idx is not None
+                idx = order[:, :m]  # (B, m)
                 valid = rel[None, :m] < counts[:, None]
                 q = torch.where(valid, p0 + idx, torch.zeros_like(idx))
                 c_a, s_a = model.rope_cos[q], model.rope_sin[q]
@@ -498,7 +530,6 @@ class _Engine:
                 ctx_a = _gather(ctx, idx, B, T)
                 cache.queries(q, valid, int(q.max()) + 1)
             else:
-                idx = valid = None
                 q, c_a, s_a, x, ctx_a = qpos, cos, sin, s, ctx
                 cache.queries(qpos, None, p0 + T)
             cache.begin_phase("r", t)
@@ -518,12 +549,25 @@ class _Engine:
                     prev = torch.full(
                         (B, T, model.args.vocab_size), -math.log(model.args.vocab_size), device=tokens.device
                     )
-                prev_x = prev if idx is None else prev.gather(1, idx[..., None].expand(B, idx.shape[1], prev.shape[-1]))
+                if rows is not None:
+                    prev_x = prev[rows]
+                elif idx is not None:
+                    prev_x = prev.gather(1, idx[..., None].expand(B, idx.shape[1], prev.shape[-1]))
+                else:
+                    prev_x = prev
                 crit = F.kl_div(cur, prev_x, log_target=True, reduction="none").sum(-1)
-                prev = cur if idx is None else prev.scatter(1, idx[..., None].expand_as(cur), cur)
+                if rows is not None:
+                    prev = prev.index_copy(0, rows, cur)
+                elif idx is not None:
+                    prev = prev.scatter(1, idx[..., None].expand_as(cur), cur)
+                else:
+                    prev = cur
             else:
                 crit = (new - x).float().norm(dim=-1) / new.float().norm(dim=-1).clamp_min(1e-12)
-            if idx is None:
+            if rows is not None:
+                s = s.index_copy(0, rows, new)
+                done = torch.zeros_like(active).index_copy(0, rows, crit < exit.threshold)
+            elif idx is None:
                 s = torch.where(active[..., None], new, s)
                 done = active & (crit < exit.threshold)
             else:
@@ -548,6 +592,11 @@ class _Engine:
         cache.advance(T)
         model.__dict__.pop("_forward_stats", None)
         return h, depths
+
+
+def _rows(ctx: Any, rows: torch.Tensor, B: int) -> Any:
+    """The context of the rows `rows`: a (B, ...) tensor is indexed; anything else is passed as it is."""
+    return ctx[rows] if torch.is_tensor(ctx) and ctx.dim() >= 1 and ctx.shape[0] == B else ctx
 
 
 def _gather(ctx: Any, idx: torch.Tensor, B: int, T: int) -> Any:
@@ -614,7 +663,7 @@ def generate_adaptive(
         logits = model.output(model.norm(h[:, -1]))
         eng.flops += _costs(model, setting).head * B
         t1 = _clock(device)
-        pre_flops, pre_depth = eng.take()
+        pre_flops, pre_depth, pre_exit = eng.take()
         pre_tokens = B * T
         fed = 0
         while True:
@@ -647,9 +696,12 @@ def generate_adaptive(
             eng.flops += _costs(model, setting).head * len(live)
             fed += len(live)
         t2 = _clock(device)
-    dec_flops, dec_depth = eng.take()
+    dec_flops, dec_depth, dec_exit = eng.take()
     tokens = [o if o is not None else [] for o in out]
-    flops, depth, per = (dec_flops, dec_depth, fed) if fed else (pre_flops, pre_depth, pre_tokens)
+    if fed:
+        flops, depth, exit_depth, per = dec_flops, dec_depth, dec_exit, fed
+    else:
+        flops, depth, exit_depth, per = pre_flops, pre_depth, pre_exit, pre_tokens
     return InferenceResult(
         tokens=tokens,
         flops_per_token=flops / per,
@@ -658,6 +710,7 @@ def generate_adaptive(
         prefill_seconds=t1 - t0,
         decode_seconds=t2 - t1,
         new_tokens=sum(len(t) for t in tokens),
+        mean_exit_depth=exit_depth / per,
     )
 
 
@@ -673,7 +726,7 @@ def evaluate_adaptive(
         logits = model.output(model.norm(h)).float()
         eng.flops += _costs(model, setting).head * B * T
         loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(-1), ignore_index=IGNORE_INDEX)
-    flops, depth = eng.take()
+    flops, depth, _ = eng.take()
     return float(loss), flops / (B * T), depth / (B * T)
 
 
@@ -689,8 +742,9 @@ def speculative_generate(
     """Greedy self-speculative decoding, one prompt at a time: `draft` proposes k tokens (one forward each, e.g. at a
     shallow depth), `verify` (default: the trained depth, no exit) runs them in one forward and keeps the longest
     prefix that agrees with its own greedy choices, plus its own next token. The tokens are those of greedy decoding
-    under `verify`. Draft and verifier share one cache (the verifier's forward overwrites every entry the drafts
-    wrote), so both use the same KV strategy; warm start is not supported here.
+    under `verify` where a forward's result does not depend on how tokens are grouped into forwards (kv full, last,
+    first; no random initial state). Draft and verifier share one cache (the verifier's forward overwrites every
+    entry the drafts wrote), so both use the same KV strategy; warm start is not supported here.
 
     `flops_per_token` and `mean_depth` count drafts and verifications together per token the decode phase produced
     (every new token but each prompt's first, which the prefill produces)."""
@@ -710,7 +764,7 @@ def speculative_generate(
     device = next(model.parameters()).device
     out: list[list[int]] = []
     proposed = accepted = 0
-    flops = depth = 0.0
+    flops = depth = exit_depth = 0.0
     produced = 0
     kv_peak = 0
     pre_s = dec_s = 0.0
@@ -754,8 +808,8 @@ def speculative_generate(
                 nxt = new[-1]
             new = new[:max_new_tokens]
             t2 = _clock(device)
-            f, d = eng.take()
-            flops, depth, produced = flops + f, depth + d, produced + len(new) - 1
+            f, d, e = eng.take()
+            flops, depth, exit_depth, produced = flops + f, depth + d, exit_depth + e, produced + len(new) - 1
             kv_peak = max(kv_peak, eng.kv_peak)
             pre_s, dec_s = pre_s + (t1 - t0), dec_s + (t2 - t1)
             out.append(new)
@@ -768,6 +822,7 @@ def speculative_generate(
         prefill_seconds=pre_s,
         decode_seconds=dec_s,
         new_tokens=sum(len(t) for t in out),
+        mean_exit_depth=exit_depth / per,
         proposed=proposed,
         accepted=accepted,
         acceptance_rate=accepted / proposed if proposed else 0.0,

@@ -143,6 +143,22 @@ def test_full_depth_reproduces_generate_and_iterate(models, arch):
     assert depth == n
 
 
+def test_sampling_draws_what_generate_draws(models):
+    model = models(ITERABLE[0])
+    kw = dict(temperature=0.9, top_k=40)
+    got = generate_adaptive(
+        model, [[1, 5, 9, 3]], 8, InferenceSetting(), generator=torch.Generator().manual_seed(4), **kw
+    )
+    ref = generate(model, [[1, 5, 9, 3]], max_new_tokens=8, generators=[torch.Generator().manual_seed(4)], **kw)
+    assert got.tokens == [ref[0].tokens]
+    # a stop id ends its row and is not kept
+    stop = ref[0].tokens[3]
+    cut = generate_adaptive(
+        model, [[1, 5, 9, 3]], 8, InferenceSetting(), generator=torch.Generator().manual_seed(4), stop_ids=(stop,), **kw
+    )
+    assert cut.tokens == [ref[0].tokens[: ref[0].tokens.index(stop)]]
+
+
 @pytest.mark.parametrize("arch", ITERABLE)
 def test_full_with_an_exit_is_iterates_adaptive_exit(models, arch):
     model = models(arch)
@@ -166,6 +182,11 @@ def test_full_with_an_exit_is_iterates_adaptive_exit(models, arch):
         torch.manual_seed(9)
         got = generate_adaptive(model, prompts, 5, InferenceSetting(exit_threshold=threshold, exit_rule=rule))
         assert got.tokens == [g.tokens for g in ref]
+        assert got.mean_depth == model.resolve_n_recur(None)  # computed
+        skipping = generate_adaptive(
+            model, prompts, 5, InferenceSetting(exit_threshold=threshold, exit_rule=rule, kv="last")
+        )
+        assert skipping.mean_depth == skipping.mean_exit_depth <= got.mean_depth
 
 
 # ---- every strategy against its plain, non-skipping reference -------------------------------------------------------
@@ -283,6 +304,9 @@ CANDIDATES = (0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0, 1.3, 1.6)
 def thresholds(model, tokens) -> list[tuple[str, float]]:
     """For each exit rule, a threshold at which this model's tokens exit at mixed depths (what the comparisons
     need to mean something): the candidate whose mean exit depth under `iterate` is nearest the middle."""
+    key = (id(model), tuple(tokens.flatten().tolist()))
+    if key in _THRESHOLDS:
+        return _THRESHOLDS[key]
     n = model.resolve_n_recur(None)
     out = []
     for rule in ("latent", "kl"):
@@ -291,7 +315,11 @@ def thresholds(model, tokens) -> list[tuple[str, float]]:
                 thr: model.iterate(tokens, exit=ExitRule(rule, thr)).depths.float().mean().item() for thr in CANDIDATES
             }
         out.append((rule, min(CANDIDATES, key=lambda thr: abs(depth[thr] - (1 + n) / 2))))
+    _THRESHOLDS[key] = out
     return out
+
+
+_THRESHOLDS: dict[tuple, list[tuple[str, float]]] = {}  # per model (the fixture keeps them alive) and tokens
 
 
 @pytest.mark.parametrize("kv", STRATEGIES)
@@ -354,15 +382,24 @@ def test_each_strategy_holds_the_cache_it_declares(models, arch):
     assert slots["budget:2"] == outer + min(2, n) * step
     assert slots["budget:1"] == slots["first"] and slots["budget:99"] == slots["full"]
     prompts = [[1, 5, 9, 3], [1, 7, 2, 8]]
+    rule, threshold = thresholds(model, batch(12))[0]
     for kv in STRATEGIES:
-        for rule, threshold in [("kl", 0.0)] + thresholds(model, torch.tensor(prompts))[:1]:
-            setting = InferenceSetting(kv=kv, exit_threshold=threshold, exit_rule=rule)
-            torch.manual_seed(0)
-            got = generate_adaptive(model, prompts, 5, setting)
-            positions = 4 + 5 - 1  # the last new token is never fed
-            assert got.kv_bytes == kv_bytes_per_token(model, setting) * 2 * positions, (kv, threshold)
+        setting = InferenceSetting(kv=kv, exit_threshold=threshold, exit_rule=rule)
+        torch.manual_seed(0)
+        got = generate_adaptive(model, prompts, 4, setting)
+        positions = 4 + 4 - 1  # the last new token is never fed
+        assert got.kv_bytes == kv_bytes_per_token(model, setting) * 2 * positions, kv
     a = model.args
-    assert kv_bytes_per_token(model, InferenceSetting()) == slots["full"] * a.n_kv_heads * (a.dim // a.n_heads) * 2 * 4
+    kv_width = a.n_kv_heads * (a.dim // a.n_heads)
+    assert kv_bytes_per_token(model, InferenceSetting()) == slots["full"] * kv_width * 2 * 4
+    # `first` computes no keys or values past the first iteration: two projections fewer per step call
+    tokens = batch(8)
+    full = evaluate_adaptive(model, tokens, tokens, InferenceSetting())
+    first = evaluate_adaptive(model, tokens, tokens, InferenceSetting(kv="first"))
+    per_projection = 2.0 * a.dim * kv_width
+    if arch == "relaxed":  # and their LoRA deltas
+        per_projection += 2.0 * model.arch_args.lora_rank * (a.dim + kv_width)
+    assert full[1] - first[1] == pytest.approx((n - 1) * step * 2 * per_projection, rel=1e-9)
 
 
 @pytest.mark.parametrize("arch", architectures.names())
@@ -399,6 +436,16 @@ def test_speculative_greedy_equals_full_depth_greedy(models, arch):
     # a draft at the verifier's own depth is always accepted
     same = speculative_generate(model, prompts, 9, draft=InferenceSetting(), k=3)
     assert same.tokens == ref and same.accepted == same.proposed
+    # other strategies: greedy decoding under the verifier's setting, drafts with a loose exit included
+    rule, thr = thresholds(model, batch(12))[0]
+    for draft in (
+        InferenceSetting(exit_threshold=thr, exit_rule=rule, kv="last"),
+        InferenceSetting(n_recur=1, kv="first"),
+    ):
+        verify = InferenceSetting(kv=draft.kv)
+        want = generate_adaptive(model, prompts[:1], 6, verify).tokens
+        got = speculative_generate(model, prompts[:1], 6, draft=draft, k=3, verify=verify)
+        assert got.tokens == want, draft.label()
     with pytest.raises(ValueError, match="share one cache"):
         speculative_generate(model, prompts, 4, draft=InferenceSetting(n_recur=1, kv="first"), k=2)
 
