@@ -195,6 +195,7 @@ def test_infer_measures_every_setting_once_and_resumes(results):
         assert r["tokens_per_s_1"] > 0 and r["tokens_per_s_batch"] > 0 and r["val_loss"] > 0
         assert 0 <= r["agreement"] <= 1
     assert all(1 <= r["mean_depth"] <= r["n_recur"] for r in frailt.values() if r["kind"] == "plain")
+    assert all(1 <= r["mean_exit_depth"] <= r["mean_depth"] for r in frailt.values() if r["kind"] == "plain")
     spec = [r for r in frailt.values() if r["kind"] == "speculative"]
     assert len(spec) == 1 and spec[0]["draft_n_recur"] == 1 and spec[0]["agreement"] == 1.0  # greedy is exact
     assert spec[0]["val_loss"] == full["val_loss"] and spec[0]["proposed"] >= spec[0]["accepted"] >= 0

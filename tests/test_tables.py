@@ -310,6 +310,7 @@ EXPECTED_SQL = {
         '   "kv_bytes_per_1k" REAL,\n'
         '   "flops_per_token" REAL,\n'
         '   "mean_depth" REAL,\n'
+        '   "mean_exit_depth" REAL,\n'
         '   "val_loss" REAL NOT NULL,\n'
         '   "val_flops_per_token" REAL,\n'
         '   "val_mean_depth" REAL,\n'

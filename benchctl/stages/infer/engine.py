@@ -272,6 +272,7 @@ def measure(
         "kv_bytes_per_1k": 1000.0 * inf.kv_bytes_per_token(model, m.setting),
         "flops_per_token": float(batched.flops_per_token),
         "mean_depth": float(batched.mean_depth),
+        "mean_exit_depth": float(batched.mean_exit_depth),
         **tf,
         # full depth is its own reference; without a stored full-depth row there is nothing to agree with
         "agreement": 1.0 if m.label == FULL else None if reference is None else agreement(batched.tokens, reference),

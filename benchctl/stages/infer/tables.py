@@ -67,6 +67,12 @@ INFERENCE_RESULTS = Table(
             float,
             "mean iterations computed per generated token (speculative: drafts and verifications together)",
         ),
+        Column(
+            "mean_exit_depth",
+            float,
+            "mean iteration a generated token's state froze at (= mean_depth except under kv full, which computes "
+            "an exited token's later iterations too)",
+        ),
         Column("val_loss", float, "teacher-forced validation loss under the setting", "nats/token"),
         Column("val_flops_per_token", float, "forward FLOPs spent per token of the teacher-forced loss", "FLOPs/token"),
         Column("val_mean_depth", float, "mean iterations per token of the teacher-forced loss"),
