@@ -103,7 +103,7 @@ def build(name: str, args: Any) -> BaseLM:
 
 def _discover() -> None:
     for mod in pkgutil.iter_modules(__path__):
-        if mod.name not in ("base", "blocks", "kernels", "generate") and not mod.name.startswith("_"):
+        if mod.name not in ("base", "blocks", "kernels", "generate", "inference") and not mod.name.startswith("_"):
             importlib.import_module(f"{__name__}.{mod.name}")
 
 

@@ -170,6 +170,10 @@ class BaseLM(nn.Module):
     # `inference_rule` says, in a sentence, what causal rule evaluation and generation (eval mode) use instead.
     causal_training: ClassVar[bool] = True
     inference_rule: ClassVar[str] = ""
+    # True when the recurrent state the prelude returns is an initial state that does not carry the token (the token
+    # enters every step through the context instead): then a token's state may start from another token's final state
+    # (warm start, `architectures.inference`). False for looped models, whose state is the token's own embedding.
+    warm_startable: ClassVar[bool] = False
     # True when the forward reports auxiliary losses, metrics or its compute (`add_aux_loss`, `add_metric`,
     # `add_compute`): each forward then starts from empty stats.
     reports_stats: ClassVar[bool] = False

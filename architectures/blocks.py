@@ -242,11 +242,19 @@ class StaticKVCache:
             self.positions = positions
             self.mask = self._keys[None, :] <= positions[:, None]
 
-    def write(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def reuses_kv(self) -> bool:
+        """True when the next block call reads the keys and values already stored instead of writing its own (the
+        block then computes only its queries and passes None to `write`). Never here; a cache with a KV-sharing
+        strategy (`architectures.inference`) overrides it."""
+        return False
+
+    def write(self, k: torch.Tensor | None, v: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Store k, v (B, KV, T, hd) at this forward's positions in the next slot; returns that slot's whole keys
         and values (B, KV, max_len, hd) and the attention mask (T, max_len)."""
         if self.positions is None or self.mask is None:
             raise RuntimeError("StaticKVCache.begin(positions) must run before a forward")
+        if k is None or v is None:
+            raise ValueError("StaticKVCache stores the keys and values of every block call")
         i = self._next
         self._next += 1
         if i == len(self.k):
@@ -293,6 +301,9 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         B, T, _ = x.shape
         H, KV, hd = self.n_heads, self.n_kv_heads, self.head_dim
+        if isinstance(cache, StaticKVCache) and cache.reuses_kv():  # this call reads stored keys and values only
+            q = rotate_pairs(project(self.wq, x, lora, "wq").unflatten(-1, (H, hd)), cos, sin)
+            return self.attend(q.transpose(1, 2), None, None, lora, cache)
         if x.device.type == "cpu":
             # three matmuls, as llama2.c (see FeedForward): each output whole, so no splits forward and no
             # concatenations backward, which on a CPU cost more than one wide matmul saves
@@ -312,19 +323,22 @@ class Attention(nn.Module):
     def attend(
         self,
         q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
         lora: Mapping[str, LoRA] | None = None,
         cache: AnyCache | None = None,
     ) -> torch.Tensor:
         """Attention of rotated queries q (B, H, T, hd) over keys and values k, v (B, KV, T, hd), through `cache`
         when one is given, then the output projection: (B, T, dim). Blocks that make q, k, v their own way (e.g. with
-        biases) share everything from here on."""
+        biases) share everything from here on. k and v are None when the cache says this call reuses stored entries
+        (`StaticKVCache.reuses_kv`)."""
         B, T = q.shape[0], q.shape[2]
         if isinstance(cache, StaticKVCache):  # the decode path: whole preallocated slots under a mask
             ck, cv, mask = cache.write(k, v)
             y = F.scaled_dot_product_attention(q, ck, cv, attn_mask=mask, enable_gqa=self.n_kv_heads != self.n_heads)
             return self.resid_dropout(project(self.wo, y.transpose(1, 2).reshape(B, T, -1), lora, "wo"))
+        if k is None or v is None:
+            raise ValueError("keys and values are needed unless a StaticKVCache supplies them")
         pos = 0
         if cache is not None:
             pos = cache.pos

@@ -62,6 +62,7 @@ from architectures.blocks import (
     Block,
     LoRA,
     RMSNorm,
+    StaticKVCache,
     block_forward_flops,
     project,
     rotate_pairs,
@@ -100,6 +101,10 @@ class QKBiasAttention(Attention):
         cache: AnyCache | None = None,
     ) -> torch.Tensor:
         H, KV, hd = self.n_heads, self.n_kv_heads, self.head_dim
+        if isinstance(cache, StaticKVCache) and cache.reuses_kv():  # this call reads stored keys and values only
+            q = project(self.wq, x, lora, "wq")
+            q = rotate_pairs((q + self.q_bias).to(q.dtype).unflatten(-1, (H, hd)), cos, sin).transpose(1, 2)
+            return self.attend(q, None, None, lora, cache)
         q, k = project(self.wq, x, lora, "wq"), project(self.wk, x, lora, "wk")
         q, k = (q + self.q_bias).to(q.dtype), (k + self.k_bias).to(k.dtype)  # stay in the autocast dtype
         q = rotate_pairs(q.unflatten(-1, (H, hd)), cos, sin).transpose(1, 2)  # (B, H, T, hd)
@@ -152,6 +157,7 @@ class Huginn(BaseLM):
     label = "Huginn"
     description = "recurrent depth as released: sandwich blocks, random state, sampled depth, truncated backprop"
     draws_random_state = True  # the initial state is drawn per row, fresh every forward
+    warm_startable = True  # s0 is drawn, the token enters every step through e
 
     @classmethod
     def default_n_recur(cls, args: Any) -> int:

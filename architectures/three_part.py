@@ -47,6 +47,7 @@ class ThreePart(BaseLM):
     label = "Three-part"
     description = "prelude / recurrent core with input injection / coda"
     draws_random_state = True  # s0 ~ N(0, sigma^2) per row, fresh every forward
+    warm_startable = True  # s0 is drawn, the token enters every step through e
 
     @classmethod
     def default_n_recur(cls, args: Any) -> int:

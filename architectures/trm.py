@@ -88,6 +88,7 @@ class TRM(BaseLM):
     label = "TRM"
     description = "tiny recursive model: one network refines a latent then the answer, deep supervision"
     reports_stats = True
+    warm_startable = True  # the state [y ; z] starts from learned vectors, the token enters every step through x
     y_init: torch.Tensor
     z_init: torch.Tensor
 

@@ -70,6 +70,7 @@ def build_fixture_db(
     overrides: dict | None = None,
     device: str = "cpu",
     depth: bool = False,
+    infer: bool = False,
     variant: str | None = None,
     run_extra: Callable[[str, int], dict] | None = None,
 ) -> Path:
@@ -86,6 +87,8 @@ def build_fixture_db(
     db = stages.connect(path)
     archs, seeds = list(archs), list(seeds)
     runs, metrics, samples, grades, evals_rows, depth_rows = [], [], [], [], [], []
+    infer_rows: list[dict] = []
+    latent_rows: list[dict] = []
     prompts = [
         {
             "id": f"{PROMPT_SET}:{i}",
@@ -271,6 +274,9 @@ def build_fixture_db(
                     )
         if depth:
             depth_rows += _depth_rows(rid, arch, cfg.model.n_recur, final, seed)
+        if infer:
+            infer_rows += _infer_rows(rid, arch, cfg.model.n_recur, seed)
+            latent_rows += _latent_rows(rid, arch, cfg.model.n_recur)
         if evals:
             e = _rng("eval", rid)
             for task, metric, value, stderr in (
@@ -332,6 +338,14 @@ def build_fixture_db(
             db["depth_results"].insert_all(
                 depth_rows, pk=("run_id", "n_recur", "exit_rule", "threshold", "extrapolate", "windows"), replace=True
             )
+        if infer_rows:
+            db["inference_results"].insert_all(
+                infer_rows,
+                pk=("run_id", "setting", "prompts", "single", "prompt_tokens", "new_tokens", "windows"),
+                replace=True,
+            )
+        if latent_rows:
+            db["inference_latents"].insert_all(latent_rows, pk=("run_id", "sequence", "n_recur"), replace=True)
     db.conn.close()
     return path
 
@@ -426,6 +440,101 @@ def _depth_rows(rid: str, arch: str, trained: int, final: float, seed: int) -> l
                 "mean_depth": max(1.0, m),
                 "flops_per_token": 1e6 * m,
                 "depth_hist": json.dumps(hist),
+            }
+        )
+    return rows
+
+
+# Inference settings per recurrent architecture: (setting, kind, threshold, kv, draft, FLOPs and KV as a share of
+# full depth, loss change, agreement). FraiLT's `last` exit is cheaper and within the margin; relaxed's cheaper
+# settings all cost loss; three-part has no cheaper setting at all.
+_INFER = {
+    "frailt": (
+        ("n=trained exit=0.001 rule=kl kv=last", "plain", 1e-3, "last", 0, 0.6, 1.0, 0.001, 0.97),
+        ("n=trained exit=0.01 rule=kl kv=first", "plain", 1e-2, "first", 0, 0.4, 0.25, 0.06, 0.8),
+        ("speculative draft n=1 k=4", "speculative", 0.0, "full", 1, 1.2, 1.0, 0.0, 1.0),
+    ),
+    "relaxed": (("n=trained exit=0.01 rule=kl kv=last", "plain", 1e-2, "last", 0, 0.5, 1.0, 0.08, 0.7),),
+    "three-part": (("speculative draft n=1 k=4", "speculative", 0.0, "full", 1, 1.3, 1.0, 0.0, 1.0),),
+}
+
+
+def _infer_rows(rid: str, arch: str, trained: int, seed: int) -> list[dict]:
+    """inference_results rows: full depth for every run (the control's only row), and the settings above."""
+    r = _rng("infer", rid)
+    base = {
+        "run_id": rid,
+        "prompts": 16,
+        "single": 4,
+        "prompt_tokens": 16,
+        "new_tokens": 16,
+        "windows": 16,
+        "device": "cpu",
+        "threads": 2,
+        "peak_mem_source": "process-rss",
+        "seconds": 3.0,
+        "created_at": _ts(7, seed),
+    }
+    depth = trained if arch in _INFER else 1
+    full_flops, full_kv, full_loss = 1e6 * depth, 4096.0 * depth, 3.3 + 0.002 * r.standard_normal()
+
+    def row(setting, kind, thr, kv, draft, flops, kvs, dloss, agree):
+        return {
+            **base,
+            "setting": setting,
+            "kind": kind,
+            "n_recur": trained,
+            "exit_rule": "kl" if thr > 0 else "",
+            "exit_threshold": thr,
+            "kv": kv,
+            "warm_start": 0,
+            "draft_n_recur": draft,
+            "spec_k": 4 if draft else 0,
+            "tokens_per_s_1": 900.0 / (flops * depth) + 10 * r.random(),
+            "prefill_tokens_per_s_1": 5000.0,
+            "tokens_per_s_batch": 6000.0 / (flops * depth),
+            "prefill_tokens_per_s_batch": 20000.0,
+            "peak_mem_bytes": 300_000_000,
+            "kv_bytes": int(full_kv * kvs * 512 / 1000),
+            "kv_bytes_per_1k": full_kv * kvs * 1e3,
+            "flops_per_token": full_flops * flops,
+            "mean_depth": depth * min(flops, 1.0),
+            "val_loss": full_loss + dloss + (0.0005 * r.standard_normal() if dloss else 0.0),
+            "val_flops_per_token": full_flops * flops,
+            "val_mean_depth": depth * min(flops, 1.0),
+            "agreement": agree,
+            "proposed": 64 if draft else None,
+            "accepted": 40 if draft else None,
+            "acceptance_rate": 40 / 64 if draft else None,
+            "tokens_json": "[]",
+        }
+
+    return [row("full depth", "plain", 0.0, "full", 0, 1.0, 1.0, 0.0, 1.0)] + [row(*s) for s in _INFER.get(arch, ())]
+
+
+def _latent_rows(rid: str, arch: str, trained: int) -> list[dict]:
+    """inference_latents rows for recurrent runs: two windows whose states settle geometrically."""
+    import json
+
+    if arch not in _INFER:
+        return []
+    r = _rng("latent", rid)
+    rows = []
+    for seq in (0, 1):
+        conv = [[float(0.5**i * (1 + 0.1 * r.random())) for _ in range(8)] for i in range(1, trained + 1)]
+        traj = [[[float(p + 0.5**i), float(p * 0.1 - 0.5**i)] for i in range(trained + 1)] for p in range(3)]
+        rows.append(
+            {
+                "run_id": rid,
+                "sequence": seq,
+                "n_recur": trained,
+                "tokens": 8,
+                "token_ids_json": json.dumps(list(range(8))),
+                "convergence_json": json.dumps(conv),
+                "positions_json": json.dumps([0, 3, 7]),
+                "pca_json": json.dumps(traj),
+                "explained": json.dumps([0.7, 0.2]),
+                "created_at": _ts(7, seq),
             }
         )
     return rows

@@ -4,7 +4,8 @@
 - A real server (`python -m benchctl browse`, a subprocess on a free port of 127.0.0.1) over a fixture study
   database: table pages carry the descriptions, every canned query's JSON returns rows, a row written while it
   serves shows up, and SQL that writes is refused.
-- Canned queries follow the file's schema: a depth_results table adds one, a variant column labels the models.
+- Canned queries follow the file's schema: a depth_results table adds one (so does inference_results), a variant
+  column labels the models.
 - A missing file, a directory, a non-SQLite file and an SQLite file without benchctl's tables exit non-zero with
   one line; so does a port that is taken.
 """
@@ -67,6 +68,7 @@ def test_canned_queries_follow_the_schema(tmp_path):
     served = browse.check_database(path)
     queries = browse.canned_queries(served)
     assert "judge_grades_by_model" in queries and "depth_results" in queries  # both are always in the schema now
+    assert "inference_results" in queries and "tokens_json" not in queries["inference_results"]["sql"]
     assert "coalesce(r.variant, r.arch) as model" in queries["final_losses"]["sql"]
     _add_depth_rows(path)
     queries = browse.canned_queries(browse.check_database(path))
@@ -117,7 +119,7 @@ def _rows(base: str, path: str) -> list[dict]:
 
 @pytest.mark.slow
 def test_serves_descriptions_and_every_canned_query(tmp_path):
-    path = build_fixture_db(tmp_path / "results.db", seeds=(0, 1), n_prompts=4, bench=True)
+    path = build_fixture_db(tmp_path / "results.db", seeds=(0, 1), n_prompts=4, bench=True, infer=True)
     _add_depth_rows(path)
     port = _free_port()
     base = f"http://127.0.0.1:{port}"

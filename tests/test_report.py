@@ -104,7 +104,7 @@ def fpv(p: float) -> str:
 @pytest.fixture(scope="module")
 def full(tmp_path_factory):
     d = tmp_path_factory.mktemp("full")
-    path = build_fixture_db(d / "results.db", judge_repeats=2, bench=True, depth=True)
+    path = build_fixture_db(d / "results.db", judge_repeats=2, bench=True, depth=True, infer=True)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     out = report_engine.write_report(path, d / "reports")
     return {"db": path, "out": out, "md": out.read_text(), "digest": digest, "dir": d}

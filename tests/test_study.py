@@ -20,7 +20,7 @@ def test_registry_is_the_study_in_order():
     orders = [s.order for s in stages.registered()]
     assert orders == sorted(orders)
     assert [n for n in stages.names() if n in BUILTIN_STAGES] == list(BUILTIN_STAGES)
-    assert [n for n in stages.skippable() if n in BUILTIN_STAGES] == ["sample", "judge", "eval", "depth"]
+    assert [n for n in stages.skippable() if n in BUILTIN_STAGES] == ["sample", "judge", "eval", "depth", "infer"]
     builtin_figures = tuple(f for s in stages.registered() if s.name in BUILTIN_STAGES for f in s.figures)
     assert [f for f in report.figure_names() if f in builtin_figures] == list(builtin_figures)
     assert builtin_figures == (
@@ -37,6 +37,9 @@ def test_registry_is_the_study_in_order():
         "depth_loss.png",
         "depth_frontier.png",
         "depth_exit_hist.png",
+        "infer_frontier.png",
+        "infer_convergence.png",
+        "infer_trajectories.png",
     )
     assert not hasattr(study, "STAGES")
 
@@ -70,8 +73,20 @@ def test_a_new_stage_runs_in_order_and_adds_its_section(tmp_path, monkeypatch):
     lines: list[str] = []
     path = run_study(StudyOptions(preset="tiny", archs=["control"], db_path=tmp_path / "r.db"), log=lines.append)
     assert path == tmp_path / "report.md"
-    assert seen == ["prepare", "train", "bench", "retrofit", "sample", "judge", "eval", "depth", "probe", "report"]
-    assert lines == [f"== {i}/10 {n}: {n} ran" for i, n in enumerate(seen, 1)]
+    assert seen == [
+        "prepare",
+        "train",
+        "bench",
+        "retrofit",
+        "sample",
+        "judge",
+        "eval",
+        "depth",
+        "infer",
+        "probe",
+        "report",
+    ]
+    assert lines == [f"== {i}/11 {n}: {n} ran" for i, n in enumerate(seen, 1)]
 
     db = build_fixture_db(tmp_path / "fixture.db", judge=False, evals=False)
     md = report.build(db).markdown
@@ -168,7 +183,7 @@ def test_study_end_to_end_on_tiny_data(tmp_path, tinystories_dir, monkeypatch):
             "train.eval_interval": 1,
             "train.warmup_steps": 1,
         },
-        skip=("sample", "judge", "eval", "depth"),
+        skip=("sample", "judge", "eval", "depth", "infer"),
         progress=False,
         bench=False,
     )
@@ -178,13 +193,14 @@ def test_study_end_to_end_on_tiny_data(tmp_path, tinystories_dir, monkeypatch):
     ran = [s.name for s in stages.registered() if s.run is not None]
     assert [h.split(":")[0] for h in heads] == [f"== {i}/{len(ran)} {n}" for i, n in enumerate(ran, 1)]
     said = {h.split(":")[0].split()[-1]: h.split(" ", 2)[2] for h in heads}  # stage -> "bench: skipped (...)"
-    assert [said[n] for n in ("bench", "retrofit", "sample", "judge", "eval", "depth")] == [
+    assert [said[n] for n in ("bench", "retrofit", "sample", "judge", "eval", "depth", "infer")] == [
         "bench: skipped (--no-bench)",
         "retrofit: no conversions in this plan",
         "sample: skipped",
         "judge: skipped",
         "eval: skipped",
         "depth: skipped",
+        "infer: skipped",
     ]
     assert path == tmp_path / "reports" / "report.md"
     assert "| control | 1 | 0 | 0 | 0 | 0 |" in path.read_text()

@@ -283,6 +283,64 @@ EXPECTED_SQL = {
         '   "baseline_rss_bytes" INTEGER\n'
         ")"
     ),
+    "inference_results": (
+        'CREATE TABLE "inference_results" (\n'
+        '   "run_id" TEXT REFERENCES "runs"("id"),\n'
+        '   "setting" TEXT,\n'
+        '   "prompts" INTEGER,\n'
+        '   "single" INTEGER,\n'
+        '   "prompt_tokens" INTEGER,\n'
+        '   "new_tokens" INTEGER,\n'
+        '   "windows" INTEGER,\n'
+        '   "kind" TEXT,\n'
+        '   "n_recur" INTEGER,\n'
+        '   "exit_rule" TEXT,\n'
+        '   "exit_threshold" REAL,\n'
+        '   "kv" TEXT,\n'
+        '   "warm_start" INTEGER,\n'
+        '   "draft_n_recur" INTEGER,\n'
+        '   "spec_k" INTEGER,\n'
+        '   "device" TEXT,\n'
+        '   "threads" INTEGER,\n'
+        '   "tokens_per_s_1" REAL,\n'
+        '   "prefill_tokens_per_s_1" REAL,\n'
+        '   "tokens_per_s_batch" REAL,\n'
+        '   "prefill_tokens_per_s_batch" REAL,\n'
+        '   "peak_mem_bytes" INTEGER,\n'
+        '   "peak_mem_source" TEXT,\n'
+        '   "kv_bytes" INTEGER,\n'
+        '   "kv_bytes_per_1k" REAL,\n'
+        '   "flops_per_token" REAL,\n'
+        '   "mean_depth" REAL,\n'
+        '   "mean_exit_depth" REAL,\n'
+        '   "val_loss" REAL NOT NULL,\n'
+        '   "val_flops_per_token" REAL,\n'
+        '   "val_mean_depth" REAL,\n'
+        '   "agreement" REAL,\n'
+        '   "proposed" INTEGER,\n'
+        '   "accepted" INTEGER,\n'
+        '   "acceptance_rate" REAL,\n'
+        '   "tokens_json" TEXT,\n'
+        '   "seconds" REAL,\n'
+        '   "created_at" TEXT,\n'
+        '   PRIMARY KEY ("run_id", "setting", "prompts", "single", "prompt_tokens", "new_tokens", "windows")\n'
+        ")"
+    ),
+    "inference_latents": (
+        'CREATE TABLE "inference_latents" (\n'
+        '   "run_id" TEXT REFERENCES "runs"("id"),\n'
+        '   "sequence" INTEGER,\n'
+        '   "n_recur" INTEGER,\n'
+        '   "tokens" INTEGER,\n'
+        '   "token_ids_json" TEXT,\n'
+        '   "convergence_json" TEXT NOT NULL,\n'
+        '   "positions_json" TEXT,\n'
+        '   "pca_json" TEXT,\n'
+        '   "explained" TEXT,\n'
+        '   "created_at" TEXT,\n'
+        '   PRIMARY KEY ("run_id", "sequence", "n_recur")\n'
+        ")"
+    ),
     "samples": (
         'CREATE TABLE "samples" (\n'
         '   "id" TEXT PRIMARY KEY,\n'
@@ -356,6 +414,8 @@ def test_every_table_and_column_is_described():
         "judge_grades": "judge",
         "eval_results": "eval",
         "depth_results": "depth",
+        "inference_results": "infer",
+        "inference_latents": "infer",
     }
     order = [t.name for t in stages.tables()]
     for table in stages.tables():  # created parents first: a foreign key points at a table made before it

@@ -6,9 +6,9 @@ functions that write them in its `tables.py`), and the report sections that show
 study` runs the registered stages in order and the report renders their sections in the same order, so adding a
 stage is adding one folder to this package; neither the study loop nor the report's top level names any stage.
 
-Orders in use: prepare 10, train 20, bench 22, retrofit 25, sample 30, judge 40, eval 50, depth 55, report 100 (the
-report stage closes the report with the comparisons across stages, benchmark rows and provenance). Leave gaps so new
-stages can slot in between.
+Orders in use: prepare 10, train 20, bench 22, retrofit 25, sample 30, judge 40, eval 50, depth 55, infer 58, report
+100 (the report stage closes the report with the comparisons across stages, benchmark rows and provenance). Leave
+gaps so new stages can slot in between.
 
 This package also holds what the stages share: the study's options and state (`StudyOptions`, `StudyRun`,
 `TrainAllResult`), the run selection the stages after training take (`RunSelection`), and the command lines' common

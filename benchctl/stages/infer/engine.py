@@ -1,0 +1,349 @@
+"""Inference cost: what each finished run spends and keeps when it generates under each inference setting, and what
+its recurrent state does across iterations.
+
+For every finished run and every setting the options declare (`settings_for`), on the same prompts (the first
+`batch` validation windows of the run's fixed set, cut to `prompt_tokens`; runs on the same data get the same
+prompts) it measures, with `architectures.inference`:
+
+- decode speed at batch 1 (the first `single` prompts, one generation each) and at batch `batch` (all prompts in one
+  generation): prefill and decode are timed apart and the tokens per second of the decode phase is the headline;
+  one warm-up generation per setting comes first and is not timed;
+- the KV-cache bytes the batched generation holds, per 1,000 cached tokens; its peak memory (CUDA: torch's peak
+  allocation; CPU: the process's peak RSS, since reset where Linux allows it);
+- FLOPs spent per generated token and the mean depth, as the engine counts them (tokens that exited are not
+  computed further, so this is what was spent, not an estimate from the mean depth);
+- the teacher-forced validation loss under the same setting on the first `windows` validation windows, with its own
+  FLOPs spent and mean depth (a speculative setting's output is the full-depth output: its loss is the verifier's);
+- agreement: the share of the batched generation's greedy tokens equal to the run's full-depth greedy
+  continuation of the same prompts (1 for full depth itself; read back from the stored full-depth row on a rerun).
+
+Generation and loss run in float32 without autocast, under `torch.no_grad()`, with the torch RNG seeded from the
+run's `eval.val_seed` before every call, so every setting of a run sees the same numbers. A setting a run cannot
+run (`architectures.inference.supports`) is skipped with its reason, not failed; an architecture without the
+iteration hooks (the control) gets the full-depth row only: it is the reference row of the comparison.
+
+The latent view: for the first `latent_sequences` validation windows, the state after each iteration at the trained
+depth (the `prelude` / `core_step` hooks of `architectures.base.BaseLM`): per position the relative change
+||s_i - s_(i-1)|| / ||s_i|| for i = 1..n, and for `latent_tokens` evenly spaced positions their states at
+iterations 0..n projected on the first two principal components of those states.
+
+Rows go to `inference_results` (one per run, setting and measurement sizes, written as soon as measured) and
+`inference_latents` (a run's windows in one transaction); a rerun measures only what is missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import architectures
+from architectures import inference as inf
+from benchctl.core import checkpoint, data, telemetry
+from benchctl.core.config import RunConfig
+from benchctl.core.errors import DataError, EvalError
+from benchctl.core.progress import Progress, as_progress, silent
+from benchctl.core.runtime import resolve_device
+from benchctl.stages.infer import tables as infer_tables
+from benchctl.stages.infer.latent import trace_latents
+from benchctl.stages.infer.options import InferOptions
+from benchctl.stages.train import tables as train_tables
+
+FULL = "full depth"
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One setting of a run: a plain generation setting, or speculative drafting (`draft` set, verified at full
+    depth with `k` tokens drafted per verification)."""
+
+    setting: Any  # architectures.inference.InferenceSetting: the generation's (speculative: the verifier's)
+    draft: Any = None  # speculative: the draft's InferenceSetting
+    k: int = 0
+
+    @property
+    def speculative(self) -> bool:
+        return self.draft is not None
+
+    @property
+    def label(self) -> str:
+        if self.speculative:
+            return f"speculative draft {self.draft.label()} k={self.k}"
+        return FULL if self.setting == inf.InferenceSetting() else self.setting.label()
+
+
+def settings_for(arch_cls: Any, opts: InferOptions) -> list[Measured]:
+    """The settings to measure for a run of `arch_cls`: full depth first (the reference every other setting's
+    agreement is taken against), then for an architecture with iteration hooks every exit threshold under every
+    KV strategy (threshold 0 with `full` is full depth itself), optionally each again with the warm start, and the
+    speculative drafts."""
+    out = [Measured(inf.InferenceSetting())]
+    if not arch_cls.iterable():
+        return out
+    warm = (False, True) if opts.warm_start else (False,)
+    for w in warm:
+        for thr in opts.thresholds:
+            for kv in opts.kv:
+                if thr == 0 and kv == "full" and not w:
+                    continue
+                rule = opts.exit_rule if thr > 0 else None  # threshold 0: no token exits, whatever the rule
+                out.append(Measured(inf.InferenceSetting(exit_threshold=thr, exit_rule=rule, kv=kv, warm_start=w)))
+    out += [Measured(inf.InferenceSetting(), inf.InferenceSetting(n_recur=d), opts.spec_k) for d in opts.drafts]
+    return out
+
+
+def agreement(got: Sequence[Sequence[int]], ref: Sequence[Sequence[int]]) -> float:
+    """Share of positions where two generations of the same prompts hold the same token (missing ones differ)."""
+    total = sum(max(len(a), len(b)) for a, b in zip(got, ref))
+    same = sum(x == y for a, b in zip(got, ref) for x, y in zip(a, b))
+    return same / total if total else 1.0
+
+
+@dataclass
+class InferSummary:
+    rows: list[dict[str, Any]] = field(default_factory=list)  # measured by this call
+    skipped: int = 0  # already stored
+    unsupported: list[tuple[str, str, str]] = field(default_factory=list)  # (run id, setting, reason)
+    latents: int = 0  # runs traced by this call
+    seconds: float = 0.0
+
+
+@dataclass
+class _RunPlan:
+    row: dict[str, Any]
+    cfg: Any
+    todo: list[Measured]
+    sizes: dict[str, int]  # the key's measurement sizes: prompts, single, prompt_tokens, new_tokens, windows
+    windows: torch.Tensor  # (max(batch, windows, latent_sequences), T+1): the run's first validation windows
+    latent: list[int]  # window indices still to trace
+    latent_tokens: int
+
+
+def _sizes(cfg: Any, opts: InferOptions) -> dict[str, int]:
+    """Measurement sizes for one run: the prompt takes at most half the context, the generation the rest."""
+    ctx = int(cfg.model.max_seq_len)
+    prompt = min(opts.prompt_tokens, max(1, ctx // 2))
+    return {
+        "prompts": opts.batch,
+        "single": opts.single,
+        "prompt_tokens": prompt,
+        "new_tokens": min(opts.new_tokens, ctx - prompt),
+        "windows": min(opts.windows, int(cfg.eval.val_windows)),
+    }
+
+
+def _key(m: Measured, sizes: dict[str, int]) -> tuple[Any, ...]:
+    return (m.label, *(sizes[k] for k in infer_tables.INFERENCE_RESULTS.pk[2:]))
+
+
+def plan(
+    db: Any, rows: list[dict[str, Any]], opts: InferOptions, *, progress: bool = False
+) -> tuple[list[_RunPlan], int]:
+    """Settings still to measure and windows still to trace per run (every check done before any work), and how
+    many rows are already stored."""
+    plans, skipped, prepared_by_key = [], 0, {}
+    for row in rows:
+        cfg = RunConfig.from_json(row["config_json"])
+        cls = architectures.get(cfg.arch)
+        sizes = _sizes(cfg, opts)
+        have = infer_tables.result_keys(db, row["id"])
+        settings = settings_for(cls, opts)
+        todo = [m for m in settings if _key(m, sizes) not in have]
+        skipped += len(settings) - len(todo)
+        n_rec = int(cfg.model.n_recur)
+        traced = infer_tables.latent_keys(db, row["id"])
+        latent = [i for i in range(opts.latent_sequences) if (i, n_rec) not in traced] if cls.iterable() else []
+        if not todo and not latent:
+            continue
+        key = json.dumps([dataclasses.asdict(cfg.data), cfg.model.vocab_size], sort_keys=True)
+        if key not in prepared_by_key:
+            prepared_by_key[key] = data.prepare(cfg.data, cfg.model.vocab_size, progress=progress)
+        prepared = prepared_by_key[key]
+        if row.get("data_fingerprint") and row["data_fingerprint"] != prepared.fingerprint:
+            raise DataError(
+                f"run {row['id']} was trained on data {row['data_fingerprint'][:12]}, but its source "
+                f"{cfg.data.source} now gives {prepared.fingerprint[:12]}; restore the original data"
+            )
+        # the run's fixed validation set (as `train` evaluates on), longer only when the prompts need more windows
+        need = max(opts.batch, sizes["windows"], opts.latent_sequences, 1)
+        win = data.val_windows(
+            prepared.valid_tokens(), cfg.model.max_seq_len, max(need, cfg.eval.val_windows), cfg.eval.val_seed
+        )
+        plans.append(_RunPlan(row, cfg, todo, sizes, win[:need], latent, opts.latent_tokens))
+    return plans, skipped
+
+
+# ---- measurements ----------------------------------------------------------------------------------------------------
+
+
+def _generate(model: Any, m: Measured, prompts: list[list[int]], new: int, seed: int) -> Any:
+    torch.manual_seed(seed)  # random initial states (three-part) draw the same numbers for every setting
+    with torch.no_grad():
+        if m.speculative:
+            return inf.speculative_generate(model, prompts, new, draft=m.draft, k=m.k)  # verified at full depth
+        return inf.generate_adaptive(model, prompts, new, m.setting, temperature=0.0)
+
+
+def _rate(tokens: float, seconds: float) -> float | None:
+    return tokens / seconds if seconds > 0 else None
+
+
+def _peak_start(device: torch.device) -> bool:
+    """Start a peak-memory phase; False where only the process's lifetime peak can be read."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return True
+    return telemetry.reset_peak_rss()
+
+
+def _peak(device: torch.device, phase: bool) -> tuple[int | None, str]:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device)), "cuda-allocated"
+    return telemetry.run_peak_rss_bytes(), "process-rss" if phase else "process-rss-lifetime"
+
+
+def teacher_forced(model: Any, windows: torch.Tensor, batch_size: int, setting: Any, seed: int) -> dict[str, float]:
+    """Loss, FLOPs spent per token and mean depth of a setting over the windows (N, T+1), token-weighted."""
+    total = {"loss": 0.0, "flops": 0.0, "depth": 0.0}
+    count = 0
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for i in range(0, len(windows), batch_size):
+            w = windows[i : i + batch_size]
+            loss, flops, depth = inf.evaluate_adaptive(model, w[:, :-1], w[:, 1:], setting)
+            n = w[:, 1:].numel()
+            total["loss"] += float(loss) * n
+            total["flops"] += float(flops) * n
+            total["depth"] += float(depth) * n
+            count += n
+    return {
+        "val_loss": total["loss"] / count,
+        "val_flops_per_token": total["flops"] / count,
+        "val_mean_depth": total["depth"] / count,
+    }
+
+
+def measure(
+    model: Any,
+    m: Measured,
+    prompts: list[list[int]],
+    sizes: dict[str, int],
+    windows: torch.Tensor,
+    cfg: Any,
+    device: torch.device,
+    reference: list[list[int]] | None,
+) -> dict[str, Any]:
+    """Every number of one (run, setting) row but its key (see the module docstring)."""
+    seed, new = int(cfg.eval.val_seed), sizes["new_tokens"]
+    t0 = time.perf_counter()
+    _generate(model, m, prompts[:1], min(new, 4), seed)  # warm-up: first-call costs stay out of the timings
+    singles = [_generate(model, m, [p], new, seed) for p in prompts[: sizes["single"]]]
+    phase = _peak_start(device)
+    batched = _generate(model, m, prompts, new, seed)
+    peak, source = _peak(device, phase)
+    tf = teacher_forced(model, windows[: sizes["windows"]], int(cfg.eval.val_batch_size), m.setting, seed)
+    row = {
+        "kind": "speculative" if m.speculative else "plain",
+        "n_recur": int(m.setting.n_recur or cfg.model.n_recur),
+        "exit_rule": (m.setting.exit_rule or "") if m.setting.exit_threshold > 0 else "",
+        "exit_threshold": float(m.setting.exit_threshold),
+        "kv": m.setting.kv,
+        "warm_start": int(m.setting.warm_start),
+        "draft_n_recur": int(m.draft.n_recur) if m.speculative else 0,
+        "spec_k": m.k,
+        "device": device.type,
+        "threads": torch.get_num_threads(),
+        "tokens_per_s_1": _rate(sum(r.new_tokens for r in singles), sum(r.decode_seconds for r in singles)),
+        "prefill_tokens_per_s_1": _rate(
+            sum(len(p) for p in prompts[: len(singles)]), sum(r.prefill_seconds for r in singles)
+        ),
+        "tokens_per_s_batch": _rate(batched.new_tokens, batched.decode_seconds),
+        "prefill_tokens_per_s_batch": _rate(sum(len(p) for p in prompts), batched.prefill_seconds),
+        "peak_mem_bytes": peak,
+        "peak_mem_source": source,
+        "kv_bytes": int(batched.kv_bytes),
+        # per cached position and row, as the strategy declares it (the engine's tests hold kv_bytes to it)
+        "kv_bytes_per_1k": 1000.0 * inf.kv_bytes_per_token(model, m.setting),
+        "flops_per_token": float(batched.flops_per_token),
+        "mean_depth": float(batched.mean_depth),
+        "mean_exit_depth": float(batched.mean_exit_depth),
+        **tf,
+        # full depth is its own reference; without a stored full-depth row there is nothing to agree with
+        "agreement": 1.0 if m.label == FULL else None if reference is None else agreement(batched.tokens, reference),
+        "proposed": getattr(batched, "proposed", None),
+        "accepted": getattr(batched, "accepted", None),
+        "acceptance_rate": getattr(batched, "acceptance_rate", None),
+        "tokens_json": json.dumps(batched.tokens),
+    }
+    row["seconds"] = time.perf_counter() - t0
+    return row
+
+
+def measure_run(
+    db: Any,
+    db_path: Path,
+    p: _RunPlan,
+    device: torch.device,
+    summary: InferSummary,
+    on_row: Callable[[dict[str, Any] | None], None],
+) -> None:
+    """Load one run's model, trace its missing latent windows, and measure (and store) each missing setting."""
+    model, cfg, _ = checkpoint.load_model(checkpoint.run_dir(db_path, p.row["id"]) / checkpoint.CKPT_NAME, device)
+    model = model.float().eval()
+    seed = int(cfg.eval.val_seed)
+    if p.latent:
+        rows = trace_latents(model, p.windows[p.latent].to(device), p.latent_tokens, seed)
+        infer_tables.record_latents(db, [{"run_id": p.row["id"], "sequence": i, **r} for i, r in zip(p.latent, rows)])
+        summary.latents += 1
+    prompts = p.windows[: p.sizes["prompts"], : p.sizes["prompt_tokens"]].tolist()
+    windows = p.windows.to(device)
+    full_key = _key(Measured(inf.InferenceSetting()), p.sizes)
+    reference = infer_tables.stored_tokens(db, p.row["id"], full_key)
+    for m in p.todo:
+        reason = inf.supports(model, m.draft if m.speculative else m.setting)
+        if reason is None and m.speculative:
+            reason = inf.supports(model, m.setting)
+        if reason is not None:
+            summary.unsupported.append((p.row["id"], m.label, reason))
+            on_row(None)
+            continue
+        row = measure(model, m, prompts, p.sizes, windows, cfg, device, reference)
+        if m.label == FULL:
+            reference = json.loads(row["tokens_json"])
+        row = {"run_id": p.row["id"], "setting": m.label, **p.sizes, **row}
+        infer_tables.record_inference_result(db, row)
+        on_row({**row, "arch": p.row["arch"], "seed": p.row["seed"]})
+
+
+def infer_all(db: Any, db_path: str | Path, opts: InferOptions, *, progress: bool | Progress = True) -> InferSummary:
+    """Measure every finished run `opts` selects at every declared setting and trace its latent view; what is stored
+    is skipped (see the module docstring)."""
+    reporter = as_progress(progress)
+    dev = resolve_device(opts.device, option="--device")
+    sel = opts.select
+    rows = train_tables.finished_runs(
+        db, run_ids=sel.run_ids, archs=sel.archs, preset=sel.preset, none_left=EvalError, purpose="to measure"
+    )
+    plans, skipped = plan(db, rows, opts, progress=reporter.enabled)
+    summary = InferSummary(skipped=skipped)
+    total = sum(len(p.todo) for p in plans)
+    bar = reporter.task("infer", total=total) if total else silent().task("infer")
+    t0 = time.perf_counter()
+    with bar:
+        for p in plans:
+            label = f"{p.row['arch']} s{p.row['seed']}"
+
+            def on_row(r: dict[str, Any] | None, label: str = label) -> None:
+                if r is not None:
+                    summary.rows.append(r)
+                bar.update(advance=1, description=label)
+
+            measure_run(db, Path(db_path), p, dev, summary, on_row)
+    summary.seconds = time.perf_counter() - t0
+    return summary

@@ -1,0 +1,267 @@
+"""`benchctl infer` (benchctl/stages/infer): its options (one-line errors naming the flag), the settings each
+architecture gets, the stage end to end on tiny trained runs (rows for every setting, the control's reference row,
+agreement against full depth, the latent view; a rerun measures nothing), its browse query, and the report section
+"Inference cost" from a fixture database."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from fixtures_db import build_fixture_db
+
+from benchctl.core.errors import ConfigError
+from benchctl.stages.infer.latent import states, trace_latents
+from benchctl.stages.infer.options import DEFAULT_KV, DEFAULT_THRESHOLDS, InferOptions, parse_kv
+from benchctl.stages.infer.tables import browse_queries
+from benchctl.stages.report import engine as report
+
+# ---- options ---------------------------------------------------------------------------------------------------------
+
+
+def test_options_parse_the_command_lines_lists():
+    opts = InferOptions()
+    assert (opts.thresholds, opts.kv, opts.drafts) == (DEFAULT_THRESHOLDS, DEFAULT_KV, (1, 2))
+    assert DEFAULT_KV == ("full", "last", "budget:2", "first") and DEFAULT_THRESHOLDS == (0.0, 1e-3, 1e-2)
+    opts = InferOptions(thresholds="1e-2,0", kv="last,budget:03,last", drafts="")
+    assert (opts.thresholds, opts.kv, opts.drafts) == ((0.0, 1e-2), ("last", "budget:3"), ())
+    assert parse_kv(["first"]) == ("first",)
+
+
+@pytest.mark.parametrize(
+    ("bad", "says"),
+    [
+        ({"kv": "lastt"}, "--kv: unknown strategy 'lastt'; did you mean 'last'?"),
+        ({"kv": "budget:0"}, "--kv: budget:K needs a whole number K >= 1"),
+        ({"thresholds": "-1"}, "--thresholds"),
+        ({"thresholds": "x"}, "--thresholds"),
+        ({"drafts": "0"}, "--drafts"),
+        ({"exit_rule": "kll"}, "--exit: unknown rule 'kll'; did you mean 'kl'?"),
+        ({"spec_k": 0}, "--spec-k must be >= 1"),
+        ({"batch": 2, "single": 3}, "--single (3) cannot exceed --batch (2)"),
+        ({"latent_sequences": -1}, "--latent-sequences must be >= 0"),
+    ],
+)
+def test_bad_options_name_their_flag(bad, says):
+    with pytest.raises(ConfigError) as e:
+        InferOptions(**bad)
+    assert says in str(e.value)
+
+
+# ---- latent view ---------------------------------------------------------------------------------------------------
+
+RECURRENT = ["frailt", "three-part", "relaxed", "huginn", "trm"]
+
+
+@pytest.mark.parametrize("arch", RECURRENT)
+def test_latent_states_are_the_ones_the_forward_reads_out(arch, tiny_model):
+    """The last traced state, through the coda, final norm and head, gives the model's own logits; the stored
+    convergence is the relative change between consecutive traced states."""
+    model = tiny_model(arch).eval()
+    w = torch.randint(0, 512, (2, 13), generator=torch.Generator().manual_seed(3))
+    st = states(model, w[:1, :-1], seed=5)
+    n = model.resolve_n_recur(None)
+    assert st.shape[:2] == (n + 1, 12)  # the state is (T, d) or wider (trm carries two)
+    cos, sin = model.rope_cos[:12], model.rope_sin[:12]
+    torch.manual_seed(5)
+    with torch.no_grad():
+        ref = model(w[:1, :-1])[0]
+        got = model.output(model.norm(model.coda(st[-1][None], cos, sin, None)))
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+    rows = trace_latents(model, w, n_tokens=3, seed=5)
+    assert len(rows) == 2 and rows[0]["n_recur"] == n and rows[0]["tokens"] == 12
+    conv = torch.tensor(json.loads(rows[0]["convergence_json"]))
+    want = (st[1:] - st[:-1]).norm(dim=-1) / st[1:].norm(dim=-1)
+    torch.testing.assert_close(conv, want, rtol=1e-4, atol=1e-5)
+    assert json.loads(rows[0]["positions_json"]) == [0, 6, 11]
+    xy = json.loads(rows[0]["pca_json"])
+    assert len(xy) == 3 and all(len(traj) == n + 1 and len(traj[0]) == 2 for traj in xy)
+    explained = json.loads(rows[0]["explained"])
+    assert 0 < explained[1] <= explained[0] and sum(explained) <= 1 + 1e-9
+
+
+# ---- browse and report -----------------------------------------------------------------------------------------------
+
+
+def test_browse_query_follows_the_files_columns():
+    assert browse_queries({"runs": ["id"]}) == {}
+    q = browse_queries({"runs": ["id", "variant"], "inference_results": ["run_id", "setting", "tokens_json"]})
+    sql = q["inference_results"]["sql"]
+    assert "coalesce(r.variant, r.arch) as model" in sql and "i.setting" in sql and "tokens_json" not in sql
+
+
+def _section(md: str, title: str) -> str:
+    sec = md[md.index(f"\n## {title}\n") :]
+    return sec[: sec.index("\n## ", 5)] if "\n## " in sec[5:] else sec
+
+
+def test_report_section_renders_on_a_fixture(tmp_path):
+    path = build_fixture_db(tmp_path / "results.db", seeds=(0, 1), judge=False, evals=False, infer=True)
+    built = report.build(path)
+    sec = _section(built.markdown, "Inference cost")
+    for fig in ("infer_frontier.png", "infer_convergence.png", "infer_trajectories.png"):
+        assert f"(figures/{fig})" in sec and fig in built.figures
+    assert "**control** (reference)" in sec and "| full depth | 2 |" in sec
+    assert "- frailt: `n=trained exit=0.001 rule=kl kv=last` is cheaper than full depth" in sec
+    assert "no worse = the upper end of the loss change's 95% CI over 2 seeds below 0.01 nats" in sec
+    assert "- relaxed: no cheaper setting is shown to be no worse than full depth" in sec
+    assert "- three-part: no setting spends fewer FLOPs per generated token or holds fewer KV bytes" in sec
+    assert "- control" not in sec  # the reference gets no sentence
+    one = report.build(build_fixture_db(tmp_path / "one.db", seeds=(0,), judge=False, evals=False, infer=True))
+    assert "one seed, so about that trained model only" in _section(one.markdown, "Inference cost")
+    empty = report.build(build_fixture_db(tmp_path / "none.db", seeds=(0,), judge=False, evals=False)).markdown
+    assert "No inference rows" in _section(empty, "Inference cost")
+
+
+# ---- the stage end to end --------------------------------------------------------------------------------------------
+
+SMALL = dict(
+    batch=3,
+    single=1,
+    prompt_tokens=6,
+    new_tokens=5,
+    windows=4,
+    thresholds="0,1e-2",
+    kv="full,last",
+    drafts="1",
+    latent_sequences=1,
+    latent_tokens=3,
+)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tinystories_dir):
+    root = tmp_path_factory.mktemp("infer")
+    from benchctl.cli import main
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("BENCHCTL_CACHE", str(root / "cache"))
+        mp.delenv("BENCHCTL_DB", raising=False)
+        with pytest.raises(SystemExit) as exc:
+            main(
+                [
+                    "train-all",
+                    "--preset",
+                    "tiny",
+                    "--archs",
+                    "control,frailt",
+                    "--data",
+                    str(tinystories_dir),
+                    "--db",
+                    str(root / "results" / "results.db"),
+                    "--set",
+                    "train.max_steps=2",
+                    "--set",
+                    "train.warmup_steps=1",
+                    "--no-progress",
+                    "--yes",
+                ]
+            )
+        assert exc.value.code in (0, None)
+    return root
+
+
+@pytest.fixture
+def results(trained, tmp_path, monkeypatch):
+    monkeypatch.setenv("BENCHCTL_CACHE", str(trained / "cache"))
+    shutil.copytree(trained / "results", tmp_path / "results")
+    return tmp_path / "results" / "results.db"
+
+
+def test_infer_measures_every_setting_once_and_resumes(results):
+    from benchctl import stages
+    from benchctl.stages.infer import engine
+
+    db = stages.connect(results)
+    s = engine.infer_all(db, results, InferOptions(**SMALL), progress=False)
+    rows = list(db.query("select i.*, r.arch from inference_results i join runs r on r.id = i.run_id"))
+    assert len(rows) == len(s.rows) == 6 and not s.unsupported
+    control = [r for r in rows if r["arch"] == "control"]
+    frailt = {r["setting"]: r for r in rows if r["arch"] == "frailt"}
+    assert [r["setting"] for r in control] == ["full depth"] and control[0]["agreement"] == 1.0
+    assert len(frailt) == 5  # full depth, threshold 0 under last, 1e-2 under full and last, one draft
+    full = frailt["full depth"]
+    assert (full["prompts"], full["single"], full["prompt_tokens"], full["new_tokens"], full["windows"]) == (
+        3,
+        1,
+        6,
+        5,
+        4,
+    )
+    assert len(json.loads(full["tokens_json"])) == 3 and full["kv_bytes_per_1k"] > 0 and full["flops_per_token"] > 0
+    for r in rows:
+        assert r["tokens_per_s_1"] > 0 and r["tokens_per_s_batch"] > 0 and r["val_loss"] > 0
+        assert 0 <= r["agreement"] <= 1
+    assert all(1 <= r["mean_depth"] <= r["n_recur"] for r in frailt.values() if r["kind"] == "plain")
+    assert all(1 <= r["mean_exit_depth"] <= r["mean_depth"] for r in frailt.values() if r["kind"] == "plain")
+    spec = [r for r in frailt.values() if r["kind"] == "speculative"]
+    assert len(spec) == 1 and spec[0]["draft_n_recur"] == 1 and spec[0]["agreement"] == 1.0  # greedy is exact
+    assert spec[0]["val_loss"] == full["val_loss"] and spec[0]["proposed"] >= spec[0]["accepted"] >= 0
+    zero = next(r for r in frailt.values() if r["kind"] == "plain" and r["exit_threshold"] == 0 and r["kv"] == "last")
+    assert zero["agreement"] == 1.0 and zero["val_loss"] == full["val_loss"]  # nothing exits at threshold 0
+    lat = list(db.query("select l.*, r.arch from inference_latents l join runs r on r.id = l.run_id"))
+    assert [(r["arch"], r["sequence"]) for r in lat] == [("frailt", 0)] and s.latents == 1
+    assert len(json.loads(lat[0]["convergence_json"])) == lat[0]["n_recur"]
+    again = engine.infer_all(db, results, InferOptions(**SMALL), progress=False)
+    assert (len(again.rows), again.skipped, again.latents) == (0, 6, 0)
+    # resumable: a lost row is measured again, its agreement against the stored full-depth tokens
+    db.conn.execute("delete from inference_results where setting = ?", [spec[0]["setting"]])
+    db.conn.commit()
+    resumed = engine.infer_all(db, results, InferOptions(**SMALL), progress=False)
+    assert [r["setting"] for r in resumed.rows] == [spec[0]["setting"]] and resumed.rows[0]["agreement"] == 1.0
+
+
+def test_cli_prints_the_rows_and_errors_are_one_line(results, capsys):
+    from benchctl import cli
+
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["infer", "--db", str(results), "--no-progress", "--kv", "lastt"])
+    err = capsys.readouterr().err
+    assert exc.value.code == ConfigError.exit_code and "--kv: unknown strategy 'lastt'" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    argv = ["infer", "--db", str(results), "--no-progress", "--archs", "control", "--batch", "2", "--single", "1"]
+    with pytest.raises(SystemExit) as exc:
+        cli.main([*argv, "--new-tokens", "3", "--windows", "2"])
+    out = capsys.readouterr().out
+    assert exc.value.code in (0, None) and "1 measured, 0 already stored, 0 run(s) traced" in out
+    from benchctl import stages
+
+    rows = list(stages.connect(results).query("select setting, prompts, new_tokens, windows from inference_results"))
+    assert rows == [{"setting": "full depth", "prompts": 2, "new_tokens": 3, "windows": 2}]
+
+
+def test_the_study_stage_measures_the_finished_runs_once(results):
+    from benchctl import stages
+    from benchctl.stages.infer.stage import STAGE
+    from benchctl.stages.train import tables as train_tables
+
+    db = stages.connect(results)
+    control = [r["id"] for r in train_tables.runs(db) if r["arch"] == "control"]
+    lines: list[str] = []
+    study = stages.StudyRun(
+        opts=stages.StudyOptions(preset="tiny", db_path=results, progress=False),
+        cfgs=[],
+        archs=["control"],
+        log=lines.append,
+        trained=stages.TrainAllResult(skipped=control),
+        heading="9/11 infer",
+    )
+    STAGE.run(study)
+    STAGE.run(study)
+    assert lines == [
+        "== 9/11 infer: inference cost per setting, and the latent view",
+        "   1 row(s) measured, 0 already stored, 0 run(s) traced",
+        "== 9/11 infer: inference cost per setting, and the latent view",
+        "   0 row(s) measured, 1 already stored, 0 run(s) traced",
+    ]
+    skipping = stages.StudyRun(
+        opts=stages.StudyOptions(preset="tiny", db_path=results, skip=("infer",)),
+        cfgs=[],
+        archs=["control"],
+        log=lines.append,
+        trained=stages.TrainAllResult(skipped=control),
+    )
+    STAGE.run(skipping)
+    assert lines[-1] == "== : skipped" and len(lines) == 5
