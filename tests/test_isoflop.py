@@ -301,3 +301,46 @@ def test_a_degenerate_point_is_said_and_not_used(tmp_path):
     line = next(x for x in sec.splitlines() if x.startswith("- **frailt**"))
     assert "At C = 2e9 there is no comparison: the fit of frailt is degenerate." in line
     assert "fewer than 3 budgets with an optimum" in sec  # frailt's power law needs the degenerate budget
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# End to end
+
+
+def test_a_tiny_isoflop_study_trains_resumes_and_reports(tmp_path, tinystories_dir, monkeypatch):
+    """Real training of a 2 widths x 2 budgets grid at tiny (a few steps each) through `study`: the plan's grid
+    point and the split's size land in the database, the report has its Scaling section, and a rerun trains
+    nothing."""
+    from benchctl.study import StudyOptions, run_study
+
+    monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
+    path = write(
+        tmp_path,
+        'name = "iso-e2e"\ndescription = "d"\nkind = "isoflop"\nbudgets = [5e8, 1e9]\nwidths = [16, 32]\n'
+        '[[variant]]\nname = "control"\narch = "control"\n',
+    )
+    opts = StudyOptions(
+        preset="tiny",
+        plan=str(path),
+        seeds=[0],
+        db_path=tmp_path / "r.db",
+        out_dir=tmp_path / "reports",
+        overrides={"data.source": str(tinystories_dir)},
+        skip=("sample", "judge", "eval", "depth"),
+        progress=False,
+        bench=False,
+    )
+    report_path = run_study(opts, log=lambda _: None)
+    db = stages.connect(tmp_path / "r.db")
+    rows = train_tables.plan_runs(db, "iso-e2e")
+    assert {(r["isoflop_arch"], r["isoflop_width"], r["isoflop_budget"]) for r in rows} == {
+        ("control", w, b) for w in (16, 32) for b in (5e8, 1e9)
+    }
+    runs = train_tables.runs(db)
+    assert len(runs) == 4 and all(r["status"] == "done" and r["data_train_tokens"] > 0 for r in runs)
+    md = report_path.read_text()
+    sec = md[md.index("\n## Scaling\n") :]
+    assert "degenerate: fewer than 3 widths" in sec and "| 5e8 | control | 16 |" in sec
+    lines: list[str] = []
+    run_study(opts, log=lines.append)
+    assert sum("already done" in line for line in lines) == 4
