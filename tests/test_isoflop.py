@@ -340,7 +340,7 @@ def test_a_tiny_isoflop_study_trains_resumes_and_reports(tmp_path, tinystories_d
     assert len(runs) == 4 and all(r["status"] == "done" and r["data_train_tokens"] > 0 for r in runs)
     md = report_path.read_text()
     sec = md[md.index("\n## Scaling\n") :]
-    assert "degenerate: fewer than 3 widths" in sec and "| 5e8 | control | 16 |" in sec
+    assert "no fit: fewer than 3 widths" in sec and "| 5e8 | control | 16 |" in sec
     lines: list[str] = []
     run_study(opts, log=lines.append)
     assert sum("already done" in line for line in lines) == 4

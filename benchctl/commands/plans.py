@@ -59,7 +59,7 @@ def show(
         _show_isoflop(plan, preset_, runs, db_path_of(db))
         return
     seeds_ = sorted({r.cfg.seed for r in runs})
-    convs = pl.conversions(plan, preset_, seeds_[:1])
+    convs = pl.conversions(plan, preset_, seeds_[:1], overrides)
     console.print(f"plan {plan.name} ({plan.path}, sha256 {plan.sha256[:12]}): {plan.description}")
     console.print(f"preset {preset_}, seeds {', '.join(map(str, seeds_))}")
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False)

@@ -34,6 +34,8 @@ from benchctl.stages.train.report_compute import spent_flops
 BOOTSTRAP = 1000  # resamples per (architecture, budget): percentile CIs to about ±1 percentile point
 BOOTSTRAP_SEED = 0  # fixed: the same database gives the same report
 FIGURE = "isoflop.png"
+NO_FIT = "fewer than 3 widths"  # a parabola needs three sizes
+OFF_BUDGET = 0.10  # a run whose analytic training FLOPs miss its budget by more (too few steps) is not fitted
 
 
 @dataclass(frozen=True)
@@ -181,27 +183,31 @@ def points_frame(frames: Frames) -> pd.DataFrame:
     budget), seed, final loss, unique and effective parameters, tokens, epochs and the training FLOPs it spent. The
     reported plan's runs when it is an IsoFLOP plan, else every IsoFLOP plan's."""
     cols = ["plan", "name", "arch", "width", "budget", "seed", "run_id", "final", "params", "effective", "tokens"]
-    cols += ["epochs", "spent"]
+    cols += ["epochs", "spent", "on_budget"]
     ctx, pr = frames.ctx, frames.data.plan_runs
     if pr is None or pr.empty or ctx.done.empty or "isoflop_budget" not in pr:
         return pd.DataFrame(columns=cols)
     pr = pr[(pr["preset"] == ctx.preset) & pr["isoflop_budget"].notna()]
-    if ctx.plan is not None and (pr["plan"] == ctx.plan).any():
-        pr = pr[pr["plan"] == ctx.plan]
     if pr.empty:
         return pd.DataFrame(columns=cols)
+    # the reported plan if it is an IsoFLOP plan, else the one with most runs (two grids' points never mix)
+    counts = pr.groupby("plan")["run_id"].nunique().sort_index()
+    chosen = ctx.plan if ctx.plan in counts.index else str(counts.sort_values(ascending=False, kind="stable").index[0])
+    pr = pr[pr["plan"] == chosen]
     done = ctx.done.set_index("id")
     spent = spent_flops(frames)
     rows = []
-    seen: set[tuple[str, str]] = set()
+    seen: set[tuple[str, float]] = set()
     for r in pr.to_dict("records"):
         rid = str(r["run_id"])
-        if rid not in done.index or (str(r["plan"]), rid) in seen:
+        if rid not in done.index or (rid, float(r["isoflop_budget"])) in seen:
             continue
-        seen.add((str(r["plan"]), rid))
+        seen.add((rid, float(r["isoflop_budget"])))
         d = done.loc[rid]
         tokens = _num(d.get("tokens_seen"))
         split = _num(d.get("data_train_tokens"))
+        fpt = _num(d.get("flops_per_token"))
+        analytic = fpt * tokens if fpt and tokens else None
         rows.append(
             {
                 "plan": r["plan"],
@@ -217,6 +223,8 @@ def points_frame(frames: Frames) -> pd.DataFrame:
                 "tokens": tokens,
                 "epochs": tokens / split if tokens and split else None,
                 "spent": spent.get(rid),
+                # too few steps to come near the budget (two budgets can even give one run): listed, not fitted
+                "on_budget": analytic is None or abs(analytic / float(r["isoflop_budget"]) - 1) <= OFF_BUDGET,
             }
         )
     df = pd.DataFrame(rows, columns=cols)
@@ -254,7 +262,7 @@ def optima_frame(pts: pd.DataFrame) -> tuple[pd.DataFrame, dict[tuple[str, float
     opts: dict[tuple[str, float], Optimum] = {}
     for budget in sorted(set(pts["budget"])):
         for name in names_in_order(pts):
-            g = pts[(pts["budget"] == budget) & (pts["name"] == name)]
+            g = pts[(pts["budget"] == budget) & (pts["name"] == name) & pts["on_budget"].astype(bool)]
             if g.empty:
                 continue
             o = optimum(g)
@@ -274,7 +282,7 @@ def optima_frame(pts: pd.DataFrame) -> tuple[pd.DataFrame, dict[tuple[str, float
                 "tok_per_param": None,
                 "tok_per_eff": None,
                 "degenerate_share": o.degenerate_share,
-                "problem": "fewer than 3 widths" if o.fit is None else o.fit.problem,
+                "problem": NO_FIT if o.fit is None else o.fit.problem,
             }
             if o.ok and o.fit is not None:
                 n = o.fit.n_star
@@ -378,7 +386,8 @@ def _points_table(pts: pd.DataFrame) -> list[str]:
                     fint(g["effective"].iloc[0]),
                     fint(g["tokens"].mean()),
                     "-" if g["epochs"].isna().all() else fnum(g["epochs"].max(), 2),
-                    "-" if spent.empty else fnum(float(spent.mean()) / float(budget), 3),
+                    ("-" if spent.empty else fnum(float(spent.mean()) / float(budget), 3))
+                    + ("" if g["on_budget"].all() else " (too few steps: not fitted)"),
                     len(g),
                     fnum(g["final"].mean()),
                     f"{fnum(g['final'].min())} to {fnum(g['final'].max())}" if len(g) > 1 else "-",
@@ -392,7 +401,8 @@ def _points_table(pts: pd.DataFrame) -> list[str]:
         "Epochs are passes over the training split (tokens trained on / tokens in the split; '-' for runs trained "
         "before benchctl recorded the split's size). Spent / budget is the training FLOPs the runs recorded over the "
         "budget their steps were set for: 1 up to the rounding of the steps, below 1 for an architecture whose "
-        "depth depends on the data. Effective parameters count every use of a shared block."
+        f"depth depends on the data; a run whose analytic FLOPs miss the budget by more than {OFF_BUDGET:.0%} "
+        "(too few steps) is listed but not fitted. Effective parameters count every use of a shared block."
     )
     lines.append("")
     return lines
@@ -404,6 +414,8 @@ def _optima_table(opt: pd.DataFrame) -> list[str]:
     rows = []
     for r in opt.to_dict("records"):
         note = "ok" if r["problem"] is None else f"degenerate: {r['problem']}"
+        if r["problem"] == NO_FIT:
+            note = f"no fit: {NO_FIT}"
         if r["problem"] is None and not missing(r["degenerate_share"]) and r["degenerate_share"] > 0:
             note += f" ({r['degenerate_share']:.0%} of resamples degenerate, left out of the CIs)"
         rows.append(
@@ -555,7 +567,10 @@ def _figure_isoflop(
                 g = pts[(pts["budget"] == budget) & (pts["name"] == name)]
                 if g.empty:
                     continue
-                ax.scatter(g["params"], g["final"], s=14, color=colour[name], alpha=0.75, label=name, zorder=3)
+                on = g["on_budget"].astype(bool)
+                ax.scatter(g.loc[on, "params"], g.loc[on, "final"], s=14, color=colour[name], alpha=0.75, label=name)
+                if (~on).any():  # too few steps to reach the budget: drawn hollow, not fitted
+                    ax.scatter(g.loc[~on, "params"], g.loc[~on, "final"], s=14, facecolors="none", color=colour[name])
                 o = opts.get((name, budget))
                 if o is not None and o.fit is not None:
                     x = np.linspace(o.fit.x_lo, o.fit.x_hi, 100)
@@ -599,8 +614,8 @@ def _figure_isoflop(
         handles, labels = axes[0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 6), fontsize=9, frameon=True)
         fig.suptitle(
-            f"IsoFLOP curves · preset {frames.ctx.preset} · dots = runs, line = parabola in ln N "
-            "(dotted: degenerate), star = optimum",
+            f"IsoFLOP curves · preset {frames.ctx.preset} · dots = runs (hollow: off budget, not fitted), "
+            "line = parabola in ln N (dotted: degenerate), star = optimum",
             fontsize=12,
             fontweight="bold",
         )

@@ -83,7 +83,7 @@ def train_all(
     confirm_long_run). `opts` (None: the defaults, in this process, one run after another) also says where the runs
     train: N local processes at once, or tasks on a Ray cluster."""
     opts = opts or TrainOptions()
-    if plan is not None:  # an IsoFLOP plan refuses runs that would pass over the training split too often
+    if getattr(plan, "isoflop", None) is not None:  # an IsoFLOP plan refuses runs beyond its max_epochs
         named = variants or [c.arch for c in cfgs]
         plans.check_epochs(plan, [plans.PlannedRun(v, c) for v, c in zip(named, cfgs)], prepared.n_train_tokens)
     execution = opts.execution
