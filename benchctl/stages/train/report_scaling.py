@@ -594,6 +594,19 @@ def _figure_isoflop(
             ax.set_ylabel("final validation loss")
             ax.set_title(f"C = {flops(budget)} FLOPs", fontsize=11)
         ax = axes[len(budgets)]
+        if not opt["l_star"].notna().any():
+            ax.text(
+                0.5,
+                0.5,
+                "no budget has a usable optimum\n(every fit is degenerate)",
+                ha="center",
+                va="center",
+                transform=ax.transAxes,
+                fontsize=10,
+                color="#555555",
+            )
+            ax.set_yticks([])
+            ax.set_xticks([])
         for name in names:
             g = opt[(opt["name"] == name) & opt["l_star"].notna()]
             if g.empty:
