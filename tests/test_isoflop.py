@@ -344,3 +344,16 @@ def test_a_tiny_isoflop_study_trains_resumes_and_reports(tmp_path, tinystories_d
     lines: list[str] = []
     run_study(opts, log=lines.append)
     assert sum("already done" in line for line in lines) == 4
+
+
+def test_find_prepared_never_builds(tmp_path, tinystories_dir, monkeypatch):
+    """What `plans show` counts epochs with when it must not download: the cache entry or nothing."""
+    from benchctl.core import data
+    from benchctl.core.config import DataConfig
+
+    monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
+    cfg = DataConfig(source=str(tinystories_dir), tokenizer_stories=500, max_train_stories=300, max_valid_stories=50)
+    assert data.find_prepared(cfg, 512) is None and data.find_prepared(DataConfig(source="hub"), 512) is None
+    built = data.prepare(cfg, 512, progress=False)
+    found = data.find_prepared(cfg, 512)
+    assert found is not None and found.dir == built.dir and found.n_train_tokens == built.n_train_tokens
