@@ -39,7 +39,7 @@ def write(tmp_path, text: str):
 
 
 def test_builtin_plans_and_their_variants():
-    assert plans.builtin_names() == ["study", "controls", "depth", "retrofit", "survey"]
+    assert plans.builtin_names() == ["study", "controls", "depth", "isoflop", "retrofit", "survey"]
     by = {p.name: p for p in plans.builtin()}
     assert [v.name for v in by["study"].variants] == ["control", "frailt", "three-part", "relaxed"]
     assert [v.name for v in by["controls"].variants] == [

@@ -32,6 +32,7 @@ def test_registry_is_the_study_in_order():
         "loss_vs_params.png",
         "loss_vs_depth.png",
         "adaptive_metrics.png",
+        "isoflop.png",
         "retrofit_loss_flops.png",
         "judge_grades.png",
         "depth_loss.png",

@@ -204,6 +204,9 @@ EXPECTED_SQL = {
         '   "plan_sha256" TEXT,\n'
         '   "created_at" TEXT,\n'
         '   "updated_at" TEXT,\n'
+        '   "isoflop_arch" TEXT,\n'
+        '   "isoflop_width" INTEGER,\n'
+        '   "isoflop_budget" REAL,\n'
         '   PRIMARY KEY ("plan", "variant", "preset", "seed")\n'
         ")"
     ),
@@ -280,7 +283,8 @@ EXPECTED_SQL = {
         '   "concurrent_jobs" INTEGER,\n'
         '   "load_avg" REAL,\n'
         '   "gpu_util" REAL,\n'
-        '   "baseline_rss_bytes" INTEGER\n'
+        '   "baseline_rss_bytes" INTEGER,\n'
+        '   "data_train_tokens" INTEGER\n'
         ")"
     ),
     "inference_results": (

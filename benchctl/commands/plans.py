@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sqlite3
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -9,7 +11,7 @@ from rich import box
 from rich.table import Table
 
 from benchctl import plans as pl
-from benchctl.stages.cli import PresetOpt, console, parse_seeds
+from benchctl.stages.cli import DataOpt, DbOpt, PresetOpt, SetOpt, console, db_path_of, overrides_with_data, parse_seeds
 
 app = typer.Typer()
 
@@ -39,15 +41,25 @@ def show(
     name: Annotated[str, typer.Argument(help="A built-in plan's name or a plan file's path.")],
     preset: Annotated[str | None, PresetOpt.__metadata__[0]] = None,
     seeds: Annotated[str | None, typer.Option("--seeds", help="Comma list or range (default: the plan's).")] = None,
+    set_: SetOpt = None,
+    data: DataOpt = None,
+    db: DbOpt = None,
 ) -> None:
-    """Resolve a plan at a preset: each variant's architecture, overrides, steps, parameters and training FLOPs."""
+    """Resolve a plan at a preset: each variant's architecture, overrides, steps, parameters and training FLOPs. An
+    IsoFLOP plan lists every run's width, parameters, tokens, passes over the training data (of --data, prepared
+    if needed, else the hub's data if already prepared) and estimated training time: at the speed the finished runs of
+    the preset in results.db trained at, else timed here."""
     # torch: kept out of 'benchctl plans' and 'benchctl --help'
     from benchctl.core import accounting
     from benchctl.stages.retrofit.engine import has_lora
 
-    plan, preset_, runs = pl.planned_runs(name, preset, None, parse_seeds(seeds))
+    overrides = overrides_with_data(set_, data)
+    plan, preset_, runs = pl.planned_runs(name, preset, None, parse_seeds(seeds), overrides)
+    if plan.isoflop is not None:
+        _show_isoflop(plan, preset_, runs, db_path_of(db))
+        return
     seeds_ = sorted({r.cfg.seed for r in runs})
-    convs = pl.conversions(plan, preset_, seeds_[:1])
+    convs = pl.conversions(plan, preset_, seeds_[:1], overrides)
     console.print(f"plan {plan.name} ({plan.path}, sha256 {plan.sha256[:12]}): {plan.description}")
     console.print(f"preset {preset_}, seeds {', '.join(map(str, seeds_))}")
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
@@ -83,3 +95,141 @@ def show(
             "A variant 'from' another is converted from that variant's trained weights at each seed, after "
             "it is trained; its train TFLOP are the healing steps' alone (the parent's are its own row's)."
         )
+
+
+OFF_BUDGET = 0.05  # an IsoFLOP run whose training FLOPs differ from its budget by more is flagged
+
+
+def _recorded_speed(db_path: Path, preset: str) -> tuple[float, int, list[int]] | None:
+    """(median seconds per training FLOP, runs, jobs at once) of the finished runs of `preset` in results.db, or None
+    when it has none: a speed measured over whole runs, evaluations included, under the load they ran with."""
+    if not db_path.is_file():
+        return None
+    from benchctl.report.load import open_db  # pandas: kept out of 'benchctl plans'
+
+    conn = open_db(db_path)
+    try:
+        rows = conn.execute(
+            "select train_seconds + coalesce(eval_seconds, 0), flops_per_token * tokens_seen, concurrent_jobs "
+            "from runs where status = 'done' and preset = ? and train_seconds > 0 and flops_per_token > 0 "
+            "and tokens_seen > 0",
+            [preset],
+        ).fetchall()
+    except sqlite3.DatabaseError:  # an older file without these columns: time a step instead
+        return None
+    finally:
+        conn.close()
+    if not rows:
+        return None
+    per = sorted(s / f for s, f, _ in rows)
+    return per[len(per) // 2], len(rows), sorted({int(j) for _, _, j in rows if j})
+
+
+def _show_isoflop(plan: pl.Plan, preset: str, runs: list[pl.PlannedRun], db_path: Path) -> None:
+    """An IsoFLOP plan: one row per (architecture, width, budget) with what it trains on and how long it takes."""
+    from benchctl.core import accounting, data
+    from benchctl.core.progress import format_duration
+    from benchctl.stages.train import engine
+
+    iso = plan.isoflop
+    assert iso is not None
+    seeds_ = sorted({r.cfg.seed for r in runs})
+    first = [r for r in runs if r.cfg.seed == seeds_[0]]
+    cfg0 = first[0].cfg
+    src = str(cfg0.data.source)
+    prepared = (
+        data.find_prepared(cfg0.data, cfg0.model.vocab_size)
+        if src == "hub"
+        else data.prepare(cfg0.data, cfg0.model.vocab_size, progress=False)
+    )
+    split = prepared.n_train_tokens if prepared is not None else None
+    recorded = _recorded_speed(db_path, preset)
+    per_flop: dict[int, float] = {}  # width -> seconds per training FLOP
+    for r in first:
+        w = r.cfg.model.dim
+        if recorded is not None:
+            per_flop[w] = recorded[0]
+        elif w not in per_flop:  # timed once per width on this machine
+            per_flop[w] = engine.estimate_seconds([r.cfg], prepared) / accounting.training_flops(r.cfg)
+    console.print(f"plan {plan.name} ({plan.path}, sha256 {plan.sha256[:12]}): {plan.description}")
+    console.print(
+        f"preset {preset}, seeds {', '.join(map(str, seeds_))}; IsoFLOP grid: {len(iso.archs)} architecture(s) x "
+        f"{len(iso.widths)} widths x {len(iso.budgets)} budgets = {len(first)} runs per seed, {len(runs)} in all"
+    )
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    heads = ("variant", "arch", "width", "heads", "FFN", "steps", "warm-up", "unique params", "effective params")
+    heads += ("tokens", "epochs", "train TFLOP", "est. time")
+    for head in heads:
+        t.add_column(head, justify="left" if head in ("variant", "arch") else "right", no_wrap=True)
+    total = 0.0
+    over: list[str] = []
+    off: list[str] = []  # too few steps to come within OFF_BUDGET of the budget
+    most = 0.0
+    for r in first:
+        cfg = r.cfg
+        row = accounting.describe(cfg)
+        tokens = cfg.train.max_steps * cfg.tokens_per_step
+        ep = pl.epochs(cfg, split) if split else None
+        most = max(most, ep or 0.0)
+        if ep is not None and ep > iso.max_epochs:
+            over.append(r.variant)
+        secs = per_flop[cfg.model.dim] * accounting.training_flops(cfg)
+        point = next(v.point for v in plan.variants if v.name == r.variant)
+        ratio = accounting.training_flops(cfg) / point.budget if point is not None else 1.0
+        if abs(ratio - 1) > OFF_BUDGET:
+            off.append(r.variant)
+        total += secs * len(seeds_)
+        t.add_row(
+            r.variant,
+            cfg.arch,
+            str(cfg.model.dim),
+            str(cfg.model.n_heads),
+            str(cfg.model.hidden_dim),
+            f"{cfg.train.max_steps:,}",
+            str(cfg.train.warmup_steps),
+            f"{row['total_params']:,}",
+            f"{row['effective_params']:,}",
+            f"{tokens:,}",
+            "-" if ep is None else f"{ep:.2f}" + (" !" if ep > iso.max_epochs else ""),
+            f"{accounting.training_flops(cfg) / 1e12:.3f}" + (" ~" if abs(ratio - 1) > OFF_BUDGET else ""),
+            format_duration(secs),
+        )
+    console.print(t)
+    console.print(
+        f"Steps make each run's analytic training FLOPs (FLOPs/token x steps x tokens/step) equal its budget, to the "
+        f"nearest step; an architecture whose depth depends on the data spends at most that. Heads = width / "
+        f"{pl.head_dim_of(plan, preset)}, FFN width by llama2.c's rule; warm-up, evaluation and checkpoint intervals "
+        "keep the preset's share of the steps. Effective params count every use of a shared block."
+    )
+    if split is None:
+        console.print(
+            "epochs: the training data is not prepared yet; pass --data DIR (or run 'benchctl prepare') to count them"
+        )
+    else:
+        console.print(
+            f"epochs: passes over the {split:,}-token training split ({prepared.source if prepared else ''}); "
+            f"at most {most:.2f}, the plan allows {iso.max_epochs:g}."
+        )
+    if off:
+        console.print(
+            f"~ {len(off)} run(s) train for so few steps that their FLOPs miss the budget by more than "
+            f"{OFF_BUDGET:.0%} ({', '.join(off[:4])}{', ...' if len(off) > 4 else ''}); the report shows each point's "
+            "spent / budget"
+        )
+    if over:
+        console.print(
+            f"[bold]! {len(over)} run(s) exceed max_epochs = {iso.max_epochs:g}[/] ({', '.join(over[:4])}"
+            f"{', ...' if len(over) > 4 else ''}): 'benchctl study' refuses the plan on this data."
+        )
+    if recorded is not None:
+        jobs = "/".join(map(str, recorded[2])) or "?"
+        how = (
+            f"at the median speed per FLOP of the {recorded[1]} finished {preset} run(s) in {db_path} "
+            f"(trained {jobs} at once; evaluations included)"
+        )
+    else:
+        how = "one micro-batch timed per width on this machine now, scaled by FLOPs; evaluations not included"
+    console.print(
+        f"estimated training time: {format_duration(total)} for all {len(runs)} runs one after another, about "
+        f"{format_duration(total / 2)} of wall time with --jobs 2 if each run keeps its speed ({how})"
+    )

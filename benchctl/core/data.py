@@ -421,6 +421,26 @@ def _cached(dir: Path) -> Prepared:
     return dataclasses.replace(load_prepared(dir), cache_hit=True)
 
 
+def find_prepared(data: DataConfig, vocab_size: int) -> Prepared | None:
+    """The data `prepare` would return if it is already in the cache, else None; never downloads or builds (the hub
+    source is looked up at the last revision seen online). For questions about the data before anything is
+    prepared, such as how many passes over the training split a plan's runs make."""
+    spec = str(data.source).strip()
+    if spec == "hub":
+        sha = _last_hub_revision()
+        if sha is None:
+            return None
+        source = _hub_source_at(sha)
+    else:
+        path = Path(spec).expanduser().resolve()
+        if not path.is_dir():
+            return None
+        source = _local_source(path)
+    fingerprint, _ = _key(source.fingerprint, data, vocab_size)
+    final = _dir_for(fingerprint, vocab_size)
+    return _cached(final) if (final / MANIFEST).is_file() else None
+
+
 def _pretokenize(stories: Sequence[str], tok: Tokenizer, out: Path, desc: str, progress: Progress) -> int:
     """Write [BOS] + tokens of every story (no EOS) as one flat uint16 array; returns the token count."""
     n = 0

@@ -26,6 +26,21 @@ benchctl.stages.retrofit.engine):
 The conversion's config is its parent's preset, seed, widths and data with the target architecture and the overrides;
 it runs after the plan's other variants are trained (the study's `retrofit` stage), from the same seed's parent.
 
+A plan of `kind = "isoflop"` is an IsoFLOP grid instead (see `IsoFlop`): its `[[variant]]` tables name architectures
+(`name`, `arch`, `set`: depth and recurrence fixed here) and the plan lists the `budgets` (training FLOPs), the
+`widths` and optionally `head_dim` and `max_epochs`:
+
+    kind = "isoflop"
+    budgets = [5e11, 1.2e12, 3e12]  # training FLOPs each run spends
+    widths = [32, 48, 64, 96]       # model.dim; heads = width / head_dim, FFN width by llama2.c's rule
+    head_dim = 16                   # optional: default the preset's dim / n_heads
+    max_epochs = 4                  # optional: the most passes over the training split a run may make
+
+Each (architecture, width, budget) becomes a variant named `<name>-w<width>-<budget>` (`control-w64-1.2e12`) whose
+steps make its analytic training FLOPs equal the budget, with its warm-up, evaluation and checkpoint intervals
+scaled with its steps (their share of the preset's steps kept); the rest of the plan machinery treats it as any
+variant.
+
 The built-in plans live beside this module (`study`, the default, `controls`, `depth`, `retrofit`); any other path
 to a TOML file is a plan too. A variant is a label, not part of a run's identity: the run id is still the hash of
 the resolved config and data, so the same model reached from two plans is trained once.
@@ -57,7 +72,13 @@ else:  # pragma: no cover - Python 3.10 reads TOML through the backport
 DEFAULT_PLAN = "study"
 DEFAULT_SEEDS = (0, 1, 2)  # three seeds: the fewest that give a t-interval with a usable width
 _DIR = Path(__file__).parent
-_TOP_KEYS = ("name", "description", "preset", "seeds", "variant")
+_TOP_KEYS = ("name", "description", "preset", "seeds", "variant", "kind")
+_ISOFLOP_KEYS = ("budgets", "widths", "head_dim", "max_epochs")
+_ISOFLOP_VARIANT_KEYS = ("name", "arch", "set")
+# Keys an IsoFLOP plan sets from the width (heads from head_dim, the FFN width by llama2.c's rule): a variant or the
+# command line setting one would break the width rule.
+WIDTH_KEYS = ("model.dim", "model.n_heads", "model.n_kv_heads", "model.hidden_dim")
+DEFAULT_MAX_EPOCHS = 4.0  # beyond this many passes over the training split a run measures memorisation, not scaling
 _VARIANT_KEYS = ("name", "arch", "set", "steps", "train_tokens", "match_train_flops", "from", "init", "lora_init")
 _LENGTH_KEYS = ("steps", "train_tokens", "match_train_flops")  # at most one: each decides the training length
 
@@ -73,6 +94,36 @@ class Variant:
     parent: str | None = None  # `from`: the variant this one is converted from (None: trained from scratch)
     init: str | None = None  # how the parent's weights are mapped (a conversion's only)
     lora_init: str | None = None  # how per-pass LoRAs start (a conversion's; None: the default, svd)
+    # An IsoFLOP grid point: the architecture entry it comes from, its width and its training-FLOPs budget.
+    point: IsoPoint | None = None
+
+
+@dataclass(frozen=True)
+class IsoPoint:
+    """Where an IsoFLOP plan's variant sits in its grid."""
+
+    arch_name: str  # the plan's [[variant]] name this point is a size of (e.g. "control")
+    width: int  # model.dim
+    budget: float  # training FLOPs its steps are set to spend (analytic count)
+
+
+@dataclass(frozen=True)
+class IsoFlop:
+    """The grid of an IsoFLOP plan: every architecture entry at every width and budget.
+
+    Rules, stated once: heads = n_kv_heads = width / head_dim; the FFN width follows llama2.c's rule from the width
+    (model.hidden_dim auto); depth, recurrence and the architecture's own keys stay as the preset and the entry set
+    them. Steps = round(budget / (analytic FLOPs/token x tokens/step)), at least 1; warm-up, evaluation and checkpoint
+    intervals keep the share of the steps the preset gives them (the learning-rate schedule, warm-up then cosine to
+    the last step, stretches with the steps by construction). The FLOPs are the analytic count, which for an
+    architecture whose depth depends on the data (halting, routing) is its upper bound: such a run spends at most the
+    budget, and the report shows what it spent."""
+
+    budgets: tuple[float, ...]
+    widths: tuple[int, ...]
+    head_dim: int | None  # None: the preset's dim / n_heads
+    max_epochs: float
+    archs: tuple[Variant, ...]  # the [[variant]] entries: name, arch, set
 
 
 @dataclass(frozen=True)
@@ -84,6 +135,11 @@ class Plan:
     variants: tuple[Variant, ...]
     preset: str | None = None
     seeds: tuple[int, ...] | None = None
+    isoflop: IsoFlop | None = None  # an IsoFLOP plan's grid (its variants are the grid's points)
+
+    @property
+    def kind(self) -> str:
+        return "isoflop" if self.isoflop is not None else "variants"
 
     @property
     def archs(self) -> list[str]:
@@ -153,16 +209,23 @@ def _unknown(path: Path, where: str, key: str, allowed: tuple[str, ...]) -> Conf
     return ConfigError(f"{path}: {where}unknown key '{key}'{did_you_mean(key, allowed)} allowed: {', '.join(allowed)}")
 
 
-def _typed(path: Path, where: str, key: str, value: Any, tp: type, what: str) -> Any:
+def _typed(path: Path, where: str, key: str, value: Any, tp: type | tuple[type, ...], what: str) -> Any:
     if isinstance(value, bool) or not isinstance(value, tp):
         raise ConfigError(f"{path}: {where}'{key}' must be {what}, got {value!r}")
     return value
 
 
 def _parse(raw: dict[str, Any], path: Path, sha: str) -> Plan:
+    kind = raw.get("kind", "variants")
+    if kind not in ("variants", "isoflop"):
+        raise ConfigError(f'{path}: \'kind\' must be "variants" (the default) or "isoflop", got {kind!r}')
+    allowed = _TOP_KEYS + (_ISOFLOP_KEYS if kind == "isoflop" else ())
     for key in raw:
-        if key not in _TOP_KEYS:
-            raise _unknown(path, "", key, _TOP_KEYS)
+        if key not in allowed:
+            hint = ' (an IsoFLOP plan\'s key: set kind = "isoflop")' if key in _ISOFLOP_KEYS else ""
+            if hint:
+                raise ConfigError(f"{path}: unknown key '{key}'{hint}")
+            raise _unknown(path, "", key, allowed)
     for key in ("name", "description"):
         if key not in raw:
             raise ConfigError(f"{path}: missing key '{key}'")
@@ -177,9 +240,12 @@ def _parse(raw: dict[str, Any], path: Path, sha: str) -> Plan:
     tables = raw.get("variant")
     if not isinstance(tables, list) or not tables or not all(isinstance(t, dict) for t in tables):
         raise ConfigError(f"{path}: needs at least one [[variant]] table")
-    variants: list[Variant] = []
-    for i, t in enumerate(tables, 1):
-        variants.append(_variant(t, path, i))
+    iso = None
+    if kind == "isoflop":
+        iso = _isoflop(raw, tables, path)
+        variants = _grid(iso)
+    else:
+        variants = [_variant(t, path, i) for i, t in enumerate(tables, 1)]
     names = [v.name for v in variants]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -199,7 +265,94 @@ def _parse(raw: dict[str, Any], path: Path, sha: str) -> Plan:
         variants=tuple(variants),
         preset=preset,
         seeds=seeds,
+        isoflop=iso,
     )
+
+
+def budget_label(budget: float) -> str:
+    """A budget as variant names show it: 1.2e12, 5e11 (three significant digits, no '+')."""
+    mant, exp = f"{budget:.2e}".split("e")
+    return f"{mant.rstrip('0').rstrip('.')}e{int(exp)}"
+
+
+def _isoflop(raw: dict[str, Any], tables: list[dict[str, Any]], path: Path) -> IsoFlop:
+    def numbers(key: str, tp: type | tuple[type, ...], what: str) -> list[Any]:
+        if key not in raw:
+            raise ConfigError(f"{path}: an IsoFLOP plan needs '{key}' ({what})")
+        items = raw[key]
+        ok = isinstance(items, list) and items and all(isinstance(x, tp) and not isinstance(x, bool) for x in items)
+        if not ok or any(x <= 0 for x in items):
+            raise ConfigError(f"{path}: '{key}' must be a non-empty list of {what}, got {items!r}")
+        if len(set(items)) != len(items):
+            raise ConfigError(f"{path}: '{key}' lists a value twice: {items!r}")
+        return sorted(items)
+
+    budgets = numbers("budgets", (int, float), "positive numbers: training FLOPs per run")
+    widths = numbers("widths", int, "positive integers: model.dim of each size")
+    labels = [budget_label(float(b)) for b in budgets]
+    if len(set(labels)) != len(labels):
+        raise ConfigError(f"{path}: 'budgets' has two values that agree to three significant digits: {budgets!r}")
+    head_dim = None
+    if "head_dim" in raw:
+        head_dim = _typed(path, "", "head_dim", raw["head_dim"], int, "a positive integer")
+        if head_dim < 1:
+            raise ConfigError(f"{path}: 'head_dim' must be a positive integer, got {head_dim!r}")
+        bad = [w for w in widths if w % head_dim]
+        if bad:
+            raise ConfigError(f"{path}: every width must be a multiple of head_dim {head_dim}; {bad[0]} is not")
+    max_epochs = DEFAULT_MAX_EPOCHS
+    if "max_epochs" in raw:
+        max_epochs = _typed(path, "", "max_epochs", raw["max_epochs"], (int, float), "a positive number")
+        if max_epochs <= 0:
+            raise ConfigError(f"{path}: 'max_epochs' must be a positive number, got {max_epochs!r}")
+    archs = []
+    for i, t in enumerate(tables, 1):
+        label = f"'{t['name']}'" if isinstance(t.get("name"), str) else f"#{i}"
+        for key in t:
+            if key not in _ISOFLOP_VARIANT_KEYS:
+                why = (
+                    " (an IsoFLOP plan sets every run's steps from its budget)"
+                    if key in _LENGTH_KEYS
+                    else " (an IsoFLOP plan trains every size from scratch)"
+                    if key in ("from", "init", "lora_init")
+                    else ""
+                )
+                if why:
+                    raise ConfigError(f"{path}: variant {label}: '{key}' is not allowed{why}")
+                raise _unknown(path, f"variant {label}: ", key, _ISOFLOP_VARIANT_KEYS)
+        v = _variant(t, path, i)
+        fixed = [k for k in v.sets if k in WIDTH_KEYS]
+        if fixed:
+            raise ConfigError(
+                f"{path}: variant {label}: set: '{fixed[0]}' is set by the width (widths, head_dim); "
+                "fix depth and recurrence here, not widths"
+            )
+        archs.append(v)
+    names = [v.name for v in archs]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ConfigError(f"{path}: variant name '{dup[0]}' is used twice; each variant needs its own name")
+    return IsoFlop(
+        budgets=tuple(float(b) for b in budgets),
+        widths=tuple(widths),
+        head_dim=head_dim,
+        max_epochs=float(max_epochs),
+        archs=tuple(archs),
+    )
+
+
+def _grid(iso: IsoFlop) -> list[Variant]:
+    """Every (architecture, width, budget) of an IsoFLOP plan as a variant, budget-major then architecture, width."""
+    return [
+        replace(
+            a,
+            name=f"{a.name}-w{w}-{budget_label(b)}",
+            point=IsoPoint(arch_name=a.name, width=w, budget=b),
+        )
+        for b in iso.budgets
+        for a in iso.archs
+        for w in iso.widths
+    ]
 
 
 def _variant(t: dict[str, Any], path: Path, i: int) -> Variant:
@@ -435,9 +588,31 @@ def _where(plan: Plan, v: Variant) -> str:
 def _base_config(plan: Plan, v: Variant, preset: str, overrides: dict[str, Any] | None, scope: list[str]) -> RunConfig:
     sets = {**overrides_for(v.arch, overrides, scope), **v.sets}
     try:
+        if v.point is not None:
+            sets.update(_width_sets(plan, v.point.width, preset, sets))
         return make_config(preset, v.arch, 0, sets)
     except ConfigError as e:
         raise ConfigError(f"{_where(plan, v)}: {e}") from None
+
+
+def head_dim_of(plan: Plan, preset: str) -> int:
+    """The head width an IsoFLOP plan divides its widths by: the plan's, else the preset's dim / n_heads."""
+    if plan.isoflop is not None and plan.isoflop.head_dim is not None:
+        return plan.isoflop.head_dim
+    base = make_config(preset, "control")
+    return base.model.dim // base.model.n_heads
+
+
+def _width_sets(plan: Plan, width: int, preset: str, sets: dict[str, Any]) -> dict[str, Any]:
+    """The width rule: model.dim = width, heads (query and key/value) = width / head_dim, FFN width auto."""
+    given = [k for k in sets if k in WIDTH_KEYS]
+    if given:
+        raise ConfigError(f"'{given[0]}' is set by the IsoFLOP plan's widths; leave it out of --set")
+    hd = head_dim_of(plan, preset)
+    if width % hd:
+        raise ConfigError(f"width {width} is not a multiple of the head width {hd} (set head_dim in the plan)")
+    heads = width // hd
+    return {"model.dim": width, "model.n_heads": heads, "model.n_kv_heads": heads, "model.hidden_dim": "auto"}
 
 
 def _with_length(
@@ -458,10 +633,55 @@ def _with_length(
         other = next(o for o in plan.variants if o.name == v.match_train_flops)
         target = train_flops(_with_length(plan, other, base, done, (*chain, v.name)))
         steps = iso_flop_steps(cfg, target)
-    if steps is not None:
+    if v.point is not None:
+        cfg = _checked(plan, v, scaled_schedule(cfg, iso_flop_steps(cfg, v.point.budget)), "budgets")
+    elif steps is not None:
         cfg = _checked(plan, v, replace(cfg, train=replace(cfg.train, max_steps=steps)), "steps")
     done[v.name] = cfg
     return cfg
+
+
+def scaled_schedule(cfg: RunConfig, steps: int) -> RunConfig:
+    """`cfg` trained for `steps` optimizer steps with its warm-up, evaluation and checkpoint intervals scaled by the
+    same factor (each at least 1, warm-up at most the steps): a run of any length warms up over the same share of
+    its steps and is evaluated about as often. The cosine decay runs to the last step whatever the length."""
+    t = cfg.train
+    f = steps / t.max_steps
+
+    def scaled(n: int) -> int:
+        return max(1, round(n * f))
+
+    return replace(
+        cfg,
+        train=replace(
+            t,
+            max_steps=steps,
+            warmup_steps=min(steps, scaled(t.warmup_steps)) if t.warmup_steps else 0,
+            eval_interval=scaled(t.eval_interval),
+            ckpt_interval=scaled(t.ckpt_interval),
+        ),
+    )
+
+
+def epochs(cfg: RunConfig, train_split_tokens: int) -> float:
+    """Passes over the training split a run makes: the tokens it trains on over the split's tokens."""
+    return cfg.train.max_steps * cfg.tokens_per_step / max(1, train_split_tokens)
+
+
+def check_epochs(plan: Plan, runs: list[PlannedRun], train_split_tokens: int) -> None:
+    """An IsoFLOP plan refuses runs that would pass over the training split more than its max_epochs: their loss
+    would measure memorisation, not the compute-optimal trade-off (a ConfigError naming the first such run)."""
+    if plan.isoflop is None:
+        return
+    over = [r for r in runs if epochs(r.cfg, train_split_tokens) > plan.isoflop.max_epochs]
+    if over:
+        worst = max(over, key=lambda r: r.cfg.train.max_steps * r.cfg.tokens_per_step)
+        raise ConfigError(
+            f"plan '{plan.name}': {len(over)} run(s) would pass over the {train_split_tokens:,}-token training split "
+            f"more than max_epochs = {plan.isoflop.max_epochs:g} times (e.g. {worst.variant}: "
+            f"{epochs(worst.cfg, train_split_tokens):.1f}); lower the budgets, widen the smallest width or give more "
+            "data (see 'benchctl plans show NAME --data DIR')"
+        )
 
 
 def _checked(plan: Plan, v: Variant, cfg: RunConfig, key: str) -> RunConfig:

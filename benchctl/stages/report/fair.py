@@ -19,6 +19,7 @@ from benchctl.core import stats
 from benchctl.report.fmt import fnum, fp, md_table, missing
 from benchctl.report.frames import Frames
 from benchctl.stages.train.report_compute import is_control_family, model_frame, run_frame, spans_sizes
+from benchctl.stages.train.report_scaling import only_isoflop
 
 ALPHA = 0.05
 # (column of the model frame, column that breaks a near-tie, how the report says it). A near-tie is common by
@@ -140,7 +141,7 @@ def sentence(r: dict[str, Any]) -> str:
 
 
 def fair_section(frames: Frames) -> list[str]:
-    if not spans_sizes(frames):
+    if not spans_sizes(frames) or only_isoflop(frames):  # an IsoFLOP grid is compared in the Scaling section
         return []
     out = ["## Fair comparisons", ""]
     df = fair_frame(frames)

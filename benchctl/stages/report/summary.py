@@ -12,6 +12,7 @@ from benchctl.stages.bench.frames import bench_frame
 from benchctl.stages.judge.frames import judge_groups_of, primary_judge
 from benchctl.stages.judge.reliability import rank_disagreements
 from benchctl.stages.report.frames import LOSS, comparison_frame
+from benchctl.stages.train.report_scaling import only_isoflop
 
 _TESTS = {
     "paired-t": "paired t over shared seeds",
@@ -26,6 +27,11 @@ def comparisons_section(frames: Frames) -> list[str]:
     out = ["## Comparisons", ""]
     if len(ctx.done_models) < 2:
         return out + need("Needs finished runs of at least two models: `benchctl train-all` produces them.")
+    if only_isoflop(frames):
+        return out + need(
+            f"Every model here is a point of an IsoFLOP grid ({len(ctx.done_models)} sizes × budgets): the "
+            "architectures are compared at their compute-optimal sizes in the Scaling section, not pairwise."
+        )
     cmp = comparison_frame(ctx, primary)
     headers = ["a", "b", "quantity", "test", "n (a, b)", "a − b", "95% CI", "p", "p (Holm)", "p (Wilcoxon)"]
     rows = []

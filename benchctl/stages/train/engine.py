@@ -486,6 +486,7 @@ class _Trainer:
             "config_json": cfg.to_json(),
             "data_fingerprint": prepared.fingerprint,
             "data_source": prepared.source,
+            "data_train_tokens": prepared.n_train_tokens,
             "n_params": report["total"],
             "effective_params": report["effective"],
             "flops_per_token": self.model.flops_per_token(cfg.model.max_seq_len),

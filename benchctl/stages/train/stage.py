@@ -2,8 +2,8 @@
 
 A failing run is recorded and the others go on; later stages work on the runs that finished. Its report sections
 show the runs and their status, the parameter accounting, training cost and validation loss, and, when the models
-differ in size or compute, loss against training compute, parameters and training depth, and for architectures that
-decide their own compute, their auxiliary losses and metrics."""
+differ in size or compute, loss against training compute, parameters and training depth, for architectures that
+decide their own compute, their auxiliary losses and metrics, and for an IsoFLOP plan's runs the scaling curves."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from benchctl.stages.train.options import TrainOptions
 from benchctl.stages.train.report import cost_section, loss_section, models_section, runs_section
 from benchctl.stages.train.report_adaptive import adaptive_section
 from benchctl.stages.train.report_compute import compute_section, depth_section, params_section
+from benchctl.stages.train.report_scaling import scaling_section
 from benchctl.stages.train.sweep import train_all
 from benchctl.stages.train.tables import TABLES, browse_queries
 
@@ -52,6 +53,7 @@ STAGE = Stage(
         params_section,
         depth_section,
         adaptive_section,
+        scaling_section,
     ),
     every_rank=True,
     figures=(
@@ -63,5 +65,6 @@ STAGE = Stage(
         "loss_vs_params.png",
         "loss_vs_depth.png",
         "adaptive_metrics.png",
+        "isoflop.png",
     ),
 )

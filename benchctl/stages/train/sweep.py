@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import architectures
-from benchctl import stages
+from benchctl import plans, stages
 from benchctl.core import db as dbm
 from benchctl.core.config import RunConfig, make_config, overrides_for, run_id
 from benchctl.core.errors import Aborted, ConfigError
@@ -83,6 +83,9 @@ def train_all(
     confirm_long_run). `opts` (None: the defaults, in this process, one run after another) also says where the runs
     train: N local processes at once, or tasks on a Ray cluster."""
     opts = opts or TrainOptions()
+    if getattr(plan, "isoflop", None) is not None:  # an IsoFLOP plan refuses runs beyond its max_epochs
+        named = variants or [c.arch for c in cfgs]
+        plans.check_epochs(plan, [plans.PlannedRun(v, c) for v, c in zip(named, cfgs)], prepared.n_train_tokens)
     execution = opts.execution
     dist_info = Dist.from_env()  # under torchrun: one process group for every run; rank 0 asks and writes
     if dist_info.enabled and not execution.in_process:
@@ -156,6 +159,7 @@ def _record_plan_run(db: dbm.Database | None, plan: Any, variant: str, cfg: RunC
     Under torchrun only rank 0 has the database (`db` is None elsewhere)."""
     if plan is None or db is None or train_tables.get_run(db, rid) is None:
         return
+    point = next((v.point for v in plan.variants if v.name == variant), None)
     train_tables.record_plan_runs(
         db,
         [
@@ -167,6 +171,9 @@ def _record_plan_run(db: dbm.Database | None, plan: Any, variant: str, cfg: RunC
                 "run_id": rid,
                 "plan_path": str(plan.path),
                 "plan_sha256": plan.sha256,
+                "isoflop_arch": None if point is None else point.arch_name,
+                "isoflop_width": None if point is None else point.width,
+                "isoflop_budget": None if point is None else point.budget,
             }
         ],
     )

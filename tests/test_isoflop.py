@@ -1,0 +1,359 @@
+"""IsoFLOP plans and the report's Scaling section: the plan kind (grid, width rule, steps from the budget, schedule
+scaled with the steps, epochs refused beyond max_epochs), its validation errors, `benchctl plans show` for it, the
+parabola and power-law fits on synthetic runs with a known optimum, and the section rendered from a database."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from benchctl import plans, stages
+from benchctl.cli import main
+from benchctl.core import accounting
+from benchctl.core.config import make_config, run_id
+from benchctl.core.errors import ConfigError
+from benchctl.stages.report import engine as report_engine
+from benchctl.stages.train import report_scaling as sc
+from benchctl.stages.train import tables as train_tables
+
+ISO = """name = "iso"
+description = "a small grid"
+kind = "isoflop"
+preset = "tiny"
+seeds = [0]
+budgets = [2e9, 1e9]
+widths = [16, 32, 48]
+
+[[variant]]
+name = "control"
+arch = "control"
+
+[[variant]]
+name = "looped"
+arch = "frailt"
+set = ["model.n_recur=2"]
+"""
+
+
+def write(tmp_path, text: str):
+    p = tmp_path / "iso.toml"
+    p.write_text(text)
+    return p
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The plan
+
+
+def test_the_grid_sets_widths_steps_and_a_scaled_schedule(tmp_path):
+    plan = plans.load(write(tmp_path, ISO))
+    assert plan.kind == "isoflop" and plan.isoflop is not None and plan.isoflop.budgets == (1e9, 2e9)
+    runs = plans.resolve(plan, "tiny", [0])
+    assert [r.variant for r in runs][:4] == ["control-w16-1e9", "control-w32-1e9", "control-w48-1e9", "looped-w16-1e9"]
+    assert len(runs) == 2 * 3 * 2
+    base = make_config("tiny", "control")
+    for r in runs:
+        v = next(v for v in plan.variants if v.name == r.variant)
+        cfg, point = r.cfg, v.point
+        assert point is not None and cfg.model.dim == point.width
+        assert cfg.model.n_heads == cfg.model.n_kv_heads == point.width // 16  # the tiny preset's head width
+        assert (
+            cfg.model.hidden_dim == make_config("tiny", cfg.arch, overrides={"model.dim": point.width}).model.hidden_dim
+        )
+        assert cfg.model.n_layers == 4 and (cfg.arch != "frailt" or cfg.model.n_recur == 2)
+        per_step = accounting.training_flops(cfg) / cfg.train.max_steps
+        assert abs(accounting.training_flops(cfg) - point.budget) <= per_step / 2 + 1e-6  # the nearest step
+        share = base.train.warmup_steps / base.train.max_steps
+        assert cfg.train.warmup_steps == min(cfg.train.max_steps, max(1, round(cfg.train.max_steps * share)))
+        assert cfg.train.eval_interval == max(1, round(cfg.train.max_steps * base.train.eval_interval / 30))
+
+
+def test_the_builtin_isoflop_plan_fits_the_sample_at_small(tinystories_dir):
+    """At least 3 budgets, 4 widths, the study's four; no run beyond max_epochs of the bundled sample at small."""
+    from benchctl.core import data
+
+    plan, preset, runs = plans.planned_runs("isoflop", "small", None, [0], {"data.source": str(tinystories_dir)})
+    iso = plan.isoflop
+    assert iso is not None and preset == "small" and len(iso.budgets) >= 3 and len(iso.widths) >= 4
+    assert {v.arch for v in iso.archs} >= {"control", "frailt", "three-part", "relaxed"}
+    cfg = runs[0].cfg
+    prepared = data.prepare(cfg.data, cfg.model.vocab_size, progress=False)
+    plans.check_epochs(plan, runs, prepared.n_train_tokens)  # raises if any run is beyond max_epochs
+    assert max(plans.epochs(r.cfg, prepared.n_train_tokens) for r in runs) <= iso.max_epochs
+
+
+def test_runs_beyond_max_epochs_are_refused(tmp_path):
+    plan = plans.load(write(tmp_path, ISO.replace("widths =", "max_epochs = 0.5\nwidths =")))
+    runs = plans.resolve(plan, "tiny", [0])
+    most = max(r.cfg.train.max_steps * r.cfg.tokens_per_step for r in runs)
+    plans.check_epochs(plan, runs, most * 2)
+    with pytest.raises(ConfigError, match=r"more than max_epochs = 0.5 times \(e.g. control-w16-2e9"):
+        plans.check_epochs(plan, runs, most)
+
+
+@pytest.mark.parametrize(
+    "edit,says",
+    [
+        (("budgets = [2e9, 1e9]", "budgets = []"), "'budgets' must be a non-empty list of positive numbers"),
+        (("budgets = [2e9, 1e9]", 'budgets = ["1e9"]'), "'budgets' must be a non-empty list"),
+        (("budgets = [2e9, 1e9]\n", ""), "an IsoFLOP plan needs 'budgets'"),
+        (("widths = [16, 32, 48]", "widths = [16, 16]"), "'widths' lists a value twice"),
+        (("widths = [16, 32, 48]", "widths = [16, 24]\nhead_dim = 16"), "24 is not"),
+        (("widths = [16, 32, 48]", "widths = [16, 24]"), "width 24 is not a multiple of the head width 16"),
+        (('kind = "isoflop"', 'kind = "grid"'), "'kind' must be"),
+        (('kind = "isoflop"\n', ""), "unknown key 'budgets' (an IsoFLOP plan's key"),
+        (('set = ["model.n_recur=2"]', 'set = ["model.dim=64"]'), "'model.dim' is set by the width"),
+        (('set = ["model.n_recur=2"]', "steps = 10"), "'steps' is not allowed (an IsoFLOP plan sets every run's"),
+        (('set = ["model.n_recur=2"]', 'from = "control"'), "'from' is not allowed"),
+        (("budgets = [2e9, 1e9]", "budgets = [1e9, 1.0001e9]"), "agree to three significant digits"),
+        (("widths = [16, 32, 48]", "widths = [16]\nmax_epochs = -1"), "'max_epochs' must be a positive number"),
+    ],
+)
+def test_a_bad_isoflop_plan_is_one_line_and_exit_2(tmp_path, capsys, edit, says):
+    path = write(tmp_path, ISO.replace(*edit))
+    with pytest.raises(ConfigError) as e:
+        plan = plans.load(path)
+        plans.resolve(plan, "tiny", [0])
+    msg = str(e.value)
+    assert "\n" not in msg and says in msg, msg
+    with pytest.raises(SystemExit) as ex:
+        main(["plans", "show", str(path), "--data", str(tmp_path / "none"), "--db", str(tmp_path / "x.db")])
+    err = capsys.readouterr().err.strip()
+    assert ex.value.code == 2 and says.split("(")[0].strip() in " ".join(err.split()), err
+
+
+def test_a_width_key_on_the_command_line_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="'model.n_heads' is set by the IsoFLOP plan's widths"):
+        plans.planned_runs(str(write(tmp_path, ISO)), None, None, [0], {"model.n_heads": "4"})
+
+
+def test_plans_show_isoflop_lists_every_run(tmp_path, capsys, tinystories_dir, monkeypatch):
+    """Width, heads, parameters, tokens, epochs over the prepared data and the time estimate (from the finished
+    runs of a database, so nothing is timed here)."""
+    from tests.fixtures_db import build_fixture_db
+
+    monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("COLUMNS", "250")
+    db = build_fixture_db(tmp_path / "r.db", archs=["control"], seeds=[0], judge=False, evals=False)
+    path = write(tmp_path, ISO)
+    with pytest.raises(SystemExit) as e:
+        main(["plans", "show", str(path), "--data", str(tinystories_dir), "--db", str(db)])
+    out = capsys.readouterr().out
+    assert e.value.code == 0, out
+    plan = plans.load(path)
+    runs = plans.resolve(plan, "tiny", [0], {"data.source": str(tinystories_dir)})
+    from benchctl.core import data
+
+    split = data.prepare(runs[0].cfg.data, runs[0].cfg.model.vocab_size, progress=False).n_train_tokens
+    lines = out.splitlines()
+    for r in runs:
+        row = next(line for line in lines if line.split() and line.split()[0] == r.variant).split()
+        d = accounting.describe(r.cfg)
+        tokens = r.cfg.train.max_steps * r.cfg.tokens_per_step
+        assert row[2] == str(r.cfg.model.dim) and row[3] == str(r.cfg.model.n_heads)
+        assert row[7] == f"{d['total_params']:,}" and row[8] == f"{d['effective_params']:,}"
+        assert row[9] == f"{tokens:,}" and row[10] == f"{tokens / split:.2f}"
+    assert "12 runs per seed" in out and f"{split:,}-token training split" in out
+    assert "estimated training time" in out and "finished tiny run(s)" in out
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The fits
+
+
+def synthetic(n_star: float, l_star: float, widths: list[float], seeds: int, noise: float, rng) -> pd.DataFrame:
+    """Runs whose loss is a parabola in ln N with its minimum at (n_star, l_star), plus Gaussian noise."""
+    rows = []
+    for i, n in enumerate(widths):
+        for s in range(seeds):
+            loss = l_star + 0.08 * (math.log(n) - math.log(n_star)) ** 2 + rng.normal(0, noise)
+            rows.append({"width": i, "params": n, "final": loss, "seed": s})
+    return pd.DataFrame(rows)
+
+
+def test_the_fit_finds_a_known_optimum_within_10_percent():
+    rng = np.random.default_rng(7)
+    sizes = [1e5, 2e5, 4e5, 8e5, 1.6e6]
+    for truth in (1.8e5, 4e5, 9e5):
+        pts = synthetic(truth, 3.0, sizes, seeds=3, noise=0.01, rng=rng)
+        o = sc.optimum(pts, n_boot=300)
+        assert o.ok and o.fit is not None
+        assert abs(o.fit.n_star / truth - 1) < 0.10, (truth, o.fit.n_star)
+        assert abs(o.fit.l_star - 3.0) < 0.02
+        assert o.n_lo is not None and o.n_hi is not None and o.n_lo <= o.fit.n_star <= o.n_hi
+        assert o.l_lo is not None and o.l_hi is not None and o.l_lo <= o.fit.l_star <= o.l_hi
+
+
+def test_a_minimum_at_the_edge_or_a_downward_parabola_is_degenerate():
+    rng = np.random.default_rng(1)
+    sizes = [1e5, 2e5, 4e5, 8e5]
+    below = sc.optimum(synthetic(2e4, 3.0, sizes, seeds=2, noise=0.0, rng=rng))
+    assert not below.ok and below.fit is not None and "smallest width" in str(below.fit.problem)
+    above = sc.optimum(synthetic(5e6, 3.0, sizes, seeds=2, noise=0.0, rng=rng))
+    assert not above.ok and above.fit is not None and "largest width" in str(above.fit.problem)
+    down = sc.fit_parabola(np.array(sizes), np.array([3.0, 3.2, 3.2, 3.0]))
+    assert down is not None and "opens downward" in str(down.problem)
+    assert sc.fit_parabola(np.array([1e5, 2e5, 1e5]), np.array([3.0, 2.9, 3.1])) is None  # two sizes: no parabola
+
+
+def test_the_power_law_recovers_its_exponent_and_crossings_stay_in_range():
+    c = np.array([1e12, 2e12, 4e12, 8e12])
+    law = sc.fit_power_law(list(c), list(2.0 + 1.5 * (c / 1e12) ** -0.4))
+    assert law is not None and abs(law.alpha - 0.4) < 0.02 and abs(law.e - 2.0) < 0.02
+    other = sc.fit_power_law(list(c), list(1.8 + 1.8 * (c / 1e12) ** -0.4))  # above at 1e12, below from ~2.8e12
+    assert other is not None
+    lo, hi, at = sc.crossing(other, law)
+    assert (lo, hi) == (1e12, 8e12) and len(at) == 1 and 2.5e12 < at[0] < 3.1e12
+    assert sc.fit_power_law([1e12, 2e12], [3.0, 2.9]) is None
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The report section, from a database
+
+
+def _iso_db(tmp_path, degenerate_at: float | None = None):
+    """A results.db of plan `iso`'s grid (2 architectures x 5 widths x 3 budgets x 2 seeds), final losses from a
+    parabola in ln N whose optimum grows with the budget; `degenerate_at` puts one budget's frailt optimum
+    below the smallest width."""
+    db = stages.connect(tmp_path / "r.db")
+    rng = np.random.default_rng(3)
+    widths, budgets = [16, 32, 48, 64, 96], [1e9, 2e9, 4e9]
+    plan_rows = []
+    with db.atomic():
+        for b_i, budget in enumerate(budgets):
+            for name, arch, offset in (("control", "control", 0.0), ("frailt", "frailt", -0.05)):
+                for w in widths:
+                    sets = {"model.dim": w, "model.n_heads": w // 16, "model.n_kv_heads": w // 16}
+                    d = accounting.describe(make_config("tiny", arch, 0, sets))
+                    n = float(d["total_params"])
+                    best = 6e4 * 1.6**b_i if budget != degenerate_at or arch == "control" else 1e3
+                    for seed in (0, 1):
+                        c = make_config("tiny", arch, seed, sets)
+                        rid = run_id(c, "fp")
+                        tokens = int(budget / d["flops_per_token"])
+                        loss = 4.0 - 0.2 * b_i + offset + 0.1 * (math.log(n) - math.log(best)) ** 2
+                        db["runs"].insert(
+                            {
+                                "id": rid + f"-{b_i}",
+                                "arch": arch,
+                                "variant": f"{name}-w{w}-{b_i}",
+                                "preset": "tiny",
+                                "seed": seed,
+                                "status": "done",
+                                "config_json": replace(c, train=replace(c.train, max_steps=10 + b_i)).to_json(),
+                                "data_fingerprint": "fp",
+                                "n_params": int(n),
+                                "effective_params": int(d["effective_params"]),
+                                "flops_per_token": d["flops_per_token"],
+                                "tokens_seen": tokens,
+                                "data_train_tokens": 100_000,
+                                "final_val_loss": loss + rng.normal(0, 0.003),
+                            }
+                        )
+                        plan_rows.append(
+                            {
+                                "plan": "iso",
+                                "variant": f"{name}-w{w}-{plans.budget_label(budget)}",
+                                "preset": "tiny",
+                                "seed": seed,
+                                "run_id": rid + f"-{b_i}",
+                                "plan_path": "iso.toml",
+                                "plan_sha256": "ab" * 32,
+                                "isoflop_arch": name,
+                                "isoflop_width": w,
+                                "isoflop_budget": budget,
+                            }
+                        )
+    train_tables.record_plan_runs(db, plan_rows)
+    db.conn.close()
+    return tmp_path / "r.db"
+
+
+def test_the_scaling_section_reports_optima_fits_and_sentences(tmp_path):
+    rendered = report_engine.build(_iso_db(tmp_path), "tiny", "iso", only_plan=True)
+    md = rendered.markdown
+    sec = md[md.index("\n## Scaling\n") :]
+    assert "isoflop.png" in rendered.figures
+    assert "### Compute-optimal size and loss" in sec and "### L*(C) = E + A·C^(−α)" in sec
+    assert sec.count("| ok |") == 6  # 2 architectures x 3 budgets, every optimum inside the widths
+    # frailt sits 0.05 below the control at every budget: a difference its CI resolves
+    line = next(x for x in sec.splitlines() if x.startswith("- **frailt**"))
+    assert line.count("compute-optimal loss is lower than the control's by 0.05") == 3, line
+    assert "do not cross within the measured budgets (1e9 to 4e9)" in line
+    assert "3 points, 3 parameters" in sec
+    d = accounting.describe(
+        make_config("tiny", "control", 0, {"model.dim": 16, "model.n_heads": 1, "model.n_kv_heads": 1})
+    )
+    epochs = int(1e9 / d["flops_per_token"]) / 100_000
+    row = next(x for x in sec.splitlines() if x.startswith("| 1e9 | control | 16 |"))
+    assert f"| {epochs:.2f} |" in row  # every point states its epochs
+
+
+def test_a_degenerate_point_is_said_and_not_used(tmp_path):
+    rendered = report_engine.build(_iso_db(tmp_path, degenerate_at=2e9), "tiny", "iso", only_plan=True)
+    sec = rendered.markdown[rendered.markdown.index("\n## Scaling\n") :]
+    row = next(x for x in sec.splitlines() if x.startswith("| 2e9 | frailt |") and "degenerate" in x)
+    assert "the minimum is at the smallest width or below it" in row
+    line = next(x for x in sec.splitlines() if x.startswith("- **frailt**"))
+    assert "At C = 2e9 there is no comparison: the fit of frailt is degenerate." in line
+    assert "fewer than 3 budgets with an optimum" in sec  # frailt's power law needs the degenerate budget
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# End to end
+
+
+def test_a_tiny_isoflop_study_trains_resumes_and_reports(tmp_path, tinystories_dir, monkeypatch):
+    """Real training of a 2 widths x 2 budgets grid at tiny (a few steps each) through `study`: the plan's grid
+    point and the split's size land in the database, the report has its Scaling section, and a rerun trains
+    nothing."""
+    from benchctl.study import StudyOptions, run_study
+
+    monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
+    path = write(
+        tmp_path,
+        'name = "iso-e2e"\ndescription = "d"\nkind = "isoflop"\nbudgets = [5e8, 1e9]\nwidths = [16, 32]\n'
+        '[[variant]]\nname = "control"\narch = "control"\n',
+    )
+    opts = StudyOptions(
+        preset="tiny",
+        plan=str(path),
+        seeds=[0],
+        db_path=tmp_path / "r.db",
+        out_dir=tmp_path / "reports",
+        overrides={"data.source": str(tinystories_dir)},
+        skip=("sample", "judge", "eval", "depth"),
+        progress=False,
+        bench=False,
+    )
+    report_path = run_study(opts, log=lambda _: None)
+    db = stages.connect(tmp_path / "r.db")
+    rows = train_tables.plan_runs(db, "iso-e2e")
+    assert {(r["isoflop_arch"], r["isoflop_width"], r["isoflop_budget"]) for r in rows} == {
+        ("control", w, b) for w in (16, 32) for b in (5e8, 1e9)
+    }
+    runs = train_tables.runs(db)
+    assert len(runs) == 4 and all(r["status"] == "done" and r["data_train_tokens"] > 0 for r in runs)
+    md = report_path.read_text()
+    sec = md[md.index("\n## Scaling\n") :]
+    assert "no fit: fewer than 3 widths" in sec and "| 5e8 | control | 16 |" in sec
+    lines: list[str] = []
+    run_study(opts, log=lines.append)
+    assert sum("already done" in line for line in lines) == 4
+
+
+def test_find_prepared_never_builds(tmp_path, tinystories_dir, monkeypatch):
+    """What `plans show` counts epochs with when it must not download: the cache entry or nothing."""
+    from benchctl.core import data
+    from benchctl.core.config import DataConfig
+
+    monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
+    cfg = DataConfig(source=str(tinystories_dir), tokenizer_stories=500, max_train_stories=300, max_valid_stories=50)
+    assert data.find_prepared(cfg, 512) is None and data.find_prepared(DataConfig(source="hub"), 512) is None
+    built = data.prepare(cfg, 512, progress=False)
+    found = data.find_prepared(cfg, 512)
+    assert found is not None and found.dir == built.dir and found.n_train_tokens == built.n_train_tokens
