@@ -70,8 +70,20 @@ def test_a_new_stage_runs_in_order_and_adds_its_section(tmp_path, monkeypatch):
     lines: list[str] = []
     path = run_study(StudyOptions(preset="tiny", archs=["control"], db_path=tmp_path / "r.db"), log=lines.append)
     assert path == tmp_path / "report.md"
-    assert seen == ["prepare", "train", "bench", "retrofit", "sample", "judge", "eval", "depth", "probe", "report"]
-    assert lines == [f"== {i}/10 {n}: {n} ran" for i, n in enumerate(seen, 1)]
+    assert seen == [
+        "prepare",
+        "train",
+        "bench",
+        "retrofit",
+        "sample",
+        "judge",
+        "eval",
+        "depth",
+        "probe",
+        "report",
+        "export",
+    ]
+    assert lines == [f"== {i}/11 {n}: {n} ran" for i, n in enumerate(seen, 1)]
 
     db = build_fixture_db(tmp_path / "fixture.db", judge=False, evals=False)
     md = report.build(db).markdown
@@ -178,13 +190,14 @@ def test_study_end_to_end_on_tiny_data(tmp_path, tinystories_dir, monkeypatch):
     ran = [s.name for s in stages.registered() if s.run is not None]
     assert [h.split(":")[0] for h in heads] == [f"== {i}/{len(ran)} {n}" for i, n in enumerate(ran, 1)]
     said = {h.split(":")[0].split()[-1]: h.split(" ", 2)[2] for h in heads}  # stage -> "bench: skipped (...)"
-    assert [said[n] for n in ("bench", "retrofit", "sample", "judge", "eval", "depth")] == [
+    assert [said[n] for n in ("bench", "retrofit", "sample", "judge", "eval", "depth", "export")] == [
         "bench: skipped (--no-bench)",
         "retrofit: no conversions in this plan",
         "sample: skipped",
         "judge: skipped",
         "eval: skipped",
         "depth: skipped",
+        "export: off (--export hf writes every finished run as a Hugging Face folder)",
     ]
     assert path == tmp_path / "reports" / "report.md"
     assert "| control | 1 | 0 | 0 | 0 | 0 |" in path.read_text()
