@@ -100,6 +100,7 @@ class MoR(BaseLM):
     description = "shared recursion block with per-token routed depth (Mixture-of-Recursions)"
 
     reports_stats = True
+    adaptive_compute = True  # the routers decide each token's depth
     causal_training = False  # expert-choice's top-k; token-choice is causal, and the tests then check train mode too
     inference_rule = (
         "expert-choice: a token takes recursion step r when its step-r router says sigmoid(w_r . x) >= 0.5 (the rule "
