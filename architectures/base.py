@@ -177,6 +177,9 @@ class BaseLM(nn.Module):
     # True when the forward reports auxiliary losses, metrics or its compute (`add_aux_loss`, `add_metric`,
     # `add_compute`): each forward then starts from empty stats.
     reports_stats: ClassVar[bool] = False
+    # True when the compute a forward spends depends on the data (per-token halting or routing): `flops_per_token`
+    # (every token at full depth) is then an upper bound, and what it spent is what it reports with `add_compute`.
+    adaptive_compute: ClassVar[bool] = False
     rope_cos: torch.Tensor  # buffers (register_buffer in __init__), declared for the type checker
     rope_sin: torch.Tensor
 

@@ -13,7 +13,7 @@ g_r(x) = alpha * sigmoid(w_r . x) over the tokens that took step r-1 (all tokens
 them per sequence, k_r = floor(T * (N_r - r + 1) / N_r) (at least 1), sorted back into sequence order (hierarchical
 filtering: a token that left never comes back). The kept tokens run through the recursion block as a shorter
 sequence, attending only to each other (their own positions for the rotary embedding; this is the paper's
-recursion-wise KV caching: step r's keys and values are those of the tokens routed to step r), and the residual stream
+recursion-wise KV caching, the default: see "Keys and values" below), and the residual stream
 is updated as the released code does, x[kept] += g_r * block(x[kept]). The router is trained by the auxiliary loss
 (binary cross-entropy between its logits and "was in the top k", mean over the candidates; `aux/router_bce`) and
 optionally a router z-loss (mean squared logsumexp of the logits; `mor_z_weight`, off by default as in the released
@@ -31,10 +31,20 @@ code, sum_i P_i f_i with P_i the mean router probability of depth i and f_i = N_
 chose it (`aux/balance`), keeps the depths in use; the optional z-loss applies as above. Every decision reads only the
 token's own state, so the training forward is causal.
 
+Keys and values (`mor_kv`), the paper's two ways for a recursion step's attention:
+- `recursion` (recursion-wise KV caching, the default): step r's keys and values are those of the tokens routed to
+  step r, computed at step r; its tokens attend only to each other.
+- `share` (recursive KV sharing): the first recursion step computes every block's keys and values for its tokens
+  (every token, in training: its capacity is the whole sequence), and every later step reuses them: its queries are
+  those of the tokens routed to it, each attending to the first step's tokens at or before its own position, and its
+  blocks' key and value projections are not applied.
+
 Compute as spent. Each recursion step runs the block over the routed tokens only, padded (within a batch) to the
 longest routed sequence; those padded sequences are what is counted (`add_compute`): per token of the input,
 (n_r / T) block applications over n_r tokens, for the n_r tokens of the step's longest routed sequence, plus the
-routers' matmuls. The analytic `flops_per_token` (every token through every step) is the upper bound.
+routers' matmuls. Under KV sharing the steps after the first count no key and value projections, and attention over
+the first step's tokens. The analytic `flops_per_token` (every token through every step, recursion-wise) is the upper
+bound.
 
 Metrics (`arch/...`): the mean recursion depth, the fraction of tokens at each depth (`depth_frac_<k>`, 0..N_r), and,
 for token-choice, the router's load imbalance (max over depths of N_r * fraction, 1 when balanced).
@@ -48,9 +58,10 @@ Adaptations to this harness, each stated:
   its training configuration): `mor_aux_weight` (expert BCE or token-choice balancing) 0.01, `mor_z_weight` 0.
 - Under a KV cache (generation) the forward re-runs the recursions over the whole cached prefix, kept as token
   embeddings in one cache slot: the causal rules make every earlier token's result the same as before, so this gives
-  the full forward's logits without per-step caches of ragged token sets (it spends more arithmetic than recursion-wise
-  caching would, and generation's compute is not what a run records). Recursive KV sharing (every step reusing the
-  first step's keys and values) is not implemented.
+  the full forward's logits without per-step caches of ragged token sets (it spends more arithmetic than the
+  paper's decoding with recursion-wise caches would, and generation's compute is not what a run records). `mor_kv`
+  is thus the attention rule each option defines, in training and inference alike; their memory savings at decoding
+  are not reproduced.
 - Padding a routed sequence at its end is safe with causal attention (real tokens never attend to it); its outputs
   are discarded.
 
@@ -69,7 +80,7 @@ import torch.nn.functional as F
 
 from architectures import register
 from architectures.base import ArchArgs, BaseLM
-from architectures.blocks import StaticKVCache
+from architectures.blocks import StaticKVCache, rotate_pairs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,6 +89,9 @@ class MoRArgs(ArchArgs):
     mor_alpha: float | None = None  # router output scale: None -> 0.1 (expert, sigmoid) or 1.0 (token, softmax)
     mor_aux_weight: float = 0.01  # weight of the router's auxiliary loss (expert: BCE on top-k; token: balancing)
     mor_z_weight: float = 0.0  # weight of the router z-loss (0: off)
+    # keys and values a recursion step attends over: "recursion" (recursion-wise caching: those of the tokens routed
+    # to the step, computed at the step) or "share" (recursive sharing: those the first step computed, every step)
+    mor_kv: Literal["recursion", "share"] = "recursion"
 
 
 @register("mor", args=MoRArgs)
@@ -86,6 +100,7 @@ class MoR(BaseLM):
     description = "shared recursion block with per-token routed depth (Mixture-of-Recursions)"
 
     reports_stats = True
+    adaptive_compute = True  # the routers decide each token's depth
     causal_training = False  # expert-choice's top-k; token-choice is causal, and the tests then check train mode too
     inference_rule = (
         "expert-choice: a token takes recursion step r when its step-r router says sigmoid(w_r . x) >= 0.5 (the rule "
@@ -150,6 +165,7 @@ class MoR(BaseLM):
 
     def _forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_recur: int) -> torch.Tensor:
         B, T, d = h.shape
+        self._first_kv: _FirstKV | None = None  # recursive KV sharing: what the first recursion step computed
         h = self.layers[0](h, cos, sin)
         self._spent = self.block_flops(T)  # the first block, every token
         if self.token_choice:
@@ -164,16 +180,38 @@ class MoR(BaseLM):
             self.add_metric(f"depth_frac_{k}", (depth == k).float().mean())
         return h
 
-    def _run_core(self, x: torch.Tensor, idx: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """The recursion block over the tokens `idx` (B, n) of each sequence, in sequence order, as a sequence of
-        their own: x (B, T, d) -> block output (B, n, d); positions for the rotary embedding are the tokens' own."""
+    def _run_core(
+        self, x: torch.Tensor, idx: torch.Tensor, real: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> torch.Tensor:
+        """The recursion block over the tokens `idx` (B, n) of each sequence (`real` marks the routed ones, the rest
+        pad), in sequence order, as a sequence of their own: x (B, T, d) -> block output (B, n, d); positions for the
+        rotary embedding are the tokens' own. Recursion-wise (the default) the tokens attend to each other; under
+        recursive KV sharing the first step keeps every block's keys and values and the later steps attend to those."""
         B, n = idx.shape
         d = x.shape[-1]
         s = torch.gather(x, 1, idx[..., None].expand(B, n, d))
         c, sn = cos[idx], sin[idx]  # (B, n, hd/2): per-row positions
-        for i in self._core:
-            s = self.layers[i](s, c, sn)
-        self._spent += (n / x.shape[1]) * len(self._core) * self.block_flops(n)
+        blk = self.block_flops(n)
+        if self.arch_args.mor_kv == "recursion":
+            for i in self._core:
+                s = self.layers[i](s, c, sn)
+        elif self._first_kv is None:  # the first step: its keys and values are the ones every later step reads
+            kv = []
+            for i in self._core:
+                s, k, v = _block_keeping_kv(self.layers[i], s, c, sn)
+                kv.append((k, v))
+            self._first_kv = _FirstKV(kv=kv, pos=idx, real=real)
+        else:
+            first = self._first_kv
+            # each query attends to the first step's tokens at or before its position; a padding row (its output
+            # discarded) to all of them, so that no row of the softmax is empty
+            mask = ((first.pos[:, None, :] <= idx[:, :, None]) & first.real[:, None, :]) | ~real[:, :, None]
+            for i, (k, v) in zip(self._core, first.kv, strict=True):
+                s = _block_on_shared_kv(self.layers[i], s, c, sn, k, v, mask[:, None])
+            a, hd = self.args, self.args.dim // self.args.n_heads
+            # no key and value projections; attention over the first step's n_1 tokens instead of these n
+            blk += 4.0 * (first.pos.shape[1] - n) * a.n_heads * hd - 2.0 * 2 * a.dim * a.n_kv_heads * hd
+        self._spent += (n / x.shape[1]) * len(self._core) * blk
         return s
 
     @staticmethod
@@ -217,7 +255,7 @@ class MoR(BaseLM):
             if local.shape[1] == 0:
                 break
             sel = torch.gather(cand, 1, local)  # (B, n): positions in the sequence
-            out = self._run_core(h, sel, cos, sin)
+            out = self._run_core(h, sel, real, cos, sin)
             w = torch.gather(probs, 1, local) * real  # padding adds nothing
             h = h.scatter_add(1, sel[..., None].expand_as(out), (w[..., None] * out).to(h.dtype))
             depth = depth + torch.zeros_like(depth).scatter(1, sel, real.long())
@@ -242,7 +280,7 @@ class MoR(BaseLM):
             idx, real = self._pack(depth > r)
             if idx.shape[1] == 0:
                 break
-            out = self._run_core(x, idx, cos, sin)
+            out = self._run_core(x, idx, real, cos, sin)
             ends = real & (torch.gather(depth, 1, idx) == r + 1)  # tokens whose last step this is
             w = (torch.gather(g, 1, idx) * ends)[..., None]
             final = final.scatter_add(1, idx[..., None].expand_as(out), (w * out).to(h.dtype))
@@ -273,3 +311,50 @@ class MoR(BaseLM):
         blk = self.block_flops(seq_len)
         router = 2.0 * d * n_recur  # token-choice: one d x N_r map; expert-choice: N_r maps d x 1, every token at most
         return [((2 + n_recur * len(self._core)) * blk + router, True)]
+
+
+@dataclass
+class _FirstKV:
+    """Recursive KV sharing: per block of the recursion, the keys and values (B, KV, n_1, hd) the first recursion step
+    computed for its tokens, their positions in the sequence (B, n_1) and which of them are routed, not padding."""
+
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+    pos: torch.Tensor
+    real: torch.Tensor
+
+
+def _qkv(block: Any, s: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    att = block.attention
+    H, KV, hd = att.n_heads, att.n_kv_heads, att.head_dim
+    xn = block.attention_norm(s)
+    q = rotate_pairs(att.wq(xn).unflatten(-1, (H, hd)), cos, sin).transpose(1, 2)  # (B, H, n, hd)
+    return xn, q, att, KV, hd
+
+
+def _block_keeping_kv(block: Any, s: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """`block(s)` (causal over the sequence s), also returning the rotated keys and the values it attended over."""
+    xn, q, att, KV, hd = _qkv(block, s, cos, sin)
+    k = rotate_pairs(att.wk(xn).unflatten(-1, (KV, hd)), cos, sin).transpose(1, 2)  # (B, KV, n, hd)
+    v = att.wv(xn).unflatten(-1, (KV, hd)).transpose(1, 2)
+    h = s + att.attend(q, k, v)
+    return h + block.feed_forward(block.ffn_norm(h)), k, v
+
+
+def _block_on_shared_kv(
+    block: Any,
+    s: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+) -> torch.Tensor:
+    """`block(s)` with its queries attending over given keys and values (B, KV, n_1, hd) under `mask` (B, 1, n, n_1)
+    instead of its own: the block's key and value projections are not used."""
+    B, n, _ = s.shape
+    _, q, att, KV, _ = _qkv(block, s, cos, sin)
+    if KV != att.n_heads:
+        k, v = k.repeat_interleave(att.n_heads // KV, dim=1), v.repeat_interleave(att.n_heads // KV, dim=1)
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=att.dropout if att.training else 0.0)
+    h = s + att.resid_dropout(att.wo(y.transpose(1, 2).reshape(B, n, -1)))
+    return h + block.feed_forward(block.ffn_norm(h))

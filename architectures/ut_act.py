@@ -73,6 +73,7 @@ class UTACT(BaseLM):
     description = "shared blocks applied until each token halts (Universal Transformer with ACT)"
 
     reports_stats = True
+    adaptive_compute = True  # halting decides each token's depth
 
     @classmethod
     def default_n_recur(cls, args: Any) -> int:

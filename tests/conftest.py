@@ -25,7 +25,19 @@ from benchctl.core.config import ModelArgs, make_config
 
 # The stages benchctl ships, in study order. Tests that pin a list of stages (or their tables and figures) pin these:
 # CI runs the suite a second time with the extension guide's example stage added, which must change nothing else.
-BUILTIN_STAGES = ("prepare", "train", "bench", "retrofit", "sample", "judge", "eval", "depth", "infer", "report")
+BUILTIN_STAGES = (
+    "prepare",
+    "train",
+    "bench",
+    "retrofit",
+    "sample",
+    "judge",
+    "eval",
+    "depth",
+    "infer",
+    "report",
+    "export",
+)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -352,3 +352,62 @@ def test_report_section_renders_on_a_fixture(tmp_path):
     assert "95% CI" in sec and "skips exited tokens" in sec
     empty = report.build(build_fixture_db(tmp_path / "none.db", seeds=(0,), judge=False, evals=False)).markdown
     assert "No test-time depth rows" in empty
+
+
+# ---- architectures without the iteration hooks -------------------------------------------------------------------
+
+
+def test_depth_sweeps_what_a_forward_without_hooks_accepts(tiny_model):
+    """ut-act and mor have no iteration hooks (no exit), but their forward runs any depth up to their trained one
+    (the most steps halting or routing gives a token): the sweep measures those; the control, one depth, one row."""
+    import pandas as pd
+
+    from benchctl.stages.depth import report as depth_report
+
+    def sweep(arch, exit_rule=None):
+        cls = architectures.get(arch)
+        model = tiny_model(arch)
+        return dp.settings_for(
+            cls,
+            model.args.n_recur,
+            depths=DEFAULT_DEPTHS,
+            exit_rule=exit_rule,
+            thresholds=(1e-3,),
+            max_depth=None,
+            extrapolate=None,
+            with_trained=True,
+            limit=cls.max_n_recur(model.args),
+        )
+
+    assert [s.n_recur for s in sweep("ut-act")] == [1, 2, 4]
+    assert [s.n_recur for s in sweep("mor")] == [1, 2, 3]
+    assert [s.n_recur for s in sweep("control")] == [1]
+    assert sweep("mor", "kl") == [] and sweep("ut-act", "kl") == []
+    windows = tokens(4, 17)
+    for arch in ("ut-act", "mor"):
+        model = tiny_model(arch)
+        with torch.no_grad():  # the trained-depth forward, as the run evaluates it
+            want = float(model(windows[:, :-1], windows[:, 1:])[1])
+        losses = {
+            s.n_recur: dp.measure(model, windows, 2, torch.device("cpu"), None, 0, s)["val_loss"] for s in sweep(arch)
+        }
+        assert losses[model.args.n_recur] == pytest.approx(want, rel=1e-6)
+        # one step is another model (at initialisation ut-act's tokens all halt at step 2, so 2 and 4 agree)
+        assert losses[1] != losses[model.args.n_recur], losses
+
+    # the report draws them as curves and says they stop at their trained depth
+    df = pd.DataFrame(
+        [
+            {"model": m, "line": m, "seed": 0, "n_recur": d, "val_loss": v, "trained": t, "exit_rule": ""}
+            for m, t, pts in (("mor", 3, {1: 5.0, 2: 4.5, 3: 4.25}), ("control", 1, {1: 4.0}))
+            for d, v in pts.items()
+        ]
+    ).assign(extrapolate="", mean_depth=lambda f: f["n_recur"].astype(float))
+    ctx = type("Ctx", (), {"arch_of": {"mor": "mor", "control": "control"}})()
+    assert depth_report.verdicts(ctx, df) == [
+        "- mor runs at most its trained depth 3, so nothing is measured past it: loss 4.2500 at depth 3 and 5.0000 at "
+        "depth 1."
+    ]
+    assert depth_report._swept(ctx, df[df["model"] == "mor"]) and not depth_report._swept(
+        ctx, df[df["model"] == "control"]
+    )

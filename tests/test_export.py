@@ -345,3 +345,70 @@ def test_lm_eval_hf_model_gives_benchctl_eval_perplexity(trained, tinystories_di
         assert abs(theirs[f"{metric},none"] - ours[metric]) <= 1e-4, metric
     # words per document are few, so word perplexity is exp of a large number: compared relatively
     assert abs(theirs["word_perplexity,none"] / ours["word_perplexity"] - 1) <= 1e-4
+
+
+# ---- benchctl study --export -----------------------------------------------------------------------------------------
+
+
+def test_study_exports_every_finished_run_resumably(trained, tinystories_dir, monkeypatch):
+    """A tiny study over the fixture's runs (found trained, so nothing trains again) exports control and relaxed,
+    skips frailt in one line, keeps a complete export on a rerun and redoes one left half-written."""
+    from benchctl.study import StudyOptions, run_study
+
+    monkeypatch.setenv("BENCHCTL_CACHE", str(trained["root"] / "cache"))
+    reports = trained["root"] / "study_reports"
+    opts = StudyOptions(
+        preset="tiny",
+        archs=["control", "relaxed", "frailt"],
+        seeds=[0],
+        db_path=trained["db"],
+        out_dir=reports,
+        overrides={
+            "data.source": str(tinystories_dir),
+            "train.max_steps": 6,
+            "train.warmup_steps": 1,
+            "model.max_seq_len": CONTEXT,
+            "train.dtype": "float32",
+        },
+        skip=("sample", "judge", "eval", "depth"),
+        progress=False,
+        bench=False,
+        export=("hf",),
+    )
+    before = {r["id"] for r in train_tables.runs(stages.connect(trained["db"]))}
+    lines: list[str] = []
+    run_study(opts, log=lines.append)
+    assert {r["id"] for r in train_tables.runs(stages.connect(trained["db"]))} == before  # nothing trained anew
+    runs = trained["runs"]
+    folders = {a: reports / "export" / "hf" / runs[a]["id"] for a in ("control", "relaxed")}
+    for arch, folder in folders.items():
+        assert f"   {runs[arch]['id']} -> {folder}" in lines
+        hf = transformers.AutoModelForCausalLM.from_pretrained(folder)
+        assert hf.config.num_hidden_layers == len(
+            load_model(run_dir(trained["db"], runs[arch]["id"]) / CKPT_NAME)[0].unrolled(None, None)
+        )
+    assert sorted((reports / "export" / "hf").iterdir()) == sorted(folders.values())
+    assert [ln for ln in lines if "frailt" in ln and "export" in ln] == [
+        "   frailt: declares no export format; its 1 run(s) skipped"
+    ]
+    assert "   2 written, 0 already complete" in lines
+
+    # rerun: the complete exports are kept as they are; one interrupted half-way (its .partial folder) is redone
+    stamp = (folders["control"] / "model.safetensors").stat().st_mtime_ns
+    redo = folders["relaxed"]
+    redo.rename(redo.with_name(redo.name + ".partial"))
+    (redo.with_name(redo.name + ".partial") / "model.safetensors").write_bytes(b"half")
+    lines = []
+    run_study(opts, log=lines.append)
+    assert "   1 written, 1 already complete" in lines
+    assert (folders["control"] / "model.safetensors").stat().st_mtime_ns == stamp
+    assert not redo.with_name(redo.name + ".partial").exists()
+    transformers.AutoModelForCausalLM.from_pretrained(redo)  # the redone export is whole
+
+
+def test_study_export_names_its_formats(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["study", "--preset", "tiny", "--export", "hf,onnx", "--db", str(tmp_path / "r.db")])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().endswith("--export accepts hf, llama2c (a comma list); got onnx")
+    assert not (tmp_path / "r.db").exists()

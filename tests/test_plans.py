@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import architectures
 from benchctl import plans, report, stages
 from benchctl.cli import main
 from benchctl.core import accounting
@@ -384,3 +385,23 @@ def test_report_names_a_builtin_plan_file_by_its_place_in_the_package(rendered):
     section = rendered.markdown[rendered.markdown.index("\n## Plans\n") :]
     assert "built in: `benchctl/plans/controls.toml`" in section
     assert str(Path(plans.__file__).parent) not in section  # no local install directory
+
+
+def test_plans_show_says_a_match_against_an_adaptive_variant_is_its_upper_bound(tmp_path, capsys):
+    """Training FLOPs matched to ut-act or mor are their analytic count, every token at full depth: `plans show`
+    says so for those variants, and only for them."""
+    text = (
+        GOOD + '\n[[variant]]\nname = "halting"\narch = "ut-act"\n\n[[variant]]\nname = "iso-ut"\narch = "control"\n'
+        'match_train_flops = "halting"\n\n[[variant]]\nname = "iso-looped"\narch = "control"\n'
+        'set = ["model.dim=48"]\nmatch_train_flops = "looped"\n'
+    )
+    with pytest.raises(SystemExit) as e:
+        main(["plans", "show", str(write(tmp_path, text)), "--preset", "tiny"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert e.value.code == 0
+    assert "steps: halting's training FLOPs (analytic upper bound)" in out
+    assert "steps: looped's training FLOPs (analytic" not in out
+    assert "iso-ut matches halting's analytic training FLOPs, an upper bound: halting (ut-act)" in out
+    assert "iso-looped matches" not in out
+    builtin = ("control", "frailt", "three-part", "relaxed", "ut-act", "mor", "shared-cycle", "huginn", "trm")
+    assert [a for a in builtin if architectures.get(a).adaptive_compute] == ["ut-act", "mor"]

@@ -86,8 +86,9 @@ def test_a_new_stage_runs_in_order_and_adds_its_section(tmp_path, monkeypatch):
         "infer",
         "probe",
         "report",
+        "export",
     ]
-    assert lines == [f"== {i}/11 {n}: {n} ran" for i, n in enumerate(seen, 1)]
+    assert lines == [f"== {i}/12 {n}: {n} ran" for i, n in enumerate(seen, 1)]
 
     db = build_fixture_db(tmp_path / "fixture.db", judge=False, evals=False)
     md = report.build(db).markdown
@@ -194,7 +195,7 @@ def test_study_end_to_end_on_tiny_data(tmp_path, tinystories_dir, monkeypatch):
     ran = [s.name for s in stages.registered() if s.run is not None]
     assert [h.split(":")[0] for h in heads] == [f"== {i}/{len(ran)} {n}" for i, n in enumerate(ran, 1)]
     said = {h.split(":")[0].split()[-1]: h.split(" ", 2)[2] for h in heads}  # stage -> "bench: skipped (...)"
-    assert [said[n] for n in ("bench", "retrofit", "sample", "judge", "eval", "depth", "infer")] == [
+    assert [said[n] for n in ("bench", "retrofit", "sample", "judge", "eval", "depth", "infer", "export")] == [
         "bench: skipped (--no-bench)",
         "retrofit: no conversions in this plan",
         "sample: skipped",
@@ -202,6 +203,7 @@ def test_study_end_to_end_on_tiny_data(tmp_path, tinystories_dir, monkeypatch):
         "eval: skipped",
         "depth: skipped",
         "infer: skipped",
+        "export: off (--export hf writes every finished run as a Hugging Face folder)",
     ]
     assert path == tmp_path / "reports" / "report.md"
     assert "| control | 1 | 0 | 0 | 0 | 0 |" in path.read_text()

@@ -50,6 +50,7 @@ def show(
     if needed, else the hub's data if already prepared) and estimated training time: at the speed the finished runs of
     the preset in results.db trained at, else timed here."""
     # torch: kept out of 'benchctl plans' and 'benchctl --help'
+    import architectures
     from benchctl.core import accounting
     from benchctl.stages.retrofit.engine import has_lora
 
@@ -66,6 +67,8 @@ def show(
     for head in ("variant", "arch", "steps", "params", "MFLOP/token", "train TFLOP", "set"):
         t.add_column(head, justify="left" if head in ("variant", "arch", "set") else "right", no_wrap=head != "set")
     cfgs = {r.variant: r.cfg for r in runs if r.cfg.seed == seeds_[0]} | {c.variant: c.cfg for c in convs}
+    archs = {v.name: cfgs[v.name].arch for v in plan.variants if v.name in cfgs}
+    bounded = []  # (variant, the adaptive variant it matches)
     for v in plan.variants:
         if v.name not in cfgs:
             continue
@@ -73,7 +76,11 @@ def show(
         row = accounting.describe(cfg)
         fpt = float(row["flops_per_token"])
         sets = [f"{k}={x}" for k, x in v.sets.items()]
-        sets += [f"steps: {v.match_train_flops}'s training FLOPs"] if v.match_train_flops else []
+        if v.match_train_flops:
+            adaptive = v.match_train_flops in archs and architectures.get(archs[v.match_train_flops]).adaptive_compute
+            bound = " (analytic upper bound)" if adaptive else ""
+            sets += [f"steps: {v.match_train_flops}'s training FLOPs{bound}"]
+            bounded += [(v.name, v.match_train_flops)] if adaptive else []
         lora = f"+{v.lora_init or 'svd'}" if has_lora(cfg) else ""
         sets = [f"from {v.parent} ({v.init}{lora})"] + sets if v.parent else sets
         t.add_row(
@@ -90,6 +97,14 @@ def show(
         "FLOPs: the analytic count of matmuls (attention scores and the tied head included), forward + "
         "backward = 3x forward where gradients flow; train FLOPs = FLOPs/token x steps x tokens/step."
     )
+    for name, other in bounded:
+        console.print(
+            f"{name} matches {other}'s analytic training FLOPs, an upper bound: {other} ({archs[other]}) gives "
+            f"each token a depth that depends on the data, and the count takes every token at full depth. What "
+            f"{other} spends is at most that (its runs record it as train_flops), so {name} trains with at least "
+            f"the compute {other} uses.",
+            highlight=False,
+        )
     if convs:
         console.print(
             "A variant 'from' another is converted from that variant's trained weights at each seed, after "

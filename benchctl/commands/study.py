@@ -23,6 +23,7 @@ from benchctl.stages.cli import (
     split_list,
     terminal_confirm,
 )
+from benchctl.stages.export.options import parse_formats
 from benchctl.stages.train.cli import ExecutorOpt, RayAddressOpt, RunsDirOpt
 
 app = typer.Typer()
@@ -82,9 +83,21 @@ def study(
             "[default: on for a CPU at tiny/small].",
         ),
     ] = None,
+    export: Annotated[
+        str | None,
+        typer.Option(
+            "--export",
+            help="After the report, export every finished run whose architecture supports it: hf, llama2c or "
+            "both (comma list); see 'benchctl export'. Off by default.",
+        ),
+    ] = None,
+    export_dir: Annotated[
+        Path | None,
+        typer.Option("--export-dir", help="Where --export writes (default: export/ in the report folder)."),
+    ] = None,
 ) -> None:
-    """prepare -> train-all -> sample -> judge (with an API key) -> eval -> report, for every variant × seed of a
-    plan (default: the study's four models). Rerun to resume any stage."""
+    """prepare -> train-all -> sample -> judge (with an API key) -> eval -> report (-> export, with --export), for
+    every variant × seed of a plan (default: the study's four models). Rerun to resume any stage."""
     # torch: kept out of 'benchctl --help'
     from benchctl.core.runtime import Dist
     from benchctl.study import run_study
@@ -93,6 +106,7 @@ def study(
     bad = [s for s in skipped if s not in stages.skippable()]
     if bad:
         raise ConfigError(f"--skip accepts {', '.join(stages.skippable())}; got {', '.join(bad)}")
+    formats = parse_formats(export)
     opts = StudyOptions(
         preset=preset,
         plan=plan,
@@ -112,6 +126,8 @@ def study(
         ray_address=ray_address,
         runs_dir=runs_dir,
         bench=bench,
+        export=formats,
+        export_dir=export_dir,
     )
     is_main = Dist.from_env().is_main  # under torchrun every rank trains; rank 0 alone speaks and runs the rest
     path = run_study(opts, log=console.print if is_main else _quiet, confirm=terminal_confirm())

@@ -7,8 +7,8 @@ study` runs the registered stages in order and the report renders their sections
 stage is adding one folder to this package; neither the study loop nor the report's top level names any stage.
 
 Orders in use: prepare 10, train 20, bench 22, retrofit 25, sample 30, judge 40, eval 50, depth 55, infer 58, report
-100 (the report stage closes the report with the comparisons across stages, benchmark rows and provenance). Leave
-gaps so new stages can slot in between.
+100 (the report stage closes the report with the comparisons across stages, benchmark rows and provenance), export 110
+(off unless asked). Leave gaps so new stages can slot in between.
 
 This package also holds what the stages share: the study's options and state (`StudyOptions`, `StudyRun`,
 `TrainAllResult`), the run selection the stages after training take (`RunSelection`), and the command lines' common
@@ -109,6 +109,8 @@ class StudyOptions:
     ray_address: str | None = None  # the cluster to join (None: $RAY_ADDRESS, else a new local instance)
     runs_dir: Path | None = None  # where run directories live (None: beside results.db); shared by every machine
     bench: bool | None = None  # time every model's step (stage bench); None: on for a CPU at tiny/small
+    export: tuple[str, ...] = ()  # formats to export every finished run to (stage export); () is off
+    export_dir: Path | None = None  # where the exports go (None: export/ in out_dir, beside the report)
 
     def execution(self) -> Execution:
         """The executors.Execution these options describe (validated: a bad --jobs is one clear error)."""

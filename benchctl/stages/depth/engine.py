@@ -5,8 +5,10 @@ an adaptive exit each token can stop on its own. For every finished run this mea
 
 - a fixed depth d (`--depths`): the loss at d iterations. Past the trained depth FraiLT and relaxed follow their
   extrapolation rule (`--extrapolate`, else the architecture's default: FraiLT `last`, relaxed `cycle`); three-part
-  runs any depth as it is. An architecture without the iteration hooks (the control) gets one row at its fixed
-  depth, which the report draws as a horizontal reference line.
+  runs any depth as it is. An architecture without the iteration hooks runs the depths its forward accepts, from 1 to
+  its `max_n_recur` (ut-act and mor: their trained depth, the most steps their halting or routing can give a token;
+  the row's depth is that maximum, its FLOPs the analytic count there, an upper bound); one that accepts one depth
+  only (the control) gets one row, which the report draws as a horizontal reference line.
 - an exit setting (`--exit kl|latent --thresholds ...`): the loss with the per-token adaptive exit
   (`architectures.base.BaseLM.iterate`) at maximum depth `--max-depth` (default: the run's trained depth), and the
   mean exit depth over tokens. Every iteration is still computed for every token, so the mean depth is what an
@@ -81,11 +83,19 @@ def settings_for(
     max_depth: int | None,
     extrapolate: str | None,
     with_trained: bool = False,
+    limit: int | None = None,
 ) -> list[Setting]:
     """The settings to measure for one run of `arch_cls` trained at depth `trained`; `with_trained` adds the trained
-    depth and twice it to the depths (the report judges extrapolation from those two)."""
-    if not arch_cls.iterable():  # fixed depth: one reference row in a depth sweep, nothing to exit from
-        return [Setting(trained)] if exit_rule is None else []
+    depth and twice it to the depths (the report judges extrapolation from those two). `limit` is the deepest
+    recurrence the run's model accepts (its `max_n_recur`; None: unbounded)."""
+    if not arch_cls.iterable():
+        # no iteration hooks, so no exit; its forward still runs any depth from 1 to its limit (ut-act's and mor's
+        # largest number of steps, halting or routing choosing each token's depth below it): those are swept, and
+        # a model that runs one depth only (the control) gets one reference row
+        if exit_rule is not None:
+            return []
+        ds = set(depths) | ({trained, 2 * trained} if with_trained else set())
+        return [Setting(d) for d in sorted({d for d in ds if limit is None or d <= limit} | {trained})]
     if extrapolate is not None and arch_cls.extrapolate_rules and extrapolate not in arch_cls.extrapolate_rules:
         raise ConfigError(
             f"--extrapolate: {arch_cls.name} accepts {', '.join(arch_cls.extrapolate_rules)}; got {extrapolate!r}"
@@ -185,6 +195,7 @@ def plan(
             max_depth=max_depth,
             extrapolate=extrapolate,
             with_trained=with_trained,
+            limit=cls.max_n_recur(cfg.model),
         )
         n = min(windows or cfg.eval.val_windows, cfg.eval.val_windows)
         have = depth_tables.depth_keys(db, row["id"])

@@ -47,11 +47,17 @@ def depth_frame(frames: Frames) -> pd.DataFrame:
 
 
 def _iterable(ctx: Any, g: pd.DataFrame) -> bool:
-    """Whether the line's architecture runs at any depth (False: fixed depth, drawn as a reference line)."""
+    """Whether the line's architecture has the iteration hooks (it runs past its trained depth and exits early)."""
     try:
         return architectures.get(ctx.arch_of.get(g["model"].iloc[0], "")).iterable()
-    except architectures.UnknownArchitectureError:
-        return g["n_recur"].nunique() > 1
+    except architectures.UnknownArchitectureError:  # not registered here: it has the hooks if it ran past its depth
+        return bool((g["n_recur"] > g["trained"]).any())
+
+
+def _swept(ctx: Any, g: pd.DataFrame) -> bool:
+    """Whether the line is a curve over depths (False: one depth, drawn as a reference line): every architecture
+    with the iteration hooks, and one without them measured at several depths up to its trained one (ut-act, mor)."""
+    return _iterable(ctx, g) or g["n_recur"].nunique() > 1
 
 
 def _curve(g: pd.DataFrame, by: str = "n_recur") -> pd.DataFrame:
@@ -78,8 +84,19 @@ def verdicts(ctx: Any, df: pd.DataFrame) -> list[str]:
     fixed = df[df["exit_rule"] == ""]
     for line, g in fixed.groupby("line", sort=False):
         T = int(g["trained"].iloc[0])
-        if not _iterable(ctx, g):
+        if not _swept(ctx, g):
             continue  # a fixed-depth architecture: the reference line
+        if not _iterable(ctx, g):  # its forward runs at most its trained depth
+            c = _curve(g)
+            lo = c.iloc[0]
+            at = c[c["n_recur"] == T]
+            if lo["n_recur"] < T and not at.empty:
+                out.append(
+                    f"- {line} runs at most its trained depth {T}, so nothing is measured past it: loss "
+                    f"{fnum(float(at['mean'].iloc[0]), 4)} at depth {T} and {fnum(float(lo['mean']), 4)} at depth "
+                    f"{int(lo['n_recur'])}."
+                )
+            continue
         per_seed = g.pivot_table(index="seed", columns="n_recur", values="val_loss", aggfunc="first")
         if T not in per_seed.columns or 2 * T not in per_seed.columns:
             out.append(
@@ -121,7 +138,7 @@ def fig_depth_loss(ctx: Any, df: pd.DataFrame) -> Any:
         for line, g in fixed.groupby("line", sort=False):
             colour = ctx.colours.get(g["model"].iloc[0])
             c = _curve(g)
-            if not _iterable(ctx, g):
+            if not _swept(ctx, g):
                 ax.axhline(c["mean"][0], color=colour, linestyle="--", linewidth=1.5, label=f"{tick(line)} (fixed)")
                 continue
             ax.plot(c["n_recur"], c["mean"], color=colour, marker="o", markersize=4, linewidth=1.8, label=tick(line))
