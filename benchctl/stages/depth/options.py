@@ -61,7 +61,9 @@ def check_extrapolate(rule: str | None) -> str | None:
 
     known = sorted({r for a in architectures.names() for r in architectures.get(a).extrapolate_rules})
     if rule not in known:
-        raise ConfigError(f"--extrapolate: unknown rule '{rule}'{did_you_mean(rule, known)} known: {', '.join(known)}")
+        raise ConfigError(
+            f"--extrapolate: unknown rule '{rule}'{did_you_mean(rule, known)} (known: {', '.join(known)})"
+        )
     return rule
 
 

@@ -78,7 +78,7 @@ from benchctl.core import checkpoint, data
 from benchctl.core import db as dbm
 from benchctl.core.config import RunConfig
 from benchctl.core.data import Tokenizer
-from benchctl.core.errors import ConfigError, DataError, EvalError
+from benchctl.core.errors import ConfigError, DataError
 from benchctl.core.progress import Progress, as_progress, silent
 from benchctl.core.runtime import inference_precision, resolve_device
 from benchctl.stages import RunSelection
@@ -303,20 +303,20 @@ def select_runs(db, select: RunSelection) -> list[dict[str, Any]]:
 
 
 def _check_n_recur(row: dict[str, Any], cfg, settings: SampleOptions) -> tuple[int, str | None]:
-    """(recurrence, extrapolation rule applied or None) this run will sample with; an impossible setting is an
-    EvalError, before any work."""
+    """(recurrence, extrapolation rule applied or None) this run will sample with; an impossible setting is a
+    ConfigError, before any work."""
     n_recur = settings.n_recur
     with torch.device("meta"):  # no weights needed to ask the architecture what it can run
         model = architectures.build(cfg.arch, cfg.model)
     try:
         n = model.resolve_n_recur(n_recur)
     except architectures.RecurrenceError as e:
-        raise EvalError(
+        raise ConfigError(
             f"--n-recur {n_recur} cannot run on {row['id']}: {e}; choose another value or narrow "
             "the runs with --archs / --runs"
         ) from None
     if settings.exit_rule is not None and not model.iterable():
-        raise EvalError(
+        raise ConfigError(
             f"--exit cannot run on {row['id']}: {cfg.arch} runs at a fixed depth; narrow the runs with --archs / --runs"
         )
     rule = None
@@ -324,7 +324,7 @@ def _check_n_recur(row: dict[str, Any], cfg, settings: SampleOptions) -> tuple[i
         try:
             rule = model.resolve_extrapolate(settings.extrapolate)
         except architectures.RecurrenceError as e:
-            raise EvalError(f"--extrapolate on {row['id']}: {e}") from None
+            raise ConfigError(f"--extrapolate on {row['id']}: {e}") from None
     return n, (rule if n > cfg.model.n_recur else None)
 
 

@@ -11,8 +11,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchctl.core.errors import ConfigError, EvalError
+from benchctl.core.errors import ConfigError
 from benchctl.stages import RunSelection
+from benchctl.stages.depth.options import check_extrapolate
 from benchctl.stages.train.executors import parse_jobs
 
 # Bump when the generation procedure changes what a given seed produces. v2: weights cast once to the inference
@@ -90,9 +91,10 @@ class SampleOptions:
         if self.batch_size < 1:
             raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
         if self.n_recur is not None and self.n_recur < 1:
-            raise EvalError(f"--n-recur must be >= 1, got {self.n_recur}")
+            raise ConfigError(f"--n-recur must be >= 1, got {self.n_recur}")
         if self.exit_rule is not None and self.exit_rule not in ("kl", "latent"):
             raise ConfigError(f"--exit: unknown rule '{self.exit_rule}'; choose kl or latent")
+        check_extrapolate(self.extrapolate)  # even where no selected run would apply it
         if self.exit_threshold is not None and self.exit_rule is None:
             raise ConfigError("--threshold needs --exit kl or --exit latent")
         if self.exit_threshold is not None and not self.exit_threshold >= 0:
