@@ -81,6 +81,100 @@ def test_a_bad_value_is_one_line(tmp_path, capsys, argv, code, words):
     assert words in one_line(err)
 
 
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["sample", "--extrapolate", "bogus", "--archs", "control"], "--extrapolate: unknown rule 'bogus'"),
+        (["depth", "--extrapolate", "bogus", "--archs", "control"], "--extrapolate: unknown rule 'bogus'"),
+        (["sample", "--n-recur", "0"], "--n-recur must be >= 1"),
+        (["eval", "--n-recur", "0"], "--n-recur must be >= 1"),
+        (["eval", "--tasks", "tinystories_ppll"], "did you mean 'tinystories_ppl'"),
+        (["eval", "--runs", "nope"], "unknown run id(s): nope"),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else None,
+)
+def test_bad_input_to_sample_eval_and_depth_exits_2(trained, capsys, argv, words):
+    """Bad input is exit 2 in every command (sample and eval once used 7, the code of an evaluation that cannot run);
+    an unknown extrapolation rule is refused even when only fixed-depth runs (the control) are selected."""
+    code, err, _ = run_cli(capsys, [*argv, "--db", str(trained), "--no-progress"])
+    assert code == 2, err
+    assert words in one_line(err)
+
+
+def test_a_plan_without_variants_says_what_is_missing(tmp_path, capsys):
+    plan = tmp_path / "empty.toml"
+    plan.write_text('name = "empty"\ndescription = "nothing to compare"\n')
+    for argv in (["plans", "show", str(plan)], ["train-all", "--plan", str(plan), "--preset", "tiny"]):
+        code, err, _ = run_cli(capsys, [*argv, *(["--db", str(tmp_path / "r.db")] if argv[0] != "plans" else [])])
+        assert code == 2, err
+        assert f"plan {plan} defines no [[variant]] tables" in one_line(err)  # the brackets shown as written
+
+
+def test_html_in_a_variant_name_is_escaped_in_the_report(trained, tmp_path, capsys):
+    import shutil
+
+    db = tmp_path / "results.db"
+    shutil.copy(trained, db)
+    name = "<b>bold</b><script>alert(1)</script><!-- hidden -->"
+    conn = sqlite3.connect(db)
+    with conn:
+        conn.execute("update runs set variant = ?", (name,))
+    conn.close()
+    code, err, _ = run_cli(capsys, ["report", "--db", str(db), "--out", str(tmp_path / "out")])
+    assert code == 0, err
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "&lt;b>bold&lt;/b>&lt;script>alert(1)&lt;/script>&lt;!-- hidden -->" in md
+    assert "<script" not in md and "<b>" not in md and "<!--" not in md
+
+
+def test_escape_html_keeps_code_and_comparisons():
+    from benchctl.report.fmt import escape_html
+
+    text = "| <i>x</i> | p < 0.001 | `openai:<name>` |\n```\n<pre>\n```\n## <h1>t</h1>"
+    assert escape_html(text) == (
+        "| &lt;i>x&lt;/i> | p < 0.001 | `openai:<name>` |\n```\n<pre>\n```\n## &lt;h1>t&lt;/h1>"
+    )
+
+
+@pytest.mark.parametrize(
+    "method, path, status",
+    [
+        ("GET", "/results/runs/x/y/z", 404),  # no route: Datasette's 404 page once failed with a server error
+        ("GET", "/results/runs/-/nope", 404),
+        ("GET", "/results/runs/-/insert", 404),
+        ("GET", "/nope", 404),
+        ("POST", "/results/runs", 405),  # Datasette answers a POST to a table with a server error
+        ("POST", "/results/runs/-/insert", 405),
+        ("PUT", "/results", 405),
+        ("DELETE", "/results/runs", 405),
+        ("POST", "/nope", 405),
+        ("GET", "/results/runs", 200),
+        ("HEAD", "/results/runs", 200),
+    ],
+)
+def test_browse_answers_unknown_routes_404_and_writes_405(browser, method, path, status):
+    import asyncio
+
+    r = asyncio.run(browser.client.request(method, path))
+    assert r.status_code == status, r.text[:500]
+    if status == 405:
+        assert r.headers["allow"] == "GET, HEAD"
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    """The browser's Datasette, in this process, over a new results database (no server, no port)."""
+    import asyncio
+
+    from benchctl import browse, stages
+
+    path = tmp_path_factory.mktemp("browse") / "results.db"
+    stages.connect(path).conn.close()
+    ds = browse.app(browse.check_database(path))
+    asyncio.run(ds.invoke_startup())
+    return ds
+
+
 @pytest.mark.parametrize("out", ["/etc/passwd", "/proc/nope"])
 def test_report_into_a_place_it_cannot_write_is_one_line(trained, capsys, out):
     code, err, _ = run_cli(capsys, ["report", "--db", str(trained), "--out", out])
