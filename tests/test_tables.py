@@ -278,7 +278,8 @@ EXPECTED_SQL = {
         '   "concurrent_jobs" INTEGER,\n'
         '   "load_avg" REAL,\n'
         '   "gpu_util" REAL,\n'
-        '   "baseline_rss_bytes" INTEGER\n'
+        '   "baseline_rss_bytes" INTEGER,\n'
+        '   "step_mem_bytes" INTEGER\n'
         ")"
     ),
     "samples": (
