@@ -51,6 +51,13 @@ def trained(tmp_path_factory, tinystories_dir) -> Path:
     return folder / "results.db"
 
 
+def copy_db(src: Path, dst: Path) -> Path:
+    """A copy of a results database with what its WAL holds (a copy of the main file alone may lack it)."""
+    with sqlite3.connect(src) as a, sqlite3.connect(dst) as b:
+        a.backup(b)
+    return dst
+
+
 def checkpoint_of(db: Path) -> Path:
     conn = sqlite3.connect(db)
     (rid,) = conn.execute("select id from runs").fetchone()
@@ -72,6 +79,15 @@ def checkpoint_of(db: Path) -> Path:
         (["judge", "--dry-run", "--temperature", "-5"], 2, "--temperature must be in [0, 2]"),
         (["judge", "--dry-run", "--thinking-budget", "-7"], 2, "--thinking-budget must be -1 (dynamic)"),
         (["bench", "--preset", "tiny", "--check-steps", "-1"], 2, "--check-steps must be >= 0"),
+        (["sample", "--n-recur", "100000"], 2, "--n-recur: at most 1024 iterations, got 100000"),
+        (["depth", "--depths", "1,100000"], 2, "--depths: at most 1024 iterations, got 100000"),
+        (["depth", "--exit", "kl", "--max-depth", "5000"], 2, "--max-depth: at most 1024 iterations, got 5000"),
+        (["train-all", "--preset", "tiny", "--seeds", "0-100000"], 2, "--seeds: at most 1000 seeds in one command"),
+        (
+            ["train-all", "--preset", "tiny", "--seeds", "0,99999999999"],
+            2,
+            "--seeds: a seed must be in [0, 4294967295]",
+        ),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else None,
 )
@@ -111,10 +127,8 @@ def test_a_plan_without_variants_says_what_is_missing(tmp_path, capsys):
 
 
 def test_html_in_a_variant_name_is_escaped_in_the_report(trained, tmp_path, capsys):
-    import shutil
 
-    db = tmp_path / "results.db"
-    shutil.copy(trained, db)
+    db = copy_db(trained, tmp_path / "results.db")
     name = "<b>bold</b><script>alert(1)</script><!-- hidden -->"
     conn = sqlite3.connect(db)
     with conn:
@@ -173,6 +187,34 @@ def browser(tmp_path_factory):
     ds = browse.app(browse.check_database(path))
     asyncio.run(ds.invoke_startup())
     return ds
+
+
+@pytest.mark.parametrize(
+    "argv, estimator",
+    [
+        (["depth", "--depths", "1,2"], "benchctl.stages.depth.engine.planned_seconds"),
+        (["sample", "--n-recur", "1", "--n-prompts", "1"], "benchctl.stages.sample.engine.estimate_seconds"),
+    ],
+    ids=["depth", "sample"],
+)
+def test_a_long_depth_or_sample_asks_first_and_yes_answers(trained, tmp_path, capsys, monkeypatch, argv, estimator):
+    """Within the bounds, work estimated at over an hour asks first, as `train` does: with no terminal to ask on it
+    is refused with one line naming --yes (nothing measured or sampled), and --yes starts it."""
+    import shutil
+
+    db = copy_db(trained, tmp_path / "results.db")
+    shutil.copytree(trained.parent / "runs", tmp_path / "runs")
+    monkeypatch.setattr(estimator, lambda *a, **kw: 7200.0)
+    monkeypatch.setattr("sys.stdin.isatty", lambda: False, raising=False)
+    code, err, _ = run_cli(capsys, [*argv, "--db", str(db), "--no-progress"])
+    assert code == 130, err
+    assert "would take about 2.0 h; pass --yes to start anyway" in one_line(err)
+    conn = sqlite3.connect(db)
+    assert conn.execute("select count(*) from depth_results").fetchone()[0] == 0
+    assert conn.execute("select count(*) from samples").fetchone()[0] == 0
+    conn.close()
+    code, err, _ = run_cli(capsys, [*argv, "--db", str(db), "--no-progress", "--yes"])
+    assert code == 0, err
 
 
 @pytest.mark.parametrize("out", ["/etc/passwd", "/proc/nope"])

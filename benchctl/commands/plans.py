@@ -38,7 +38,10 @@ def plans(ctx: typer.Context) -> None:
 def show(
     name: Annotated[str, typer.Argument(help="A built-in plan's name or a plan file's path.")],
     preset: Annotated[str | None, PresetOpt.__metadata__[0]] = None,
-    seeds: Annotated[str | None, typer.Option("--seeds", help="Comma list or range (default: the plan's).")] = None,
+    seeds: Annotated[
+        str | None,
+        typer.Option("--seeds", help="Comma list or range (default: the plan's); at most 1000 seeds."),
+    ] = None,
 ) -> None:
     """Resolve a plan at a preset: each variant's architecture, overrides, steps, parameters and training FLOPs."""
     # torch: kept out of 'benchctl plans' and 'benchctl --help'

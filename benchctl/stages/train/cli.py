@@ -141,7 +141,9 @@ def train_all(
     seeds: Annotated[
         str | None,
         typer.Option(
-            "--seeds", help="Comma list or range, e.g. 0,1,2 or 0-4 (default: 0; with --plan the plan's, else 0,1,2)."
+            "--seeds",
+            help="Comma list or range, e.g. 0,1,2 or 0-4 (default: 0; with --plan the plan's, else 0,1,2); at "
+            "most 1000 seeds.",
         ),
     ] = None,
     plan: Annotated[
