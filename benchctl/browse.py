@@ -10,12 +10,16 @@ WAL, so a run still training shows its latest rows; and the write connection Dat
 refused (`_ReadOnlyDatabase`), so nothing reachable from a web page can change results.db. Canned queries come from
 the stages that own the tables they read, built from the columns the served file actually has (a `variant` column,
 a `depth_results` table), so one benchctl can browse databases written by older and newer versions.
+
+Every answer is a page or an HTTP error, never a server error: a request with any method but GET or HEAD is answered
+405 before it reaches Datasette (there is nothing to post to), and an unknown route 404 (`_quiet_errors`).
 """
 
 from __future__ import annotations
 
 import socket
 import threading
+import types
 import webbrowser
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,8 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+from datasette import hookimpl
 from datasette.app import Datasette
 from datasette.database import Database
+from datasette.plugins import pm
 
 from benchctl.core import db as dbm
 from benchctl.core.errors import BenchctlError, DatabaseError
@@ -151,9 +157,60 @@ class _ReadOnlyDatabase(Database):
         return super().connect(write=False)
 
 
+READ_METHODS = ("GET", "HEAD")
+
+
+@hookimpl
+def _asgi_wrapper(datasette):
+    """A Datasette plugin hook: on a benchctl browser, any method but GET and HEAD is answered 405 with an Allow
+    header. Datasette itself answers a POST to a table with a server error (it only takes POSTs to writable canned
+    queries, which benchctl has none of)."""
+
+    def wrap(asgi_app):
+        async def only_reads(scope, receive, send):
+            if (
+                scope.get("type") != "http"
+                or scope.get("method", "GET") in READ_METHODS
+                or not getattr(datasette, "_benchctl", False)  # another Datasette in this process: not ours
+            ):
+                return await asgi_app(scope, receive, send)
+            body = b"benchctl browse serves results.db read-only: only GET and HEAD requests\n"
+            headers = [
+                (b"allow", ", ".join(READ_METHODS).encode()),
+                (b"content-type", b"text/plain; charset=utf-8"),
+                (b"content-length", str(len(body)).encode()),
+            ]
+            await send({"type": "http.response.start", "status": 405, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+
+        return only_reads
+
+    return wrap
+
+
+# Datasette's plugins are modules (it lists them by __name__): the hook goes in one of its own
+_PLUGIN = types.ModuleType("benchctl_browse_read_only")
+_PLUGIN.asgi_wrapper = _asgi_wrapper  # type: ignore[attr-defined]
+
+
+def _quiet_errors() -> None:
+    """Datasette's error page prints each error as a rich traceback on the server's console first; for a route no
+    view matched (an unknown path) there is no exception being handled, rich refuses to print one, and the request
+    ends in a server error instead of its 404 page. The error pages need no console traceback (a real server error
+    still prints Python's own), so the rich one is turned off."""
+    # imported here, after datasette.app: imported first, this module would be registered half-initialised
+    from datasette import handle_exception as error_pages
+
+    error_pages.rich = None  # a module global, read on every error
+    if not pm.is_registered(_PLUGIN):
+        pm.register(_PLUGIN, name="benchctl-read-only")
+
+
 def app(served: Served):
     """The Datasette instance serving `served` read-only (also what tests can drive without a server)."""
+    _quiet_errors()
     ds = Datasette(files=[], metadata=metadata(served), settings={"sql_time_limit_ms": 5000})
+    ds._benchctl = True  # type: ignore[attr-defined]  # what the read-only plugin looks for
     ds.remove_database("_memory")  # Datasette adds a scratch database when started without files
     ds.add_database(_ReadOnlyDatabase(ds, path=str(served.path), is_mutable=True), name=served.name)
     return ds

@@ -20,6 +20,7 @@ from types import ModuleType
 from typing import Annotated
 
 import typer
+from rich.text import Text
 
 import benchctl.commands as commands
 import benchctl.stages as stages
@@ -107,6 +108,12 @@ def _interrupt_of(exc: BaseException) -> KeyboardInterrupt | None:
     return None
 
 
+def _print_error(message: str) -> None:
+    """`error: MESSAGE` on stderr, the message as plain text: square brackets in it (a plan's `[[variant]]`, a
+    list) are shown as written, never read as console markup."""
+    err_console.print(Text.assemble(("error:", "bold red"), " ", message), highlight=False, soft_wrap=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     # SIGTERM unwinds like Ctrl-C, so whatever is running records how it stopped (a run: interrupted)
     previous = (
@@ -117,13 +124,13 @@ def main(argv: list[str] | None = None) -> None:
     try:
         app(args=argv, prog_name="benchctl", standalone_mode=True)
     except BenchctlError as e:
-        err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        _print_error(str(e))
         sys.exit(e.exit_code)
     except (MemoryError, RuntimeError) as e:
         short = _out_of_memory(e)
         if short is None:
             raise
-        err_console.print(f"[bold red]error:[/] {short}", highlight=False, soft_wrap=True)
+        _print_error(short)
         sys.exit(ConfigError.exit_code)
     except (KeyboardInterrupt, SystemExit) as e:
         # Typer turns an interrupt inside a command into a silent exit 130: the interrupt is found in its context

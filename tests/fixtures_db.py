@@ -166,6 +166,7 @@ def build_fixture_db(
                     "concurrent_jobs": 1,
                     "load_avg": 1.9,
                     "baseline_rss_bytes": 300_000_000,
+                    "step_mem_bytes": int(40e6 * mem_mul) + seed * 4096,
                 }
             )
             if run_extra is not None:

@@ -14,7 +14,7 @@ import torch
 
 from benchctl import stages
 from benchctl.core import telemetry
-from benchctl.core.config import make_config
+from benchctl.core.config import RunConfig, make_config
 from benchctl.core.errors import ConfigError
 from benchctl.stages.bench import tables as bench_tables
 from benchctl.stages.report import engine as report
@@ -79,6 +79,7 @@ def test_every_run_records_cpu_time_load_threads_jobs_and_its_memory_baseline(tm
     first, path = _train(tmp_path, tinystories_dir, "control", stop_after=3)
     part = train_tables.get_run(stages.connect(path), first.run_id)
     assert part["timed_steps"] == 1 and part["cpu_seconds"] > 0  # 3 steps, the first 2 untimed
+    assert part["step_mem_bytes"] > 0  # measured on the second step, the last untimed one
     done, _ = _train(tmp_path, tinystories_dir, "control")
     row = train_tables.get_run(stages.connect(path), done.run_id)
     assert row["status"] == "done"
@@ -87,6 +88,7 @@ def test_every_run_records_cpu_time_load_threads_jobs_and_its_memory_baseline(tm
     assert row["load_avg"] is not None and row["load_avg"] >= 0
     assert row["threads"] == torch.get_num_threads() and row["concurrent_jobs"] == 1
     assert row["cuda_seconds"] is None and row["gpu_util"] is None  # no GPU: NULL, not zero
+    assert row["step_mem_bytes"] == part["step_mem_bytes"]  # measured again on resuming: the same step's tensors
 
     starts = [i for i, e in enumerate(events) if e == "baseline"]
     assert len(starts) == 2 and all(events[i - 1 : i + 2] == ["reset", "baseline", "build"] for i in starts)
@@ -104,6 +106,28 @@ def test_every_run_records_cpu_time_load_threads_jobs_and_its_memory_baseline(tm
     row = train_tables.get_run(stages.connect(path), other.run_id)
     assert (row["threads"], row["concurrent_jobs"]) == (1, 2)
     assert row["cpu_seconds"] > 0 and row["load_avg"] is not None
+
+
+def test_each_run_records_its_steps_own_memory_as_bench_measures_it(tmp_path, tinystories_dir, monkeypatch):
+    """step_mem_bytes: parameters + optimizer state + the peak of torch's allocations during one optimizer step, as
+    `benchctl bench` measures it. Unlike the process's RSS, a run trained after a larger one in the same process
+    gets the same figure as bench's fresh measurement (relaxed first: four times the control's activations)."""
+    from benchctl.stages.bench import engine as bench
+
+    monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
+    rows = {}
+    for arch in ("relaxed", "control"):
+        done, path = _train(tmp_path, tinystories_dir, arch)
+        rows[arch] = train_tables.get_run(stages.connect(path), done.run_id)
+    assert rows["relaxed"]["step_mem_bytes"] > 2 * rows["control"]["step_mem_bytes"]
+    for arch, row in rows.items():
+        cfg = RunConfig.from_json(row["config_json"])
+        s = bench.build_subject(cfg, torch.device("cpu"), "benchctl", False)
+        bench.warm_up(s, torch.device("cpu"), 1)
+        measured = bench.profile_cpu_step(s.step).peak_growth + telemetry.state_bytes(s.model, s.optimizer)
+        # the same step's tensors; train's batches come from its sampler, bench's are pre-generated
+        assert abs(row["step_mem_bytes"] - measured) <= 0.01 * measured, (arch, row["step_mem_bytes"], measured)
+        assert row["step_mem_bytes"] > telemetry.state_bytes(s.model, s.optimizer)
 
 
 def test_bad_executor_settings_are_one_clear_error(monkeypatch):
@@ -291,17 +315,37 @@ def test_seeds_that_disagree_and_parallel_jobs_get_a_sentence(tmp_path):
     assert "control seed 0 was contended" not in sec
 
 
-def test_memory_shows_the_models_own_share(tmp_path):
+def test_memory_compared_is_each_steps_own_and_rss_only_a_process_fact(tmp_path):
+    """The compared memory is a training step's own (`step_mem_bytes`, as bench measures it), with its ratio to the
+    control; the process's peak RSS is shown as such, with no ratio, and never as the model's."""
     db, sec, _ = _report(tmp_path, archs=("control", "frailt"), seeds=(0, 1))
     cost = by_model(tables(sec)[0])
+    mean = {}
     for arch in ("control", "frailt"):
-        own = [
-            p - b
-            for p, b in q(
-                db, "select peak_rss_bytes, baseline_rss_bytes from runs where status = 'done' and arch = ?", (arch,)
-            )
-        ]
-        assert cost[arch]["model's own (MiB)"] == f"{sum(own) / len(own) / 2**20:,.2f}"
+        step = [v for (v,) in q(db, "select step_mem_bytes from runs where status = 'done' and arch = ?", (arch,))]
+        rss = [v for (v,) in q(db, "select peak_rss_bytes from runs where status = 'done' and arch = ?", (arch,))]
+        mean[arch] = sum(step) / len(step)
+        assert cost[arch]["step memory (MiB)"] == f"{mean[arch] / 2**20:,.2f}"
+        assert cost[arch]["process peak RSS (MiB)"] == f"{sum(rss) / len(rss) / 2**20:,.2f}"
+    headers = list(cost["frailt"])
+    assert headers[headers.index("step memory (MiB)") + 1] == "× control (2)"  # the second ratio: memory's
+    assert cost["frailt"]["× control (2)"] == f"{mean['frailt'] / mean['control']:.2f}"
+    assert "model's own" not in sec and "Process peak RSS is a fact about the training process" in sec
+    assert "as `benchctl bench` measures it" in sec and "not measured" not in sec
+
+
+def test_a_database_from_before_the_step_memory_shows_it_not_measured(tmp_path):
+    db = build_fixture_db(tmp_path / "results.db", judge=False, evals=False, archs=("control", "frailt"), seeds=(0,))
+    conn = sqlite3.connect(db)
+    conn.execute("alter table runs drop column step_mem_bytes")
+    conn.commit()
+    conn.close()
+    rendered = report.build(db)
+    sec = section(rendered.markdown, "Training cost")
+    cost = by_model(tables(sec)[0])
+    assert cost["frailt"]["step memory (MiB)"] == "not measured" and cost["frailt"]["process peak RSS (MiB)"] != "-"
+    assert "Not measured: runs recorded by a benchctl from before this measurement" in sec
+    assert "peak_memory.png" not in rendered.figures  # no memory to compare: the process's RSS is not drawn per model
 
 
 def test_bench_rows_of_another_config_or_device_give_no_bench_ratio(tmp_path):

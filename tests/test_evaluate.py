@@ -32,7 +32,7 @@ from benchctl import stages
 from benchctl.cli import main
 from benchctl.core import data as datamod
 from benchctl.core.checkpoint import CKPT_NAME, run_dir
-from benchctl.core.errors import EvalError
+from benchctl.core.errors import ConfigError, EvalError
 from benchctl.core.progress import Progress
 from benchctl.stages import RunSelection
 from benchctl.stages.eval import api as ev
@@ -624,14 +624,14 @@ def test_invalid_recurrence_fails_cleanly(trained, capsys):
         capsys, ["eval", "--db", str(trained.db), "--runs", trained.runs["frailt"], "--n-recur", "0", "--no-progress"]
     )
     # every architecture here runs any depth >= 1 (FraiLT past R by its extrapolation rule): 0 is the one bad value
-    assert code != 0 and "--n-recur must be >= 1" in err and "Traceback" not in err
+    assert code == 2 and "--n-recur must be >= 1" in err and "Traceback" not in err
 
 
 def test_selection_errors(trained, capsys):
     code, err = run_error(capsys, ["eval", "--db", str(trained.db), "--tasks", "tinystories_ppll"])
-    assert code == EvalError.exit_code and "did you mean 'tinystories_ppl'" in err
+    assert code == ConfigError.exit_code == 2 and "did you mean 'tinystories_ppl'" in err
     code, err = run_error(capsys, ["eval", "--db", str(trained.db), "--runs", "nope"])
-    assert code == EvalError.exit_code and "nope" in err
+    assert code == ConfigError.exit_code and "nope" in err
     code, err = run_error(capsys, ["eval", "--db", str(trained.db), "--archs", "control"])
     assert code == EvalError.exit_code and "no finished runs" in err
 

@@ -156,16 +156,16 @@ def test_what_cannot_run_fails_in_one_line(trained, capsys, tmp_path, monkeypatc
                 "--db",
                 str(trained["db"]),
             ],
-            7,
+            2,
             "--limit",
         ),
-        (["--model", "hf", "--model_args", "pretrained=gpt2", "--tasks", "tinystories_*"], 7, "checkpoint="),
+        (["--model", "hf", "--model_args", "pretrained=gpt2", "--tasks", "tinystories_*"], 2, "checkpoint="),
         (
             ["--model", "benchctl", "--model_args", ckpt, "--tasks", "tinystories_ppl", "--record", "--db", str(empty)],
             5,
             "is not in",
         ),
-        (["--model", "hf", "--tasks", "hellaswag", "--record"], 7, "--record"),
+        (["--model", "hf", "--tasks", "hellaswag", "--record"], 2, "--record"),
     ):
         got, err = _error(capsys, ["lm-eval", *argv])
         assert got == code, err

@@ -51,6 +51,13 @@ def trained(tmp_path_factory, tinystories_dir) -> Path:
     return folder / "results.db"
 
 
+def copy_db(src: Path, dst: Path) -> Path:
+    """A copy of a results database with what its WAL holds (a copy of the main file alone may lack it)."""
+    with sqlite3.connect(src) as a, sqlite3.connect(dst) as b:
+        a.backup(b)
+    return dst
+
+
 def checkpoint_of(db: Path) -> Path:
     conn = sqlite3.connect(db)
     (rid,) = conn.execute("select id from runs").fetchone()
@@ -72,6 +79,15 @@ def checkpoint_of(db: Path) -> Path:
         (["judge", "--dry-run", "--temperature", "-5"], 2, "--temperature must be in [0, 2]"),
         (["judge", "--dry-run", "--thinking-budget", "-7"], 2, "--thinking-budget must be -1 (dynamic)"),
         (["bench", "--preset", "tiny", "--check-steps", "-1"], 2, "--check-steps must be >= 0"),
+        (["sample", "--n-recur", "100000"], 2, "--n-recur: at most 1024 iterations, got 100000"),
+        (["depth", "--depths", "1,100000"], 2, "--depths: at most 1024 iterations, got 100000"),
+        (["depth", "--exit", "kl", "--max-depth", "5000"], 2, "--max-depth: at most 1024 iterations, got 5000"),
+        (["train-all", "--preset", "tiny", "--seeds", "0-100000"], 2, "--seeds: at most 1000 seeds in one command"),
+        (
+            ["train-all", "--preset", "tiny", "--seeds", "0,99999999999"],
+            2,
+            "--seeds: a seed must be in [0, 4294967295]",
+        ),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else None,
 )
@@ -79,6 +95,126 @@ def test_a_bad_value_is_one_line(tmp_path, capsys, argv, code, words):
     got, err, _ = run_cli(capsys, [*argv, "--db", str(tmp_path / "results.db")] if argv[0] != "params" else argv)
     assert got == code, err
     assert words in one_line(err)
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["sample", "--extrapolate", "bogus", "--archs", "control"], "--extrapolate: unknown rule 'bogus'"),
+        (["depth", "--extrapolate", "bogus", "--archs", "control"], "--extrapolate: unknown rule 'bogus'"),
+        (["sample", "--n-recur", "0"], "--n-recur must be >= 1"),
+        (["eval", "--n-recur", "0"], "--n-recur must be >= 1"),
+        (["eval", "--tasks", "tinystories_ppll"], "did you mean 'tinystories_ppl'"),
+        (["eval", "--runs", "nope"], "unknown run id(s): nope"),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else None,
+)
+def test_bad_input_to_sample_eval_and_depth_exits_2(trained, capsys, argv, words):
+    """Bad input is exit 2 in every command (sample and eval once used 7, the code of an evaluation that cannot run);
+    an unknown extrapolation rule is refused even when only fixed-depth runs (the control) are selected."""
+    code, err, _ = run_cli(capsys, [*argv, "--db", str(trained), "--no-progress"])
+    assert code == 2, err
+    assert words in one_line(err)
+
+
+def test_a_plan_without_variants_says_what_is_missing(tmp_path, capsys):
+    plan = tmp_path / "empty.toml"
+    plan.write_text('name = "empty"\ndescription = "nothing to compare"\n')
+    for argv in (["plans", "show", str(plan)], ["train-all", "--plan", str(plan), "--preset", "tiny"]):
+        code, err, _ = run_cli(capsys, [*argv, *(["--db", str(tmp_path / "r.db")] if argv[0] != "plans" else [])])
+        assert code == 2, err
+        assert f"plan {plan} defines no [[variant]] tables" in one_line(err)  # the brackets shown as written
+
+
+def test_html_in_a_variant_name_is_escaped_in_the_report(trained, tmp_path, capsys):
+
+    db = copy_db(trained, tmp_path / "results.db")
+    name = "<b>bold</b><script>alert(1)</script><!-- hidden -->"
+    conn = sqlite3.connect(db)
+    with conn:
+        conn.execute("update runs set variant = ?", (name,))
+    conn.close()
+    code, err, _ = run_cli(capsys, ["report", "--db", str(db), "--out", str(tmp_path / "out")])
+    assert code == 0, err
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "&lt;b>bold&lt;/b>&lt;script>alert(1)&lt;/script>&lt;!-- hidden -->" in md
+    assert "<script" not in md and "<b>" not in md and "<!--" not in md
+
+
+def test_escape_html_keeps_code_and_comparisons():
+    from benchctl.report.fmt import escape_html
+
+    text = "| <i>x</i> | p < 0.001 | `openai:<name>` |\n```\n<pre>\n```\n## <h1>t</h1>"
+    assert escape_html(text) == (
+        "| &lt;i>x&lt;/i> | p < 0.001 | `openai:<name>` |\n```\n<pre>\n```\n## &lt;h1>t&lt;/h1>"
+    )
+
+
+@pytest.mark.parametrize(
+    "method, path, status",
+    [
+        ("GET", "/results/runs/x/y/z", 404),  # no route: Datasette's 404 page once failed with a server error
+        ("GET", "/results/runs/-/nope", 404),
+        ("GET", "/results/runs/-/insert", 404),
+        ("GET", "/nope", 404),
+        ("POST", "/results/runs", 405),  # Datasette answers a POST to a table with a server error
+        ("POST", "/results/runs/-/insert", 405),
+        ("PUT", "/results", 405),
+        ("DELETE", "/results/runs", 405),
+        ("POST", "/nope", 405),
+        ("GET", "/results/runs", 200),
+        ("HEAD", "/results/runs", 200),
+    ],
+)
+def test_browse_answers_unknown_routes_404_and_writes_405(browser, method, path, status):
+    import asyncio
+
+    r = asyncio.run(browser.client.request(method, path))
+    assert r.status_code == status, r.text[:500]
+    if status == 405:
+        assert r.headers["allow"] == "GET, HEAD"
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    """The browser's Datasette, in this process, over a new results database (no server, no port)."""
+    import asyncio
+
+    from benchctl import browse, stages
+
+    path = tmp_path_factory.mktemp("browse") / "results.db"
+    stages.connect(path).conn.close()
+    ds = browse.app(browse.check_database(path))
+    asyncio.run(ds.invoke_startup())
+    return ds
+
+
+@pytest.mark.parametrize(
+    "argv, estimator",
+    [
+        (["depth", "--depths", "1,2"], "benchctl.stages.depth.engine.planned_seconds"),
+        (["sample", "--n-recur", "1", "--n-prompts", "1"], "benchctl.stages.sample.engine.estimate_seconds"),
+    ],
+    ids=["depth", "sample"],
+)
+def test_a_long_depth_or_sample_asks_first_and_yes_answers(trained, tmp_path, capsys, monkeypatch, argv, estimator):
+    """Within the bounds, work estimated at over an hour asks first, as `train` does: with no terminal to ask on it
+    is refused with one line naming --yes (nothing measured or sampled), and --yes starts it."""
+    import shutil
+
+    db = copy_db(trained, tmp_path / "results.db")
+    shutil.copytree(trained.parent / "runs", tmp_path / "runs")
+    monkeypatch.setattr(estimator, lambda *a, **kw: 7200.0)
+    monkeypatch.setattr("sys.stdin.isatty", lambda: False, raising=False)
+    code, err, _ = run_cli(capsys, [*argv, "--db", str(db), "--no-progress"])
+    assert code == 130, err
+    assert "would take about 2.0 h; pass --yes to start anyway" in one_line(err)
+    conn = sqlite3.connect(db)
+    assert conn.execute("select count(*) from depth_results").fetchone()[0] == 0
+    assert conn.execute("select count(*) from samples").fetchone()[0] == 0
+    conn.close()
+    code, err, _ = run_cli(capsys, [*argv, "--db", str(db), "--no-progress", "--yes"])
+    assert code == 0, err
 
 
 @pytest.mark.parametrize("out", ["/etc/passwd", "/proc/nope"])

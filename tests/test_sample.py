@@ -18,7 +18,7 @@ import architectures
 from architectures.generate import sample_next
 from benchctl import stages
 from benchctl.core import db as dbm
-from benchctl.core.errors import CheckpointError, ConfigError, DataError, EvalError
+from benchctl.core.errors import CheckpointError, ConfigError, DataError
 from benchctl.stages import RunSelection
 from benchctl.stages.sample import engine as smp
 from benchctl.stages.sample.options import DEFAULT_TOP_K, SAMPLER, SampleOptions, context_limit
@@ -93,7 +93,7 @@ def test_the_default_token_limit_is_what_the_context_leaves():
     # precision enters the settings only when set; compiling never changes what a sample is
     assert "precision" not in a.to_dict() and SampleOptions(precision="bfloat16").hash != a.hash
     assert SampleOptions(precision="auto", compile=True).hash == a.hash
-    with pytest.raises(EvalError, match="--n-recur must be >= 1"):
+    with pytest.raises(ConfigError, match="--n-recur must be >= 1"):
         SampleOptions(n_recur=0)
 
 
@@ -415,7 +415,7 @@ def test_completion_continues_the_prompt_text(results, trained):
 
 def test_recurrence_override(results):
     db = stages.connect(results)
-    with pytest.raises(EvalError, match="--n-recur 3 cannot run on control"):
+    with pytest.raises(ConfigError, match="--n-recur 3 cannot run on control"):
         sample_all(db, results, n_recur=3, **SMALL)
     assert db["samples"].count == 0  # checked before any work
     s = sample_all(db, results, n_recur=3, archs=["three-part"], **SMALL)
@@ -491,7 +491,7 @@ def test_cli_errors_are_one_line(results, tmp_path, capsys):
     from benchctl import cli
 
     for argv, code, text in (
-        (["sample", "--db", str(results), "--n-recur", "2", "--no-progress"], EvalError.exit_code, "--n-recur 2"),
+        (["sample", "--db", str(results), "--n-recur", "2", "--no-progress"], ConfigError.exit_code, "--n-recur 2"),
         (["sample", "--db", str(tmp_path / "none.db")], dbm.DatabaseError.exit_code, "benchctl train-all"),
     ):
         with pytest.raises(SystemExit) as exc:

@@ -284,6 +284,7 @@ EXPECTED_SQL = {
         '   "load_avg" REAL,\n'
         '   "gpu_util" REAL,\n'
         '   "baseline_rss_bytes" INTEGER,\n'
+        '   "step_mem_bytes" INTEGER,\n'
         '   "data_train_tokens" INTEGER\n'
         ")"
     ),

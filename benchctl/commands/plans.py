@@ -40,7 +40,10 @@ def plans(ctx: typer.Context) -> None:
 def show(
     name: Annotated[str, typer.Argument(help="A built-in plan's name or a plan file's path.")],
     preset: Annotated[str | None, PresetOpt.__metadata__[0]] = None,
-    seeds: Annotated[str | None, typer.Option("--seeds", help="Comma list or range (default: the plan's).")] = None,
+    seeds: Annotated[
+        str | None,
+        typer.Option("--seeds", help="Comma list or range (default: the plan's); at most 1000 seeds."),
+    ] = None,
     set_: SetOpt = None,
     data: DataOpt = None,
     db: DbOpt = None,

@@ -41,7 +41,10 @@ def study(
     preset: PlanPresetOpt = None,
     seeds: Annotated[
         str | None,
-        typer.Option("--seeds", help="Comma list or range, e.g. 0,1,2 or 0-4 (default: the plan's, else 0,1,2)."),
+        typer.Option(
+            "--seeds",
+            help="Comma list or range, e.g. 0,1,2 or 0-4 (default: the plan's, else 0,1,2); at most 1000 seeds.",
+        ),
     ] = None,
     archs: Annotated[
         str | None, typer.Option("--archs", help="Keep only the plan's variants of these architectures (comma list).")

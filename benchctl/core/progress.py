@@ -19,13 +19,15 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 from rich.progress import Progress as RichProgress
 from tqdm import std
+
+from benchctl.core.errors import Aborted
 
 PLAIN_INTERVAL = 10.0  # seconds between plain progress lines when output is not a terminal
 
@@ -277,3 +279,29 @@ def as_progress(progress: bool | Progress, *, stderr: bool = False) -> Progress:
     if stderr:
         return Progress(enabled=bool(progress), console=Console(stderr=True))
     return Progress(enabled=bool(progress))
+
+
+# Ask before starting work estimated to take longer than this on the current device.
+CONFIRM_ABOVE_SECONDS = 3600.0
+
+
+def confirm_long(
+    seconds: float, what: str, *, yes: bool, confirm: Callable[[str], bool] | None, hint: str = ""
+) -> None:
+    """Before work estimated at `seconds`: above CONFIRM_ABOVE_SECONDS ask through `confirm` (a question in, yes or
+    no out), or, when there is no one to ask (confirm=None, no terminal), refuse unless --yes was given."""
+    if yes or seconds <= CONFIRM_ABOVE_SECONDS:
+        return
+    msg = f"{what} would take about {format_duration(seconds)}{hint}"
+    if confirm is None:
+        raise Aborted(f"{msg}; pass --yes to start anyway")
+    if not confirm(f"{msg}. Start?"):
+        raise Aborted("not started")
+
+
+def inference_seconds(row: dict[str, Any], tokens: float, flops_per_token: float) -> float:
+    """About how long a finished run's model takes to process `tokens` tokens at `flops_per_token` forward FLOPs
+    each, at the FLOP rate its training reached on this machine (training FLOPs/token x tokens/s, both stored with
+    the run); 0 when the run recorded no rate. A rough figure, to decide whether to ask before starting."""
+    rate = (row.get("flops_per_token") or 0) * (row.get("tokens_per_s") or 0)
+    return tokens * flops_per_token / rate if rate > 0 else 0.0

@@ -10,16 +10,20 @@ driver the same fields exist with GPU values None and the process peak RSS is re
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
 import platform
+import re
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -452,6 +456,7 @@ FRESH_RUN_TELEMETRY: dict[str, Any] = {
     "util_total": 0,
     "util_n": 0,
     "baseline_rss": None,
+    "step_mem": None,
 }
 ADDED_LATER = ("cpu_seconds", "cuda_seconds", "timed_steps")
 
@@ -490,7 +495,109 @@ def run_columns(tel: dict[str, Any], tokens_per_step: int) -> dict[str, Any]:
         "gpu_util": tel["util_total"] / util_n if util_n else None,
         "peak_rss_bytes": tel["peak_rss"],
         "baseline_rss_bytes": tel.get("baseline_rss"),
+        "step_mem_bytes": tel.get("step_mem"),
         "peak_gpu_mem_bytes": tel["peak_alloc"],
         "peak_gpu_reserved_bytes": tel["peak_reserved"],
         "peak_nvml_mem_bytes": tel["peak_nvml"],
     }
+
+
+# ---- a training step's own memory -----------------------------------------------------------------------------------
+# What `benchctl bench` reports as a step's peak memory and `train` records per run: parameters and optimizer state
+# plus the peak growth of torch's own allocations during one optimizer step (activations, gradients, temporaries).
+# CUDA's allocator keeps the peak; on the CPU torch's profiler records every allocation and free. Unlike a process's
+# RSS, it counts only the step's tensors: models trained one after another in one process (train-all, study), or
+# sharing it, do not see each other's memory, and what the C allocator keeps of freed pages does not count.
+
+
+class PeakMemory:
+    """CUDA: the growth of torch's allocated memory over a phase (its peak minus its start)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._base = 0
+
+    def __enter__(self) -> PeakMemory:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._base = torch.cuda.memory_allocated(self.device)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        sync(self.device)
+
+    @property
+    def growth(self) -> int:
+        if self.device.type != "cuda":
+            return 0
+        return max(0, torch.cuda.max_memory_allocated(self.device) - self._base)
+
+
+_PROFILER_NOTICE = re.compile(rb"^USDT:.*\] profiler_(start|stop)\s*$")
+
+
+@contextlib.contextmanager
+def memory_profile() -> Iterator[Any]:
+    """torch's CPU profiler with memory events, without the notice its C++ side prints on the process's stderr as
+    it starts and stops ("USDT: ... profiler_start"), which would land in the middle of a training's output. Every
+    other line written to stderr meanwhile (a warning from the profiled step) is passed on."""
+    from torch.profiler import ProfilerActivity, profile
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+                yield prof
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            kept = [line for line in tmp.read().splitlines(keepends=True) if not _PROFILER_NOTICE.match(line)]
+            if kept:
+                os.write(2, b"".join(kept))
+
+
+def allocation_peak(prof: Any) -> int | None:
+    """The peak growth of live torch allocations in what a `torch.profiler.profile(profile_memory=True)` recorded
+    (the CPU analogue of CUDA's max_memory_allocated); None when this PyTorch's profiler has no memory events."""
+    results = getattr(prof.profiler, "kineto_results", None)
+    if results is None:
+        return None
+    events = sorted((e for e in results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns())
+    live = peak = 0
+    for e in events:
+        live += e.nbytes()  # + allocation, - free
+        peak = max(peak, live)
+    return peak
+
+
+def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of parameters and optimizer state (what a step keeps resident besides its activations and gradients)."""
+    n = sum(p.numel() * p.element_size() for p in model.parameters())
+    for st in optimizer.state.values():
+        n += sum(v.numel() * v.element_size() for v in st.values() if torch.is_tensor(v))
+    return n
+
+
+def step_memory(
+    step: Any, device: torch.device, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> int | None:
+    """Run `step` (one optimizer step, after the optimizer's state exists) once and return its memory as `benchctl
+    bench` measures it: parameters + optimizer state + the peak growth of torch allocations during the step. None on
+    a device where it cannot be measured (a CPU whose PyTorch profiler has no memory events, MPS)."""
+    if device.type == "cuda":
+        with PeakMemory(device) as mem:
+            step()
+        growth: int | None = mem.growth
+    elif device.type == "cpu":
+        with memory_profile() as prof:
+            step()
+        growth = allocation_peak(prof)
+    else:
+        step()
+        growth = None
+    return None if growth is None else growth + state_bytes(model, optimizer)

@@ -239,7 +239,10 @@ def _parse(raw: dict[str, Any], path: Path, sha: str) -> Plan:
         seeds = tuple(dict.fromkeys(items))
     tables = raw.get("variant")
     if not isinstance(tables, list) or not tables or not all(isinstance(t, dict) for t in tables):
-        raise ConfigError(f"{path}: needs at least one [[variant]] table")
+        raise ConfigError(
+            f"plan {path} defines no [[variant]] tables; add one per model to compare, each with a name and an "
+            "arch (the format: docs/plans.md)"
+        )
     iso = None
     if kind == "isoflop":
         iso = _isoflop(raw, tables, path)

@@ -6,6 +6,7 @@ A missing value is always '-', never 'nan' or 'None', and never '-0.000'.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -57,6 +58,36 @@ def fp(p: Any) -> str:
 def cell(x: Any) -> str:
     """A markdown table cell: one line, pipes escaped."""
     return " ".join(str(x).split()).replace("|", "\\|")
+
+
+_TAG = re.compile(r"<(?=[A-Za-z/!?])")  # what a markdown renderer would read as the start of raw HTML
+_CODE_SPAN = re.compile(r"(`+)(?:.+?)\1")
+
+
+def escape_html(markdown: str) -> str:
+    """The report's markdown with every `<` that would open an HTML tag, comment or declaration written as `&lt;`,
+    outside code spans and fenced blocks (where a renderer shows text as written).
+
+    The report writes no HTML of its own; names and text from the database (a plan's variant names and description,
+    an error stored with a run) reach its tables, headings and prose, and must show as text, never act as markup.
+    A `<` before a space or digit ("p < 0.001") opens nothing and stays as it is."""
+    out, fenced = [], False
+    for line in markdown.split("\n"):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            out.append(line)
+            continue
+        if fenced:
+            out.append(line)
+            continue
+        parts, last = [], 0
+        for m in _CODE_SPAN.finditer(line):
+            parts.append(_TAG.sub("&lt;", line[last : m.start()]))
+            parts.append(m.group(0))
+            last = m.end()
+        parts.append(_TAG.sub("&lt;", line[last:]))
+        out.append("".join(parts))
+    return "\n".join(out)
 
 
 def md_table(headers: list[str], rows: Iterable[Iterable[Any]], right: Iterable[int] = ()) -> list[str]:

@@ -84,6 +84,13 @@ def split_list(value: str | None) -> list[str] | None:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
+# The most seeds one command takes, and the largest seed (what `train --seed` takes): a bound on a typo such as
+# 0-100000, which would otherwise build that many configurations before the estimate could ask. Below it, work
+# estimated at over an hour asks first (--yes answers).
+MAX_SEEDS = 1000
+MAX_SEED = 2**32 - 1
+
+
 def parse_seeds(value: str | None) -> list[int] | None:
     items = split_list(value)
     if items is None:
@@ -93,12 +100,21 @@ def parse_seeds(value: str | None) -> list[int] | None:
         if "-" in item and not item.startswith("-"):  # a range like 0-4
             lo, hi = item.split("-", 1)
             if lo.isdigit() and hi.isdigit() and int(lo) <= int(hi):
+                _check_seeds(len(seeds) + int(hi) - int(lo) + 1, int(hi))
                 seeds += list(range(int(lo), int(hi) + 1))
                 continue
         if not item.isdigit():
             raise ConfigError(f"--seeds expects non-negative integers like 0,1,2 or 0-4, got {item!r}")
+        _check_seeds(len(seeds) + 1, int(item))
         seeds.append(int(item))
     return seeds
+
+
+def _check_seeds(count: int, largest: int) -> None:
+    if largest > MAX_SEED:
+        raise ConfigError(f"--seeds: a seed must be in [0, {MAX_SEED}], got {largest}")
+    if count > MAX_SEEDS:
+        raise ConfigError(f"--seeds: at most {MAX_SEEDS} seeds in one command, got {count}")
 
 
 def terminal_confirm() -> Callable[[str], bool] | None:

@@ -44,7 +44,6 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from torch.profiler import ProfilerActivity, profile
 
 import architectures
 from benchctl import stages
@@ -59,6 +58,7 @@ from benchctl.core.runtime import (
     resolve_compile,
     resolve_device,
 )
+from benchctl.core.telemetry import PeakMemory, state_bytes
 from benchctl.stages.bench import tables as bench_tables
 from benchctl.stages.bench.decode import run_decode
 from benchctl.stages.bench.options import BenchOptions
@@ -128,30 +128,6 @@ def measure_matmul_peak(
 # ---- memory ---------------------------------------------------------------------------------------------------------
 
 
-class PeakMemory:
-    """CUDA: the growth of torch's allocated memory over a phase (its peak minus its start)."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self._base = 0
-
-    def __enter__(self) -> PeakMemory:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-            self._base = torch.cuda.memory_allocated(self.device)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        telemetry.sync(self.device)
-
-    @property
-    def growth(self) -> int:
-        if self.device.type != "cuda":
-            return 0
-        return max(0, torch.cuda.max_memory_allocated(self.device) - self._base)
-
-
 # The ops whose self time is the step's irreducible arithmetic at its precision: dense matmuls (forward and both
 # backward products) and the attention kernels. Everything else in a step (norms, activations, RoPE, softmax of the
 # loss, copies, the optimizer) is what an implementation can still shave.
@@ -179,27 +155,11 @@ def profile_cpu_step(step: Callable[[], Any]) -> StepProfile:
     CUDA's max_memory_allocated; a process's RSS cannot tell apart models that share it, and glibc keeps freed pages).
     Kernels: how long the step spends in matmuls and attention, the floor under any fp32 implementation of it."""
     t0 = time.perf_counter()
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with telemetry.memory_profile() as prof:
         step()
     wall = time.perf_counter() - t0
     kernel_us = sum(e.self_cpu_time_total for e in prof.key_averages() if is_kernel_op(e.key))
-    results = getattr(prof.profiler, "kineto_results", None)
-    peak: int | None = None
-    if results is not None:
-        events = sorted((e for e in results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns())
-        live = peak = 0
-        for e in events:
-            live += e.nbytes()  # + allocation, - free
-            peak = max(peak, live)
-    return StepProfile(peak, kernel_us / 1e6, wall)
-
-
-def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
-    """Bytes of parameters and optimizer state (what a step keeps resident besides its activations and gradients)."""
-    n = sum(p.numel() * p.element_size() for p in model.parameters())
-    for st in optimizer.state.values():
-        n += sum(v.numel() * v.element_size() for v in st.values() if torch.is_tensor(v))
-    return n
+    return StepProfile(telemetry.allocation_peak(prof), kernel_us / 1e6, wall)
 
 
 # ---- batches --------------------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from benchctl.core.progress import Progress
 from benchctl.stages import RunSelection
-from benchctl.stages.cli import DbOpt, console, db_path_of, split_list
+from benchctl.stages.cli import DbOpt, YesOpt, console, db_path_of, split_list, terminal_confirm
 from benchctl.stages.depth.options import DepthOptions
 
 app = typer.Typer()
@@ -26,7 +26,12 @@ def depth(
     archs: Annotated[str | None, typer.Option("--archs", help="Only these architectures (comma list).")] = None,
     preset: Annotated[str | None, typer.Option("--preset", "-p", help="Only runs of this preset.")] = None,
     depths: Annotated[
-        str | None, typer.Option("--depths", help="Inference depths (comma list; default 1,2,4,8,16,32).")
+        str | None,
+        typer.Option(
+            "--depths",
+            help="Inference depths (comma list; default 1,2,4,8,16,32); at most 1024. Work estimated at over an "
+            "hour asks first.",
+        ),
     ] = None,
     exit_rule: Annotated[
         str | None,
@@ -38,7 +43,10 @@ def depth(
         str | None, typer.Option("--thresholds", help="Exit thresholds (comma list; default 1e-2,1e-3,1e-4).")
     ] = None,
     max_depth: Annotated[
-        int | None, typer.Option("--max-depth", help="Maximum depth with --exit (default: each run's trained depth).")
+        int | None,
+        typer.Option(
+            "--max-depth", help="Maximum depth with --exit (default: each run's trained depth); at most 1024."
+        ),
     ] = None,
     windows: Annotated[
         int | None,
@@ -55,6 +63,7 @@ def depth(
     device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda, cuda:N or mps.")] = "auto",
     db: DbOpt = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress.")] = True,
+    yes: YesOpt = False,
 ) -> None:
     """Loss against inference depth (or per adaptive-exit threshold) for every finished run; reruns skip stored rows."""
     # option errors first, before the database is opened
@@ -67,6 +76,7 @@ def depth(
         windows=windows,
         extrapolate=extrapolate,
         device=device,
+        yes=yes,
     )
     # torch, and sqlite_utils with pandas: kept out of 'benchctl --help'
     from benchctl import stages
@@ -74,7 +84,9 @@ def depth(
 
     path = db_path_of(db)
     handle = stages.connect(path, create=False)
-    s = dp.depth_all(handle, path, opts, progress=Progress(enabled=progress, console=console))
+    s = dp.depth_all(
+        handle, path, opts, progress=Progress(enabled=progress, console=console), confirm=terminal_confirm()
+    )
     t = Table(title="test-time depth (rows measured by this call)", title_justify="left", box=box.SIMPLE_HEAD)
     for head in ("arch", "seed", "trained", "setting", "extrapolate", "val loss", "mean depth", "tok/s", "GFLOP/tok"):
         t.add_column(head, justify="left" if head in ("arch", "setting", "extrapolate") else "right", no_wrap=True)

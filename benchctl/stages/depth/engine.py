@@ -43,7 +43,7 @@ from architectures.base import ExitRule
 from benchctl.core import checkpoint, data
 from benchctl.core.config import RunConfig
 from benchctl.core.errors import ConfigError, DataError, EvalError
-from benchctl.core.progress import Progress, as_progress, silent
+from benchctl.core.progress import Progress, as_progress, confirm_long, inference_seconds, silent
 from benchctl.core.runtime import autocast_dtype, resolve_device
 from benchctl.stages.depth import tables as depth_tables
 from benchctl.stages.depth.options import DEFAULT_DEPTHS, DepthOptions
@@ -244,7 +244,14 @@ def measure_run(db, db_path: Path, p: _RunPlan, device: Any, on_row: Callable[[d
         on_row({**row, "arch": p.row["arch"], "seed": p.row["seed"], "trained_n_recur": int(cfg.model.n_recur)})
 
 
-def depth_all(db, db_path: str | Path, opts: DepthOptions, *, progress: bool | Progress = True) -> DepthSummary:
+def depth_all(
+    db,
+    db_path: str | Path,
+    opts: DepthOptions,
+    *,
+    progress: bool | Progress = True,
+    confirm: Callable[[str], bool] | None = None,
+) -> DepthSummary:
     """Measure every finished run `opts` selects at every requested setting; stored rows are skipped (see the
     docstring). Without `opts.depths` the default sweep also takes each run's trained depth and twice it."""
     reporter = as_progress(progress)
@@ -265,8 +272,15 @@ def depth_all(db, db_path: str | Path, opts: DepthOptions, *, progress: bool | P
         progress=reporter.enabled,
         with_trained=opts.depths is None,
     )
-    summary = DepthSummary(skipped=skipped)
     total = sum(len(p.settings) for p in plans)
+    if total and (opts.depths is not None or opts.max_depth is not None):  # depths of the user's choosing: ask
+        confirm_long(
+            planned_seconds(plans),
+            f"measuring {total} setting(s) up to depth {max(s.n_recur for p in plans for s in p.settings)}",
+            yes=opts.yes,
+            confirm=confirm,
+        )
+    summary = DepthSummary(skipped=skipped)
     bar = reporter.task("depth", total=total) if total else silent().task("depth")
     t0 = time.perf_counter()
     with bar:
@@ -281,6 +295,21 @@ def depth_all(db, db_path: str | Path, opts: DepthOptions, *, progress: bool | P
             )
     summary.seconds = time.perf_counter() - t0
     return summary
+
+
+def planned_seconds(plans: list[_RunPlan]) -> float:
+    """About how long measuring `plans` takes, from the FLOPs of each setting's forwards over the run's windows at
+    the rate its training reached (`benchctl.core.progress.inference_seconds`); no model is loaded. A rough figure,
+    for the confirmation before long work (`estimate_seconds` times a real batch instead)."""
+    total = 0.0
+    for p in plans:
+        with torch.device("meta"):  # the FLOP count needs no weights
+            model = architectures.build(p.cfg.arch, p.cfg.model)
+        T = p.cfg.model.max_seq_len
+        for s in p.settings:
+            n = s.n_recur if model.iterable() else None
+            total += inference_seconds(p.row, p.n_windows * T, model.flops_per_token(T, n, training=False))
+    return total
 
 
 def estimate_seconds(

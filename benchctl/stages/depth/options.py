@@ -16,6 +16,10 @@ from benchctl.stages import RunSelection
 DEFAULT_DEPTHS = (1, 2, 4, 8, 16, 32)
 DEFAULT_THRESHOLDS = (1e-2, 1e-3, 1e-4)
 EXIT_RULES = ("kl", "latent")
+# The deepest test-time recurrence `depth` and `sample` accept: far past any trained depth here (the presets train 4 to
+# 16 iterations), a bound on a typo (100000) that would otherwise run for days. Below it, work estimated at over an
+# hour asks first (--yes answers).
+MAX_TEST_DEPTH = 1024
 
 
 def parse_depths(text: str | Sequence[int] | None, option: str = "--depths") -> list[int]:
@@ -29,7 +33,13 @@ def parse_depths(text: str | Sequence[int] | None, option: str = "--depths") -> 
         raise ConfigError(f"{option}: expected a comma list of integers >= 1, got {text!r}") from None
     if not out or any(d < 1 for d in out):
         raise ConfigError(f"{option}: expected a comma list of integers >= 1, got {text!r}")
+    check_test_depth(max(out), option)
     return sorted(set(out))
+
+
+def check_test_depth(depth: int, option: str) -> None:
+    if depth > MAX_TEST_DEPTH:
+        raise ConfigError(f"{option}: at most {MAX_TEST_DEPTH} iterations, got {depth}")
 
 
 def parse_thresholds(text: str | Sequence[float] | None) -> list[float]:
@@ -61,7 +71,9 @@ def check_extrapolate(rule: str | None) -> str | None:
 
     known = sorted({r for a in architectures.names() for r in architectures.get(a).extrapolate_rules})
     if rule not in known:
-        raise ConfigError(f"--extrapolate: unknown rule '{rule}'{did_you_mean(rule, known)} known: {', '.join(known)}")
+        raise ConfigError(
+            f"--extrapolate: unknown rule '{rule}'{did_you_mean(rule, known)} (known: {', '.join(known)})"
+        )
     return rule
 
 
@@ -78,6 +90,7 @@ class DepthOptions:
     windows: int | None = None  # the first N of the run's fixed validation windows (None: all)
     extrapolate: str | None = None  # the rule past the trained depth (None: each architecture's default)
     device: str = "auto"
+    yes: bool = False  # start work estimated at over an hour without asking
 
     def __post_init__(self) -> None:
         if self.depths is not None:
@@ -87,5 +100,7 @@ class DepthOptions:
         check_extrapolate(self.extrapolate)
         if self.max_depth is not None and self.max_depth < 1:
             raise ConfigError(f"--max-depth must be >= 1, got {self.max_depth}")
+        if self.max_depth is not None:
+            check_test_depth(self.max_depth, "--max-depth")
         if self.windows is not None and self.windows < 1:
             raise ConfigError(f"--windows must be >= 1, got {self.windows}")

@@ -35,7 +35,7 @@ from benchctl.core import data as datamod
 from benchctl.core import db as dbm
 from benchctl.core.checkpoint import CKPT_NAME, rng_state, run_dir, set_rng_state
 from benchctl.core.config import RunConfig
-from benchctl.core.errors import EvalError
+from benchctl.core.errors import CheckpointError, ConfigError, EvalError
 from benchctl.core.progress import Progress, as_progress
 from benchctl.core.runtime import resolve_device
 from benchctl.core.telemetry import git_commit
@@ -82,12 +82,12 @@ def allowed_recurrence(arch: str, model_args: Any) -> str:
 
 
 def check_recurrence(run: dict[str, Any], cfg: Any, n_recur: int | None) -> int:
-    """The recurrence to evaluate `run` at; an EvalError naming the run and the allowed range if it cannot."""
+    """The recurrence to evaluate `run` at; a ConfigError naming the run and the allowed range if it cannot."""
     if n_recur is None:
         return int(cfg.model.n_recur)
     top = architectures.get(cfg.arch).max_n_recur(cfg.model)
     if n_recur < 1 or (top is not None and n_recur > top):
-        raise EvalError(
+        raise ConfigError(
             f"--n-recur {n_recur} is not allowed for run {run['id']} ({cfg.arch}): it accepts "
             f"{allowed_recurrence(cfg.arch, cfg.model)}; select other runs with --runs/--archs"
         )
@@ -259,7 +259,7 @@ def _plan(db, db_path: Path, opts: EvalOptions) -> list[tuple[dict[str, Any], An
         run_ids=sel.run_ids,
         archs=sel.archs,
         preset=sel.preset,
-        bad_selection=EvalError,
+        bad_selection=ConfigError,
         none_left=EvalError,
         purpose="to evaluate",
     )
@@ -270,7 +270,7 @@ def _plan(db, db_path: Path, opts: EvalOptions) -> list[tuple[dict[str, Any], An
     for run, _, _ in plan:
         ckpt = run_dir(db_path, run["id"]) / CKPT_NAME
         if not ckpt.exists():
-            raise EvalError(f"run {run['id']} is marked done but has no checkpoint at {ckpt}")
+            raise CheckpointError(f"run {run['id']} is marked done but has no checkpoint at {ckpt}")
     return plan
 
 

@@ -36,7 +36,7 @@ from benchctl.core import checkpoint as ckpt
 from benchctl.core import data as datamod
 from benchctl.core import db as dbm
 from benchctl.core.config import RunConfig
-from benchctl.core.errors import ConfigError, DatabaseError, EvalError
+from benchctl.core.errors import CheckpointError, ConfigError, DatabaseError, EvalError
 from benchctl.stages.eval import api as ev  # importing it registers the "benchctl" model with lm-eval
 from benchctl.stages.eval import tables as eval_tables
 from benchctl.stages.eval.adapter import adapter_precision
@@ -103,7 +103,7 @@ def _bundled_tasks(args, source: _Checkpoint | None, log: Callable[[str], None])
     if not wanted:
         return {}
     if source is None:
-        raise EvalError(
+        raise ConfigError(
             f"{', '.join(wanted)} are generated from a run's validation data: pass --model benchctl "
             "--model_args checkpoint=results/runs/<run id>/ckpt.pt"
         )
@@ -146,19 +146,19 @@ class _Record:
 def _prepare_record(args, source: _Checkpoint | None, db_path: Path) -> _Record:
     """Check everything --record needs before lm-eval runs, so a long evaluation is never thrown away."""
     if getattr(args, "command", None) != "run" or source is None:
-        raise EvalError(
+        raise ConfigError(
             "--record stores the results of a benchctl checkpoint: pass --model benchctl "
             "--model_args checkpoint=results/runs/<run id>/ckpt.pt"
         )
     if getattr(args, "predict_only", False):
-        raise EvalError("--record stores metrics, and --predict_only computes none; drop one of them")
+        raise ConfigError("--record stores metrics, and --predict_only computes none; drop one of them")
     limit = args.limit
     if limit is not None and (limit < 1 or not float(limit).is_integer()):
-        raise EvalError(f"--record needs --limit as a number of documents (results are keyed by it), got {limit}")
+        raise ConfigError(f"--record needs --limit as a number of documents (results are keyed by it), got {limit}")
     if getattr(args, "samples", None):
-        raise EvalError("--record cannot key results chosen with --samples; use --limit N")
+        raise ConfigError("--record cannot key results chosen with --samples; use --limit N")
     if not source.run_id:
-        raise EvalError(f"{source.path} does not name its run; it cannot be recorded")
+        raise CheckpointError(f"{source.path} does not name its run; it cannot be recorded")
     db = stages.connect(db_path, create=False)
     if train_tables.get_run(db, source.run_id) is None:
         raise DatabaseError(

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchctl.core.errors import EvalError, did_you_mean
+from benchctl.core.errors import ConfigError, did_you_mean
 from benchctl.stages import RunSelection
 from benchctl.stages.train.executors import parse_jobs
 
@@ -22,11 +22,11 @@ PRECISIONS = ("auto", "float32", "bfloat16", "float16")
 
 
 def check_task_names(standard: Sequence[str]) -> None:
-    """A typo of a bundled name is an EvalError here, before lm-eval's 20-second index is built to look it up."""
+    """A typo of a bundled name is a ConfigError here, before lm-eval's 20-second index is built to look it up."""
     for name in standard:
         if name.startswith("tinystories"):
             hint = did_you_mean(name, BUNDLED_TASKS)
-            raise EvalError(f"unknown task '{name}'{hint} bundled tasks: {', '.join(BUNDLED_TASKS)}")
+            raise ConfigError(f"unknown task '{name}'{hint} bundled tasks: {', '.join(BUNDLED_TASKS)}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,21 +51,21 @@ class EvalOptions:
         object.__setattr__(self, "tasks", tuple(dict.fromkeys(self.tasks or BUNDLED_TASKS)))
         for name, value in (("--n-recur", self.n_recur), ("--limit", self.limit)):
             if value is not None and value < 1:
-                raise EvalError(f"{name} must be >= 1, got {value}")
+                raise ConfigError(f"{name} must be >= 1, got {value}")
         if self.batch_size < 1:
-            raise EvalError(f"--batch-size must be >= 1, got {self.batch_size}")
+            raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
         if self.threads is not None and self.threads < 1:
-            raise EvalError(f"--threads must be >= 1, got {self.threads}")
+            raise ConfigError(f"--threads must be >= 1, got {self.threads}")
         if self.n_docs < 1:
-            raise EvalError(f"n_docs must be >= 1, got {self.n_docs}")
+            raise ConfigError(f"n_docs must be >= 1, got {self.n_docs}")
         check_task_names(self.standard)
         object.__setattr__(self, "include_paths", tuple(Path(p) for p in self.include_paths))
         for p in self.include_paths:
             if not p.is_dir():
-                raise EvalError(f"--include-path {p} is not a directory of lm-eval task YAMLs")
+                raise ConfigError(f"--include-path {p} is not a directory of lm-eval task YAMLs")
         parse_jobs(self.jobs)
         if self.precision not in PRECISIONS:
-            raise EvalError(f"--precision must be one of {', '.join(PRECISIONS)}; got {self.precision!r}")
+            raise ConfigError(f"--precision must be one of {', '.join(PRECISIONS)}; got {self.precision!r}")
 
     @property
     def bundled(self) -> list[str]:

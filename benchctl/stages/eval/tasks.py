@@ -44,7 +44,7 @@ from lm_eval.tasks import TaskManager
 
 from architectures import did_you_mean
 from benchctl.core import data as datamod
-from benchctl.core.errors import EvalError
+from benchctl.core.errors import ConfigError, EvalError
 from benchctl.core.files import atomic_write
 from benchctl.stages.eval.options import BUNDLED_TASKS, DEFAULT_DOCS
 
@@ -383,7 +383,7 @@ def build_bundled_tasks(
     """
     unknown = [t for t in tasks if t not in GENERATORS]
     if unknown:
-        raise EvalError(f"not a bundled task: {', '.join(unknown)}; bundled: {', '.join(BUNDLED_TASKS)}")
+        raise ConfigError(f"not a bundled task: {', '.join(unknown)}; bundled: {', '.join(BUNDLED_TASKS)}")
     out_dir = prepared.dir / TASKS_SUBDIR
     out_dir.mkdir(parents=True, exist_ok=True)
     stories = prepared.valid_stories()
@@ -464,13 +464,13 @@ class TaskIndex:
         return dict(self.bundled.versions) if self.bundled else {}
 
     def resolve(self, names: list[str]) -> list[str]:
-        """Expand globs (blimp_*) against lm-eval's index; unknown names are an EvalError with a suggestion."""
+        """Expand globs (blimp_*) against lm-eval's index; unknown names are a ConfigError with a suggestion."""
         out: list[str] = []
         for name in names:
             matched = _matches(self.tm, name)
             if not matched:
                 hint = did_you_mean(name, list(BUNDLED_TASKS) + self.tm.all_tasks)
-                raise EvalError(
+                raise ConfigError(
                     f"unknown task '{name}'{hint} (bundled: {', '.join(BUNDLED_TASKS)}; or any lm-eval "
                     "task name, e.g. hellaswag, lambada_openai, blimp_*)"
                 )

@@ -16,7 +16,7 @@ from benchctl import stages
 from benchctl.core.errors import ConfigError
 from benchctl.report.context import Context, build_context
 from benchctl.report.figures import save_figure
-from benchctl.report.fmt import need
+from benchctl.report.fmt import escape_html, need
 from benchctl.report.frames import Frames
 from benchctl.report.load import Data, read
 from benchctl.stages.report.options import ReportOptions
@@ -74,7 +74,7 @@ def render(data: Data, preset: str | None = None, plan: str | None = None) -> Re
             lines += section(frames)
     while lines and lines[-1] == "":
         lines.pop()
-    return Rendered("\n".join(lines) + "\n", frames.figures, ctx.preset, ctx.other_presets)
+    return Rendered(escape_html("\n".join(lines)) + "\n", frames.figures, ctx.preset, ctx.other_presets)
 
 
 def build(

@@ -15,7 +15,7 @@ from rich.text import Text
 
 from benchctl.core.progress import Progress
 from benchctl.stages import RunSelection
-from benchctl.stages.cli import DbOpt, console, db_path_of, split_list
+from benchctl.stages.cli import DbOpt, YesOpt, console, db_path_of, split_list, terminal_confirm
 from benchctl.stages.sample import options as opt
 
 app = typer.Typer()
@@ -46,7 +46,9 @@ def sample(
     n_recur: Annotated[
         int | None,
         typer.Option(
-            "--n-recur", help="Test-time recurrence override (default: as trained; the maximum depth with --exit)."
+            "--n-recur",
+            help="Test-time recurrence override (default: as trained; the maximum depth with --exit); at most 1024. "
+            "Sampling estimated at over an hour asks first.",
         ),
     ] = None,
     extrapolate: Annotated[
@@ -94,6 +96,7 @@ def sample(
     ] = "1",
     db: DbOpt = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a live progress bar.")] = True,
+    yes: YesOpt = False,
 ) -> None:
     """Complete the same story beginnings with every finished run; rerunning with the same settings adds nothing."""
     # torch, and sqlite_utils with pandas: kept out of 'benchctl --help'
@@ -117,10 +120,13 @@ def sample(
         compile=compile_step,
         device=device,
         jobs=jobs,
+        yes=yes,
     )
     path = db_path_of(db)
     handle = stages.connect(path, create=False)
-    s = smp.sample_all(handle, path, opts, progress=Progress(enabled=progress, console=console))
+    s = smp.sample_all(
+        handle, path, opts, progress=Progress(enabled=progress, console=console), confirm=terminal_confirm()
+    )
     t = Table(
         title=f"samples — prompt set {', '.join(s.prompt_sets)}, settings {s.settings_hash}",
         title_justify="left",

@@ -79,8 +79,8 @@ from benchctl.core import checkpoint, data
 from benchctl.core import db as dbm
 from benchctl.core.config import RunConfig
 from benchctl.core.data import Tokenizer
-from benchctl.core.errors import ConfigError, DataError, EvalError
-from benchctl.core.progress import Progress, as_progress, silent
+from benchctl.core.errors import ConfigError, DataError
+from benchctl.core.progress import Progress, as_progress, confirm_long, inference_seconds, silent
 from benchctl.core.runtime import resolve_device
 from benchctl.stages import RunSelection
 from benchctl.stages.bench.precision import choose_precision
@@ -305,20 +305,20 @@ def select_runs(db, select: RunSelection) -> list[dict[str, Any]]:
 
 
 def _check_n_recur(row: dict[str, Any], cfg, settings: SampleOptions) -> tuple[int, str | None]:
-    """(recurrence, extrapolation rule applied or None) this run will sample with; an impossible setting is an
-    EvalError, before any work."""
+    """(recurrence, extrapolation rule applied or None) this run will sample with; an impossible setting is a
+    ConfigError, before any work."""
     n_recur = settings.n_recur
     with torch.device("meta"):  # no weights needed to ask the architecture what it can run
         model = architectures.build(cfg.arch, cfg.model)
     try:
         n = model.resolve_n_recur(n_recur)
     except architectures.RecurrenceError as e:
-        raise EvalError(
+        raise ConfigError(
             f"--n-recur {n_recur} cannot run on {row['id']}: {e}; choose another value or narrow "
             "the runs with --archs / --runs"
         ) from None
     if settings.exit_rule is not None and not model.iterable():
-        raise EvalError(
+        raise ConfigError(
             f"--exit cannot run on {row['id']}: {cfg.arch} runs at a fixed depth; narrow the runs with --archs / --runs"
         )
     rule = None
@@ -326,7 +326,7 @@ def _check_n_recur(row: dict[str, Any], cfg, settings: SampleOptions) -> tuple[i
         try:
             rule = model.resolve_extrapolate(settings.extrapolate)
         except architectures.RecurrenceError as e:
-            raise EvalError(f"--extrapolate on {row['id']}: {e}") from None
+            raise ConfigError(f"--extrapolate on {row['id']}: {e}") from None
     return n, (rule if n > cfg.model.n_recur else None)
 
 
@@ -520,7 +520,14 @@ def sample_run(
         on_batch(len(batch))
 
 
-def sample_all(db, db_path: str | Path, opts: SampleOptions, *, progress: bool | Progress = True) -> SampleSummary:
+def sample_all(
+    db,
+    db_path: str | Path,
+    opts: SampleOptions,
+    *,
+    progress: bool | Progress = True,
+    confirm: Callable[[str], bool] | None = None,
+) -> SampleSummary:
     """Complete the prompt set with every finished run `opts` selects; stored samples are skipped. See the docstring.
 
     `progress`: a `Progress` to report on (one task over every sample to generate), or True / False for a default
@@ -532,6 +539,14 @@ def sample_all(db, db_path: str | Path, opts: SampleOptions, *, progress: bool |
     dev = resolve_device(opts.device, option="--device")
     rows = select_runs(db, opts.select)
     plans = plan(db, rows, settings, opts.n_prompts, progress=reporter.enabled)
+    todo = sum(len(b) for p in plans for b in p.batches)
+    if todo and opts.n_recur is not None:  # a depth of the user's choosing: ask before what would take hours
+        confirm_long(
+            estimate_seconds(plans, settings),
+            f"sampling {todo} completion(s) at --n-recur {opts.n_recur}",
+            yes=opts.yes,
+            confirm=confirm,
+        )
     summary = SampleSummary(settings, settings.hash, dev.type, sorted({p.pset.id for p in plans}))
     elsewhere = _sample_in_jobs(db_path, plans, opts, reporter)
     plans_here = [p for p in plans if p.row["id"] not in elsewhere]
@@ -574,6 +589,22 @@ def sample_all(db, db_path: str | Path, opts: SampleOptions, *, progress: bool |
     return summary
 
 
+def estimate_seconds(plans: list[RunPlan], settings: SampleOptions) -> float:
+    """About how long generating the missing samples of `plans` takes: each new token one forward at the run's
+    depth, at the rate its training reached (`benchctl.core.progress.inference_seconds`); a rough figure, for the
+    confirmation before long work."""
+    total = 0.0
+    for p in plans:
+        cfg = RunConfig.from_json(p.row["config_json"])
+        with torch.device("meta"):  # the FLOP count needs no weights
+            model = architectures.build(cfg.arch, cfg.model)
+        T = cfg.model.max_seq_len
+        flops = model.flops_per_token(T, p.n_recur, training=False)
+        new = settings.max_new_tokens or T
+        total += inference_seconds(p.row, sum(len(b) for b in p.batches) * new, flops)
+    return total
+
+
 def _sample_in_jobs(
     db_path: str | Path, plans: list[RunPlan], opts: SampleOptions, reporter: Progress
 ) -> dict[str, RunSamples]:
@@ -586,7 +617,7 @@ def _sample_in_jobs(
         sample_all,
         [p.row["id"] for p in busy],
         work,
-        lambda ids: {"opts": replace(opts, select=RunSelection(run_ids=ids), jobs=1)},
+        lambda ids: {"opts": replace(opts, select=RunSelection(run_ids=ids), jobs=1, yes=True)},
         jobs=opts.jobs,
         db_path=Path(db_path),
         device_spec=opts.device,

@@ -11,8 +11,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchctl.core.errors import ConfigError, EvalError
+from benchctl.core.errors import ConfigError
 from benchctl.stages import RunSelection
+from benchctl.stages.depth.options import check_extrapolate, check_test_depth
 from benchctl.stages.train.executors import parse_jobs
 
 # Bump when the generation procedure changes what a given seed produces. v2: weights cast once to the inference
@@ -71,6 +72,7 @@ class SampleOptions:
     compile: bool = False  # compile the decode step (torch.compile); does not change what is sampled
     device: str = "auto"
     jobs: int | str = 1  # runs sampled at once, each share in its own process (a number or "auto")
+    yes: bool = False  # start work estimated at over an hour without asking (never part of a sample's settings)
 
     def __post_init__(self) -> None:
         if self.exit_rule is not None and self.exit_threshold is None:
@@ -90,9 +92,12 @@ class SampleOptions:
         if self.batch_size < 1:
             raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
         if self.n_recur is not None and self.n_recur < 1:
-            raise EvalError(f"--n-recur must be >= 1, got {self.n_recur}")
+            raise ConfigError(f"--n-recur must be >= 1, got {self.n_recur}")
+        if self.n_recur is not None:
+            check_test_depth(self.n_recur, "--n-recur")
         if self.exit_rule is not None and self.exit_rule not in ("kl", "latent"):
             raise ConfigError(f"--exit: unknown rule '{self.exit_rule}'; choose kl or latent")
+        check_extrapolate(self.extrapolate)  # even where no selected run would apply it
         if self.exit_threshold is not None and self.exit_rule is None:
             raise ConfigError("--threshold needs --exit kl or --exit latent")
         if self.exit_threshold is not None and not self.exit_threshold >= 0:

@@ -141,7 +141,9 @@ def train_all(
     seeds: Annotated[
         str | None,
         typer.Option(
-            "--seeds", help="Comma list or range, e.g. 0,1,2 or 0-4 (default: 0; with --plan the plan's, else 0,1,2)."
+            "--seeds",
+            help="Comma list or range, e.g. 0,1,2 or 0-4 (default: 0; with --plan the plan's, else 0,1,2); at "
+            "most 1000 seeds.",
         ),
     ] = None,
     plan: Annotated[
@@ -216,14 +218,14 @@ def summarize(rows: list[dict[str, Any] | None]) -> None:
     if not rows:
         return
     t = Table(title="runs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for head in ("variant", "seed", "params", "initial", "final", "time", "tok/s", "peak mem"):
+    for head in ("variant", "seed", "params", "initial", "final", "time", "tok/s", "step mem", "peak mem"):
         t.add_column(head, justify="left" if head == "variant" else "right", no_wrap=True)
     kinds = set()
     for r in rows:
         if r.get("peak_gpu_mem_bytes"):
             mem, kinds = _fmt_bytes(r["peak_gpu_mem_bytes"]), kinds | {"GPU: torch peak allocated"}
         elif r.get("peak_rss_bytes"):
-            mem, kinds = _fmt_bytes(r["peak_rss_bytes"]), kinds | {"CPU: process peak RSS"}
+            mem, kinds = _fmt_bytes(r["peak_rss_bytes"]), kinds | {"CPU: the process's peak RSS, not the model's"}
         else:
             mem = "-"
         t.add_row(
@@ -234,13 +236,15 @@ def summarize(rows: list[dict[str, Any] | None]) -> None:
             _f(r.get("final_val_loss")),
             f"{r['train_seconds']:.1f}s" if r.get("train_seconds") is not None else "-",
             f"{r['tokens_per_s']:,.0f}" if r.get("tokens_per_s") else "-",
+            _fmt_bytes(r["step_mem_bytes"]) if r.get("step_mem_bytes") else "-",
             mem,
         )
     console.print(t)
     devs = sorted({r.get("device_name") or "?" for r in rows})
     console.print(
         f"initial/final: validation loss (nats/token); time: training only (no warm-up, evaluation or checkpoints); "
-        f"peak mem: {'; '.join(sorted(kinds)) or '-'}. device: {', '.join(devs)}. "
+        "step mem: parameters + optimizer state + the peak of torch's allocations in one optimizer step (as "
+        f"'benchctl bench' measures it); peak mem: {'; '.join(sorted(kinds)) or '-'}. device: {', '.join(devs)}. "
         f"precision: {', '.join(sorted({_dtype(r) for r in rows}))}.{_compiled(rows)}"
     )
 
@@ -307,6 +311,7 @@ def runs(
             "tokens_per_s",
             "peak_rss_bytes",
             "baseline_rss_bytes",
+            "step_mem_bytes",
             "device",
             "dtype",
             "precision_reason",

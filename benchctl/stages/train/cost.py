@@ -210,17 +210,19 @@ def warnings(ctx: Context, t: pd.DataFrame) -> list[str]:
 
 
 def _memory_kind(done: pd.DataFrame) -> str:
-    """'gpu' when every done run has torch's peak GPU memory, else 'rss' (process peak resident set size)."""
+    """'gpu' when every done run has torch's peak GPU memory, else 'step': a training step's own memory
+    (`step_mem_bytes`). The process's peak RSS is never the compared figure: in a train-all or study process it
+    holds what earlier runs left to the allocator, so it tells nothing about the model."""
     if done.empty:
-        return "rss"
+        return "step"
     gpu = pd.to_numeric(done["peak_gpu_mem_bytes"], errors="coerce")
-    return "gpu" if gpu.notna().all() else "rss"
+    return "gpu" if gpu.notna().all() else "step"
 
 
 def cost_frame(ctx: Context) -> pd.DataFrame:
-    """Training time, throughput and peak memory per model (done runs), with ratios to the control."""
+    """Training time, throughput and memory per model (done runs), with ratios to the control."""
     kind = _memory_kind(ctx.done)
-    mem_col = "peak_gpu_mem_bytes" if kind == "gpu" else "peak_rss_bytes"
+    mem_col = "peak_gpu_mem_bytes" if kind == "gpu" else "step_mem_bytes"
     rows = []
     for m in ctx.done_models:
         g = ctx.done[ctx.done["model"] == m]
@@ -238,20 +240,12 @@ def cost_frame(ctx: Context) -> pd.DataFrame:
             ("peak_gpu_reserved_bytes", "reserved"),
             ("peak_nvml_mem_bytes", "nvml"),
             ("peak_rss_bytes", "rss"),
+            ("step_mem_bytes", "step_mem"),
             ("tokens_seen", "tokens"),
         ):
             v = vals(g, c)
             row[name] = float(np.mean(v)) if v else None
-        # the model's own share of the peak RSS: peak minus the process's RSS before the model was built
-        own = [
-            float(p) - float(b)
-            for p, b in zip(
-                pd.to_numeric(g["peak_rss_bytes"], errors="coerce"),
-                pd.to_numeric(g["baseline_rss_bytes"], errors="coerce"),
-            )
-            if pd.notna(p) and pd.notna(b)
-        ]
-        row["own"] = float(np.mean(own)) if own else None
+        row["step_mem_n"] = len(vals(g, "step_mem_bytes"))
         rows.append(row)
     df = pd.DataFrame(rows)
     if df.empty:

@@ -71,9 +71,9 @@ def fig_cost_bars(ctx: Context, cost: pd.DataFrame, what: str) -> Any:
     else:
         scale, unit = bytes_unit(float(df["mem_mean"].max()))
         gpu = df["memory_kind"].iloc[0] == "gpu"
-        col = "peak_gpu_mem_bytes" if gpu else "peak_rss_bytes"
-        ylabel = f"{'peak GPU memory allocated' if gpu else 'peak process RSS'} ({unit})"
-        title = "Peak GPU memory per model" if gpu else "Peak memory per model (process RSS, no GPU)"
+        col = "peak_gpu_mem_bytes" if gpu else "step_mem_bytes"
+        ylabel = f"{'peak GPU memory allocated' if gpu else 'memory of one training step'} ({unit})"
+        title = "Peak GPU memory per model" if gpu else "Memory of one training step per model (torch allocations)"
     with _style():
         fig = _figure(_bar_width(len(models)), 4.6)
         ax = fig.add_subplot()
@@ -248,11 +248,13 @@ def cost_section(frames: Frames) -> list[str]:
     out.append("")
     tmax = cost["time_mean"].dropna()
     tscale, tunit = time_unit(float(tmax.max()) if not tmax.empty else 0.0)
+    gpu = cost["memory_kind"].iloc[0] == "gpu"
     mmax = cost["mem_mean"].dropna()
     mscale, munit = bytes_unit(float(mmax.max()) if not mmax.empty else 0.0)
-    gpu = cost["memory_kind"].iloc[0] == "gpu"
-    own = not gpu and cost["own"].notna().any()
-    mem_name = "peak GPU memory (torch allocated)" if gpu else "peak RSS"
+    smax = cost["step_mem"].dropna()
+    sscale, sunit = bytes_unit(float(smax.max()) if not smax.empty else 0.0)
+    rmax = cost["rss"].dropna()
+    rscale, runit = bytes_unit(float(rmax.max()) if not rmax.empty else 0.0)
     headers = [
         "model",
         "seeds",
@@ -261,13 +263,13 @@ def cost_section(frames: Frames) -> list[str]:
         "× control",
         "tokens/s",
         "step (ms)",
-        f"{mem_name} ({munit})",
-        "× control",
     ]
     if gpu:
-        headers += [f"torch reserved ({munit})", f"NVML device ({munit})"]
-    if own:
-        headers += [f"model's own ({munit})"]
+        headers += [f"peak GPU memory (torch allocated) ({munit})", "× control"]
+        headers += [f"torch reserved ({munit})", f"NVML device ({munit})", f"step memory ({sunit})"]
+    else:
+        headers += [f"step memory ({sunit})", "× control", f"process peak RSS ({runit})"]
+    unmeasured = "not measured"
     rows = []
     for r in cost.to_dict("records"):
         row = [
@@ -278,34 +280,49 @@ def cost_section(frames: Frames) -> list[str]:
             fnum(r["time_ratio"], 2),
             fnum(r["tokens_per_s"], 0),
             fnum(scaled(r["step_seconds"], 1e-3), 1),
-            fnum(scaled(r["mem_mean"], mscale), 2),
-            fnum(r["mem_ratio"], 2),
         ]
+        step_mem = unmeasured if missing(r["step_mem"]) else fnum(scaled(r["step_mem"], sscale), 2)
         if gpu:
-            row += [fnum(scaled(r["reserved"], mscale), 2), fnum(scaled(r["nvml"], mscale), 2)]
-        if own:
-            row += [fnum(scaled(r["own"], mscale), 2)]
+            row += [fnum(scaled(r["mem_mean"], mscale), 2), fnum(r["mem_ratio"], 2)]
+            row += [fnum(scaled(r["reserved"], mscale), 2), fnum(scaled(r["nvml"], mscale), 2), step_mem]
+        else:
+            row += [step_mem, fnum(r["mem_ratio"], 2), fnum(scaled(r["rss"], rscale), 2)]
         rows.append(row)
     out += md_table(headers, rows, right=range(1, len(headers))) + [""]
+    partly = [
+        f"{r['model']} ({r['step_mem_n']} of {r['seeds']})"
+        for r in cost.to_dict("records")
+        if 0 < r["step_mem_n"] < r["seeds"]
+    ]
     out.append(
-        "Training time counts optimizer steps only (no warm-up/compile, evaluation or checkpoints); "
-        "mean and range (fastest to slowest) over seeds; step = median optimizer-step time; "
-        "× control = ratio of means to the control"
-        + ("" if (cost["model"] == CONTROL).any() else " (no control runs, so no ratios)")
-        + ". "
-        + (
-            "Memory is torch's peak allocated GPU memory."
-            if gpu
-            else "No GPU memory was recorded (CPU runs), so memory is the process's peak resident set size, "
-            "which includes the Python interpreter and libraries."
-        )
-        + (
-            " Model's own = peak RSS minus the process's RSS just before the model was built (mean over "
-            "seeds): the model, its optimizer state, activations and the data pages read; the first run of a "
-            "process also counts libraries loaded on first use."
-            if own
-            else ""
-        )
+        (
+            "Training time counts optimizer steps only (no warm-up/compile, evaluation or checkpoints); "
+            "mean and range (fastest to slowest) over seeds; step = median optimizer-step time; "
+            "× control = ratio of means to the control"
+            + ("" if (cost["model"] == CONTROL).any() else " (no control runs, so no ratios)")
+            + ". "
+            + ("Peak GPU memory is torch's peak allocated GPU memory over the run. " if gpu else "")
+            + "Step memory is the memory of one training step as `benchctl bench` measures it: parameters, optimizer "
+            "state and the peak of torch's own allocations during one optimizer step (activations, gradients, "
+            "temporaries; "
+            + ("CUDA's allocator peak" if gpu else "torch's profiler memory events on the CPU")
+            + "), measured by `train` on a warm-up step of each run, mean over seeds; it counts only the run's own "
+            "tensors, so runs trained one after another in one process do not inflate each other's. "
+            + (
+                ""
+                if gpu
+                else "Process peak RSS is a fact about the training process, not the model's cost: it includes the "
+                "interpreter, libraries and data pages, and in a `train-all` or `study` process what earlier runs "
+                "left to the allocator. "
+            )
+            + (
+                f"{unmeasured.capitalize()}: runs recorded by a benchctl from before this measurement (or on a device "
+                "without it); `benchctl bench` measures the same figure. "
+                if (cost["step_mem_n"] == 0).any()
+                else ""
+            )
+            + (f"Measured for some seeds only: {', '.join(partly)}." if partly else "")
+        ).rstrip()
     )
     out.append("")
     out += timing_lines(frames)

@@ -15,8 +15,8 @@ import architectures
 from benchctl import plans, stages
 from benchctl.core import db as dbm
 from benchctl.core.config import RunConfig, make_config, overrides_for, run_id
-from benchctl.core.errors import Aborted, ConfigError
-from benchctl.core.progress import format_duration
+from benchctl.core.errors import ConfigError
+from benchctl.core.progress import CONFIRM_ABOVE_SECONDS, confirm_long
 from benchctl.core.runtime import Dist, decide_on_main, init_distributed, resolve_device
 from benchctl.stages import TrainAllResult
 from benchctl.stages.train import engine, executors
@@ -24,9 +24,6 @@ from benchctl.stages.train import tables as train_tables
 from benchctl.stages.train.executors.local import InProcess, ProcessPool
 from benchctl.stages.train.executors.ray import RayExecutor
 from benchctl.stages.train.options import TrainOptions
-
-# Ask before starting work estimated to take longer than this on the current device.
-CONFIRM_ABOVE_SECONDS = 3600.0
 
 
 def sweep(
@@ -56,11 +53,7 @@ def confirm_long_run(
     device = engine.resolve_device(cfgs[0].train.device)
     what = f"{len(cfgs)} run(s) of preset '{cfgs[0].preset}'"
     hint = " (try --preset small on a CPU)" if device.type == "cpu" and cfgs[0].preset != "small" else ""
-    msg = f"{what} would take about {format_duration(est)} on this {device.type.upper()}{hint}"
-    if confirm is None:
-        raise Aborted(f"{msg}; pass --yes to start anyway")
-    if not confirm(f"{msg}. Start?"):
-        raise Aborted("not started")
+    confirm_long(est, what, yes=False, confirm=confirm, hint=f" on this {device.type.upper()}{hint}")
 
 
 def train_all(

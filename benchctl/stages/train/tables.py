@@ -132,7 +132,16 @@ RUNS = Table(
         Column(
             "baseline_rss_bytes",
             int,
-            "process RSS before the model was built; peak minus it is the model's share",
+            "process RSS before the model was built (a process fact: in one process that trained other runs first, "
+            "peak minus it is not the model's memory; step_mem_bytes is)",
+            "bytes",
+        ),
+        Column(
+            "step_mem_bytes",
+            int,
+            "one training step's own memory, as benchctl bench measures it: parameters + optimizer state + the peak "
+            "growth of torch's allocations during an optimizer step (CUDA's allocator peak; on a CPU torch's "
+            "profiler memory events); empty when not measured",
             "bytes",
         ),
         Column(
