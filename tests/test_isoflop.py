@@ -143,7 +143,11 @@ def test_plans_show_isoflop_lists_every_run(tmp_path, capsys, tinystories_dir, m
     from tests.fixtures_db import build_fixture_db
 
     monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("COLUMNS", "250")
+    # Wide enough for every column. The console reads $COLUMNS only when it is made, at import, and an xdist
+    # worker fixes its width then (80 columns), so the width is set on the console this command prints with.
+    from benchctl.stages.cli import console
+
+    monkeypatch.setattr(console, "_width", 250)
     db = build_fixture_db(tmp_path / "r.db", archs=["control"], seeds=[0], judge=False, evals=False)
     path = write(tmp_path, ISO)
     with pytest.raises(SystemExit) as e:
