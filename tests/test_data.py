@@ -545,3 +545,15 @@ def test_cli_main_prints_one_line_error(tmp_path, capsys):
     assert e.value.code == DataError.exit_code
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and "does not exist" in err and "Traceback" not in err
+
+
+def test_a_finished_run_reads_its_data_once_and_only_the_data_it_trained_on(tmp_path, monkeypatch):
+    src = make_dir(tmp_path / "src")
+    cfg = tiny_data(src)
+    cache: dict[str, data.Prepared] = {}
+    first = data.prepared_for_run(cache, "r1", None, cfg, VOCAB, progress=False)
+    with monkeypatch.context() as m:  # a second run on the same source is served from `cache`, not prepared again
+        m.setattr(data, "prepare", lambda *a, **k: pytest.fail("prepared twice"))
+        assert data.prepared_for_run(cache, "r2", first.fingerprint, cfg, VOCAB, progress=False) is first
+        with pytest.raises(DataError, match=r"run r3 was trained on data 0123456789ab, but its source .* now gives "):
+            data.prepared_for_run(cache, "r3", "0123456789abcdef", cfg, VOCAB, progress=False, to=" to sample it")

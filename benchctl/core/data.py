@@ -417,6 +417,32 @@ def prepare(data: DataConfig, vocab_size: int, *, progress: Progress | bool = Tr
     return prepared
 
 
+def prepared_for_run(
+    cache: dict[str, Prepared],
+    run_id: str,
+    trained_on: str | None,
+    data: DataConfig,
+    vocab_size: int,
+    *,
+    progress: Progress | bool = True,
+    to: str = "",
+) -> Prepared:
+    """The prepared data a finished run reads, for a stage that loads runs one after another: each source is
+    prepared once per command (`cache`, keyed by the data config and vocabulary). Refused when the run's source now
+    gives other data than the fingerprint it trained on (`trained_on`), since its scores would then be on other
+    text; `to` ends the advice (e.g. " to sample it")."""
+    key = json.dumps([dataclasses.asdict(data), vocab_size], sort_keys=True)
+    if key not in cache:
+        cache[key] = prepare(data, vocab_size, progress=progress)
+    prepared = cache[key]
+    if trained_on and trained_on != prepared.fingerprint:
+        raise DataError(
+            f"run {run_id} was trained on data {trained_on[:12]}, but its source {data.source} now gives "
+            f"{prepared.fingerprint[:12]}; restore the original data{to}"
+        )
+    return prepared
+
+
 def _cached(dir: Path) -> Prepared:
     return dataclasses.replace(load_prepared(dir), cache_hit=True)
 

@@ -26,7 +26,6 @@ soon as it is measured: a rerun skips what is stored, and a killed run keeps wha
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import time
@@ -42,7 +41,7 @@ import architectures
 from architectures.base import ExitRule
 from benchctl.core import checkpoint, data
 from benchctl.core.config import RunConfig
-from benchctl.core.errors import ConfigError, DataError, EvalError
+from benchctl.core.errors import ConfigError, EvalError
 from benchctl.core.progress import Progress, as_progress, confirm_long, inference_seconds, silent
 from benchctl.core.runtime import autocast_dtype, resolve_device
 from benchctl.stages.depth import tables as depth_tables
@@ -203,15 +202,9 @@ def plan(
         skipped += len(settings) - len(todo)
         if not todo:
             continue
-        key = json.dumps([dataclasses.asdict(cfg.data), cfg.model.vocab_size], sort_keys=True)
-        if key not in prepared_by_key:
-            prepared_by_key[key] = data.prepare(cfg.data, cfg.model.vocab_size, progress=progress)
-        prepared = prepared_by_key[key]
-        if row.get("data_fingerprint") and row["data_fingerprint"] != prepared.fingerprint:
-            raise DataError(
-                f"run {row['id']} was trained on data {row['data_fingerprint'][:12]}, but its source "
-                f"{cfg.data.source} now gives {prepared.fingerprint[:12]}; restore the original data"
-            )
+        prepared = data.prepared_for_run(
+            prepared_by_key, row["id"], row.get("data_fingerprint"), cfg.data, cfg.model.vocab_size, progress=progress
+        )
         win = data.val_windows(prepared.valid_tokens(), cfg.model.max_seq_len, cfg.eval.val_windows, cfg.eval.val_seed)[
             :n
         ]

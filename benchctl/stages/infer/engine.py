@@ -33,7 +33,6 @@ Rows go to `inference_results` (one per run, setting and measurement sizes, writ
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -47,7 +46,7 @@ import architectures
 from architectures import inference as inf
 from benchctl.core import checkpoint, data, telemetry
 from benchctl.core.config import RunConfig
-from benchctl.core.errors import DataError, EvalError
+from benchctl.core.errors import EvalError
 from benchctl.core.progress import Progress, as_progress, silent
 from benchctl.core.runtime import resolve_device
 from benchctl.stages.infer import tables as infer_tables
@@ -161,15 +160,9 @@ def plan(
         latent = [i for i in range(opts.latent_sequences) if (i, n_rec) not in traced] if cls.iterable() else []
         if not todo and not latent:
             continue
-        key = json.dumps([dataclasses.asdict(cfg.data), cfg.model.vocab_size], sort_keys=True)
-        if key not in prepared_by_key:
-            prepared_by_key[key] = data.prepare(cfg.data, cfg.model.vocab_size, progress=progress)
-        prepared = prepared_by_key[key]
-        if row.get("data_fingerprint") and row["data_fingerprint"] != prepared.fingerprint:
-            raise DataError(
-                f"run {row['id']} was trained on data {row['data_fingerprint'][:12]}, but its source "
-                f"{cfg.data.source} now gives {prepared.fingerprint[:12]}; restore the original data"
-            )
+        prepared = data.prepared_for_run(
+            prepared_by_key, row["id"], row.get("data_fingerprint"), cfg.data, cfg.model.vocab_size, progress=progress
+        )
         # the run's fixed validation set (as `train` evaluates on), longer only when the prompts need more windows
         need = max(opts.batch, sizes["windows"], opts.latent_sequences, 1)
         win = data.val_windows(

@@ -60,7 +60,6 @@ the model processed for that sample).
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import re
@@ -398,15 +397,15 @@ def plan(
     cfgs = [RunConfig.from_json(row["config_json"]) for row in rows]
     resolved = [_check_n_recur(row, cfg, settings) for row, cfg in zip(rows, cfgs)]
     for row, cfg, (n_recur, rule) in zip(rows, cfgs, resolved):
-        key = json.dumps([dataclasses.asdict(cfg.data), cfg.model.vocab_size], sort_keys=True)
-        if key not in prepared_by_key:
-            prepared_by_key[key] = data.prepare(cfg.data, cfg.model.vocab_size, progress=progress)
-        prepared = prepared_by_key[key]
-        if row.get("data_fingerprint") and row["data_fingerprint"] != prepared.fingerprint:
-            raise DataError(
-                f"run {row['id']} was trained on data {row['data_fingerprint'][:12]}, but its source "
-                f"{cfg.data.source} now gives {prepared.fingerprint[:12]}; restore the original data to sample it"
-            )
+        prepared = data.prepared_for_run(
+            prepared_by_key,
+            row["id"],
+            row.get("data_fingerprint"),
+            cfg.data,
+            cfg.model.vocab_size,
+            progress=progress,
+            to=" to sample it",
+        )
         if prepared.fingerprint not in psets:
             pset = build_prompt_set(prepared.valid_stories(), prepared.fingerprint, n_prompts)
             store_prompt_set(db, pset)
