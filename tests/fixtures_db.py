@@ -639,3 +639,23 @@ def build_plan_fixture_db(
         train_tables.record_plan_runs(db, rows)
         db.conn.close()
     return path
+
+
+def train_tiny_runs(root: Path, data_dir: Path, archs: str = "control,frailt") -> Path:
+    """Really train `archs` at the tiny preset for 2 steps into `root/results/results.db` (data cached under
+    `root/cache`): the finished runs that the stages after training (depth, infer) are tested on. Returns `root`."""
+    import pytest
+
+    from benchctl.cli import main
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("BENCHCTL_CACHE", str(root / "cache"))
+        mp.delenv("BENCHCTL_DB", raising=False)
+        with pytest.raises(SystemExit) as exc:
+            main(
+                ["train-all", "--preset", "tiny", "--archs", archs, "--data", str(data_dir)]
+                + ["--db", str(root / "results" / "results.db"), "--set", "train.max_steps=2"]
+                + ["--set", "train.warmup_steps=1", "--no-progress", "--yes"]
+            )
+        assert exc.value.code in (0, None)
+    return root

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fixtures_db import build_fixture_db
+from fixtures_db import build_fixture_db, train_tiny_runs
 
 import architectures
 from architectures.base import ExitRule
@@ -214,34 +214,7 @@ def test_option_parsing():
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, tinystories_dir):
-    root = tmp_path_factory.mktemp("depth")
-    from benchctl.cli import main
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("BENCHCTL_CACHE", str(root / "cache"))
-        mp.delenv("BENCHCTL_DB", raising=False)
-        with pytest.raises(SystemExit) as exc:
-            main(
-                [
-                    "train-all",
-                    "--preset",
-                    "tiny",
-                    "--archs",
-                    "control,frailt",
-                    "--data",
-                    str(tinystories_dir),
-                    "--db",
-                    str(root / "results" / "results.db"),
-                    "--set",
-                    "train.max_steps=2",
-                    "--set",
-                    "train.warmup_steps=1",
-                    "--no-progress",
-                    "--yes",
-                ]
-            )
-        assert exc.value.code in (0, None)
-    return root
+    return train_tiny_runs(tmp_path_factory.mktemp("depth"), tinystories_dir)
 
 
 @pytest.fixture

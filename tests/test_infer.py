@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 import torch
-from fixtures_db import build_fixture_db
+from fixtures_db import build_fixture_db, train_tiny_runs
 
 from benchctl.core.errors import ConfigError
 from benchctl.stages.infer.latent import states, trace_latents
@@ -133,34 +133,7 @@ SMALL = dict(
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, tinystories_dir):
-    root = tmp_path_factory.mktemp("infer")
-    from benchctl.cli import main
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("BENCHCTL_CACHE", str(root / "cache"))
-        mp.delenv("BENCHCTL_DB", raising=False)
-        with pytest.raises(SystemExit) as exc:
-            main(
-                [
-                    "train-all",
-                    "--preset",
-                    "tiny",
-                    "--archs",
-                    "control,frailt",
-                    "--data",
-                    str(tinystories_dir),
-                    "--db",
-                    str(root / "results" / "results.db"),
-                    "--set",
-                    "train.max_steps=2",
-                    "--set",
-                    "train.warmup_steps=1",
-                    "--no-progress",
-                    "--yes",
-                ]
-            )
-        assert exc.value.code in (0, None)
-    return root
+    return train_tiny_runs(tmp_path_factory.mktemp("infer"), tinystories_dir)
 
 
 @pytest.fixture
