@@ -170,6 +170,10 @@ def test_two_jobs_give_the_same_runs_as_one(tmp_path, tinystories_dir, monkeypat
     again = sweep.train_all(cfgs, prepared, two, progress=False, log=lines.append, opts=TrainOptions(jobs=2))
     assert sorted(again.skipped) == sorted(res2.done) and not again.done
     assert not any("at a time" in ln for ln in lines)  # finished runs start no process
+    lines.clear()  # a resumed sweep numbers the runs it hands out against the whole sweep, as the first time
+    sweep.train_all([bad, *cfgs], prepared, two, progress=False, log=lines.append, opts=TrainOptions(jobs=2))
+    assert "1 run(s), 1 at a time, 2 thread(s) each" in lines
+    assert any(ln.startswith("[1/3] control seed 1 (preset tiny) -> job") for ln in lines), lines
 
 
 def test_a_run_dir_of_its_own_is_linked_where_later_stages_look(tmp_path, tinystories_dir, monkeypatch):

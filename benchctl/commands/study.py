@@ -59,7 +59,9 @@ def study(
     ] = "gemini-2.5-flash",
     n_prompts: Annotated[int | None, typer.Option("--n-prompts", help="Story beginnings to complete.")] = None,
     tasks: Annotated[str | None, typer.Option("--tasks", help="lm-eval tasks (default: the bundled ones).")] = None,
-    skip: Annotated[str | None, typer.Option("--skip", help="Stages to skip: sample, judge, eval, depth.")] = None,
+    skip: Annotated[
+        str | None, typer.Option("--skip", help=f"Stages to skip (comma list): {', '.join(stages.skippable())}.")
+    ] = None,
     out: Annotated[Path, typer.Option("--out", help="Report folder.")] = Path("reports"),
     set_: SetOpt = None,
     data: DataOpt = None,

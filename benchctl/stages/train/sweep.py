@@ -101,7 +101,7 @@ def train_all(
     result = TrainAllResult()
     names = variants or [c.arch for c in cfgs]
     specs = [
-        executors.RunSpec(i, c, name, run_id(c, prepared.fingerprint))
+        executors.RunSpec(i, c, name, run_id(c, prepared.fingerprint), of=len(cfgs))
         for i, (c, name) in enumerate(zip(cfgs, names), 1)
     ]
 

@@ -35,12 +35,14 @@ ENV_THREADS = "BENCHCTL_THREADS"
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One run to train: its position in the sweep (1-based), config, variant name and run id."""
+    """One run to train: its position in the sweep (1-based), config, variant name and run id, and the sweep's size
+    (what the messages number against: a resumed sweep hands out only the runs not done, under their own numbers)."""
 
     index: int
     cfg: RunConfig
     variant: str
     run_id: str
+    of: int = 0  # runs in the sweep (0: unknown, the executor's own count)
 
 
 @dataclass(frozen=True)

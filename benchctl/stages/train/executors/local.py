@@ -71,7 +71,7 @@ class InProcess:
     def run(self, specs: list[RunSpec], on_outcome: OnOutcome) -> None:
         for spec in specs:
             c = spec.cfg
-            self.log(f"[{spec.index}/{len(specs)}] {spec.variant} seed {c.seed} (preset {c.preset})")
+            self.log(f"[{spec.index}/{spec.of or len(specs)}] {spec.variant} seed {c.seed} (preset {c.preset})")
             try:
                 r = engine.train_run_when_free(
                     c,
@@ -177,7 +177,7 @@ class ProcessPool:
             return
         slot.spec = spec = pending.popleft()
         self.log(
-            f"[{spec.index}/{total}] {spec.variant} seed {spec.cfg.seed} (preset {spec.cfg.preset}) "
+            f"[{spec.index}/{spec.of or total}] {spec.variant} seed {spec.cfg.seed} (preset {spec.cfg.preset}) "
             f"-> job {slot.number}"
         )
         slot.inbox.put(spec)

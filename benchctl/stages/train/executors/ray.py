@@ -142,9 +142,8 @@ class RayExecutor:
         refs: dict[Any, RunSpec] = {}
         for spec in todo:
             self._seed_rows(spec)
-            self.log(
-                f"[{spec.index}/{len(todo)}] {spec.variant} seed {spec.cfg.seed} (preset {spec.cfg.preset}) submitted"
-            )
+            c, n = spec.cfg, spec.of or len(todo)
+            self.log(f"[{spec.index}/{n}] {spec.variant} seed {c.seed} (preset {c.preset}) submitted")
             refs[task.remote(spec, self.prepared, str(self.runs_dir), token, threads, at_once)] = spec
         try:
             while refs:
