@@ -24,13 +24,13 @@ Two implementations of the same procedure. The decode path (`fast=True`, the def
 RoPE rows gathered by a position tensor, no autograd Function, the head on the last position only, and finished rows
 looked for every `check_every` tokens instead of after every token (the rows that finished in between keep running
 until then and their extra tokens are discarded, so each row's tokens are the same). Its per-token step can be
-compiled (`compile=True`: inductor; on CUDA with CUDA graphs), falling back to eager with the reason logged and
-reported. The reference path (`fast=False`) is the plain KV-cached loop under `torch.no_grad()`, dropping finished
-rows at once; the decode path falls back to it, with the reason reported, when the generation would run past the
-context window (where the window slides and every step re-encodes it without a cache) or the model has no `decode`.
-Where other rows' draws depend on the batch's shape (random initial states drawn for the whole batch, or sampling
-from the global RNG), the decode path looks for finished rows after every token, so it draws exactly what the
-reference path draws.
+compiled (`compile=True`: inductor; on a CPU with a C++ wrapper, on CUDA with CUDA graphs; see `compile_attempts`),
+falling back to eager with the reason logged and reported. The reference path (`fast=False`) is the plain KV-cached
+loop under `torch.no_grad()`, dropping finished rows at once; the decode path falls back to it, with the reason
+reported, when the generation would run past the context window (where the window slides and every step re-encodes
+it without a cache) or the model has no `decode`. Where other rows' draws depend on the batch's shape (random
+initial states drawn for the whole batch, or sampling from the global RNG), the decode path looks for finished rows
+after every token, so it draws exactly what the reference path draws.
 
 `dtype` casts a copy of the weights once before generating (RoPE tables stay float32); casting the model once
 with `cast_for_inference` and passing no dtype avoids the copy for callers that generate many batches. Under an
@@ -176,6 +176,7 @@ class DecodeReport:
     path: str = ""  # "fast" (the decode path) | "reference"
     reason: str = ""  # why the reference path ran, or why the decode path's step was not compiled ("" otherwise)
     compiled: bool = False  # the decode path's per-token step ran compiled
+    compile_mode: str = ""  # how it was compiled: cpp-wrapper or python-wrapper (CPU), cudagraphs (CUDA)
     dtype: str = ""  # the weights' dtype during generation, e.g. "float32"
     autocast: str | None = None  # the enclosing autocast's dtype, None without autocast
     check_every: int | None = None  # tokens between looks for finished rows (decode path)
@@ -241,21 +242,42 @@ def _decode_step(model: torch.nn.Module, tokens: torch.Tensor, cache: StaticKVCa
     return model.decode(tokens, cache, pos, **kw)  # type: ignore[operator]  # a BaseLM: _fast_unavailable checked
 
 
-# Compiled steps, per model and per (device type, n_recur, extrapolate, exit): a later generate call with the same
-# settings reuses the compiled graphs instead of compiling again.
+# Compiled steps, per model and per (device type, n_recur, extrapolate, exit, wrapper): a later generate call with the
+# same settings reuses the compiled graphs instead of compiling again.
 _COMPILED: weakref.WeakKeyDictionary[torch.nn.Module, dict[Any, Callable[..., Any]]] = weakref.WeakKeyDictionary()
 
 
-def _compiled_step(model: torch.nn.Module, key: tuple[Any, ...], device: torch.device) -> Callable[..., Any]:
+def compile_attempts(device: torch.device) -> list[tuple[str, dict[str, Any]]]:
+    """(name, inductor options) to try in order for the decode step on `device`.
+
+    fallback_random: random ops (three-part's initial state) draw from torch's own generator, as in eager, so a
+    compiled generation draws the same numbers. On a CUDA device triton.cudagraphs (what mode="reduce-overhead" sets)
+    replays each step as one graph launch. On a CPU the generated code that calls the kernels is C++ (cpp_wrapper)
+    first: a decode step of a small model is a few dozen small kernels, and the Python wrapper calling them one by one
+    costs about as much as the kernels themselves; where that build fails, the Python wrapper.
+    """
+    base: dict[str, Any] = {"fallback_random": True}
+    if device.type == "cuda":
+        return [("cudagraphs", {**base, "triton.cudagraphs": True})]
+    # the wrapper built apart from the kernels: one C++ unit holding both took minutes to build for the recurrent
+    # models (every kernel compiled again inside the wrapper at -O3) and ran no faster
+    cpp = {**base, "cpp_wrapper": True, "cpp_wrapper_build_separate": True}
+    return [("cpp-wrapper", cpp), ("python-wrapper", base)]
+
+
+def _compiled_step(model: torch.nn.Module, key: tuple[Any, ...], options: dict[str, Any]) -> Callable[..., Any]:
     per_model = _COMPILED.setdefault(model, {})
     if key not in per_model:
-        # fallback_random: random ops (three-part's initial state) draw from torch's own generator, as in eager, so a
-        # compiled generation draws the same numbers; triton.cudagraphs is what mode="reduce-overhead" sets on CUDA
-        options: dict[str, str | int | bool | Callable[..., Any]] = {"fallback_random": True}
-        if device.type == "cuda":
-            options["triton.cudagraphs"] = True
         per_model[key] = torch.compile(_decode_step, backend="inductor", options=options)
     return per_model[key]
+
+
+# A step whose inputs have the shapes, dtypes and devices of the step before it (same batch, same model, same
+# settings) runs the graph that step ran: after this many calls with every guard evaluated, the decode loop skips
+# the guards that cannot tell its graph from the others compiled for this function (torch.compiler.set_stance's
+# skip_guard_eval_unsafe), which saves a tenth of a small model's step on a CPU. The count restarts whenever rows
+# leave the batch, the one change of input shapes within a generation.
+FULL_GUARD_CALLS = 2
 
 
 class _FastDecoder:
@@ -280,6 +302,7 @@ class _FastDecoder:
         self.results: list[Generation | None] = [None] * B
         self.T = min(self.plen)
         self.cache = StaticKVCache(self.ctx)
+        self.guard_calls = 0  # compiled steps run with every guard since the batch last changed (FULL_GUARD_CALLS)
         self.pos = torch.zeros((), dtype=torch.long, device=device)  # position of the next forward's first token
         # exit depth of every position each row processed (adaptive exit only)
         self.depth_at = torch.zeros(B, self.end, dtype=torch.float64, device=device) if exit is not None else None
@@ -307,26 +330,44 @@ class _FastDecoder:
             rep.reason = why
             log.warning("generate: decode step runs eager: %s", why)
             return step
-        key = (self.device.type, kw["n_recur"], kw["extrapolate"], kw["exit"])
-        compiled = _compiled_step(model, key, self.device)
+        attempts = compile_attempts(self.device)
         failed: list[str] = []
 
         def guarded(tokens, cache, pos):
-            if failed:
-                return step(tokens, cache, pos)
-            try:
-                out = compiled(model, tokens, cache, pos, kw)
-            except Exception as e:  # compilation failed (no toolchain, an unsupported op): eager from here on
-                reason = f"compilation failed: {type(e).__name__}: {str(e).strip().splitlines()[0][:200]}"
-                log.warning("generate: decode step runs eager: %s", reason)
-                rep.compiled, rep.reason = False, reason
-                _COMPILED.get(model, {}).pop(key, None)
-                failed.append(reason)
-                return step(tokens, cache, pos)
-            rep.compiled, rep.reason = True, ""
-            return out
+            while attempts:
+                name, options = attempts[0]
+                key = (self.device.type, kw["n_recur"], kw["extrapolate"], kw["exit"], name)
+                compiled = _compiled_step(model, key, options)
+                try:
+                    out = self._call_compiled(compiled, tokens, cache, pos)
+                except Exception as e:  # compilation failed (no toolchain, an unsupported op): the next way, then eager
+                    reason = f"compilation failed: {type(e).__name__}: {str(e).strip().splitlines()[0][:200]}"
+                    _COMPILED.get(model, {}).pop(key, None)
+                    attempts.pop(0)
+                    failed.append(f"{name}: {reason}" if attempts else reason)
+                    log.warning("generate: decode step (%s) not compiled: %s", name, reason)
+                    continue
+                rep.compiled, rep.reason, rep.compile_mode = True, "", name
+                return out
+            rep.compiled, rep.reason, rep.compile_mode = False, failed[-1], ""
+            return step(tokens, cache, pos)
 
         return guarded
+
+    def _call_compiled(self, compiled, tokens, cache, pos):
+        """One compiled step; past the first FULL_GUARD_CALLS since the batch last changed, without the guards that
+        cannot tell graphs apart. Should that find no graph (a change the count missed), the step is run again with
+        every guard evaluated, which compiles what it needs."""
+        model, kw = self.model, self.kw
+        if self.guard_calls >= FULL_GUARD_CALLS:
+            try:
+                with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+                    return compiled(model, tokens, cache, pos, kw)
+            except Exception:
+                self.guard_calls = 0
+        out = compiled(model, tokens, cache, pos, kw)
+        self.guard_calls += 1
+        return out
 
     def run(self, temperature, top_k, top_p, stop_ids, should_stop, compile, check_every, rep) -> list[Generation]:
         stop = set(stop_ids)
@@ -413,6 +454,7 @@ class _FastDecoder:
         if self.depth_at is not None:
             self.depth_at = self.depth_at[keep]
         self.cache.select_rows(keep)
+        self.guard_calls = 0  # new input shapes: the next steps evaluate every guard again
         return True
 
 

@@ -152,6 +152,49 @@ def test_compile_falls_back_to_eager_with_the_reason(monkeypatch, caplog):
     assert not rep.compiled and rep.reason == "compilation failed: RuntimeError: inductor exploded"
 
 
+def test_compiled_step_tries_the_python_wrapper_and_rechecks_guards_it_skipped(monkeypatch):
+    """On a CPU the C++ wrapper is tried first, then the Python one; past the first steps of a batch the guards are
+    skipped, and a step they cannot place runs again with every guard (fakes stand in for inductor)."""
+    from torch._dynamo import eval_frame
+
+    import architectures.generate as gen
+
+    calls: list[tuple[str, bool]] = []
+
+    def fake_compiled_step(model, key, options):
+        name = key[-1]
+        assert ("cpp_wrapper" in options) == (name == "cpp-wrapper")
+
+        def step(m, tokens, cache, pos, kw):
+            skipping = eval_frame._stance.skip_guard_eval_unsafe
+            calls.append((name, skipping))
+            if name == "cpp-wrapper":
+                raise RuntimeError("C++ wrapper build failed")
+            if len(calls) == 5:  # a step the skipped guards could not place
+                raise RuntimeError("Recompilation triggered with skip_guard_eval_unsafe stance")
+            return gen._decode_step(m, tokens, cache, pos, kw)
+
+        return step
+
+    model = build("control", "tiny")
+    ref = run(model, PROMPTS, max_new_tokens=6, temperature=0.0, fast=False)
+    monkeypatch.setattr(gen, "compiler_unavailable", lambda device: None)
+    monkeypatch.setattr(gen, "_compiled_step", fake_compiled_step)
+    rep = DecodeReport()
+    assert run(model, PROMPTS, max_new_tokens=6, temperature=0.0, compile=True, report=rep, check_every=64) == ref
+    assert rep.compiled and rep.compile_mode == "python-wrapper" and rep.reason == ""
+    assert calls[:7] == [
+        ("cpp-wrapper", False),
+        ("python-wrapper", False),
+        ("python-wrapper", False),
+        ("python-wrapper", True),
+        ("python-wrapper", True),  # raised: run again with every guard, and the next step too
+        ("python-wrapper", False),
+        ("python-wrapper", False),
+    ]
+    assert calls[7:] and all(skipping for _, skipping in calls[7:])
+
+
 @pytest.mark.slow  # inductor compiles C++ kernels for every batch shape the generation passes through
 @pytest.mark.skipif(compiler_unavailable(torch.device("cpu")) is not None, reason="no C++ compiler for inductor")
 @pytest.mark.parametrize("arch", ["control", "three-part"])

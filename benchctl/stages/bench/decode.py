@@ -313,7 +313,13 @@ def _row(
             "tok/s: run.c's own figure over every position after the first, prompt included; no separate prefill",
         ]
     else:
-        how = "compiled" if last.compiled else f"eager ({last.reason})" if s.impl == "decode" else "eager"
+        how = (
+            f"compiled ({last.compile_mode})"
+            if last.compiled
+            else f"eager ({last.reason})"
+            if s.impl == "decode"
+            else "eager"
+        )
         notes = [
             f"threads={threads}",
             f"{last.path} path, {how}",
