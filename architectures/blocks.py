@@ -335,7 +335,7 @@ class Attention(nn.Module):
         B, T = q.shape[0], q.shape[2]
         if isinstance(cache, StaticKVCache):  # the decode path: whole preallocated slots under a mask
             ck, cv, mask = cache.write(k, v)
-            y = F.scaled_dot_product_attention(q, ck, cv, attn_mask=mask, enable_gqa=self.n_kv_heads != self.n_heads)
+            y = cached_attention(q, ck, cv, mask)
             return self.resid_dropout(project(self.wo, y.transpose(1, 2).reshape(B, T, -1), lora, "wo"))
         if k is None or v is None:
             raise ValueError("keys and values are needed unless a StaticKVCache supplies them")
@@ -357,6 +357,26 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, d); a view when SDPA wrote (B, T, H, hd)
         return self.resid_dropout(project(self.wo, y, lora, "wo"))
+
+
+def cached_attention(q: torch.Tensor, ck: torch.Tensor, cv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Attention of q (B, H, T, hd) over a static cache's whole keys and values (B, KV, S, hd) under `mask` (T, S):
+    `F.scaled_dot_product_attention(q, ck, cv, attn_mask=mask, enable_gqa=KV != H)`.
+
+    Under torch.compile written out as two batched matmuls and a softmax: for the one query of a decode step the
+    fused CPU kernel spends most of its time setting up (layout copies, buffers), while inductor fuses the scale,
+    the mask and the softmax into one small kernel between the two matmuls. Eager keeps the fused kernel (one call
+    instead of five)."""
+    B, H, T, hd = q.shape
+    KV = ck.shape[1]
+    if not torch.compiler.is_compiling():
+        return F.scaled_dot_product_attention(q, ck, cv, attn_mask=mask, enable_gqa=KV != H)
+    # the H / KV query heads of a key head, and their T positions, as rows of one matmul against that head's keys
+    qg = q.reshape(B, KV, (H // KV) * T, hd)
+    scores = torch.matmul(qg * hd**-0.5, ck.transpose(-1, -2))  # (B, KV, (H / KV) T, S)
+    scores = scores.masked_fill(~mask.repeat(H // KV, 1), float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).to(cv.dtype)
+    return torch.matmul(probs, cv).reshape(B, H, T, hd)
 
 
 class FeedForward(nn.Module):

@@ -818,6 +818,24 @@ def test_compiled_causal_attention_is_the_eager_function():
         torch.testing.assert_close(a.float(), b.float(), atol=5e-2, rtol=5e-2)
 
 
+@pytest.mark.parametrize("T", [1, 3])
+def test_compiled_cached_attention_is_the_fused_function(T):
+    """The decode path's attention over a static cache, written out under torch.compile, computes what the fused
+    kernel does, grouped query heads and the mask included (aot_eager traces it as inductor would see it, without
+    building C++)."""
+    from architectures.blocks import cached_attention
+
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 4, T, 8, generator=g)
+    ck, cv = torch.randn(2, 2, 10, 8, generator=g), torch.randn(2, 2, 10, 8, generator=g)
+    pos = torch.arange(4, 4 + T)  # the cache holds positions 0 .. 3 + T; the rest of its slots are not yet written
+    mask = torch.arange(10)[None, :] <= pos[:, None]
+    fused = F.scaled_dot_product_attention(q, ck, cv, attn_mask=mask, enable_gqa=True)
+    torch.testing.assert_close(cached_attention(q, ck, cv, mask), fused)
+    compiled = torch.compile(cached_attention, backend="aot_eager", fullgraph=True)(q, ck, cv, mask)
+    torch.testing.assert_close(compiled, fused, atol=1e-5, rtol=1e-5)
+
+
 def test_causal_attention_keeps_the_fused_kernel_where_it_is_faster(monkeypatch):
     """float32, and bf16 past CPU_EXPLICIT_ATTENTION_MAX_T: PyTorch's fused kernel."""
     calls = []
