@@ -170,6 +170,18 @@ def test_skip_accepts_only_skippable_stages(tmp_path, capsys):
     assert f"--skip accepts {', '.join(stages.skippable())}; got train" in capsys.readouterr().err
 
 
+def test_skip_help_names_every_skippable_stage():
+    """The help is written out (building it from the registry would import every stage for --help): it must list
+    exactly the stages --skip accepts, in their order."""
+    import typer.main
+
+    from benchctl import cli
+
+    cmd = typer.main.get_command(cli.app).commands["study"]  # type: ignore[attr-defined]
+    (opt,) = [p for p in cmd.params if p.name == "skip"]
+    assert opt.help == f"Stages to skip (comma list): {', '.join(stages.skippable())}."
+
+
 def test_study_end_to_end_on_tiny_data(tmp_path, tinystories_dir, monkeypatch):
     """The real stages: prepare, train one small run, skip the rest, write the report."""
     monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
