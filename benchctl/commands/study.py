@@ -60,9 +60,14 @@ def study(
     n_prompts: Annotated[int | None, typer.Option("--n-prompts", help="Story beginnings to complete.")] = None,
     tasks: Annotated[str | None, typer.Option("--tasks", help="lm-eval tasks (default: the bundled ones).")] = None,
     # written out, not built from the stage registry: listing the registry imports every stage (torch, pandas), and
-    # help must stay light; a test checks this list against stages.skippable()
+    # help must stay light; a test checks the built-in names against stages.skippable()
     skip: Annotated[
-        str | None, typer.Option("--skip", help="Stages to skip (comma list): sample, judge, eval, depth, infer.")
+        str | None,
+        typer.Option(
+            "--skip",
+            help="Stages to skip (comma list): sample, judge, eval, depth, infer, and any added stage marked "
+            "skippable (a wrong name lists them all).",
+        ),
     ] = None,
     out: Annotated[Path, typer.Option("--out", help="Report folder.")] = Path("reports"),
     set_: SetOpt = None,
