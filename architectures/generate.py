@@ -344,7 +344,7 @@ class _FastDecoder:
                     reason = f"compilation failed: {type(e).__name__}: {str(e).strip().splitlines()[0][:200]}"
                     _COMPILED.get(model, {}).pop(key, None)
                     attempts.pop(0)
-                    failed.append(f"{name}: {reason}" if attempts else reason)
+                    failed.append(reason)  # the last one is reported when every attempt failed
                     log.warning("generate: decode step (%s) not compiled: %s", name, reason)
                     continue
                 rep.compiled, rep.reason, rep.compile_mode = True, "", name
