@@ -9,6 +9,7 @@ import json
 import shutil
 
 import pytest
+import sqlite_utils
 import torch
 from fixtures_db import build_fixture_db, train_tiny_runs
 
@@ -42,6 +43,7 @@ def test_options_parse_the_command_lines_lists():
         ({"spec_k": 0}, "--spec-k must be >= 1"),
         ({"batch": 2, "single": 3}, "--single (3) cannot exceed --batch (2)"),
         ({"latent_sequences": -1}, "--latent-sequences must be >= 0"),
+        ({"repeats": 0}, "--repeats must be >= 1"),
     ],
 )
 def test_bad_options_name_their_flag(bad, says):
@@ -109,6 +111,13 @@ def test_report_section_renders_on_a_fixture(tmp_path):
     assert "- relaxed: no cheaper setting is shown to be no worse than full depth" in sec
     assert "- three-part: no setting spends fewer FLOPs per generated token or holds fewer KV bytes" in sec
     assert "- control" not in sec  # the reference gets no sentence
+    assert "`benchctl infer`, one timed generation each." in sec  # rows that record no repeats
+    fx = sqlite_utils.Database(path)
+    if "repeats" not in fx["inference_results"].columns_dict:
+        fx["inference_results"].add_column("repeats", int)
+    fx.execute("update inference_results set repeats = 3")
+    fx.conn.commit()
+    assert "`benchctl infer`, each the median of 3 timed generations." in report.build(path).markdown
     one = report.build(build_fixture_db(tmp_path / "one.db", seeds=(0,), judge=False, evals=False, infer=True))
     assert "one seed, so about that trained model only" in _section(one.markdown, "Inference cost")
     empty = report.build(build_fixture_db(tmp_path / "none.db", seeds=(0,), judge=False, evals=False)).markdown
@@ -128,6 +137,7 @@ SMALL = dict(
     drafts="1",
     latent_sequences=1,
     latent_tokens=3,
+    repeats=2,
 )
 
 
@@ -166,6 +176,9 @@ def test_infer_measures_every_setting_once_and_resumes(results):
     assert len(json.loads(full["tokens_json"])) == 3 and full["kv_bytes_per_1k"] > 0 and full["flops_per_token"] > 0
     for r in rows:
         assert r["tokens_per_s_1"] > 0 and r["tokens_per_s_batch"] > 0 and r["val_loss"] > 0
+        assert r["repeats"] == 2  # each speed the median of two timed generations, with their range
+        assert r["tokens_per_s_1_min"] <= r["tokens_per_s_1"] <= r["tokens_per_s_1_max"]
+        assert r["tokens_per_s_batch_min"] <= r["tokens_per_s_batch"] <= r["tokens_per_s_batch_max"]
         assert 0 <= r["agreement"] <= 1
     assert all(1 <= r["mean_depth"] <= r["n_recur"] for r in frailt.values() if r["kind"] == "plain")
     assert all(1 <= r["mean_exit_depth"] <= r["mean_depth"] for r in frailt.values() if r["kind"] == "plain")

@@ -51,6 +51,9 @@ def infer(
     ] = 16,
     new_tokens: Annotated[int, typer.Option("--new-tokens", help="Greedy tokens generated per prompt.")] = 16,
     windows: Annotated[int, typer.Option("--windows", help="Validation windows of the teacher-forced loss.")] = 16,
+    repeats: Annotated[
+        int, typer.Option("--repeats", help="Timed generations per setting; speeds stored are their median.")
+    ] = 3,
     latent_sequences: Annotated[
         int, typer.Option("--latent-sequences", help="Validation windows traced for the latent view (0: none).")
     ] = 2,
@@ -77,6 +80,7 @@ def infer(
         prompt_tokens=prompt_tokens,
         new_tokens=new_tokens,
         windows=windows,
+        repeats=repeats,
         latent_sequences=latent_sequences,
         latent_tokens=latent_tokens,
         device=device,

@@ -7,7 +7,8 @@ prompts) it measures, with `architectures.inference`:
 
 - decode speed at batch 1 (the first `single` prompts, one generation each) and at batch `batch` (all prompts in one
   generation): prefill and decode are timed apart and the tokens per second of the decode phase is the headline;
-  one warm-up generation per setting comes first and is not timed;
+  one warm-up generation per setting comes first and is not timed, and each timed generation is repeated `repeats`
+  times: the median rate is stored with its range;
 - the KV-cache bytes the batched generation holds, per 1,000 cached tokens; its peak memory (CUDA: torch's peak
   allocation; CPU: the process's peak RSS, since reset where Linux allows it);
 - FLOPs spent per generated token and the mean depth, as the engine counts them (tokens that exited are not
@@ -34,6 +35,7 @@ Rows go to `inference_results` (one per run, setting and measurement sizes, writ
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -122,6 +124,7 @@ class _RunPlan:
     windows: torch.Tensor  # (max(batch, windows, latent_sequences), T+1): the run's first validation windows
     latent: list[int]  # window indices still to trace
     latent_tokens: int
+    repeats: int  # timed generations per setting (not part of the key: a stored row keeps its own)
 
 
 def _sizes(cfg: Any, opts: InferOptions) -> dict[str, int]:
@@ -168,7 +171,7 @@ def plan(
         win = data.val_windows(
             prepared.valid_tokens(), cfg.model.max_seq_len, max(need, cfg.eval.val_windows), cfg.eval.val_seed
         )
-        plans.append(_RunPlan(row, cfg, todo, sizes, win[:need], latent, opts.latent_tokens))
+        plans.append(_RunPlan(row, cfg, todo, sizes, win[:need], latent, opts.latent_tokens, opts.repeats))
     return plans, skipped
 
 
@@ -185,6 +188,31 @@ def _generate(model: Any, m: Measured, prompts: list[list[int]], new: int, seed:
 
 def _rate(tokens: float, seconds: float) -> float | None:
     return tokens / seconds if seconds > 0 else None
+
+
+def _add_rates(rates: dict[str, list[float]], outs: Sequence[Any], prompt_tokens: int) -> None:
+    """One repeat's decode and prefill rates over `outs` (one generation per prompt, or one batched generation of
+    `prompt_tokens` prompt tokens in all)."""
+    for key, tokens, seconds in (
+        ("decode", sum(o.new_tokens for o in outs), sum(o.decode_seconds for o in outs)),
+        ("prefill", prompt_tokens, sum(o.prefill_seconds for o in outs)),
+    ):
+        r = _rate(tokens, seconds)
+        if r is not None:
+            rates[key].append(r)
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _summary(name: str, values: list[float]) -> dict[str, float | None]:
+    """The median of a rate's repeats and their range."""
+    return {
+        name: _median(values),
+        f"{name}_min": min(values) if values else None,
+        f"{name}_max": max(values) if values else None,
+    }
 
 
 def _peak_start(device: torch.device) -> bool:
@@ -231,15 +259,26 @@ def measure(
     cfg: Any,
     device: torch.device,
     reference: list[list[int]] | None,
+    repeats: int = 1,
 ) -> dict[str, Any]:
     """Every number of one (run, setting) row but its key (see the module docstring)."""
     seed, new = int(cfg.eval.val_seed), sizes["new_tokens"]
     t0 = time.perf_counter()
     _generate(model, m, prompts[:1], min(new, 4), seed)  # warm-up: first-call costs stay out of the timings
-    singles = [_generate(model, m, [p], new, seed) for p in prompts[: sizes["single"]]]
-    phase = _peak_start(device)
-    batched = _generate(model, m, prompts, new, seed)
-    peak, source = _peak(device, phase)
+    # Each timing is a fraction of a second of a small model's decode, so one alone moves by tens of percent with
+    # whatever else the machine does: every generation is repeated and the median rate kept, with its range.
+    # Greedy decoding under a fixed seed makes the same tokens every time; the first repeat's are stored.
+    single_rates: dict[str, list[float]] = {"decode": [], "prefill": []}
+    batch_rates: dict[str, list[float]] = {"decode": [], "prefill": []}
+    outs, peaks = [], []
+    for _ in range(repeats):
+        singles = [_generate(model, m, [p], new, seed) for p in prompts[: sizes["single"]]]
+        _add_rates(single_rates, singles, sum(len(p) for p in prompts[: len(singles)]))
+        phase = _peak_start(device)
+        outs.append(_generate(model, m, prompts, new, seed))
+        peaks.append(_peak(device, phase))
+        _add_rates(batch_rates, outs[-1:], sum(len(p) for p in prompts))
+    batched, (peak, source) = outs[0], peaks[0]
     tf = teacher_forced(model, windows[: sizes["windows"]], int(cfg.eval.val_batch_size), m.setting, seed)
     row = {
         "kind": "speculative" if m.speculative else "plain",
@@ -252,12 +291,11 @@ def measure(
         "spec_k": m.k,
         "device": device.type,
         "threads": torch.get_num_threads(),
-        "tokens_per_s_1": _rate(sum(r.new_tokens for r in singles), sum(r.decode_seconds for r in singles)),
-        "prefill_tokens_per_s_1": _rate(
-            sum(len(p) for p in prompts[: len(singles)]), sum(r.prefill_seconds for r in singles)
-        ),
-        "tokens_per_s_batch": _rate(batched.new_tokens, batched.decode_seconds),
-        "prefill_tokens_per_s_batch": _rate(sum(len(p) for p in prompts), batched.prefill_seconds),
+        "repeats": repeats,
+        **_summary("tokens_per_s_1", single_rates["decode"]),
+        "prefill_tokens_per_s_1": _median(single_rates["prefill"]),
+        **_summary("tokens_per_s_batch", batch_rates["decode"]),
+        "prefill_tokens_per_s_batch": _median(batch_rates["prefill"]),
         "peak_mem_bytes": peak,
         "peak_mem_source": source,
         "kv_bytes": int(batched.kv_bytes),
@@ -306,7 +344,7 @@ def measure_run(
             summary.unsupported.append((p.row["id"], m.label, reason))
             on_row(None)
             continue
-        row = measure(model, m, prompts, p.sizes, windows, cfg, device, reference)
+        row = measure(model, m, prompts, p.sizes, windows, cfg, device, reference, p.repeats)
         if m.label == FULL:
             reference = json.loads(row["tokens_json"])
         row = {"run_id": p.row["id"], "setting": m.label, **p.sizes, **row}

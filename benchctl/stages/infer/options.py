@@ -99,6 +99,7 @@ class InferOptions:
     prompt_tokens: int = 16  # tokens per prompt, from the start of a validation window
     new_tokens: int = 16  # greedy tokens generated per prompt
     windows: int = 16  # validation windows of the teacher-forced loss (the first N of the run's fixed set)
+    repeats: int = 3  # timed generations per setting; the speeds stored are their median
     latent_sequences: int = 2  # validation windows traced for the latent view (0: none)
     latent_tokens: int = 4  # positions per traced window whose state trajectories are projected
     device: str = "auto"
@@ -119,6 +120,7 @@ class InferOptions:
             ("--prompt-tokens", self.prompt_tokens, 1),
             ("--new-tokens", self.new_tokens, 1),
             ("--windows", self.windows, 1),
+            ("--repeats", self.repeats, 1),
             ("--latent-sequences", self.latent_sequences, 0),
             ("--latent-tokens", self.latent_tokens, 1),
         ):

@@ -81,6 +81,18 @@ def _ci_text(ci: stats.MeanCI, digits: int = 4) -> str:
     return f"{ci.mean:+.{digits}f} [{ci.lo:+.{digits}f}, {ci.hi:+.{digits}f}]"
 
 
+def _repeats_note(df: Any) -> str:
+    """How many timed generations each speed is the median of (rows measured before benchctl repeated them have
+    none recorded: one generation each)."""
+    if "repeats" not in df:
+        return ", one timed generation each"
+    counts = sorted({int(r) if r == r and r is not None else 1 for r in df["repeats"]})
+    if len(counts) == 1:
+        n = counts[0]
+        return ", one timed generation each" if n == 1 else f", each the median of {n} timed generations"
+    return f", each the median of its row's timed generations ({counts[0]} to {counts[-1]})"
+
+
 def _table(ctx: Any, model: str, g: pd.DataFrame) -> list[str]:
     batch = int(g["prompts"].iloc[0])
     rows = []
@@ -307,7 +319,7 @@ def inference_section(frames: Frames) -> list[str]:
         f"teacher-forced loss under the setting on {int(first['windows'])} validation windows (mean ± 95% CI over "
         "seeds; Δ paired by seed); agreement = share of greedy tokens equal to the run's full-depth continuation; "
         "acceptance = speculative drafts' accepted share. Speeds are as measured on the machine that ran "
-        "`benchctl infer`."
+        f"`benchctl infer`{_repeats_note(df)}."
     )
     out.append("")
     for model in [m for m in ctx.models if m in set(df["model"])]:
