@@ -328,6 +328,11 @@ EXPECTED_SQL = {
         '   "tokens_json" TEXT,\n'
         '   "seconds" REAL,\n'
         '   "created_at" TEXT,\n'
+        '   "repeats" INTEGER,\n'
+        '   "tokens_per_s_1_min" REAL,\n'
+        '   "tokens_per_s_1_max" REAL,\n'
+        '   "tokens_per_s_batch_min" REAL,\n'
+        '   "tokens_per_s_batch_max" REAL,\n'
         '   PRIMARY KEY ("run_id", "setting", "prompts", "single", "prompt_tokens", "new_tokens", "windows")\n'
         ")"
     ),

@@ -36,10 +36,7 @@ INFERENCE_RESULTS = Table(
         Column("spec_k", int, "speculative: tokens drafted per verification (0 for plain settings)"),
         Column("device", str, "device type the row was measured on"),
         Column("threads", int, "torch CPU threads"),
-        Column("repeats", int, "timed generations per speed; each speed is their median"),
         Column("tokens_per_s_1", float, "decode tokens per second at batch 1 (prefill excluded)", "tokens/s"),
-        Column("tokens_per_s_1_min", float, "slowest repeat of tokens_per_s_1", "tokens/s"),
-        Column("tokens_per_s_1_max", float, "fastest repeat of tokens_per_s_1", "tokens/s"),
         Column("prefill_tokens_per_s_1", float, "prefill prompt tokens per second at batch 1", "tokens/s"),
         Column(
             "tokens_per_s_batch",
@@ -47,8 +44,6 @@ INFERENCE_RESULTS = Table(
             "decode tokens per second at batch `prompts`, prefill excluded (speculative: the prompts one by one)",
             "tokens/s",
         ),
-        Column("tokens_per_s_batch_min", float, "slowest repeat of tokens_per_s_batch", "tokens/s"),
-        Column("tokens_per_s_batch_max", float, "fastest repeat of tokens_per_s_batch", "tokens/s"),
         Column("prefill_tokens_per_s_batch", float, "prefill prompt tokens per second at batch `prompts`", "tokens/s"),
         Column(
             "peak_mem_bytes", int, "peak memory of the batched generation (CUDA: allocated; CPU: process RSS)", "bytes"
@@ -88,6 +83,12 @@ INFERENCE_RESULTS = Table(
         Column("tokens_json", str, "JSON: the batched generation's greedy tokens per prompt (agreement's reference)"),
         Column("seconds", float, "wall time of the row's measurements, warm-up included", "s"),
         Column("created_at", str, "when it was measured (UTC)"),
+        # added after the first databases were written: at the end, where adding them to such a file puts them
+        Column("repeats", int, "timed generations per speed; each speed is their median"),
+        Column("tokens_per_s_1_min", float, "slowest repeat of tokens_per_s_1", "tokens/s"),
+        Column("tokens_per_s_1_max", float, "fastest repeat of tokens_per_s_1", "tokens/s"),
+        Column("tokens_per_s_batch_min", float, "slowest repeat of tokens_per_s_batch", "tokens/s"),
+        Column("tokens_per_s_batch_max", float, "fastest repeat of tokens_per_s_batch", "tokens/s"),
     ),
     pk=("run_id", "setting", "prompts", "single", "prompt_tokens", "new_tokens", "windows"),
     foreign_keys=(("run_id", "runs", "id"),),
