@@ -714,15 +714,29 @@ def generate_adaptive(
     )
 
 
+def reads_like_generation(setting: InferenceSetting) -> bool:
+    """Whether one forward over a whole sequence reads the cache as generating it token by token would.
+
+    Not under `budget:K`: in one forward every position's iteration i writes slot i mod K and the positions read
+    each other's fresh entries, so the slots never hold another iteration's keys; generating, an earlier position's
+    slot holds the last iteration that wrote it. Every other strategy (and the exits) reads the same entries either
+    way."""
+    return _parse_kv(setting.kv)[0] != "budget"
+
+
 def evaluate_adaptive(
     model: BaseLM, tokens: torch.Tensor, targets: torch.Tensor, setting: InferenceSetting
 ) -> tuple[float, float, float]:
     """Teacher-forced: (mean cross-entropy over the targets (ignore index -1), forward FLOPs spent per token, mean
-    iterations computed per token) of one forward over tokens (B, T) under `setting`, exited tokens skipped."""
+    iterations computed per token) over tokens (B, T) under `setting`, exited tokens skipped: one forward over the
+    sequence, or one token at a time where that is what generation reads (`reads_like_generation`)."""
     B, T = tokens.shape
     with torch.inference_mode():
         eng = _Engine(model, setting, B, T)
-        h, _ = eng.forward(tokens, setting)
+        if reads_like_generation(setting):
+            h, _ = eng.forward(tokens, setting)
+        else:
+            h = torch.cat([eng.forward(tokens[:, i : i + 1], setting)[0] for i in range(T)], 1)
         logits = model.output(model.norm(h)).float()
         eng.flops += _costs(model, setting).head * B * T
         loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(-1), ignore_index=IGNORE_INDEX)
@@ -835,6 +849,7 @@ __all__ = [
     "InferenceSetting",
     "SpeculativeResult",
     "evaluate_adaptive",
+    "reads_like_generation",
     "generate_adaptive",
     "kv_bytes_per_token",
     "kv_slots",

@@ -26,6 +26,7 @@ from architectures.inference import (
     generate_adaptive,
     kv_bytes_per_token,
     kv_slots,
+    reads_like_generation,
     speculative_generate,
     supports,
 )
@@ -351,6 +352,28 @@ def test_every_strategy_equals_its_non_skipping_reference(models, arch, kv):
             assert computed == int(depths.sum())
         if threshold > 0:  # the thresholds make some tokens exit early, or the test would not test skipping
             assert int(depths.min()) < n, (arch, rule)
+
+
+@pytest.mark.parametrize("arch", ITERABLE)
+def test_budget_loss_is_what_token_by_token_generation_reads(models, arch):
+    """Under budget:K one forward over a sequence never reads another iteration's keys, so the teacher-forced loss is
+    taken one token at a time: the reference fed token by token gives it, and it differs from full depth."""
+    model = models(arch, deterministic=True)
+    tokens = batch(10)
+    setting = InferenceSetting(kv="budget:2")
+    assert not reads_like_generation(setting) and reads_like_generation(InferenceSetting(kv="last"))
+    loss, flops, depth = evaluate_adaptive(model, tokens, tokens.roll(-1, 1), setting)
+    with torch.no_grad():
+        ref = RefCache(10, "budget:2")
+        h = torch.cat([reference_forward(model, tokens[:, i : i + 1], ref, setting)[0] for i in range(10)], 1)
+        want = F.cross_entropy(model.output(model.norm(h)).flatten(0, 1), tokens.roll(-1, 1).flatten())
+    assert loss == pytest.approx(float(want), rel=1e-5)
+    full = evaluate_adaptive(model, tokens, tokens.roll(-1, 1), InferenceSetting())
+    if model.resolve_n_recur(None) > 2:  # depth above the budget: the slots hold later iterations
+        assert loss != pytest.approx(full[0], rel=1e-6)
+    else:  # two slots hold every iteration: full depth
+        assert loss == pytest.approx(full[0], rel=1e-5)
+    assert flops == pytest.approx(full[1], rel=1e-9) and depth == full[2]  # the same work, token by token
 
 
 @pytest.mark.parametrize("arch", ITERABLE)

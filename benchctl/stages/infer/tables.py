@@ -73,7 +73,12 @@ INFERENCE_RESULTS = Table(
             "mean iteration a generated token's state froze at (= mean_depth except under kv full, which computes "
             "an exited token's later iterations too)",
         ),
-        Column("val_loss", float, "teacher-forced validation loss under the setting", "nats/token"),
+        Column(
+            "val_loss",
+            float,
+            "teacher-forced validation loss under the setting (budget:K: fed one token at a time, as generated)",
+            "nats/token",
+        ),
         Column("val_flops_per_token", float, "forward FLOPs spent per token of the teacher-forced loss", "FLOPs/token"),
         Column("val_mean_depth", float, "mean iterations per token of the teacher-forced loss"),
         Column("agreement", float, "share of greedy tokens equal to the run's full-depth greedy continuation", "0-1"),
