@@ -118,6 +118,20 @@ def test_report_section_renders_on_a_fixture(tmp_path):
     fx.execute("update inference_results set repeats = 3")
     fx.conn.commit()
     assert "`benchctl infer`, each the median of 3 timed generations." in report.build(path).markdown
+    # paired timings: the chosen setting's sentence gives its speed-up over full depth with a sign test
+    chosen = "n=trained exit=0.001 rule=kl kv=last"
+    if "speedups_json" not in fx["inference_results"].columns_dict:
+        fx["inference_results"].add_column("speedups_json", str)
+    fx.execute(
+        "update inference_results set speedups_json = ? where setting = ?",
+        [json.dumps({"single": [1.1, 1.2, 1.05], "batch": [1.0, 1.0, 1.0]}), chosen],
+    )
+    fx.conn.commit()
+    sec = _section(report.build(path).markdown, "Inference cost")
+    line = next(s for s in sec.splitlines() if s.startswith("- frailt:"))
+    assert "decode at batch 1 ×1.10 full depth's tokens/s (median of 6 timings beside full depth, 1.05–1.20" in line
+    assert "faster in 6 of 6, sign test p = 0.016" in line
+    assert f"| {chosen} | 2 | " in sec and "| 1.10 |" in sec  # the table's × full b1 column
     one = report.build(build_fixture_db(tmp_path / "one.db", seeds=(0,), judge=False, evals=False, infer=True))
     assert "one seed, so about that trained model only" in _section(one.markdown, "Inference cost")
     empty = report.build(build_fixture_db(tmp_path / "none.db", seeds=(0,), judge=False, evals=False)).markdown
@@ -180,6 +194,12 @@ def test_infer_measures_every_setting_once_and_resumes(results):
         assert r["tokens_per_s_1_min"] <= r["tokens_per_s_1"] <= r["tokens_per_s_1_max"]
         assert r["tokens_per_s_batch_min"] <= r["tokens_per_s_batch"] <= r["tokens_per_s_batch_max"]
         assert 0 <= r["agreement"] <= 1
+        if r["setting"] == "full depth":  # the reference is not timed against itself
+            assert r["speedup_1"] is None and r["speedups_json"] is None
+        else:  # every other setting is timed beside full depth in each repeat
+            ratios = json.loads(r["speedups_json"])
+            assert len(ratios["single"]) == len(ratios["batch"]) == 2
+            assert r["speedup_1_min"] <= r["speedup_1"] <= r["speedup_1_max"] and r["speedup_batch"] > 0
     assert all(1 <= r["mean_depth"] <= r["n_recur"] for r in frailt.values() if r["kind"] == "plain")
     assert all(1 <= r["mean_exit_depth"] <= r["mean_depth"] for r in frailt.values() if r["kind"] == "plain")
     spec = [r for r in frailt.values() if r["kind"] == "speculative"]
@@ -197,6 +217,48 @@ def test_infer_measures_every_setting_once_and_resumes(results):
     db.conn.commit()
     resumed = engine.infer_all(db, results, InferOptions(**SMALL), progress=False)
     assert [r["setting"] for r in resumed.rows] == [spec[0]["setting"]] and resumed.rows[0]["agreement"] == 1.0
+
+
+def test_paired_timing_alternates_and_keeps_each_repeats_ratio(monkeypatch):
+    """The setting and full depth take turns going first, and the stored speed-up is the ratio of their decode
+    rates repeat by repeat (here the setting decodes in half full depth's time)."""
+    from types import SimpleNamespace
+
+    from architectures import inference as inf
+    from benchctl.stages.infer import engine
+
+    calls = []
+
+    def fake_generate(model, m, prompts, new, seed):
+        calls.append((m.label, len(prompts)))
+        seconds = 1.0 if m.label == engine.FULL else 0.5
+        return SimpleNamespace(
+            new_tokens=new * len(prompts),
+            decode_seconds=seconds * len(prompts),
+            prefill_seconds=0.1,
+            tokens=[[1]] * len(prompts),
+            kv_bytes=0,
+            flops_per_token=1.0,
+            mean_depth=1.0,
+            mean_exit_depth=1.0,
+        )
+
+    monkeypatch.setattr(engine, "_generate", fake_generate)
+    monkeypatch.setattr(engine, "teacher_forced", lambda *a: {"val_loss": 1.0})
+    monkeypatch.setattr(inf, "kv_bytes_per_token", lambda *a: 0.0)
+    cfg = SimpleNamespace(eval=SimpleNamespace(val_seed=0, val_batch_size=2), model=SimpleNamespace(n_recur=2))
+    sizes = {"single": 2, "new_tokens": 4, "windows": 2}
+    setting = engine.Measured(inf.InferenceSetting(exit_threshold=0.01, exit_rule="kl", kv="last"))
+    full = engine.Measured(inf.InferenceSetting())
+    row = engine.measure(None, setting, [[1, 2]] * 3, sizes, torch.zeros(2, 3), cfg, torch.device("cpu"), None, 3, full)
+    timed = [label for label, n in calls[2:] if n == 3]  # the batched generations after the two warm-ups
+    assert timed == [setting.label, engine.FULL, engine.FULL, setting.label, setting.label, engine.FULL]
+    assert json.loads(row["speedups_json"]) == {"single": [2.0, 2.0, 2.0], "batch": [2.0, 2.0, 2.0]}
+    assert row["speedup_1"] == row["speedup_batch"] == 2.0 and row["tokens_per_s_1"] == 8.0
+    calls.clear()
+    alone = engine.measure(None, setting, [[1, 2]] * 3, sizes, torch.zeros(2, 3), cfg, torch.device("cpu"), None, 2)
+    assert {label for label, _ in calls} == {setting.label} and alone["speedup_1"] is None
+    assert alone["speedups_json"] is None
 
 
 def test_cli_prints_the_rows_and_errors_are_one_line(results, capsys):

@@ -333,6 +333,13 @@ EXPECTED_SQL = {
         '   "tokens_per_s_1_max" REAL,\n'
         '   "tokens_per_s_batch_min" REAL,\n'
         '   "tokens_per_s_batch_max" REAL,\n'
+        '   "speedup_1" REAL,\n'
+        '   "speedup_1_min" REAL,\n'
+        '   "speedup_1_max" REAL,\n'
+        '   "speedup_batch" REAL,\n'
+        '   "speedup_batch_min" REAL,\n'
+        '   "speedup_batch_max" REAL,\n'
+        '   "speedups_json" TEXT,\n'
         '   PRIMARY KEY ("run_id", "setting", "prompts", "single", "prompt_tokens", "new_tokens", "windows")\n'
         ")"
     ),

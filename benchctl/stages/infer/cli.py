@@ -54,6 +54,13 @@ def infer(
     repeats: Annotated[
         int, typer.Option("--repeats", help="Timed generations per setting; speeds stored are their median.")
     ] = 3,
+    paired: Annotated[
+        bool,
+        typer.Option(
+            "--paired/--no-paired",
+            help="Time full depth beside every other setting in each repeat and store the speed-up ratio.",
+        ),
+    ] = True,
     latent_sequences: Annotated[
         int, typer.Option("--latent-sequences", help="Validation windows traced for the latent view (0: none).")
     ] = 2,
@@ -81,6 +88,7 @@ def infer(
         new_tokens=new_tokens,
         windows=windows,
         repeats=repeats,
+        paired=paired,
         latent_sequences=latent_sequences,
         latent_tokens=latent_tokens,
         device=device,
@@ -94,7 +102,18 @@ def infer(
         stages.connect(path, create=False), path, opts, progress=Progress(enabled=progress, console=console)
     )
     t = Table(title="inference cost (rows measured by this call)", title_justify="left", box=box.SIMPLE_HEAD)
-    heads = ("run", "setting", "tok/s b1", f"tok/s b{opts.batch}", "KV KB/1k", "MFLOP/tok", "depth", "loss", "agree")
+    heads = (
+        "run",
+        "setting",
+        "tok/s b1",
+        "× full b1",
+        f"tok/s b{opts.batch}",
+        "KV KB/1k",
+        "MFLOP/tok",
+        "depth",
+        "loss",
+        "agree",
+    )
     for head in heads:  # the settings' labels are long: they wrap, the numbers do not
         t.add_column(head, justify="left" if head in ("run", "setting") else "right", no_wrap=head != "setting")
 
@@ -106,6 +125,7 @@ def infer(
             f"{r['arch']} s{r['seed']}",
             r["setting"],
             num(r["tokens_per_s_1"], ",.0f"),
+            num(r.get("speedup_1"), ".2f"),
             num(r["tokens_per_s_batch"], ",.0f"),
             num(None if r["kv_bytes_per_1k"] is None else r["kv_bytes_per_1k"] / 1e3, ",.1f"),
             num(r["flops_per_token"] / 1e6, ".3f"),
@@ -118,7 +138,8 @@ def infer(
         console.print(f"skipped {setting} for {run_id}: {reason}", highlight=False, soft_wrap=True)
     console.print(
         f"{len(s.rows)} measured, {s.skipped} already stored, {s.latents} run(s) traced for the latent view, "
-        f"{s.seconds:.1f} s. Decode tokens/s exclude prefill and the warm-up. All rows: sqlite-utils {path} "
+        f"{s.seconds:.1f} s. Decode tokens/s exclude prefill and the warm-up; × full b1 is the median ratio to full "
+        "depth timed beside it. All rows: sqlite-utils {path} "
         "'select * from inference_results' --table",
         highlight=False,
         soft_wrap=True,

@@ -9,6 +9,10 @@ prompts) it measures, with `architectures.inference`:
   generation): prefill and decode are timed apart and the tokens per second of the decode phase is the headline;
   one warm-up generation per setting comes first and is not timed, and each timed generation is repeated `repeats`
   times: the median rate is stored with its range;
+- with `paired` (the default), the speed-up over full depth: each repeat also times full depth on the same prompts
+  right beside the setting (in alternating order), and the ratio of the two decode rates is kept per repeat, so the
+  machine's drift between settings measured minutes apart does not enter it; the median ratio is stored with its
+  range and every repeat's ratio;
 - the KV-cache bytes the batched generation holds, per 1,000 cached tokens; its peak memory (CUDA: torch's peak
   allocation; CPU: the process's peak RSS, since reset where Linux allows it);
 - FLOPs spent per generated token and the mean depth, as the engine counts them (tokens that exited are not
@@ -125,6 +129,7 @@ class _RunPlan:
     latent: list[int]  # window indices still to trace
     latent_tokens: int
     repeats: int  # timed generations per setting (not part of the key: a stored row keeps its own)
+    paired: bool  # time full depth beside every other setting and store the ratio
 
 
 def _sizes(cfg: Any, opts: InferOptions) -> dict[str, int]:
@@ -171,7 +176,7 @@ def plan(
         win = data.val_windows(
             prepared.valid_tokens(), cfg.model.max_seq_len, max(need, cfg.eval.val_windows), cfg.eval.val_seed
         )
-        plans.append(_RunPlan(row, cfg, todo, sizes, win[:need], latent, opts.latent_tokens, opts.repeats))
+        plans.append(_RunPlan(row, cfg, todo, sizes, win[:need], latent, opts.latent_tokens, opts.repeats, opts.paired))
     return plans, skipped
 
 
@@ -190,24 +195,14 @@ def _rate(tokens: float, seconds: float) -> float | None:
     return tokens / seconds if seconds > 0 else None
 
 
-def _add_rates(rates: dict[str, list[float]], outs: Sequence[Any], prompt_tokens: int) -> None:
-    """One repeat's decode and prefill rates over `outs` (one generation per prompt, or one batched generation of
-    `prompt_tokens` prompt tokens in all)."""
-    for key, tokens, seconds in (
-        ("decode", sum(o.new_tokens for o in outs), sum(o.decode_seconds for o in outs)),
-        ("prefill", prompt_tokens, sum(o.prefill_seconds for o in outs)),
-    ):
-        r = _rate(tokens, seconds)
-        if r is not None:
-            rates[key].append(r)
+def _median(values: Sequence[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return statistics.median(kept) if kept else None
 
 
-def _median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
-
-
-def _summary(name: str, values: list[float]) -> dict[str, float | None]:
+def _summary(name: str, values: Sequence[float | None]) -> dict[str, float | None]:
     """The median of a rate's repeats and their range."""
+    values = [v for v in values if v is not None]
     return {
         name: _median(values),
         f"{name}_min": min(values) if values else None,
@@ -260,24 +255,44 @@ def measure(
     device: torch.device,
     reference: list[list[int]] | None,
     repeats: int = 1,
+    paired: Measured | None = None,
 ) -> dict[str, Any]:
     """Every number of one (run, setting) row but its key (see the module docstring)."""
     seed, new = int(cfg.eval.val_seed), sizes["new_tokens"]
     t0 = time.perf_counter()
     _generate(model, m, prompts[:1], min(new, 4), seed)  # warm-up: first-call costs stay out of the timings
+    if paired is not None:
+        _generate(model, paired, prompts[:1], min(new, 4), seed)
     # Each timing is a fraction of a second of a small model's decode, so one alone moves by tens of percent with
     # whatever else the machine does: every generation is repeated and the median rate kept, with its range.
     # Greedy decoding under a fixed seed makes the same tokens every time; the first repeat's are stored.
-    single_rates: dict[str, list[float]] = {"decode": [], "prefill": []}
-    batch_rates: dict[str, list[float]] = {"decode": [], "prefill": []}
+    # A rate measured minutes after full depth's also carries the machine's drift in between, so with `paired` (full
+    # depth) each repeat times the reference right beside the setting, in alternating order, and keeps the ratio.
+    rates = {which: {"single": [], "batch": []} for which in ("setting", "paired")}
+    prefill: dict[str, list[float]] = {"single": [], "batch": []}
     outs, peaks = [], []
-    for _ in range(repeats):
-        singles = [_generate(model, m, [p], new, seed) for p in prompts[: sizes["single"]]]
-        _add_rates(single_rates, singles, sum(len(p) for p in prompts[: len(singles)]))
-        phase = _peak_start(device)
-        outs.append(_generate(model, m, prompts, new, seed))
-        peaks.append(_peak(device, phase))
-        _add_rates(batch_rates, outs[-1:], sum(len(p) for p in prompts))
+    for rep in range(repeats):
+        order = [("setting", m), ("paired", paired)] if rep % 2 == 0 else [("paired", paired), ("setting", m)]
+        for which, mm in order:
+            if mm is None:
+                continue
+            singles = [_generate(model, mm, [p], new, seed) for p in prompts[: sizes["single"]]]
+            phase = _peak_start(device)
+            batched = _generate(model, mm, prompts, new, seed)
+            if which == "setting":
+                outs.append(batched)
+                peaks.append(_peak(device, phase))
+            for size, gens, prompt_tokens in (
+                ("single", singles, sum(len(p) for p in prompts[: len(singles)])),
+                ("batch", [batched], sum(len(p) for p in prompts)),
+            ):
+                rates[which][size].append(_rate(sum(o.new_tokens for o in gens), sum(o.decode_seconds for o in gens)))
+                if which == "setting":
+                    prefill[size].append(_rate(prompt_tokens, sum(o.prefill_seconds for o in gens)))
+    speedups = {
+        size: [s / f for s, f in zip(rates["setting"][size], rates["paired"][size]) if s is not None and f]
+        for size in ("single", "batch")
+    }
     batched, (peak, source) = outs[0], peaks[0]
     tf = teacher_forced(model, windows[: sizes["windows"]], int(cfg.eval.val_batch_size), m.setting, seed)
     row = {
@@ -292,10 +307,10 @@ def measure(
         "device": device.type,
         "threads": torch.get_num_threads(),
         "repeats": repeats,
-        **_summary("tokens_per_s_1", single_rates["decode"]),
-        "prefill_tokens_per_s_1": _median(single_rates["prefill"]),
-        **_summary("tokens_per_s_batch", batch_rates["decode"]),
-        "prefill_tokens_per_s_batch": _median(batch_rates["prefill"]),
+        **_summary("tokens_per_s_1", rates["setting"]["single"]),
+        "prefill_tokens_per_s_1": _median(prefill["single"]),
+        **_summary("tokens_per_s_batch", rates["setting"]["batch"]),
+        "prefill_tokens_per_s_batch": _median(prefill["batch"]),
         "peak_mem_bytes": peak,
         "peak_mem_source": source,
         "kv_bytes": int(batched.kv_bytes),
@@ -311,6 +326,9 @@ def measure(
         "accepted": getattr(batched, "accepted", None),
         "acceptance_rate": getattr(batched, "acceptance_rate", None),
         "tokens_json": json.dumps(batched.tokens),
+        **_summary("speedup_1", speedups["single"]),
+        **_summary("speedup_batch", speedups["batch"]),
+        "speedups_json": json.dumps(speedups) if paired is not None else None,
     }
     row["seconds"] = time.perf_counter() - t0
     return row
@@ -344,7 +362,8 @@ def measure_run(
             summary.unsupported.append((p.row["id"], m.label, reason))
             on_row(None)
             continue
-        row = measure(model, m, prompts, p.sizes, windows, cfg, device, reference, p.repeats)
+        paired = Measured(inf.InferenceSetting()) if p.paired and m.label != FULL else None
+        row = measure(model, m, prompts, p.sizes, windows, cfg, device, reference, p.repeats, paired)
         if m.label == FULL:
             reference = json.loads(row["tokens_json"])
         row = {"run_id": p.row["id"], "setting": m.label, **p.sizes, **row}

@@ -100,6 +100,7 @@ class InferOptions:
     new_tokens: int = 16  # greedy tokens generated per prompt
     windows: int = 16  # validation windows of the teacher-forced loss (the first N of the run's fixed set)
     repeats: int = 3  # timed generations per setting; the speeds stored are their median
+    paired: bool = True  # time full depth beside every other setting, repeat by repeat, and store the ratio
     latent_sequences: int = 2  # validation windows traced for the latent view (0: none)
     latent_tokens: int = 4  # positions per traced window whose state trajectories are projected
     device: str = "auto"

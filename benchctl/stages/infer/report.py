@@ -93,6 +93,34 @@ def _repeats_note(df: Any) -> str:
     return f", each the median of its row's timed generations ({counts[0]} to {counts[-1]})"
 
 
+def paired_speedups(h: pd.DataFrame, size: str = "single") -> list[float]:
+    """Every repeat's paired speed-up ratio (setting over full depth, timed beside it) over the rows (seeds) of one
+    setting; rows measured without pairing add none."""
+    out: list[float] = []
+    if "speedups_json" not in h:
+        return out
+    for text in h["speedups_json"]:
+        if isinstance(text, str) and text:
+            out += [float(v) for v in json.loads(text).get(size, []) if v is not None]
+    return out
+
+
+def speed_text(h: pd.DataFrame) -> str | None:
+    """The batch-1 speed-up of one setting over full depth from its paired timings: the median ratio, how many of
+    the timings were faster, and the one-sided sign-test p of "faster" (each timing's ratio above or below 1 is a
+    fair coin if the setting is no faster)."""
+    ratios = paired_speedups(h)
+    if not ratios:
+        return None
+    faster = sum(r > 1 for r in ratios)
+    p = stats.binom_above_chance(faster, len(ratios), 0.5)
+    return (
+        f"decode at batch 1 ×{fnum(float(np.median(ratios)), 2)} full depth's tokens/s (median of {len(ratios)} "
+        f"timings beside full depth, {min(ratios):.2f}–{max(ratios):.2f}; faster in {faster} of {len(ratios)}, "
+        f"sign test {stats.fmt_p(p)})"
+    )
+
+
 def _table(ctx: Any, model: str, g: pd.DataFrame) -> list[str]:
     batch = int(g["prompts"].iloc[0])
     rows = []
@@ -106,6 +134,7 @@ def _table(ctx: Any, model: str, g: pd.DataFrame) -> list[str]:
                 setting,
                 int(h["seed"].nunique()),
                 fnum(_mean(h, "tokens_per_s_1"), 0),
+                fnum(float(np.median(r)), 2) if (r := paired_speedups(h)) else "-",
                 fnum(_mean(h, "tokens_per_s_batch"), 0),
                 fnum(None if kv is None else kv / 1e6, 3),
                 fnum(None if flops is None else flops / 1e6, 3),
@@ -120,6 +149,7 @@ def _table(ctx: Any, model: str, g: pd.DataFrame) -> list[str]:
         "setting",
         "seeds",
         "tok/s b1",
+        "× full b1",
         f"tok/s b{batch}",
         "KV MB/1k tok",
         "MFLOP/tok",
@@ -176,14 +206,21 @@ def verdict(ctx: Any, model: str, g: pd.DataFrame) -> str | None:
         return (
             f"- {model}: no cheaper setting is shown to be no worse than full depth ({basis}); the cheapest, "
             f"`{setting}`, spends {fnum(flops / 1e6, 3)} MFLOP/token against {fnum(f_flops / 1e6, 3)} with loss "
-            f"change {_ci_text(ci)}."
+            f"change {_ci_text(ci)}{_speed_clause(g, setting)}."
         )
     flops, kv, setting, ci = good[0]
     return (
         f"- {model}: `{setting}` is cheaper than full depth ({fnum(flops / 1e6, 3)} against {fnum(f_flops / 1e6, 3)} "
         f"MFLOP per generated token, {fnum(kv / 1e6, 3)} against {fnum(f_kv / 1e6, 3)} KV MB per 1,000 tokens) and "
-        f"no worse: loss change {_ci_text(ci)} ({basis})."
+        f"no worse: loss change {_ci_text(ci)} ({basis}){_speed_clause(g, setting)}."
     )
+
+
+def _speed_clause(g: pd.DataFrame, setting: str) -> str:
+    """The setting's paired batch-1 speed-up, if it was timed beside full depth. The setting was chosen by its
+    counts, not its timings, so its sign test is the only one the sentence rests on."""
+    text = speed_text(g[g["setting"] == setting])
+    return "" if text is None else f"; {text}"
 
 
 def fig_frontier(ctx: Any, df: pd.DataFrame) -> Any:
@@ -318,8 +355,9 @@ def inference_section(frames: Frames) -> list[str]:
         f"FLOPs spent per generated token and the mean depth (exited tokens are not computed further); the "
         f"teacher-forced loss under the setting on {int(first['windows'])} validation windows (mean ± 95% CI over "
         "seeds; Δ paired by seed); agreement = share of greedy tokens equal to the run's full-depth continuation; "
-        "acceptance = speculative drafts' accepted share. Speeds are as measured on the machine that ran "
-        f"`benchctl infer`{_repeats_note(df)}."
+        "acceptance = speculative drafts' accepted share; × full b1 = the median ratio of the batch-1 decode rate to "
+        "full depth's timed right beside it in each repeat (over repeats and seeds). Speeds are as measured on the "
+        f"machine that ran `benchctl infer`{_repeats_note(df)}."
     )
     out.append("")
     for model in [m for m in ctx.models if m in set(df["model"])]:
