@@ -573,6 +573,7 @@ def _probe(mode: str, **env: str) -> list[str]:
     return out.splitlines()
 
 
+@pytest.mark.slow  # three fresh interpreters importing torch
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt tuning is for glibc only")
 def test_cpu_allocator_keeps_freed_memory_for_the_next_step():
     """Process-wide, so each case runs in a fresh interpreter; page faults are the measurable effect."""

@@ -333,6 +333,7 @@ def test_unmarked_tests_see_no_gpu():
     assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
 
 
+@pytest.mark.slow  # a second pytest process
 def test_suite_stays_on_cpu_when_cuda_is_faked_available(tmp_path):
     """A plugin makes torch report a GPU before the suite's fixtures run: an unmarked test still resolves to the CPU."""
     (tmp_path / "fake_gpu_plugin.py").write_text(

@@ -313,6 +313,7 @@ def test_a_checkpoint_written_but_not_recorded_is_recorded_on_resume(tmp_path, t
 # Lifecycle: SIGTERM, two sweeps over one database, read-only files
 
 
+@pytest.mark.slow  # a training process, signalled
 def test_sigterm_records_the_run_interrupted_like_ctrl_c(tmp_path, tinystories_dir):
     import os
     import signal

@@ -314,6 +314,7 @@ def test_listing_the_plans_loads_no_torch_or_pandas():
     assert _heavy_after([["plans"]]) == {"plans": []}
 
 
+@pytest.mark.slow  # a benchctl process importing torch
 def test_the_check_sees_a_heavy_import():
     """`benchctl params` builds models: the same check finds torch there, so the empty lists above mean something."""
     argv = ["params", "--preset", "tiny", "--arch", "control", "--json"]

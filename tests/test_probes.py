@@ -224,6 +224,7 @@ def test_report_into_a_place_it_cannot_write_is_one_line(trained, capsys, out):
     assert f"cannot write the report into {out}" in one_line(err)
 
 
+@pytest.mark.slow  # a process importing lm-eval per case
 @pytest.mark.parametrize(
     "model_args, tasks, words",
     [
@@ -240,6 +241,7 @@ def test_lm_eval_bad_arguments_are_one_line(trained, model_args, tasks, words):
     assert words in err.strip().splitlines()[-1] and "Traceback" not in err
 
 
+@pytest.mark.slow  # a process importing lm-eval
 def test_lm_eval_on_a_file_that_is_no_checkpoint_gives_no_advice_to_delete_it(tmp_path):
     argv = ["lm-eval", "--model", "benchctl", "--model_args", "checkpoint=/etc/passwd", "--tasks", "tinystories_ppl"]
     code, err = run_subprocess(argv, tmp_path)

@@ -288,6 +288,7 @@ def test_bad_input_is_one_clear_line(tmp_path, tinystories_dir, extra, code, nee
         assert sqlite3.connect(db_path).execute("select count(*) from runs").fetchone()[0] == 0
 
 
+@pytest.mark.slow  # a training process importing torch and inductor
 def test_compile_without_a_compiler_is_one_clear_line(tmp_path, tinystories_dir):
     (tmp_path / "empty").mkdir()
     env = env_for(tmp_path / "cache") | {"PATH": str(tmp_path / "empty")}  # no g++, c++ or clang++
