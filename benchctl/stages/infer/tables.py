@@ -103,7 +103,12 @@ INFERENCE_RESULTS = Table(
         ),
         Column("speedup_1_min", float, "smallest repeat's speedup_1", "ratio"),
         Column("speedup_1_max", float, "largest repeat's speedup_1", "ratio"),
-        Column("speedup_batch", float, "as speedup_1 at batch `prompts`", "ratio"),
+        Column(
+            "speedup_batch",
+            float,
+            "as speedup_1 at batch `prompts` (speculative: its prompts one by one against full depth's batch)",
+            "ratio",
+        ),
         Column("speedup_batch_min", float, "smallest repeat's speedup_batch", "ratio"),
         Column("speedup_batch_max", float, "largest repeat's speedup_batch", "ratio"),
         Column("speedups_json", str, 'JSON {"single": [...], "batch": [...]}: every repeat\'s speed-up ratio'),
