@@ -274,6 +274,7 @@ def test_cli_prints_the_rows_and_errors_are_one_line(results, capsys):
         cli.main([*argv, "--new-tokens", "3", "--windows", "2"])
     out = capsys.readouterr().out
     assert exc.value.code in (0, None) and "1 measured, 0 already stored, 0 run(s) traced" in out
+    assert f"sqlite-utils {results} " in " ".join(out.split()) and "{path}" not in out  # the database, named
     from benchctl import stages
 
     rows = list(stages.connect(results).query("select setting, prompts, new_tokens, windows from inference_results"))

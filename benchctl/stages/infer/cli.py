@@ -139,7 +139,7 @@ def infer(
     console.print(
         f"{len(s.rows)} measured, {s.skipped} already stored, {s.latents} run(s) traced for the latent view, "
         f"{s.seconds:.1f} s. Decode tokens/s exclude prefill and the warm-up; × full b1 is the median ratio to full "
-        "depth timed beside it. All rows: sqlite-utils {path} "
+        f"depth timed beside it. All rows: sqlite-utils {path} "
         "'select * from inference_results' --table",
         highlight=False,
         soft_wrap=True,
