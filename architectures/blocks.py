@@ -222,6 +222,11 @@ class StaticKVCache:
     except that `begin` takes the positions of the forward's tokens as a tensor: the step never reads a Python
     position, so nothing in it changes between tokens but tensor contents. Slots are created by the first forward
     (the prefill), which sees every block call the schedule makes.
+
+    `span`, when set (by the decode loop, between steps), bounds what attention reads to the first `span` positions
+    of every slot: positions past the last written one are masked anyway, and at a batch of 16 or more reading them
+    is most of a decode step's attention (every row's whole cache streams through memory each step). The decode loop
+    rounds it up to a multiple of `architectures.generate.SPAN_STEP`, so a compiled step sees few distinct lengths.
     """
 
     def __init__(self, max_len: int):
@@ -233,6 +238,7 @@ class StaticKVCache:
         self.positions: torch.Tensor | None = None  # (T,) positions of the current forward's tokens
         self.mask: torch.Tensor | None = None  # (T, max_len) True where a query may attend
         self._keys: torch.Tensor | None = None  # (max_len,) arange, made once
+        self.span: int | None = None  # positions attention reads (None: all max_len)
 
     def begin(self, positions: torch.Tensor | None = None) -> None:
         self._next = 0
@@ -249,8 +255,8 @@ class StaticKVCache:
         return False
 
     def write(self, k: torch.Tensor | None, v: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Store k, v (B, KV, T, hd) at this forward's positions in the next slot; returns that slot's whole keys
-        and values (B, KV, max_len, hd) and the attention mask (T, max_len)."""
+        """Store k, v (B, KV, T, hd) at this forward's positions in the next slot; returns that slot's keys and
+        values (B, KV, S, hd) and the attention mask (T, S), S = `span` if set, else max_len."""
         if self.positions is None or self.mask is None:
             raise RuntimeError("StaticKVCache.begin(positions) must run before a forward")
         if k is None or v is None:
@@ -264,6 +270,9 @@ class StaticKVCache:
         ck, cv = self.k[i], self.v[i]
         ck.index_copy_(2, self.positions, k.to(ck.dtype))
         cv.index_copy_(2, self.positions, v.to(cv.dtype))
+        if self.span is not None and self.span < self.max_len:
+            S = self.span
+            return ck[:, :, :S], cv[:, :, :S], self.mask[:, :S]
         return ck, cv, self.mask
 
     def advance(self, n: int) -> None:

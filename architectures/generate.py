@@ -20,10 +20,11 @@ and generated tokens). Every iteration is still computed (see `BaseLM.iterate`),
 implementation skipping exited tokens would spend, not what this one did.
 
 Two implementations of the same procedure. The decode path (`fast=True`, the default) runs under
-`torch.inference_mode` through `BaseLM.decode`: a `StaticKVCache` preallocated to the context and written in place,
-RoPE rows gathered by a position tensor, no autograd Function, the head on the last position only, and finished rows
-looked for every `check_every` tokens instead of after every token (the rows that finished in between keep running
-until then and their extra tokens are discarded, so each row's tokens are the same). Its per-token step can be
+`torch.inference_mode` through `BaseLM.decode`: a `StaticKVCache` preallocated to the context, written in place
+and read up to the filled span (`SPAN_STEP`), RoPE rows gathered by a position tensor, no autograd Function, the
+head on the last position only, and finished rows looked for every `check_every` tokens instead of after every
+token (the rows that finished in between keep running until then and their extra tokens are discarded, so each
+row's tokens are the same). Its per-token step can be
 compiled (`compile=True`: inductor; on a CPU with a C++ wrapper, on CUDA with CUDA graphs; see `compile_attempts`),
 falling back to eager with the reason logged and reported. The reference path (`fast=False`) is the plain KV-cached
 loop under `torch.no_grad()`, dropping finished rows at once; the decode path falls back to it, with the reason
@@ -60,6 +61,11 @@ log = logging.getLogger(__name__)
 # Tokens between two looks for finished rows on the decode path: each look reads the new tokens on the host (a
 # device sync), and rows that finished in between run on until then, wasting at most this many steps each.
 DEFAULT_CHECK_EVERY = 8
+
+# The decode path's attention reads each row's cache up to the next multiple of this many positions past the last
+# written one (`StaticKVCache.span`), not the whole context: a compiled step compiles once more for each new length,
+# and its first steps at a new length evaluate every guard, so the step is large enough to make both rare.
+SPAN_STEP = 32
 
 
 @dataclass(frozen=True)
@@ -309,6 +315,12 @@ class _FastDecoder:
 
     def _forward(self, step, tokens: torch.Tensor) -> torch.Tensor:
         T0, T = int(self.cache.pos), tokens.shape[1]
+        span = min(self.ctx, -(-(T0 + T) // SPAN_STEP) * SPAN_STEP)
+        if span != self.cache.span:
+            # a new attended length: a compiled step checks every guard again (its graph for the old length would
+            # otherwise run on, reading the old length)
+            self.cache.span = span
+            self.guard_calls = 0
         logits, depths = step(tokens, self.cache, self.pos)
         if self.depth_at is not None and depths is not None:
             self.depth_at[:, T0 : T0 + T] = depths.double()

@@ -204,3 +204,47 @@ def test_compiled_decode_path_equals_reference(arch):
     rep = DecodeReport()
     assert run(model, PROMPTS, compile=True, report=rep, **kw) == run(model, PROMPTS, fast=False, **kw)
     assert rep.compiled and rep.reason == ""
+
+
+@pytest.mark.parametrize(
+    "compile",
+    [
+        False,
+        pytest.param(
+            True,
+            marks=[
+                pytest.mark.slow,  # inductor compiles the step once more for every attended length
+                pytest.mark.skipif(
+                    compiler_unavailable(torch.device("cpu")) is not None, reason="no C++ compiler for inductor"
+                ),
+            ],
+        ),
+    ],
+)
+def test_attention_reads_the_filled_span_and_crosses_its_steps(compile, monkeypatch):
+    """The decode path's attention reads each slot up to the next multiple of SPAN_STEP past the last written
+    position; generating past two of those boundaries gives the reference's tokens, compiled or not."""
+    from architectures import blocks
+    from architectures.generate import SPAN_STEP
+
+    model = build("control", "small")
+    ctx = model.args.max_seq_len
+    new = 2 * SPAN_STEP + 5  # from prompts of 3 to 8 tokens: three attended lengths below the context
+    assert max(map(len, PROMPTS)) + new < ctx
+    lengths: list[int] = []
+    write = blocks.StaticKVCache.write
+
+    def recording(self, k, v):
+        ck, cv, mask = write(self, k, v)
+        lengths.append(ck.shape[2])
+        assert mask.shape[-1] == ck.shape[2] == cv.shape[2]
+        return ck, cv, mask
+
+    if not compile:  # a compiled step reads the lengths only when it traces
+        monkeypatch.setattr(blocks.StaticKVCache, "write", recording)
+    kw = dict(max_new_tokens=new, temperature=0.0)
+    rep = DecodeReport()
+    assert run(model, PROMPTS, compile=compile, report=rep, **kw) == run(model, PROMPTS, fast=False, **kw)
+    assert rep.compiled == compile
+    if not compile:
+        assert sorted(set(lengths)) == [SPAN_STEP, 2 * SPAN_STEP, 3 * SPAN_STEP]
