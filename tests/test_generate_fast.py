@@ -207,10 +207,11 @@ def test_compiled_decode_path_equals_reference(arch):
 
 
 @pytest.mark.parametrize(
-    "compile",
-    [
-        False,
+    "arch, compile",
+    [(a, False) for a in ARCHS]
+    + [
         pytest.param(
+            "control",
             True,
             marks=[
                 pytest.mark.slow,  # inductor compiles the step once more for every attended length
@@ -221,13 +222,13 @@ def test_compiled_decode_path_equals_reference(arch):
         ),
     ],
 )
-def test_attention_reads_the_filled_span_and_crosses_its_steps(compile, monkeypatch):
+def test_attention_reads_the_filled_span_and_crosses_its_steps(arch, compile, monkeypatch):
     """The decode path's attention reads each slot up to the next multiple of SPAN_STEP past the last written
     position; generating past two of those boundaries gives the reference's tokens, compiled or not."""
     from architectures import blocks
     from architectures.generate import SPAN_STEP
 
-    model = build("control", "small")
+    model = build(arch, "small")
     ctx = model.args.max_seq_len
     new = 2 * SPAN_STEP + 5  # from prompts of 3 to 8 tokens: three attended lengths below the context
     assert max(map(len, PROMPTS)) + new < ctx
@@ -246,5 +247,5 @@ def test_attention_reads_the_filled_span_and_crosses_its_steps(compile, monkeypa
     rep = DecodeReport()
     assert run(model, PROMPTS, compile=compile, report=rep, **kw) == run(model, PROMPTS, fast=False, **kw)
     assert rep.compiled == compile
-    if not compile:
+    if not compile:  # every attention call of every step read a bounded span, three lengths in all
         assert sorted(set(lengths)) == [SPAN_STEP, 2 * SPAN_STEP, 3 * SPAN_STEP]
