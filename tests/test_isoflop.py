@@ -5,6 +5,7 @@ parabola and power-law fits on synthetic runs with a known optimum, and the sect
 from __future__ import annotations
 
 import math
+import sqlite3
 from dataclasses import replace
 
 import numpy as np
@@ -138,8 +139,8 @@ def test_a_width_key_on_the_command_line_is_refused(tmp_path):
 
 
 def test_plans_show_isoflop_lists_every_run(tmp_path, capsys, tinystories_dir, monkeypatch):
-    """Width, heads, parameters, tokens, epochs over the prepared data and the time estimate (from the finished
-    runs of a database, so nothing is timed here)."""
+    """Width, heads, parameters, tokens, epochs over the prepared data and the time estimate: a shape with finished
+    runs in the database at their speed, every other shape from one step of its own timed here."""
     from tests.fixtures_db import build_fixture_db
 
     monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
@@ -168,7 +169,30 @@ def test_plans_show_isoflop_lists_every_run(tmp_path, capsys, tinystories_dir, m
         assert row[7] == f"{d['total_params']:,}" and row[8] == f"{d['effective_params']:,}"
         assert row[9] == f"{tokens:,}" and row[10] == f"{tokens / split:.2f}"
     assert "12 runs per seed" in out and f"{split:,}-token training split" in out
-    assert "estimated training time" in out and "finished tiny run(s)" in out
+    assert "estimated training time" in out
+    shapes = len({(r.cfg.arch, r.cfg.model.dim) for r in runs})
+    assert f"each of the {shapes} (architecture, width) shapes" in " ".join(out.split())
+
+
+def test_recorded_step_seconds_are_per_shape_medians(tmp_path):
+    """What a finished run's shape trained at: (train + eval seconds) / steps, the median over its runs, keyed by
+    architecture, width and tokens per step."""
+    from benchctl.commands.plans import _recorded_step_seconds
+    from benchctl.core.config import RunConfig
+    from tests.fixtures_db import build_fixture_db
+
+    db = build_fixture_db(tmp_path / "r.db", archs=["control", "frailt"], seeds=[0, 1, 2], judge=False, evals=False)
+    got = _recorded_step_seconds(db, "tiny")
+    conn = sqlite3.connect(db)
+    rows = conn.execute("select config_json, train_seconds, eval_seconds, max_steps from runs where status = 'done'")
+    want: dict = {}
+    for text, train_s, eval_s, steps in rows:
+        cfg = RunConfig.from_json(text)
+        key = (cfg.arch, cfg.model.dim, cfg.tokens_per_step)
+        want.setdefault(key, []).append((train_s + (eval_s or 0)) / steps)
+    assert got and set(got) == set(want)
+    assert all(got[k] == sorted(v)[len(v) // 2] for k, v in want.items())
+    assert _recorded_step_seconds(tmp_path / "none.db", "tiny") == {} and _recorded_step_seconds(db, "paper") == {}
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
 from typing import Annotated
@@ -50,8 +51,8 @@ def show(
 ) -> None:
     """Resolve a plan at a preset: each variant's architecture, overrides, steps, parameters and training FLOPs. An
     IsoFLOP plan lists every run's width, parameters, tokens, passes over the training data (of --data, prepared
-    if needed, else the hub's data if already prepared) and estimated training time: at the speed the finished runs of
-    the preset in results.db trained at, else timed here."""
+    if needed, else the hub's data if already prepared) and estimated training time: per architecture and width, at
+    the speed that shape's finished runs of the preset in results.db trained at, else timed here."""
     # torch: kept out of 'benchctl plans' and 'benchctl --help'
     import architectures
     from benchctl.core import accounting
@@ -118,33 +119,40 @@ def show(
 OFF_BUDGET = 0.05  # an IsoFLOP run whose training FLOPs differ from its budget by more is flagged
 
 
-def _recorded_speed(db_path: Path, preset: str) -> tuple[float, int, list[int]] | None:
-    """(median seconds per training FLOP, runs, jobs at once) of the finished runs of `preset` in results.db, or None
-    when it has none: a speed measured over whole runs, evaluations included, under the load they ran with."""
+def _recorded_step_seconds(db_path: Path, preset: str) -> dict[tuple[str, int, int], float]:
+    """Median seconds per optimizer step (evaluations included) of the finished runs of `preset` in results.db, per
+    (architecture, width, tokens per step): what a shape trained at under the load it ran with."""
     if not db_path.is_file():
-        return None
+        return {}
+    from benchctl.core.config import RunConfig
+    from benchctl.core.errors import ConfigError
     from benchctl.report.load import open_db  # pandas: kept out of 'benchctl plans'
 
     conn = open_db(db_path)
     try:
         rows = conn.execute(
-            "select train_seconds + coalesce(eval_seconds, 0), flops_per_token * tokens_seen, concurrent_jobs "
-            "from runs where status = 'done' and preset = ? and train_seconds > 0 and flops_per_token > 0 "
-            "and tokens_seen > 0",
+            "select config_json, (train_seconds + coalesce(eval_seconds, 0)) / max_steps from runs "
+            "where status = 'done' and preset = ? and train_seconds > 0 and max_steps > 0",
             [preset],
         ).fetchall()
-    except sqlite3.DatabaseError:  # an older file without these columns: time a step instead
-        return None
+    except sqlite3.DatabaseError:  # an older file without these columns: time the steps instead
+        return {}
     finally:
         conn.close()
-    if not rows:
-        return None
-    per = sorted(s / f for s, f, _ in rows)
-    return per[len(per) // 2], len(rows), sorted({int(j) for _, _, j in rows if j})
+    per: dict[tuple[str, int, int], list[float]] = {}
+    for text, secs in rows:
+        try:
+            cfg = RunConfig.from_json(text)
+        except ConfigError:  # a run stored by another version: its speed is not needed
+            continue
+        per.setdefault((cfg.arch, int(cfg.model.dim), int(cfg.tokens_per_step)), []).append(float(secs))
+    return {k: sorted(v)[len(v) // 2] for k, v in per.items()}
 
 
 def _show_isoflop(plan: pl.Plan, preset: str, runs: list[pl.PlannedRun], db_path: Path) -> None:
     """An IsoFLOP plan: one row per (architecture, width, budget) with what it trains on and how long it takes."""
+    import torch  # the steps timed below
+
     from benchctl.core import accounting, data
     from benchctl.core.progress import format_duration
     from benchctl.stages.train import engine
@@ -161,14 +169,26 @@ def _show_isoflop(plan: pl.Plan, preset: str, runs: list[pl.PlannedRun], db_path
         else data.prepare(cfg0.data, cfg0.model.vocab_size, progress=False)
     )
     split = prepared.n_train_tokens if prepared is not None else None
-    recorded = _recorded_speed(db_path, preset)
-    per_flop: dict[int, float] = {}  # width -> seconds per training FLOP
-    for r in first:
-        w = r.cfg.model.dim
-        if recorded is not None:
-            per_flop[w] = recorded[0]
-        elif w not in per_flop:  # timed once per width on this machine
-            per_flop[w] = engine.estimate_seconds([r.cfg], prepared) / accounting.training_flops(r.cfg)
+    # each (architecture, width) at the speed its finished runs trained at, else one step of it timed here now
+    recorded = _recorded_step_seconds(db_path, preset)
+    per_step: dict[tuple[str, int, int], float] = {}
+    timed = 0
+    # timed with the threads each of two jobs gets (what the wall-time line assumes): a step timed with every core
+    # while other work holds them waits on its own threads, and reads many times slower than a job runs
+    threads = max(1, (os.cpu_count() or 2) // 2)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for r in first:
+            key = (r.cfg.arch, int(r.cfg.model.dim), int(r.cfg.tokens_per_step))
+            if key not in per_step:
+                if key in recorded:
+                    per_step[key] = recorded[key]
+                else:
+                    per_step[key] = engine.step_seconds(r.cfg)
+                    timed += 1
+    finally:
+        torch.set_num_threads(saved)
     console.print(f"plan {plan.name} ({plan.path}, sha256 {plan.sha256[:12]}): {plan.description}")
     console.print(
         f"preset {preset}, seeds {', '.join(map(str, seeds_))}; IsoFLOP grid: {len(iso.archs)} architecture(s) x "
@@ -191,7 +211,7 @@ def _show_isoflop(plan: pl.Plan, preset: str, runs: list[pl.PlannedRun], db_path
         most = max(most, ep or 0.0)
         if ep is not None and ep > iso.max_epochs:
             over.append(r.variant)
-        secs = per_flop[cfg.model.dim] * accounting.training_flops(cfg)
+        secs = per_step[(cfg.arch, int(cfg.model.dim), int(cfg.tokens_per_step))] * cfg.train.max_steps
         point = next(v.point for v in plan.variants if v.name == r.variant)
         ratio = accounting.training_flops(cfg) / point.budget if point is not None else 1.0
         if abs(ratio - 1) > OFF_BUDGET:
@@ -239,14 +259,12 @@ def _show_isoflop(plan: pl.Plan, preset: str, runs: list[pl.PlannedRun], db_path
             f"[bold]! {len(over)} run(s) exceed max_epochs = {iso.max_epochs:g}[/] ({', '.join(over[:4])}"
             f"{', ...' if len(over) > 4 else ''}): 'benchctl study' refuses the plan on this data."
         )
-    if recorded is not None:
-        jobs = "/".join(map(str, recorded[2])) or "?"
-        how = (
-            f"at the median speed per FLOP of the {recorded[1]} finished {preset} run(s) in {db_path} "
-            f"(trained {jobs} at once; evaluations included)"
-        )
-    else:
-        how = "one micro-batch timed per width on this machine now, scaled by FLOPs; evaluations not included"
+    shapes = len(per_step)
+    how = (
+        f"each of the {shapes} (architecture, width) shapes at the speed of its finished {preset} runs in {db_path} "
+        f"(evaluations included) for {shapes - timed}, and from training steps of its own timed on this machine now "
+        f"(eager, {threads} thread(s), evaluations not included) for {timed}"
+    )
     console.print(
         f"estimated training time: {format_duration(total)} for all {len(runs)} runs one after another, about "
         f"{format_duration(total / 2)} of wall time with --jobs 2 if each run keeps its speed ({how})"

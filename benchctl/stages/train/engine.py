@@ -814,25 +814,42 @@ def _hostname() -> str:
     return socket.gethostname()
 
 
-def estimate_seconds(cfgs: list[RunConfig], prepared: Any) -> float:
-    """Rough wall time for training `cfgs` on this device: time one micro-batch of the first config's control
-    equivalent, scale by steps, accumulation and each architecture's FLOPs/token. RNG state is preserved."""
-    if not cfgs:
-        return 0.0
-    base = cfgs[0]
-    device = resolve_device(base.train.device)
+def _micro_batch_seconds(cfg: RunConfig, arch: str, repeats: int) -> tuple[float, float]:
+    """Wall seconds of one micro-batch (forward and backward, eager, under the run's autocast) of `arch` built with
+    `cfg`'s model settings on its device: the median of `repeats` after one untimed warm-up; and that model's
+    FLOPs per token. RNG state is preserved."""
+    device = resolve_device(cfg.train.device)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(0)
-        model = architectures.build("control", base.model).to(device)
-        amp = autocast_dtype(base, device)
-        x = torch.randint(0, base.model.vocab_size, (base.train.batch_size, base.model.max_seq_len), device=device)
+        model = architectures.build(arch, cfg.model).to(device)
+        amp = autocast_dtype(cfg, device)
+        x = torch.randint(0, cfg.model.vocab_size, (cfg.train.batch_size, cfg.model.max_seq_len), device=device)
         times = []
-        for _ in range(2):
+        for _ in range(repeats + 1):
             t0 = time.perf_counter()
             with torch.autocast(device.type, dtype=amp) if amp else nullcontext():
                 _, loss = model(x, x, return_logits=False)
             loss.backward()
             telemetry.sync(device)
             times.append(time.perf_counter() - t0)
-        per_flop = min(times) / (model.flops_per_token() * x.numel())
+        flops = float(model.flops_per_token())
+    return statistics.median(times[1:]), flops
+
+
+def estimate_seconds(cfgs: list[RunConfig], prepared: Any) -> float:
+    """Rough wall time for training `cfgs` on this device: time one micro-batch of the first config's control
+    equivalent, scale by steps, accumulation and each architecture's FLOPs/token. RNG state is preserved."""
+    if not cfgs:
+        return 0.0
+    base = cfgs[0]
+    seconds, flops = _micro_batch_seconds(base, "control", 1)
+    per_flop = seconds / (flops * base.train.batch_size * base.model.max_seq_len)
     return sum(per_flop * accounting.training_flops(c) for c in cfgs)
+
+
+def step_seconds(cfg: RunConfig) -> float:
+    """Wall seconds of one optimizer step of `cfg`'s own architecture on this device (its micro-batches, eager, the
+    optimizer update left out). Narrow models are bound by the framework's per-op cost, not by FLOPs, so a step of
+    a recurrent design at width 8 can take as long as one at width 32: timing each shape, not scaling one by FLOPs,
+    is what makes an estimate over many widths hold. Under a sampled training depth the median of three steps."""
+    return _micro_batch_seconds(cfg, cfg.arch, 3)[0] * cfg.train.grad_accum
