@@ -170,14 +170,14 @@ def test_plans_show_isoflop_lists_every_run(tmp_path, capsys, tinystories_dir, m
         assert row[9] == f"{tokens:,}" and row[10] == f"{tokens / split:.2f}"
     assert "12 runs per seed" in out and f"{split:,}-token training split" in out
     assert "estimated training time" in out
-    shapes = len({(r.cfg.arch, r.cfg.model.dim) for r in runs})
-    assert f"each of the {shapes} (architecture, width) shapes" in " ".join(out.split())
+    shapes = len({(r.cfg.arch, r.cfg.model.dim) for r in runs})  # one variant per architecture here
+    assert f"each of the {shapes} model shapes (architecture, width, settings)" in " ".join(out.split())
 
 
 def test_recorded_step_seconds_are_per_shape_medians(tmp_path):
     """What a finished run's shape trained at: (train + eval seconds) / steps, the median over its runs, keyed by
-    architecture, width and tokens per step."""
-    from benchctl.commands.plans import _recorded_step_seconds
+    architecture, model settings and tokens per step."""
+    from benchctl.commands.plans import _recorded_step_seconds, _shape
     from benchctl.core.config import RunConfig
     from tests.fixtures_db import build_fixture_db
 
@@ -188,8 +188,7 @@ def test_recorded_step_seconds_are_per_shape_medians(tmp_path):
     want: dict = {}
     for text, train_s, eval_s, steps in rows:
         cfg = RunConfig.from_json(text)
-        key = (cfg.arch, cfg.model.dim, cfg.tokens_per_step)
-        want.setdefault(key, []).append((train_s + (eval_s or 0)) / steps)
+        want.setdefault(_shape(cfg), []).append((train_s + (eval_s or 0)) / steps)
     assert got and set(got) == set(want)
     assert all(got[k] == sorted(v)[len(v) // 2] for k, v in want.items())
     assert _recorded_step_seconds(tmp_path / "none.db", "tiny") == {} and _recorded_step_seconds(db, "paper") == {}

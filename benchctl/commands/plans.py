@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich import box
@@ -119,9 +120,15 @@ def show(
 OFF_BUDGET = 0.05  # an IsoFLOP run whose training FLOPs differ from its budget by more is flagged
 
 
-def _recorded_step_seconds(db_path: Path, preset: str) -> dict[tuple[str, int, int], float]:
+def _shape(cfg: Any) -> tuple[str, str, int]:
+    """What sets a run's step time: its architecture, its model settings (the width among them) and its tokens per
+    step."""
+    return cfg.arch, json.dumps(cfg.to_dict()["model"], sort_keys=True), int(cfg.tokens_per_step)
+
+
+def _recorded_step_seconds(db_path: Path, preset: str) -> dict[tuple[str, str, int], float]:
     """Median seconds per optimizer step (evaluations included) of the finished runs of `preset` in results.db, per
-    (architecture, width, tokens per step): what a shape trained at under the load it ran with."""
+    shape (`_shape`): what a shape trained at under the load it ran with."""
     if not db_path.is_file():
         return {}
     from benchctl.core.config import RunConfig
@@ -139,13 +146,13 @@ def _recorded_step_seconds(db_path: Path, preset: str) -> dict[tuple[str, int, i
         return {}
     finally:
         conn.close()
-    per: dict[tuple[str, int, int], list[float]] = {}
+    per: dict[tuple[str, str, int], list[float]] = {}
     for text, secs in rows:
         try:
             cfg = RunConfig.from_json(text)
         except ConfigError:  # a run stored by another version: its speed is not needed
             continue
-        per.setdefault((cfg.arch, int(cfg.model.dim), int(cfg.tokens_per_step)), []).append(float(secs))
+        per.setdefault(_shape(cfg), []).append(float(secs))
     return {k: sorted(v)[len(v) // 2] for k, v in per.items()}
 
 
@@ -169,9 +176,9 @@ def _show_isoflop(plan: pl.Plan, preset: str, runs: list[pl.PlannedRun], db_path
         else data.prepare(cfg0.data, cfg0.model.vocab_size, progress=False)
     )
     split = prepared.n_train_tokens if prepared is not None else None
-    # each (architecture, width) at the speed its finished runs trained at, else one step of it timed here now
+    # each shape at the speed its finished runs trained at, else a few steps of it timed here now
     recorded = _recorded_step_seconds(db_path, preset)
-    per_step: dict[tuple[str, int, int], float] = {}
+    per_step: dict[tuple[str, str, int], float] = {}
     timed = 0
     # timed with the threads each of two jobs gets (what the wall-time line assumes): a step timed with every core
     # while other work holds them waits on its own threads, and reads many times slower than a job runs
@@ -180,7 +187,7 @@ def _show_isoflop(plan: pl.Plan, preset: str, runs: list[pl.PlannedRun], db_path
     torch.set_num_threads(threads)
     try:
         for r in first:
-            key = (r.cfg.arch, int(r.cfg.model.dim), int(r.cfg.tokens_per_step))
+            key = _shape(r.cfg)
             if key not in per_step:
                 if key in recorded:
                     per_step[key] = recorded[key]
@@ -211,7 +218,7 @@ def _show_isoflop(plan: pl.Plan, preset: str, runs: list[pl.PlannedRun], db_path
         most = max(most, ep or 0.0)
         if ep is not None and ep > iso.max_epochs:
             over.append(r.variant)
-        secs = per_step[(cfg.arch, int(cfg.model.dim), int(cfg.tokens_per_step))] * cfg.train.max_steps
+        secs = per_step[_shape(cfg)] * cfg.train.max_steps
         point = next(v.point for v in plan.variants if v.name == r.variant)
         ratio = accounting.training_flops(cfg) / point.budget if point is not None else 1.0
         if abs(ratio - 1) > OFF_BUDGET:
@@ -261,7 +268,8 @@ def _show_isoflop(plan: pl.Plan, preset: str, runs: list[pl.PlannedRun], db_path
         )
     shapes = len(per_step)
     how = (
-        f"each of the {shapes} (architecture, width) shapes at the speed of its finished {preset} runs in {db_path} "
+        f"each of the {shapes} model shapes (architecture, width, settings) at the speed of its finished {preset} runs "
+        f"in {db_path} "
         f"(evaluations included) for {shapes - timed}, and from training steps of its own timed on this machine now "
         f"(eager, {threads} thread(s), evaluations not included) for {timed}"
     )
