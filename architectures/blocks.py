@@ -123,7 +123,14 @@ def project_group(
     Concatenating the small weights (a copy of out x in floats) is far cheaper than reading x once per projection;
     the FLOPs are the same, and each weight keeps its own module and gradient.
     """
-    w = torch.cat([m.weight for m in layers]) if len(layers) > 1 else layers[0].weight
+    if len(layers) == 1:
+        w = layers[0].weight
+    elif not torch.compiler.is_compiling() and all(m.weight.stride(0) == 1 for m in layers):
+        # weights laid out for inference (column-major): joined as their transposes, so the joined weight keeps that
+        # layout and the copy reads contiguous memory (inductor splits the product of a concatenation by itself)
+        w = torch.cat([m.weight.t() for m in layers], dim=1).t()
+    else:
+        w = torch.cat([m.weight for m in layers])
     if lora is None:
         return F.linear(x, w)
     loras = [lora[n] for n in names]

@@ -7,6 +7,7 @@ registered architecture is covered (new files in `architectures/` are picked up 
 
 from __future__ import annotations
 
+import copy
 import logging
 
 import pytest
@@ -14,7 +15,14 @@ import torch
 
 import architectures
 from architectures.base import ExitRule
-from architectures.generate import DecodeReport, cast_for_inference, compiler_unavailable, generate
+from architectures.generate import (
+    DecodeReport,
+    cast_for_inference,
+    compiler_unavailable,
+    generate,
+    inference_layout,
+    is_column_major,
+)
 from benchctl.core.config import make_config
 
 ARCHS = architectures.names()
@@ -62,6 +70,42 @@ def test_greedy_decode_path_equals_reference(arch, preset):
     assert ref[asked_row][1] == "eos"
     for every in (1, 3, 8, 100):
         assert run(model, PROMPTS, check_every=every, **kw) == ref, every
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_inference_layout_keeps_the_model_and_its_greedy_output(arch):
+    """Linear weights laid out column-major for inference: the same parameters (shapes, values, ties) and, on the
+    decode path and the reference loop alike, the greedy tokens of the model as trained."""
+    trained = build(arch, "tiny")
+    laid = inference_layout(copy.deepcopy(trained))
+    linears = [m for m in laid.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(is_column_major(m.weight) for m in linears)
+    before, after = trained.state_dict(), laid.state_dict()
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert len(list(laid.parameters())) == len(list(trained.parameters()))  # a tied weight is still one parameter
+    idx = torch.tensor(PROMPTS[1])[None]
+    with torch.no_grad():
+        torch.manual_seed(0)
+        want = trained(idx)[0]
+        torch.manual_seed(0)
+        got = laid(idx)[0]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    kw = dict(max_new_tokens=12, temperature=0.0)
+    ref = run(trained, PROMPTS, fast=False, **kw)
+    assert run(laid, PROMPTS, **kw) == ref
+    assert run(laid, PROMPTS, fast=False, **kw) == ref
+
+
+def test_projections_of_column_major_weights_equal_row_major():
+    from architectures.blocks import project_group
+
+    layers = [torch.nn.Linear(16, n, bias=False) for n in (16, 8, 24)]
+    x = torch.randn(5, 16)
+    want = project_group(layers, x, None, ["a", "b", "c"])
+    for m in layers:
+        m.weight.data = m.weight.data.t().contiguous().t()
+    torch.testing.assert_close(project_group(layers, x, None, ["a", "b", "c"]), want)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

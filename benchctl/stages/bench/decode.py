@@ -8,8 +8,10 @@ every row's prompt is `prompt_tokens` random ids (the same for every architectur
 no stop ids, so every row runs to its limit: `new_tokens`, or by default what the context leaves after the prompt.
 Subjects:
 
-- `decode`: `architectures.generate.generate` on the decode path (compiled with `--compile`);
-- `decode-reference`: the same call with `fast=False`, the plain eager loop, in float32;
+- `decode`: `architectures.generate.generate` on the decode path (compiled with `--compile`), the model prepared
+  for inference as sample and eval prepare it (`cast_for_inference`: cast once, linear weights laid out);
+- `decode-reference`: the same call with `fast=False`, the plain eager loop, in float32, on the weights as training
+  leaves them;
 - `decode` again for every other precision of `--precisions`, the weights cast once to it (what sample and eval
   choose from: `benchctl.stages.bench.precision`).
 
@@ -158,14 +160,17 @@ def run_decode(opts: BenchOptions, log: Callable[[str], None] = lambda _m: None)
         run_c = _build_run_c(opts, device, Path(tmp), log)
         for cfg in cfgs:
             torch.manual_seed(opts.seed)
-            model = cast_for_inference(widen(architectures.build(cfg.arch, cfg.model)).to(device), torch.float32)
+            # the reference loop runs on the weights as training leaves them; the decode path on a copy prepared
+            # for inference (cast, linear weights laid out), as sample and eval prepare theirs
+            trained = widen(architectures.build(cfg.arch, cfg.model)).to(device).eval()
+            model = cast_for_inference(copy.deepcopy(trained), torch.float32)
             ctx = cfg.model.max_seq_len
             n_prompt = min(opts.decode_prompt_tokens, ctx)
             n_new = opts.decode_new_tokens or ctx + 1 - n_prompt
-            hf = _hf_model(cfg, model, device, Path(tmp) / cfg.arch / "hf", log)
+            hf = _hf_model(cfg, trained, device, Path(tmp) / cfg.arch / "hf", log)
             # the decode path in the other precisions asked for: the weights cast once, as sample and eval cast them
             cast = {
-                p: cast_for_inference(copy.deepcopy(model), INFERENCE_DTYPES[p])
+                p: cast_for_inference(copy.deepcopy(trained), INFERENCE_DTYPES[p])
                 for p in opts.decode_precisions
                 if p != "float32"
             }
@@ -174,8 +179,8 @@ def run_decode(opts: BenchOptions, log: Callable[[str], None] = lambda _m: None)
                 prompts = torch.randint(3, cfg.model.vocab_size, (batch, n_prompt), generator=g).tolist()
                 compiled = bool(opts.compile)
                 subjects = [
-                    DecodeSubject(cfg.arch, impl, cfg, model, batch, prompts, n_new, compiled and impl == "decode")
-                    for impl in IMPLS
+                    DecodeSubject(cfg.arch, "decode", cfg, model, batch, prompts, n_new, compiled),
+                    DecodeSubject(cfg.arch, "decode-reference", cfg, trained, batch, prompts, n_new, False),
                 ]
                 subjects += [
                     DecodeSubject(cfg.arch, "decode", cfg, m, batch, prompts, n_new, compiled) for m in cast.values()
@@ -185,7 +190,7 @@ def run_decode(opts: BenchOptions, log: Callable[[str], None] = lambda _m: None)
                         HFSubject(cfg.arch, X.HF_IMPL, cfg, hf[0], batch, prompts, n_new, False, detail=hf[1])
                     )
                 if run_c is not None and batch == 1:
-                    subjects += _run_c_subject(cfg, model, run_c, opts, Path(tmp) / cfg.arch / "llama2c", log)
+                    subjects += _run_c_subject(cfg, trained, run_c, opts, Path(tmp) / cfg.arch / "llama2c", log)
                 log(f"{cfg.arch}: batch {batch}, {n_prompt} prompt + {n_new} new tokens per row")
                 rows += _measure(subjects, bench_id, opts, device)
     return rows
