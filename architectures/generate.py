@@ -45,6 +45,7 @@ import logging
 import os
 import shutil
 import time
+import types
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -293,7 +294,12 @@ def compile_attempts(device: torch.device) -> list[tuple[str, dict[str, Any]]]:
 def _compiled_step(model: torch.nn.Module, key: tuple[Any, ...], options: dict[str, Any]) -> Callable[..., Any]:
     per_model = _COMPILED.setdefault(model, {})
     if key not in per_model:
-        per_model[key] = torch.compile(_decode_step, backend="inductor", options=options)
+        # A copy of the step function with a code object of its own: dynamo keeps compiled graphs per code object,
+        # at most recompile_limit of them (8), and past that runs the function eagerly. Sharing `_decode_step`'s,
+        # the models of one process (a bench over the zoo, inference over several depths) would use that limit up
+        # between them, and their graphs would outlive them.
+        step = types.FunctionType(_decode_step.__code__.replace(), _decode_step.__globals__, _decode_step.__name__)
+        per_model[key] = torch.compile(step, backend="inductor", options=options)
     return per_model[key]
 
 
@@ -396,7 +402,10 @@ class _FastDecoder:
                     return compiled(model, tokens, cache, pos, kw)
             except Exception:
                 self.guard_calls = 0
-        out = compiled(model, tokens, cache, pos, kw)
+        # a step that checks every guard may compile a new graph: past dynamo's limit of graphs it would run the
+        # step eagerly without a word, so it raises instead, and the caller reports the fallback
+        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+            out = compiled(model, tokens, cache, pos, kw)
         self.guard_calls += 1
         return out
 
