@@ -271,6 +271,9 @@ def _decode_step(model: torch.nn.Module, tokens: torch.Tensor, cache: StaticKVCa
 # Compiled steps, per model and per (device type, n_recur, extrapolate, exit, wrapper): a later generate call with the
 # same settings reuses the compiled graphs instead of compiling again.
 _COMPILED: weakref.WeakKeyDictionary[torch.nn.Module, dict[Any, Callable[..., Any]]] = weakref.WeakKeyDictionary()
+# Why compiling failed, per model and the same keys: a later call goes straight to the next way (or eager) instead of
+# compiling, and failing, all over again.
+_FAILED: weakref.WeakKeyDictionary[torch.nn.Module, dict[Any, str]] = weakref.WeakKeyDictionary()
 
 
 def compile_attempts(device: torch.device) -> list[tuple[str, dict[str, Any]]]:
@@ -374,12 +377,22 @@ class _FastDecoder:
             while attempts:
                 name, options = attempts[0]
                 key = (self.device.type, kw["n_recur"], kw["extrapolate"], kw["exit"], name)
+                known = _FAILED.get(model, {}).get(key)
+                if known is not None:  # failed for this model and settings before: not tried again every call
+                    attempts.pop(0)
+                    failed.append(known)
+                    continue
                 compiled = _compiled_step(model, key, options)
                 try:
                     out = self._call_compiled(compiled, tokens, cache, pos)
                 except Exception as e:  # compilation failed (no toolchain, an unsupported op): the next way, then eager
-                    reason = f"compilation failed: {type(e).__name__}: {str(e).strip().splitlines()[0][:200]}"
+                    if isinstance(e, torch._dynamo.exc.FailOnRecompileLimitHit):
+                        limit = torch._dynamo.config.recompile_limit
+                        reason = f"the step needs more than {limit} compiled graphs (torch._dynamo recompile_limit)"
+                    else:
+                        reason = f"compilation failed: {type(e).__name__}: {str(e).strip().splitlines()[0][:200]}"
                     _COMPILED.get(model, {}).pop(key, None)
+                    _FAILED.setdefault(model, {})[key] = reason
                     attempts.pop(0)
                     failed.append(reason)  # the last one is reported when every attempt failed
                     log.warning("generate: decode step (%s) not compiled: %s", name, reason)
@@ -445,12 +458,9 @@ class _FastDecoder:
         """Token T of every live row: its prompt's token, or a sample from `last` (b, V) for rows past the prompt."""
         T = self.T
         if temperature <= 0:
-            # max's indices are argmax's (the first largest logit of a row), in about half its time on a CPU, where
-            # argmax over a vocabulary costs a batch-16 decode step a few percent
-            best = last.max(dim=-1).indices
             if all(T >= p for p in self.plen):
-                return best
-            return torch.where(self.plen_t <= T, best, self.seq[:, T])
+                return last.argmax(dim=-1)
+            return torch.where(self.plen_t <= T, last.argmax(dim=-1), self.seq[:, T])
         tok = self.seq[:, T].clone()
         rows = [r for r, p in enumerate(self.plen) if T >= p]
         if rows:
