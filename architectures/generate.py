@@ -294,14 +294,22 @@ def compile_attempts(device: torch.device) -> list[tuple[str, dict[str, Any]]]:
     return [("cpp-wrapper", cpp), ("python-wrapper", base)]
 
 
+# A copy of the step function per model structure (class, arguments) and settings. Dynamo keeps compiled graphs per
+# code object, at most recompile_limit of them (8), and past that runs the function eagerly: sharing
+# `_decode_step`'s, the architectures of one process (a bench over the zoo) would use that limit up between them.
+# Models of one structure share their copy, and so its graphs (the guards do not tell such models apart): the runs of
+# one architecture in a study compile once.
+_STEP_FNS: dict[tuple[Any, ...], Callable[..., Any]] = {}
+
+
 def _compiled_step(model: torch.nn.Module, key: tuple[Any, ...], options: dict[str, Any]) -> Callable[..., Any]:
     per_model = _COMPILED.setdefault(model, {})
     if key not in per_model:
-        # A copy of the step function with a code object of its own: dynamo keeps compiled graphs per code object,
-        # at most recompile_limit of them (8), and past that runs the function eagerly. Sharing `_decode_step`'s,
-        # the models of one process (a bench over the zoo, inference over several depths) would use that limit up
-        # between them, and their graphs would outlive them.
-        step = types.FunctionType(_decode_step.__code__.replace(), _decode_step.__globals__, _decode_step.__name__)
+        structure = (type(model), repr(getattr(model, "args", None)), key)
+        step = _STEP_FNS.get(structure)
+        if step is None:
+            code = _decode_step.__code__.replace()
+            step = _STEP_FNS[structure] = types.FunctionType(code, _decode_step.__globals__, _decode_step.__name__)
         per_model[key] = torch.compile(step, backend="inductor", options=options)
     return per_model[key]
 
