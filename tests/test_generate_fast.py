@@ -196,12 +196,14 @@ def test_compile_falls_back_to_eager_with_the_reason(monkeypatch, caplog):
     assert not rep.compiled and rep.reason == "compilation failed: RuntimeError: inductor exploded"
 
 
-def _dynamo_eager(monkeypatch, limit: int) -> None:
-    """torch.compile with dynamo's eager backend (graphs captured and guarded, nothing built) and a limit of
-    `limit` graphs per code object."""
+def _dynamo_eager(monkeypatch, limit: int):
+    """torch.compile with dynamo's eager backend (graphs captured and guarded, nothing built), and a context in which
+    dynamo keeps at most `limit` graphs per code object. The limit goes through dynamo's own config.patch: its
+    settings are not module attributes, and monkeypatch's undo deletes such an attribute (pytest 9.2), which hides
+    the setting from dynamo for the rest of the process."""
     real = torch.compile
     monkeypatch.setattr(torch, "compile", lambda fn, backend, options: real(fn, backend="eager"))
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", limit)
+    return torch._dynamo.config.patch(recompile_limit=limit)
 
 
 def test_each_model_has_its_own_compiled_graphs(monkeypatch):
@@ -210,13 +212,14 @@ def test_each_model_has_its_own_compiled_graphs(monkeypatch):
     import architectures.generate as gen
 
     monkeypatch.setattr(gen, "compiler_unavailable", lambda device: None)
-    _dynamo_eager(monkeypatch, limit=2)
     kw = dict(max_new_tokens=6, temperature=0.0)
-    for arch in ("control", "frailt", "three-part", "relaxed"):  # a graph each (batch of one, one span): four in all
-        model = build(arch, "tiny")
-        rep = DecodeReport()
-        assert run(model, PROMPTS[:1], compile=True, report=rep, **kw) == run(model, PROMPTS[:1], fast=False, **kw)
-        assert rep.compiled and rep.reason == "", (arch, rep.reason)
+    with _dynamo_eager(monkeypatch, limit=2):
+        for arch in ("control", "frailt", "three-part", "relaxed"):  # a graph each (batch of one, one span): four
+            model = build(arch, "tiny")
+            rep = DecodeReport()
+            ref = run(model, PROMPTS[:1], fast=False, **kw)
+            assert run(model, PROMPTS[:1], compile=True, report=rep, **kw) == ref
+            assert rep.compiled and rep.reason == "", (arch, rep.reason)
 
 
 def test_a_step_past_the_graph_limit_is_reported_eager(monkeypatch):
@@ -226,25 +229,26 @@ def test_a_step_past_the_graph_limit_is_reported_eager(monkeypatch):
 
     monkeypatch.setattr(gen, "compiler_unavailable", lambda device: None)
     monkeypatch.setattr(gen, "compile_attempts", lambda device: [("only", {})])
-    _dynamo_eager(monkeypatch, limit=1)
-    model = build("control", "tiny")
+    with _dynamo_eager(monkeypatch, limit=1):
+        model = build("control", "tiny")
 
-    def should_stop(row: int, new: list[int]) -> bool:  # rows leave: new batch shapes, a graph each
-        return len(new) == {0: 2, 2: 4}.get(row, 0)
+        def should_stop(row: int, new: list[int]) -> bool:  # rows leave: new batch shapes, a graph each
+            return len(new) == {0: 2, 2: 4}.get(row, 0)
 
-    kw = dict(max_new_tokens=8, temperature=0.0, should_stop=should_stop)
-    ref = run(model, PROMPTS, fast=False, **kw)
-    assert [len(r[0]) for r in ref] == [2, 8, 4]
-    rep = DecodeReport()
-    assert run(model, PROMPTS, compile=True, check_every=1, report=rep, **kw) == ref
-    assert (
-        not rep.compiled and rep.reason == "the step needs more than 1 compiled graphs (torch._dynamo recompile_limit)"
-    )
-    # a later call with this model and settings is not compiled (and failed) all over again
-    monkeypatch.setattr(gen, "_compiled_step", lambda *a, **k: pytest.fail("compiled again"))
-    rep = DecodeReport()
-    assert run(model, PROMPTS, compile=True, check_every=1, report=rep, **kw) == ref
-    assert not rep.compiled and "recompile_limit" in rep.reason
+        kw = dict(max_new_tokens=8, temperature=0.0, should_stop=should_stop)
+        ref = run(model, PROMPTS, fast=False, **kw)
+        assert [len(r[0]) for r in ref] == [2, 8, 4]
+        rep = DecodeReport()
+        assert run(model, PROMPTS, compile=True, check_every=1, report=rep, **kw) == ref
+        assert (
+            not rep.compiled
+            and rep.reason == "the step needs more than 1 compiled graphs (torch._dynamo recompile_limit)"
+        )
+        # a later call with this model and settings is not compiled (and failed) all over again
+        monkeypatch.setattr(gen, "_compiled_step", lambda *a, **k: pytest.fail("compiled again"))
+        rep = DecodeReport()
+        assert run(model, PROMPTS, compile=True, check_every=1, report=rep, **kw) == ref
+        assert not rep.compiled and "recompile_limit" in rep.reason
 
 
 def test_compiled_step_tries_the_python_wrapper_and_rechecks_guards_it_skipped(monkeypatch):
