@@ -40,6 +40,7 @@ enclosing autocast both paths run as autocast says.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import os
@@ -262,10 +263,14 @@ def compiler_unavailable(device: torch.device) -> str | None:
     return None
 
 
-def _decode_step(model: torch.nn.Module, tokens: torch.Tensor, cache: StaticKVCache, pos: torch.Tensor, kw: dict):
+def _decode_step(
+    model: torch.nn.Module, tokens: torch.Tensor, cache: StaticKVCache, pos: torch.Tensor, kw: dict, greedy: bool
+):
     """One forward of the decode path: what is compiled. The model is an argument, not a closure's, so a cached
-    compiled step does not keep its model alive."""
-    return model.decode(tokens, cache, pos, **kw)  # type: ignore[operator]  # a BaseLM: _fast_unavailable checked
+    compiled step does not keep its model alive. `greedy`: the step returns each row's most likely next token (B,)
+    instead of its logits (B, V), so a compiled step picks it inside the graph and the loop makes no call for it."""
+    logits, depths = model.decode(tokens, cache, pos, **kw)  # type: ignore[operator]  # a BaseLM: checked before
+    return (logits.argmax(dim=-1) if greedy else logits), depths
 
 
 # Compiled steps, per model and per (device type, n_recur, extrapolate, exit, wrapper): a later generate call with the
@@ -345,6 +350,8 @@ class _FastDecoder:
         self.T = min(self.plen)
         self.cache = StaticKVCache(self.ctx)
         self.guard_calls = 0  # compiled steps run with every guard since the batch last changed (FULL_GUARD_CALLS)
+        self.skipping: contextlib.ExitStack | None = None  # while compiled steps run with guards skipped
+        self.greedy = False  # the steps return picked tokens, not logits (set by `run`)
         self.pos = torch.zeros((), dtype=torch.long, device=device)  # position of the next forward's first token
         # exit depth of every position each row processed (adaptive exit only)
         self.depth_at = torch.zeros(B, self.end, dtype=torch.float64, device=device) if exit is not None else None
@@ -367,8 +374,10 @@ class _FastDecoder:
     def _step_fn(self, compile: bool, rep: DecodeReport) -> Callable[..., Any]:
         model, kw = self.model, self.kw
 
+        greedy = self.greedy
+
         def step(tokens, cache, pos):
-            return _decode_step(model, tokens, cache, pos, kw)
+            return _decode_step(model, tokens, cache, pos, kw, greedy)
 
         if not compile:
             rep.reason = "not asked for (compile=False)"
@@ -380,17 +389,21 @@ class _FastDecoder:
             return step
         attempts = compile_attempts(self.device)
         failed: list[str] = []
+        current: list[Any] = []  # (key, compiled step) of the way being used, once found
 
         def guarded(tokens, cache, pos):
-            while attempts:
-                name, options = attempts[0]
-                key = (self.device.type, kw["n_recur"], kw["extrapolate"], kw["exit"], name)
-                known = _FAILED.get(model, {}).get(key)
-                if known is not None:  # failed for this model and settings before: not tried again every call
-                    attempts.pop(0)
-                    failed.append(known)
-                    continue
-                compiled = _compiled_step(model, key, options)
+            while current or attempts:
+                if not current:
+                    name, options = attempts[0]
+                    key = (self.device.type, kw["n_recur"], kw["extrapolate"], kw["exit"], greedy, name)
+                    known = _FAILED.get(model, {}).get(key)
+                    if known is not None:  # failed for this model and settings before: not tried again every call
+                        attempts.pop(0)
+                        failed.append(known)
+                        continue
+                    current[:] = [key, _compiled_step(model, key, options)]
+                key, compiled = current
+                name = key[-1]
                 try:
                     out = self._call_compiled(compiled, tokens, cache, pos)
                 except Exception as e:  # compilation failed (no toolchain, an unsupported op): the next way, then eager
@@ -401,6 +414,7 @@ class _FastDecoder:
                         reason = f"compilation failed: {type(e).__name__}: {str(e).strip().splitlines()[0][:200]}"
                     _COMPILED.get(model, {}).pop(key, None)
                     _FAILED.setdefault(model, {})[key] = reason
+                    current.clear()
                     attempts.pop(0)
                     failed.append(reason)  # the last one is reported when every attempt failed
                     log.warning("generate: decode step (%s) not compiled: %s", name, reason)
@@ -415,20 +429,33 @@ class _FastDecoder:
     def _call_compiled(self, compiled, tokens, cache, pos):
         """One compiled step; past the first FULL_GUARD_CALLS since the batch last changed, without the guards that
         cannot tell graphs apart. Should that find no graph (a change the count missed), the step is run again with
-        every guard evaluated, which compiles what it needs."""
-        model, kw = self.model, self.kw
+        every guard evaluated, which compiles what it needs.
+
+        The stance that skips guards is entered once for a stretch of such steps (entering it costs about as much
+        as a small model's argmax) and left before anything else runs: a step with every guard, the look for
+        finished rows (`should_stop` is the caller's code), the end of the generation."""
+        model, kw, greedy = self.model, self.kw, self.greedy
         if self.guard_calls >= FULL_GUARD_CALLS:
+            if self.skipping is None:
+                self.skipping = contextlib.ExitStack()
+                self.skipping.enter_context(torch.compiler.set_stance("default", skip_guard_eval_unsafe=True))
             try:
-                with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-                    return compiled(model, tokens, cache, pos, kw)
+                return compiled(model, tokens, cache, pos, kw, greedy)
             except Exception:
                 self.guard_calls = 0
+        self._check_guards()
         # a step that checks every guard may compile a new graph: past dynamo's limit of graphs it would run the
         # step eagerly without a word, so it raises instead, and the caller reports the fallback
         with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
-            out = compiled(model, tokens, cache, pos, kw)
+            out = compiled(model, tokens, cache, pos, kw, greedy)
         self.guard_calls += 1
         return out
+
+    def _check_guards(self) -> None:
+        """Leave the stance that skips guards, if in it."""
+        if self.skipping is not None:
+            self.skipping.close()
+            self.skipping = None
 
     def run(self, temperature, top_k, top_p, stop_ids, should_stop, compile, check_every, rep) -> list[Generation]:
         stop = set(stop_ids)
@@ -438,37 +465,45 @@ class _FastDecoder:
         if B > 1 and (shared_rng or getattr(self.model, "draws_random_state", False)):
             check_every = 1
         rep.check_every = check_every
+        self.greedy = temperature <= 0
         # the prefill runs eager: its length differs from the steps', and it creates the cache's slots
         eager = self._step_fn(False, DecodeReport())
         t0 = rep._clock(self.device)
-        logits = self._forward(eager, self.seq[:, : self.T])
+        out = self._forward(eager, self.seq[:, : self.T])  # greedy: the picked tokens, else the logits
         t1 = rep._clock(self.device)
         rep.prefill_tokens, rep.prefill_seconds = B * self.T, t1 - t0
         step = self._step_fn(compile, rep)
         checked = self.T  # first token index not yet looked at
-        while True:
-            tok = self._next_tokens(logits, temperature, top_k, top_p)
-            self.seq[:, self.T] = tok
-            self.T += 1
-            if self.T - checked >= check_every or self.T == self.end:
-                if not self._check(checked, stop, should_stop):
-                    break
-                checked = self.T
-                tok = self.seq[:, self.T - 1]  # the rows still running
-            # standard strides every step, whatever tok is a view of (a compiled step guards on strides, even those
-            # of a batch of one)
-            logits = self._forward(step, tok.clone(memory_format=torch.contiguous_format).view(-1, 1))
-            rep.decode_tokens += tok.shape[0]
+        try:
+            while True:
+                tok = self._next_tokens(out, temperature, top_k, top_p)
+                self.seq[:, self.T] = tok
+                self.T += 1
+                if self.T - checked >= check_every or self.T == self.end:
+                    self._check_guards()
+                    if not self._check(checked, stop, should_stop):
+                        break
+                    checked = self.T
+                    tok = self.seq[:, self.T - 1]  # the rows still running
+                if tok.stride(0) != 1:
+                    # standard strides every step, whatever tok is a view of (a compiled step guards on strides,
+                    # even those of a batch of one)
+                    tok = tok.clone(memory_format=torch.contiguous_format)
+                out = self._forward(step, tok.view(-1, 1))
+                rep.decode_tokens += tok.shape[0]
+        finally:
+            self._check_guards()
         rep.decode_seconds = rep._clock(self.device) - t1
         return [r for r in self.results if r is not None]
 
     def _next_tokens(self, last, temperature, top_k, top_p) -> torch.Tensor:
-        """Token T of every live row: its prompt's token, or a sample from `last` (b, V) for rows past the prompt."""
+        """Token T of every live row: its prompt's token, or for rows past the prompt the step's pick (greedy: `last`
+        holds the picked tokens (b,)) or a sample from `last` (b, V)."""
         T = self.T
-        if temperature <= 0:
+        if self.greedy:
             if all(T >= p for p in self.plen):
-                return last.argmax(dim=-1)
-            return torch.where(self.plen_t <= T, last.argmax(dim=-1), self.seq[:, T])
+                return last
+            return torch.where(self.plen_t <= T, last, self.seq[:, T])
         tok = self.seq[:, T].clone()
         rows = [r for r, p in enumerate(self.plen) if T >= p]
         if rows:

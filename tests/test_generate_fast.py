@@ -264,24 +264,34 @@ def test_compiled_step_tries_the_python_wrapper_and_rechecks_guards_it_skipped(m
         name = key[-1]
         assert ("cpp_wrapper" in options) == (name == "cpp-wrapper")
 
-        def step(m, tokens, cache, pos, kw):
+        def step(m, tokens, cache, pos, kw, greedy):
             skipping = eval_frame._stance.skip_guard_eval_unsafe
             calls.append((name, skipping))
             if name == "cpp-wrapper":
                 raise RuntimeError("C++ wrapper build failed")
             if len(calls) == 5:  # a step the skipped guards could not place
                 raise RuntimeError("Recompilation triggered with skip_guard_eval_unsafe stance")
-            return gen._decode_step(m, tokens, cache, pos, kw)
+            return gen._decode_step(m, tokens, cache, pos, kw, greedy)
 
         return step
 
     model = build("control", "tiny")
-    ref = run(model, PROMPTS, max_new_tokens=6, temperature=0.0, fast=False)
+    looks: list[bool] = []  # whether guards were skipped while the caller's should_stop ran
+
+    def should_stop(row: int, new: list[int]) -> bool:
+        looks.append(eval_frame._stance.skip_guard_eval_unsafe)
+        return False
+
+    kw = dict(max_new_tokens=6, temperature=0.0, should_stop=should_stop)
+    ref = run(model, PROMPTS, fast=False, **kw)
     monkeypatch.setattr(gen, "compiler_unavailable", lambda device: None)
     monkeypatch.setattr(gen, "_compiled_step", fake_compiled_step)
     rep = DecodeReport()
-    assert run(model, PROMPTS, max_new_tokens=6, temperature=0.0, compile=True, report=rep, check_every=64) == ref
+    looks.clear()
+    assert run(model, PROMPTS, compile=True, report=rep, check_every=64, **kw) == ref
     assert rep.compiled and rep.compile_mode == "python-wrapper" and rep.reason == ""
+    # the stance that skips guards covers the compiled steps only: not the caller's code, nor what runs afterwards
+    assert looks and not any(looks) and not eval_frame._stance.skip_guard_eval_unsafe
     assert calls[:7] == [
         ("cpp-wrapper", False),
         ("python-wrapper", False),
