@@ -372,9 +372,7 @@ class _FastDecoder:
         return logits
 
     def _step_fn(self, compile: bool, rep: DecodeReport) -> Callable[..., Any]:
-        model, kw = self.model, self.kw
-
-        greedy = self.greedy
+        model, kw, greedy = self.model, self.kw, self.greedy
 
         def step(tokens, cache, pos):
             return _decode_step(model, tokens, cache, pos, kw, greedy)
@@ -443,7 +441,7 @@ class _FastDecoder:
                 return compiled(model, tokens, cache, pos, kw, greedy)
             except Exception:
                 self.guard_calls = 0
-        self._check_guards()
+        self._stop_skipping_guards()
         # a step that checks every guard may compile a new graph: past dynamo's limit of graphs it would run the
         # step eagerly without a word, so it raises instead, and the caller reports the fallback
         with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
@@ -451,8 +449,8 @@ class _FastDecoder:
         self.guard_calls += 1
         return out
 
-    def _check_guards(self) -> None:
-        """Leave the stance that skips guards, if in it."""
+    def _stop_skipping_guards(self) -> None:
+        """Leave the stance that skips guards, if in it: later compiled steps check every guard."""
         if self.skipping is not None:
             self.skipping.close()
             self.skipping = None
@@ -480,7 +478,7 @@ class _FastDecoder:
                 self.seq[:, self.T] = tok
                 self.T += 1
                 if self.T - checked >= check_every or self.T == self.end:
-                    self._check_guards()
+                    self._stop_skipping_guards()
                     if not self._check(checked, stop, should_stop):
                         break
                     checked = self.T
@@ -492,7 +490,7 @@ class _FastDecoder:
                 out = self._forward(step, tok.view(-1, 1))
                 rep.decode_tokens += tok.shape[0]
         finally:
-            self._check_guards()
+            self._stop_skipping_guards()
         rep.decode_seconds = rep._clock(self.device) - t1
         return [r for r in self.results if r is not None]
 
