@@ -370,7 +370,7 @@ def test_study_exports_every_finished_run_resumably(trained, tinystories_dir, mo
             "model.max_seq_len": CONTEXT,
             "train.dtype": "float32",
         },
-        skip=("sample", "judge", "eval", "depth"),
+        skip=("sample", "judge", "eval", "depth", "infer"),
         progress=False,
         bench=False,
         export=("hf",),

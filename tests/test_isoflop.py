@@ -359,7 +359,7 @@ def test_a_tiny_isoflop_study_trains_resumes_and_reports(tmp_path, tinystories_d
         db_path=tmp_path / "r.db",
         out_dir=tmp_path / "reports",
         overrides={"data.source": str(tinystories_dir)},
-        skip=("sample", "judge", "eval", "depth"),
+        skip=("sample", "judge", "eval", "depth", "infer"),
         progress=False,
         bench=False,
     )

@@ -249,7 +249,7 @@ def test_study_plan_retrofit_at_tiny_from_the_command_line(tmp_path, tinystories
         "0",
         "--no-bench",
         "--skip",
-        "sample,judge,eval,depth",
+        "sample,judge,eval,depth,infer",
         "--db",
         str(db),
         "--out",
