@@ -5,6 +5,7 @@ directory of the machine the docs were written on."""
 from __future__ import annotations
 
 import re
+import sqlite3
 from pathlib import Path
 
 from benchctl.cli import main
@@ -63,3 +64,17 @@ def test_no_page_names_a_local_workspace_path():
     for page in pages:
         text = page.read_text()
         assert "shared/data" not in text and "/work/" not in text, page
+
+
+def test_the_committed_database_names_no_local_workspace_path():
+    """The committed study's database is published beside its report: its data source, checkpoint and plan paths
+    name no directory of the machine it was trained on (they read DATA_DIR, folders beside the database and the
+    built-in plan's place in the package)."""
+    db = sqlite3.connect(f"file:{RESULT / 'results.db'}?mode=ro", uri=True)
+    try:
+        dump = "\n".join(db.iterdump())
+    finally:
+        db.close()
+    assert "INSERT INTO" in dump  # the dump has the rows
+    for local in ("shared/data", "/work/", "/home/", "/tmp/"):
+        assert local not in dump, local
