@@ -233,6 +233,17 @@ def test_a_minimum_at_the_edge_or_a_downward_parabola_is_degenerate():
     assert sc.fit_parabola(np.array([1e5, 2e5, 1e5]), np.array([3.0, 2.9, 3.1])) is None  # two sizes: no parabola
 
 
+def test_a_comparison_without_an_optimum_says_which_side_lacks_one_and_why():
+    rng = np.random.default_rng(2)
+    sizes = [1e5, 2e5, 4e5, 8e5]
+    two_widths = sc.optimum(synthetic(3e5, 3.0, sizes[:2], seeds=2, noise=0.0, rng=rng))
+    edge = sc.optimum(synthetic(2e4, 3.0, sizes, seeds=2, noise=0.0, rng=rng))
+    assert two_widths.fit is None and edge.fit is not None and not edge.ok
+    assert sc._at_budget("trm", 1e9, two_widths, edge) == (
+        "At C = 1e9 there is no comparison: trm has no fit (fewer than 3 widths) and the fit of control is degenerate."
+    )
+
+
 def test_the_power_law_recovers_its_exponent_and_crossings_stay_in_range():
     c = np.array([1e12, 2e12, 4e12, 8e12])
     law = sc.fit_power_law(list(c), list(2.0 + 1.5 * (c / 1e12) ** -0.4))
@@ -331,6 +342,8 @@ def test_a_degenerate_point_is_said_and_not_used(tmp_path):
     sec = rendered.markdown[rendered.markdown.index("\n## Scaling\n") :]
     row = next(x for x in sec.splitlines() if x.startswith("| 2e9 | frailt |") and "degenerate" in x)
     assert "the minimum is at the smallest width or below it" in row
+    # the other five optima are inside their widths, beside the degenerate one in the same table
+    assert sec.count("| ok |") == 5 and "degenerate: nan" not in sec
     line = next(x for x in sec.splitlines() if x.startswith("- **frailt**"))
     assert "At C = 2e9 there is no comparison: the fit of frailt is degenerate." in line
     assert "fewer than 3 budgets with an optimum" in sec  # frailt's power law needs the degenerate budget

@@ -413,10 +413,12 @@ def _optima_table(opt: pd.DataFrame) -> list[str]:
     headers += ["tokens / N*", "tokens / effective N*", "max epochs", "fit"]
     rows = []
     for r in opt.to_dict("records"):
-        note = "ok" if r["problem"] is None else f"degenerate: {r['problem']}"
-        if r["problem"] == NO_FIT:
+        # pandas stores a text column's None as NaN once any row has a text: `missing`, not `is None`
+        problem = None if missing(r["problem"]) else str(r["problem"])
+        note = "ok" if problem is None else f"degenerate: {problem}"
+        if problem == NO_FIT:
             note = f"no fit: {NO_FIT}"
-        if r["problem"] is None and not missing(r["degenerate_share"]) and r["degenerate_share"] > 0:
+        if problem is None and not missing(r["degenerate_share"]) and r["degenerate_share"] > 0:
             note += f" ({r['degenerate_share']:.0%} of resamples degenerate, left out of the CIs)"
         rows.append(
             [
@@ -522,8 +524,12 @@ def _sentences(
 def _at_budget(name: str, budget: float, a: Optimum, c: Optimum) -> str:
     at = f"At C = {flops(budget)}"
     if not a.ok or not c.ok:
-        which = [n for n, o in ((name, a), (CONTROL, c)) if not o.ok]
-        return f"{at} there is no comparison: the fit of {' and '.join(which)} is degenerate."
+        why = [
+            f"{n} has no fit ({NO_FIT})" if o.fit is None else f"the fit of {n} is degenerate"
+            for n, o in ((name, a), (CONTROL, c))
+            if not o.ok
+        ]
+        return f"{at} there is no comparison: {' and '.join(why)}."
     assert a.fit is not None and c.fit is not None
     diff = a.fit.l_star - c.fit.l_star
     both = ~np.isnan(a.boot_l) & ~np.isnan(c.boot_l) if len(a.boot_l) and len(c.boot_l) else np.zeros(0, bool)
