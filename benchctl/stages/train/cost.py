@@ -160,6 +160,12 @@ def _distinct(s: pd.Series) -> str:
     return ", ".join(map(str, vals)) or "-"
 
 
+def _seeds(seeds: list[Any]) -> str:
+    """'0, 1 and 2'."""
+    words = [str(x) for x in seeds]
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
+
+
 def _mean(s: pd.Series) -> float | None:
     v = pd.to_numeric(s, errors="coerce").dropna()
     return float(v.mean()) if len(v) else None
@@ -179,8 +185,9 @@ def benched_models(t: pd.DataFrame) -> list[str]:
 
 
 def warnings(ctx: Context, t: pd.DataFrame) -> list[str]:
-    """One plain sentence per contended run and per model whose seeds' wall times disagree, saying which number to
-    trust instead."""
+    """Plain sentences on the runs whose wall times are not a cost measure, each saying which number to trust
+    instead: one per reason a run was contended (naming its runs) and one per model whose seeds' wall times
+    disagree."""
     fallback = {
         "bench": "the bench ratio",
         "cpu": "the CPU-time ratio (better: run `benchctl bench`)",
@@ -191,14 +198,31 @@ def warnings(ctx: Context, t: pd.DataFrame) -> list[str]:
     def trust(model: str) -> str:  # a model the latest bench measured has its clean ratio, whatever the others have
         return "the bench ratio" if model in benched else fallback
 
-    out = []
-    for r in ctx.done.sort_values(["model", "seed", "id"]).to_dict("records"):
+    # Runs contended for the same reason, with the same number to trust, share one sentence: a study run with
+    # --jobs has every run contended alike, and a line per run would bury the other warnings.
+    groups: dict[tuple[str, str], dict[str, list[Any]]] = {}
+    done = ctx.done.sort_values(["model", "seed", "id"]).to_dict("records")
+    for r in done:
         why = contention(r)
         if why:
+            groups.setdefault((why, trust(r["model"])), {}).setdefault(r["model"], []).append(r["seed"])
+    out = []
+    for (why, to_trust), seeds in groups.items():
+        n = sum(len(v) for v in seeds.values())
+        if n == 1:
+            ((model, (seed,)),) = seeds.items()
             out.append(
-                f"{r['model']} seed {r['seed']} was contended ({why}): its wall time is not a cost measure "
-                f"here; trust {trust(r['model'])} instead."
+                f"{model} seed {seed} was contended ({why}): its wall time is not a cost measure here; trust "
+                f"{to_trust} instead."
             )
+            continue
+        if n == len(done):
+            who = f"All {n} runs"
+        else:
+            who = ", ".join(f"{m} seed {v[0]}" if len(v) == 1 else f"{m} seeds {_seeds(v)}" for m, v in seeds.items())
+        out.append(
+            f"{who} were contended ({why}): their wall times are not a cost measure here; trust {to_trust} instead."
+        )
     for r in t.to_dict("records"):
         if not missing(r["spread"]) and r["spread"] > SEED_SPREAD_LIMIT:
             out.append(
