@@ -17,6 +17,7 @@ training FLOPs it spent (the train_flops metric).
 from __future__ import annotations
 
 import math
+import textwrap
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -633,8 +634,13 @@ def _figure_isoflop(
         handles, labels = axes[0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 6), fontsize=9, frameon=True)
         fig.suptitle(
-            f"IsoFLOP curves · preset {frames.ctx.preset} · dots = runs (hollow: off budget, not fitted), "
-            "line = parabola in ln N (dotted: degenerate), star = optimum",
+            f"IsoFLOP curves · preset {frames.ctx.preset}\n"
+            # wrapped to the figure's width (about 9 bold characters to the inch at this size)
+            + textwrap.fill(
+                "dots = runs (hollow: off budget, not fitted), line = parabola in ln N (dotted: degenerate), "
+                "star = optimum",
+                width=int(9 * 4.6 * cols),
+            ),
             fontsize=12,
             fontweight="bold",
         )
