@@ -111,6 +111,12 @@ class LoRA(nn.Module):
         return F.linear(F.linear(x, self.A), self.B) * self.scale
 
 
+def is_column_major(w: torch.Tensor) -> bool:
+    """Whether a matrix is stored with its first dimension contiguous (its transpose is a contiguous tensor): the
+    layout the decode path gives weights for inference."""
+    return w.dim() == 2 and w.t().is_contiguous()
+
+
 def project(layer: nn.Linear, x: torch.Tensor, lora: Mapping[str, LoRA] | None, name: str) -> torch.Tensor:
     return project_group([layer], x, lora, [name])
 
@@ -125,7 +131,7 @@ def project_group(
     """
     if len(layers) == 1:
         w = layers[0].weight
-    elif not torch.compiler.is_compiling() and all(m.weight.stride(0) == 1 for m in layers):
+    elif not torch.compiler.is_compiling() and all(is_column_major(m.weight) for m in layers):
         # weights laid out for inference (column-major): joined as their transposes, so the joined weight keeps that
         # layout and the copy reads contiguous memory (inductor splits the product of a concatenation by itself)
         w = torch.cat([m.weight.t() for m in layers], dim=1).t()

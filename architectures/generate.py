@@ -56,7 +56,7 @@ import torch
 import torch.nn.functional as F
 
 from architectures.base import ExitRule
-from architectures.blocks import KVCache, StaticKVCache
+from architectures.blocks import KVCache, StaticKVCache, is_column_major
 
 log = logging.getLogger(__name__)
 
@@ -230,11 +230,6 @@ def inference_layout(model: torch.nn.Module) -> torch.nn.Module:
         if isinstance(m, torch.nn.Linear) and not is_column_major(m.weight):
             m.weight.data = m.weight.data.t().contiguous().t()
     return model
-
-
-def is_column_major(w: torch.Tensor) -> bool:
-    """Whether a matrix is stored with its first dimension contiguous (its transpose is a contiguous tensor)."""
-    return w.dim() == 2 and w.t().is_contiguous()
 
 
 def _fast_unavailable(model: torch.nn.Module, prompts: Sequence[Sequence[int]], limits: list[int]) -> str | None:
