@@ -129,6 +129,13 @@ def test_every_section_present_in_order(full):
     assert "Runs of preset `tiny`: 12 done, 1 running, 1 failed." in md
 
 
+def test_no_missing_value_reaches_the_text_as_a_word(full):
+    """A missing value is '-' or a sentence, never pandas' or Python's name for it: with pandas' string dtype a text
+    column's None comes back as NaN, and `is None` or truthiness then lets 'nan' into a cell."""
+    leaks = [line for line in full["md"].splitlines() if re.search(r"\b(nan|None|<NA>)\b", line)]
+    assert not leaks, leaks
+
+
 def test_report_only_reads_the_database(full):
     assert hashlib.sha256(full["db"].read_bytes()).hexdigest() == full["digest"]
 
