@@ -240,7 +240,11 @@ def test_a_comparison_without_an_optimum_says_which_side_lacks_one_and_why():
     edge = sc.optimum(synthetic(2e4, 3.0, sizes, seeds=2, noise=0.0, rng=rng))
     assert two_widths.fit is None and edge.fit is not None and not edge.ok
     assert sc._at_budget("trm", 1e9, two_widths, edge) == (
-        "At C = 1e9 there is no comparison: trm has no fit (fewer than 3 widths) and the fit of control is degenerate."
+        "At C = 1e9 there is no comparison: trm has no fit (fewer than 3 widths) and the fit of the control is "
+        "degenerate."
+    )
+    assert sc._at_budget("trm", 1e9, two_widths, two_widths) == (
+        "At C = 1e9 there is no comparison: neither trm nor the control has a fit (fewer than 3 widths)."
     )
 
 
@@ -259,10 +263,10 @@ def test_the_power_law_recovers_its_exponent_and_crossings_stay_in_range():
 # The report section, from a database
 
 
-def _iso_db(tmp_path, degenerate_at: float | None = None):
+def _iso_db(tmp_path, degenerate_at: float | None = None, short: float = 1.0):
     """A results.db of plan `iso`'s grid (2 architectures x 5 widths x 3 budgets x 2 seeds), final losses from a
     parabola in ln N whose optimum grows with the budget; `degenerate_at` puts one budget's frailt optimum
-    below the smallest width."""
+    below the smallest width; `short` scales every run's tokens (below 0.9: every run misses its budget)."""
     db = stages.connect(tmp_path / "r.db")
     rng = np.random.default_rng(3)
     widths, budgets = [16, 32, 48, 64, 96], [1e9, 2e9, 4e9]
@@ -278,7 +282,7 @@ def _iso_db(tmp_path, degenerate_at: float | None = None):
                     for seed in (0, 1):
                         c = make_config("tiny", arch, seed, sets)
                         rid = run_id(c, "fp")
-                        tokens = int(budget / d["flops_per_token"])
+                        tokens = int(short * budget / d["flops_per_token"])
                         loss = 4.0 - 0.2 * b_i + offset + 0.1 * (math.log(n) - math.log(best)) ** 2
                         db["runs"].insert(
                             {
@@ -347,6 +351,16 @@ def test_a_degenerate_point_is_said_and_not_used(tmp_path):
     line = next(x for x in sec.splitlines() if x.startswith("- **frailt**"))
     assert "At C = 2e9 there is no comparison: the fit of frailt is degenerate." in line
     assert "fewer than 3 budgets with an optimum" in sec  # frailt's power law needs the degenerate budget
+
+
+def test_a_grid_whose_every_run_misses_its_budget_is_listed_not_fitted(tmp_path):
+    """Runs too short for their budget (too few steps) are listed and not fitted; with no run left to fit, the
+    section still renders: no optimum, no power law, no comparison."""
+    rendered = report_engine.build(_iso_db(tmp_path, short=0.5), "tiny", "iso", only_plan=True)
+    sec = rendered.markdown[rendered.markdown.index("\n## Scaling\n") :]
+    assert "| 1e9 | control | 16 |" in sec  # every run listed
+    assert "| ok |" not in sec and "### Against the control" not in sec
+    assert "isoflop.png" in rendered.figures
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -256,13 +256,18 @@ def names_in_order(pts: pd.DataFrame) -> list[str]:
     return sorted(names, key=lambda n: (n != CONTROL, names.index(n)))
 
 
+OPTIMA_COLUMNS = ["name", "budget", "widths", "runs", "max_epochs", "n_star", "l_star", "n_lo", "n_hi", "l_lo", "l_hi"]
+OPTIMA_COLUMNS += ["tok_per_param", "tok_per_eff", "degenerate_share", "problem"]
+
+
 def optima_frame(pts: pd.DataFrame) -> tuple[pd.DataFrame, dict[tuple[str, float], Optimum]]:
     """One row per (architecture entry, budget): the widths fitted, N* and L* with their CIs, tokens per unique and
     per effective parameter at N*, the most epochs of its runs and why the fit is degenerate (if it is)."""
     rows = []
     opts: dict[tuple[str, float], Optimum] = {}
+    order = names_in_order(pts)
     for budget in sorted(set(pts["budget"])):
-        for name in names_in_order(pts):
+        for name in order:
             g = pts[(pts["budget"] == budget) & (pts["name"] == name) & pts["on_budget"].astype(bool)]
             if g.empty:
                 continue
@@ -293,7 +298,7 @@ def optima_frame(pts: pd.DataFrame) -> tuple[pd.DataFrame, dict[tuple[str, float
                 row["tok_per_param"] = tokens / n if tokens else None
                 row["tok_per_eff"] = tokens / eff if tokens and eff else None
             rows.append(row)
-    return pd.DataFrame(rows), opts
+    return pd.DataFrame(rows, columns=OPTIMA_COLUMNS), opts
 
 
 def _loglog(x: pd.Series, y: pd.Series, at: float) -> float | None:
@@ -307,10 +312,13 @@ def _loglog(x: pd.Series, y: pd.Series, at: float) -> float | None:
     return float(math.exp(k * math.log(at) + m))
 
 
-def power_laws(opt: pd.DataFrame) -> dict[str, PowerLaw | None]:
+def power_laws(opt: pd.DataFrame, order: list[str]) -> dict[str, PowerLaw | None]:
+    """Per architecture entry, in `order`: the power law through its usable optima (None with fewer than 3)."""
     out: dict[str, PowerLaw | None] = {}
-    for name, g in opt.groupby("name", sort=False):
-        g = g[g["l_star"].notna()]
+    for name in order:
+        if name not in set(opt["name"]):  # no run of it near a budget
+            continue
+        g = opt[(opt["name"] == name) & opt["l_star"].notna()]
         out[str(name)] = fit_power_law(list(g["budget"]), list(g["l_star"]))
     return out
 
@@ -359,12 +367,15 @@ def scaling_section(frames: Frames) -> list[str]:
     out.append("")
     out += _points_table(pts)
     opt, opts = optima_frame(pts)
-    laws = power_laws(opt)
+    # one order of the architectures in every table and sentence (opt is budget-major, and a budget that only some
+    # have reached yet would put those first)
+    order = names_in_order(pts)
+    laws = power_laws(opt, order)
     frames.figures[FIGURE] = _figure_isoflop(frames, pts, opt, opts, laws)
     out += [f"![IsoFLOP curves and compute-optimal loss](figures/{FIGURE})", ""]
     out += _optima_table(opt)
     out += _law_table(opt, laws)
-    out += _sentences(opt, opts, laws)
+    out += _sentences(opt, opts, laws, order)
     return out
 
 
@@ -470,9 +481,9 @@ def _law_table(opt: pd.DataFrame, laws: dict[str, PowerLaw | None]) -> list[str]
 
 
 def _sentences(
-    opt: pd.DataFrame, opts: dict[tuple[str, float], Optimum], laws: dict[str, PowerLaw | None]
+    opt: pd.DataFrame, opts: dict[tuple[str, float], Optimum], laws: dict[str, PowerLaw | None], order: list[str]
 ) -> list[str]:
-    names = list(dict.fromkeys(opt["name"]))
+    names = [n for n in order if n in set(opt["name"])]
     if CONTROL not in names or len(names) < 2:
         return []
     lines = ["### Against the control", ""]
@@ -525,9 +536,11 @@ def _sentences(
 def _at_budget(name: str, budget: float, a: Optimum, c: Optimum) -> str:
     at = f"At C = {flops(budget)}"
     if not a.ok or not c.ok:
+        if a.fit is None and c.fit is None:
+            return f"{at} there is no comparison: neither {name} nor the control has a fit ({NO_FIT})."
         why = [
             f"{n} has no fit ({NO_FIT})" if o.fit is None else f"the fit of {n} is degenerate"
-            for n, o in ((name, a), (CONTROL, c))
+            for n, o in ((name, a), ("the control", c))
             if not o.ok
         ]
         return f"{at} there is no comparison: {' and '.join(why)}."
