@@ -32,8 +32,11 @@ How it maps to a causal LM here:
 - the network is the trunk's llama2.c sublayers (RoPE, SwiGLU, llama2.c init) arranged post-norm as TRM's, with the
   norms' learned gains (TRM's norms have none; the gains start at one) and the harness's final norm before the tied
   head (TRM's head reads y directly);
-- the question x is sqrt(d) times the tied embedding as in TRM, but the embedding keeps the harness's llama2.c init
-  (std 0.02, so x starts at std 0.02 * sqrt(d), not TRM's 1): it is also the output head, whose init the study fixes;
+- the question x starts at std 1, beside y0 and z0 at std 1, as in TRM. TRM gets there with sqrt(d) times an
+  embedding initialised at std 1 / sqrt(d); here the embedding is also the tied output head and keeps the harness's
+  llama2.c init (std `init_std`, 0.02), so x is the embedding divided by `init_std` (`model.context_scale = "unit"`).
+  TRM's literal sqrt(d) times this embedding (`context_scale = "sqrt-dim"`) starts x at 0.02 * sqrt(d), 0.08 at
+  d = 16: the unit-RMS states then drown the token, and a small model stays at the unigram loss, ignoring its input;
 - the network is all `model.n_layers` unique blocks (TRM: 2), so the unique parameters equal the control's at every
   preset (y0 and z0 are buffers, not parameters); `model.n_layers=2` gives TRM's tiny network.
 
@@ -62,11 +65,16 @@ from architectures import register
 from architectures.base import ArchArgs, BaseLM
 from architectures.blocks import Block, block_forward_flops
 
+CONTEXT_SCALES = ("unit", "sqrt-dim")
+
 
 @dataclass(frozen=True, kw_only=True)
 class TRMArgs(ArchArgs):
     n_latent: int = 2  # n: latent updates z <- net(z + y + x) per cycle (TRM: 6)
     n_cycles: int = 2  # T: cycles per supervision step, the first T - 1 without gradients (TRM: 3)
+    # how the tied embedding becomes the question x: "unit" divides by init_std (x starts at std 1, as TRM's does),
+    # "sqrt-dim" multiplies by sqrt(d) (TRM's formula on this harness's std-0.02 embedding; x starts near 0)
+    context_scale: str = "unit"
 
 
 class PostNormBlock(Block):
@@ -106,6 +114,9 @@ class TRM(BaseLM):
         for key in ("n_latent", "n_cycles"):
             if getattr(a, key) < 1:
                 raise ValueError(f"model.{key}: must be >= 1, got {getattr(a, key)}")
+        if a.context_scale not in CONTEXT_SCALES:
+            names = ", ".join(CONTEXT_SCALES)
+            raise ValueError(f"model.context_scale: must be one of {names}, got {a.context_scale!r}")
 
     def build_extra(self, args: Any) -> None:
         self.layers = nn.ModuleList(PostNormBlock(i, args) for i in range(args.n_layers))
@@ -154,7 +165,7 @@ class TRM(BaseLM):
         return self.cycle(x, y, z, cos, sin, cache)
 
     def prelude(self, h, cos, sin, cache):
-        x = h * math.sqrt(self.args.dim)
+        x = h * self._context_scale()
         y0, z0 = self.y_init.to(x.dtype).expand_as(x), self.z_init.to(x.dtype).expand_as(x)
         return torch.cat([y0, z0], dim=-1), x  # state [y ; z] (B, T, 2d), context x
 
@@ -188,6 +199,11 @@ class TRM(BaseLM):
         assert loss is not None
         self.add_compute(2.0 * self.args.dim * self.args.vocab_size)  # the head on an earlier answer
         return loss
+
+    def _context_scale(self) -> float:
+        if self.arch_args.context_scale == "unit":
+            return 1.0 / self.args.init_std
+        return math.sqrt(self.args.dim)
 
     # ---- accounting ---------------------------------------------------------------------------------------------
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
+
+from benchctl.core.errors import ConfigError
 
 
 def tokens(B: int, T: int, seed: int = 0) -> torch.Tensor:
@@ -17,8 +20,9 @@ def rms(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
-def test_schedule_by_hand(tiny_model):
-    model = tiny_model("trm", n_latent=3, n_cycles=2)
+@pytest.mark.parametrize("context_scale", ["unit", "sqrt-dim"])
+def test_schedule_by_hand(tiny_model, context_scale):
+    model = tiny_model("trm", n_latent=3, n_cycles=2, context_scale=context_scale)
     with torch.no_grad():  # norm gains away from one, so a misplaced norm shows
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -33,7 +37,8 @@ def test_schedule_by_hand(tiny_model):
         return h
 
     with torch.no_grad():
-        x = model.tok_embeddings(x_tok) * math.sqrt(model.args.dim)
+        emb = model.tok_embeddings(x_tok)
+        x = emb / model.args.init_std if context_scale == "unit" else emb * math.sqrt(model.args.dim)
         y, z = model.y_init.expand_as(x), model.z_init.expand_as(x)
         for _ in range(model.args.n_recur):  # supervision steps
             for _ in range(2):  # cycles
@@ -44,6 +49,24 @@ def test_schedule_by_hand(tiny_model):
         torch.testing.assert_close(model(x_tok)[0], ref, rtol=1e-4, atol=1e-5)
         # the iteration hooks run the same schedule
         torch.testing.assert_close(model.iterate(x_tok).logits, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_the_question_starts_at_the_scale_of_the_states(tiny_model):
+    # x beside y0 and z0 (std 1 each): at sqrt(d) times the std-0.02 embedding it would start near 0.02 * sqrt(d) and
+    # the network would see almost nothing of the token
+    model = tiny_model("trm", dim=64, n_heads=4, n_kv_heads=4, hidden_dim=64)
+    h = model.tok_embeddings(tokens(4, 64)).detach()
+    _, x = model.prelude(h, None, None, None)
+    assert 0.9 < float(x.std()) < 1.1
+    _, x_old = tiny_model("trm", dim=64, n_heads=4, n_kv_heads=4, hidden_dim=64, context_scale="sqrt-dim").prelude(
+        h, None, None, None
+    )
+    assert float(x_old.std()) < 0.2
+
+
+def test_context_scale_is_checked(tiny_args):
+    with pytest.raises(ConfigError, match="model.context_scale: must be one of unit, sqrt-dim, got 'half'"):
+        tiny_args("trm", context_scale="half")
 
 
 def test_initial_states_are_fixed_unit_variance_buffers(tiny_model):
