@@ -300,6 +300,12 @@ def _iso_db(tmp_path, degenerate_at: float | None = None, short: float = 1.0):
                                 "tokens_seen": tokens,
                                 "data_train_tokens": 100_000,
                                 "final_val_loss": loss + rng.normal(0, 0.003),
+                                # the control's runs timed on one machine, frailt's on another with two jobs
+                                "train_seconds": 50.0 * (b_i + 1),
+                                "warmup_seconds": 1.0,
+                                "eval_seconds": 9.0,
+                                "device_name": "CPU A" if arch == "control" else "CPU B",
+                                "concurrent_jobs": 1 if arch == "control" else 2,
                             }
                         )
                         plan_rows.append(
@@ -339,6 +345,23 @@ def test_the_scaling_section_reports_optima_fits_and_sentences(tmp_path):
     epochs = int(1e9 / d["flops_per_token"]) / 100_000
     row = next(x for x in sec.splitlines() if x.startswith("| 1e9 | control | 16 |"))
     assert f"| {epochs:.2f} |" in row  # every point states its epochs
+    # the grid's time, per machine and jobs: 10 runs per architecture and budget of 60, 110 and 160 s each
+    hours = 10 * (60 + 110 + 160) / 3600
+    assert f"Time: these 60 runs took {2 * hours:.2f} h of their own time" in sec
+    assert f"30 runs, {hours:.2f} h on CPU A, one job at a time (about {hours:.2f} h of wall time)" in sec
+    assert f"30 runs, {hours:.2f} h on CPU B, 2 jobs at a time (about {hours / 2:.2f} h of wall time)" in sec
+
+
+def test_one_machine_s_time_is_one_clause(tmp_path):
+    db = _iso_db(tmp_path)
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE runs SET device_name = 'CPU B', concurrent_jobs = 2")
+    sec = report_engine.build(db, "tiny", "iso", only_plan=True).markdown
+    hours = 20 * (60 + 110 + 160) / 3600
+    assert (
+        f"these 60 runs took {hours:.2f} h of their own time (optimizer steps, warm-up and evaluations; start-up "
+        f"and checkpoints not counted) on CPU B, 2 jobs at a time (about {hours / 2:.2f} h of wall time)."
+    ) in sec
 
 
 def test_a_degenerate_point_is_said_and_not_used(tmp_path):

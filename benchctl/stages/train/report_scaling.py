@@ -366,6 +366,7 @@ def scaling_section(frames: Frames) -> list[str]:
     )
     out.append("")
     out += _points_table(pts)
+    out += _time_lines(frames, pts)
     opt, opts = optima_frame(pts)
     # one order of the architectures in every table and sentence (opt is budget-major, and a budget that only some
     # have reached yet would put those first)
@@ -418,6 +419,40 @@ def _points_table(pts: pd.DataFrame) -> list[str]:
     )
     lines.append("")
     return lines
+
+
+def _time_lines(frames: Frames, pts: pd.DataFrame) -> list[str]:
+    """What the grid cost in time, from each run's own clock, per device and number of jobs sharing it.
+
+    A plan that was stopped and resumed has no single start and end (a run's started_at is its last resume), so the
+    wall time is the runs' own time over the jobs that ran at once: exact when the jobs were kept busy, which a
+    plan's executor does until its last runs."""
+    done = frames.ctx.done
+    runs = done[done["id"].isin(set(pts["run_id"]))]
+    if runs.empty:
+        return []
+    cols = [c for c in ("train_seconds", "warmup_seconds", "eval_seconds") if c in runs]
+    secs = runs[cols].apply(pd.to_numeric, errors="coerce").fillna(0.0).sum(axis=1)
+    device = [("an unrecorded device" if missing(d) else str(d)) for d in runs.get("device_name", [None] * len(runs))]
+    jobs = [1 if missing(j) else int(j) for j in runs.get("concurrent_jobs", [None] * len(runs))]
+    by = pd.DataFrame({"secs": secs.to_numpy(), "device": device, "jobs": jobs})
+    groups = list(by.groupby(["device", "jobs"], sort=True))
+    parts = []
+    for (dev, n_jobs), g in groups:
+        hours = float(g["secs"].sum()) / 3600
+        at_once = "one job at a time" if n_jobs == 1 else f"{n_jobs} jobs at a time"
+        where = f"on {dev}, {at_once} (about {hours / n_jobs:.2f} h of wall time)"
+        parts.append(where if len(groups) == 1 else f"{len(g)} run{'s' if len(g) != 1 else ''}, {hours:.2f} h {where}")
+    total = float(by["secs"].sum()) / 3600
+    return [
+        f"Time: these {len(by)} runs took {total:.2f} h of their own time (optimizer steps, warm-up and "
+        "evaluations; start-up and checkpoints not counted)"
+        + (" " if len(groups) == 1 else ": ")
+        + "; ".join(parts)
+        + ". Wall time is the runs' time over the jobs that shared the machine, so it holds while the jobs were kept "
+        "busy.",
+        "",
+    ]
 
 
 def _optima_table(opt: pd.DataFrame) -> list[str]:
