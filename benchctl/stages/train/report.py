@@ -437,7 +437,7 @@ def loss_section(frames: Frames) -> list[str]:
             fci(r["final_lo"], r["final_hi"], r["final_n"]),
         ]
         if ctx.is_paper:
-            flag = " (Table 5: 1.492)" if r["model"] == CONTROL and r["study_final"] is not None else ""
+            flag = " (Table 5: 1.492)" if r["model"] == CONTROL and not missing(r["study_final"]) else ""
             row += [fnum(r["study_initial"]), fnum(r["study_final"]) + flag]
         rows.append(row)
     out += md_table(headers, rows, right=range(1, len(headers))) + [""]

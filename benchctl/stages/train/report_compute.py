@@ -316,7 +316,7 @@ def _scatter_panel(ax: Any, ctx: Context, runs: pd.DataFrame, per: pd.DataFrame,
     """Final loss against `x` (log scale): a dot per seed, a diamond per model mean, the control family joined."""
     for m in per["model"]:
         g, r = runs[runs["model"] == m], per[per["model"] == m].iloc[0]
-        if r[x] is None or r["final"] is None:
+        if missing(r[x]) or missing(r["final"]):
             continue
         ax.scatter(g[x], g["final"], s=18, color=ctx.colours[m], alpha=0.55, edgecolor="none", zorder=2)
         ax.scatter(
