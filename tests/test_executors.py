@@ -176,6 +176,30 @@ def test_two_jobs_give_the_same_runs_as_one(tmp_path, tinystories_dir, monkeypat
     assert any(ln.startswith("[1/3] control seed 1 (preset tiny) -> job") for ln in lines), lines
 
 
+def test_a_done_run_without_its_checkpoint_counts_as_done_when_nothing_reads_weights(
+    tmp_path, tinystories_dir, monkeypatch
+):
+    """results.db carried to another machine without its run directories: a study that only trains and reports
+    goes on from its done runs; one whose later stages load weights trains them again."""
+    import shutil
+
+    cfgs, prepared = _prepared(tmp_path, monkeypatch, tinystories_dir, {**SHORT, "train.max_steps": 2})
+    db_path = tmp_path / "results.db"
+    quiet = {"progress": False, "log": lambda *_: None}
+    first = sweep.train_all(cfgs, prepared, db_path, **quiet)
+    assert len(first.done) == 2
+    shutil.rmtree(tmp_path / "runs")
+    losses = _losses(db_path)
+    for jobs in (1, 2):  # in this process (train_run's verdict) and the process pool's check before it starts any
+        kept = sweep.train_all(cfgs, prepared, db_path, **quiet, opts=TrainOptions(jobs=jobs, weights_needed=False))
+        assert sorted(kept.skipped) == sorted(first.done) and not kept.done, jobs
+    assert _losses(db_path) == losses and not (tmp_path / "runs").exists()
+    lines: list[str] = []
+    again = sweep.train_all(cfgs, prepared, db_path, progress=False, log=lines.append)
+    assert sorted(again.done) == sorted(first.done) and not again.skipped
+    assert any("is marked done but its checkpoint is missing; training it again" in ln for ln in lines)
+
+
 def test_a_run_dir_of_its_own_is_linked_where_later_stages_look(tmp_path, tinystories_dir, monkeypatch):
     from benchctl.core import checkpoint as ckpt
 

@@ -223,3 +223,23 @@ def test_study_end_to_end_on_tiny_data(tmp_path, tinystories_dir, monkeypatch):
     ]
     assert path == tmp_path / "reports" / "report.md"
     assert "| control | 1 | 0 | 0 | 0 | 0 |" in path.read_text()
+
+
+@pytest.mark.parametrize(
+    ("plan", "skip", "export", "needed"),
+    [
+        ("study", (), (), True),
+        ("study", ("sample", "judge", "eval", "depth"), (), True),  # infer still loads them
+        ("study", ("sample", "judge", "eval", "depth", "infer"), (), False),
+        ("study", ("sample", "judge", "eval", "depth", "infer"), ("hf",), True),
+        ("retrofit", ("sample", "judge", "eval", "depth", "infer"), (), True),  # conversions start from weights
+    ],
+)
+def test_training_knows_whether_a_later_stage_loads_the_weights(plan, skip, export, needed):
+    from benchctl import plans
+    from benchctl.stages import StudyOptions, StudyRun, weights_read_after
+    from benchctl.stages.train.stage import ORDER
+
+    opts = StudyOptions(preset="tiny", plan=plan, seeds=[0], skip=skip, export=export)
+    study = StudyRun(opts=opts, cfgs=[], archs=[], plan=plans.load(plan))
+    assert weights_read_after(study, ORDER) is needed

@@ -46,7 +46,8 @@ class Stage:
     left out with `benchctl study --skip NAME`; their `run` checks `study.skips(name)` itself, because what it
     says when skipped (and whether there is anything to do) is the stage's own business. Under torchrun the
     `every_rank` stages (preparing the data, training) run on every process; the study's other ranks stop after
-    the last of them and rank 0 alone runs the rest, which needs no process group. `tables` are the tables of
+    the last of them and rank 0 alone runs the rest, which needs no process group. `reads_weights` says whether the
+    stage loads trained runs' checkpoints in a given study. `tables` are the tables of
     results.db the stage owns, from its `tables.py` (`TABLES`), which alone writes them: every connection creates
     and migrates them (`connect` below). `queries` gives the Datasette canned queries `benchctl browse` offers over
     them: from the columns of the file being served (table -> columns), the queries its tables can answer, by URL
@@ -61,6 +62,19 @@ class Stage:
     every_rank: bool = False  # under torchrun: run on every rank (training's DDP); otherwise rank 0 alone
     tables: tuple[Table, ...] = ()
     queries: Callable[[dict[str, list[str]]], dict[str, dict[str, Any]]] | None = None
+    # whether the stage loads the trained runs' weights in this study (None: never). Training counts a run that
+    # results.db has as done, but whose checkpoint is not here, as finished only when no later stage does.
+    reads_weights: Callable[[StudyRun], bool] | None = None
+
+
+def unless_skipped(name: str) -> Callable[[StudyRun], bool]:
+    """`reads_weights` of a skippable stage that loads the trained runs' weights whenever it runs."""
+    return lambda study: not study.skips(name)
+
+
+def weights_read_after(study: StudyRun, order: int) -> bool:
+    """Whether any stage after `order` loads the trained runs' weights in this study."""
+    return any(s.reads_weights(study) for s in registered() if s.order > order and s.reads_weights is not None)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,7 +8,7 @@ shows whatever rows exist.
 
 from __future__ import annotations
 
-from benchctl.stages import RunSelection, Stage, StudyRun
+from benchctl.stages import RunSelection, Stage, StudyRun, unless_skipped
 from benchctl.stages.depth import engine as depth
 from benchctl.stages.depth.options import DepthOptions
 from benchctl.stages.depth.report import FIGURES, depth_section
@@ -46,4 +46,5 @@ STAGE = Stage(
     sections=(depth_section,),
     figures=FIGURES,
     skippable=True,
+    reads_weights=unless_skipped("depth"),
 )

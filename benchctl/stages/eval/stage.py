@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchctl.stages import RunSelection, Stage, StudyRun
+from benchctl.stages import RunSelection, Stage, StudyRun, unless_skipped
 from benchctl.stages.eval.options import EvalOptions
 from benchctl.stages.eval.report import eval_section
 from benchctl.stages.eval.tables import TABLES, browse_queries
@@ -22,5 +22,12 @@ def run(study: StudyRun) -> None:
 
 
 STAGE = Stage(
-    name="eval", order=50, run=run, tables=TABLES, queries=browse_queries, sections=(eval_section,), skippable=True
+    name="eval",
+    order=50,
+    run=run,
+    tables=TABLES,
+    queries=browse_queries,
+    sections=(eval_section,),
+    skippable=True,
+    reads_weights=unless_skipped("eval"),
 )

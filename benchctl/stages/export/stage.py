@@ -28,4 +28,4 @@ def run(study: StudyRun) -> None:
     study.log(f"   {len(s.written)} written, {len(s.skipped)} already complete")
 
 
-STAGE = Stage(name="export", order=110, run=run)
+STAGE = Stage(name="export", order=110, run=run, reads_weights=lambda study: bool(study.opts.export))

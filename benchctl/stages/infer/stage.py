@@ -9,7 +9,7 @@ command that measures it; the report section shows whatever rows exist.
 
 from __future__ import annotations
 
-from benchctl.stages import RunSelection, Stage, StudyRun
+from benchctl.stages import RunSelection, Stage, StudyRun, unless_skipped
 from benchctl.stages.infer.options import InferOptions
 from benchctl.stages.infer.report import FIGURES, inference_section
 from benchctl.stages.infer.tables import TABLES, browse_queries
@@ -43,4 +43,5 @@ STAGE = Stage(
     sections=(inference_section,),
     figures=FIGURES,
     skippable=True,
+    reads_weights=unless_skipped("infer"),
 )

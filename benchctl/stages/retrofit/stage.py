@@ -23,13 +23,16 @@ from benchctl.stages.train import tables as train_tables
 from benchctl.stages.train.sweep import confirm_long_run
 
 
-def run(study: StudyRun) -> None:
+def conversions(study: StudyRun) -> list[Any]:
+    """The study plan's conversions (none without a plan)."""
     opts = study.opts
-    convs = (
-        []
-        if study.plan is None
-        else plans.conversions(study.plan, opts.preset, list(opts.seeds or [0]), opts.overrides, opts.archs)
-    )
+    if study.plan is None:
+        return []
+    return plans.conversions(study.plan, opts.preset, list(opts.seeds or [0]), opts.overrides, opts.archs)
+
+
+def run(study: StudyRun) -> None:
+    convs = conversions(study)
     if not convs:
         study.say("no conversions in this plan")
         return
@@ -114,4 +117,11 @@ def _convert_and_train(study: StudyRun, conv: Any, job: Any) -> None:
         )
 
 
-STAGE = Stage(name="retrofit", order=25, run=run, sections=(retrofit_section,), figures=(FIGURE,))
+STAGE = Stage(
+    name="retrofit",
+    order=25,
+    run=run,
+    sections=(retrofit_section,),
+    figures=(FIGURE,),
+    reads_weights=lambda study: bool(conversions(study)),  # a conversion starts from its parent's weights
+)

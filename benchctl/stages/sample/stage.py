@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchctl.stages import RunSelection, Stage, StudyRun
+from benchctl.stages import RunSelection, Stage, StudyRun, unless_skipped
 from benchctl.stages.sample import engine as sample
 from benchctl.stages.sample.options import DEFAULT_N_PROMPTS, SampleOptions
 from benchctl.stages.sample.tables import TABLES
@@ -21,4 +21,4 @@ def run(study: StudyRun) -> None:
     study.log(f"   {s.generated} new sample(s), {s.skipped} already stored")
 
 
-STAGE = Stage(name="sample", order=30, run=run, tables=TABLES, skippable=True)
+STAGE = Stage(name="sample", order=30, run=run, tables=TABLES, skippable=True, reads_weights=unless_skipped("sample"))

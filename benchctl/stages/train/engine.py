@@ -253,9 +253,10 @@ def train_run_when_free(
 
 
 def _verdict(
-    db: dbm.Database | None, cfg: RunConfig, rid: str, ckpt_path: Path, dist_info: Dist
+    db: dbm.Database | None, cfg: RunConfig, rid: str, ckpt_path: Path, dist_info: Dist, weights_needed: bool = True
 ) -> tuple[str, dict[str, Any] | None]:
-    """('skip' | 'resume' | 'train', the run's row): skip a finished run, resume one with a checkpoint."""
+    """('skip' | 'resume' | 'train', the run's row): skip a finished run (one whose checkpoint is gone too, when
+    nothing needs its weights), resume one with a checkpoint."""
     existing = train_tables.get_run(db, rid) if db is not None else None
     if db is not None and existing is None and ckpt_path.exists():
         # every run's row is written before its first checkpoint: a checkpoint of a run this database never
@@ -269,7 +270,7 @@ def _verdict(
             "sharing or copied into this runs dir); give this database its own directory (or --runs-dir), "
             "or delete that run directory to retrain"
         )
-    if existing is not None and existing["status"] == "done" and ckpt_path.exists():
+    if existing is not None and existing["status"] == "done" and (ckpt_path.exists() or not weights_needed):
         return "skip", existing
     if existing is not None and existing["status"] == "running" and existing.get("hostname") == _hostname():
         pid = existing.get("pid")
@@ -291,6 +292,7 @@ def train_run(
     run_values: dict[str, Any] | None = None,
     variant: str | None = None,
     runs_dir: Path | None = None,
+    weights_needed: bool = True,
 ) -> RunResult:
     """Train one run to completion (or resume it), writing rows to `db` (rank 0 only; `db` is None elsewhere).
 
@@ -304,13 +306,15 @@ def train_run(
     `train.init_from` names where it came from; ignored once the run has a checkpoint), and `run_values` are extra
     columns of the run row written with it at the start (e.g. the retrofit's parent).
     `runs_dir` holds the run's directory (checkpoint, tokenizer) instead of `<db dir>/runs`.
+    `weights_needed` False counts a run results.db has as done as finished even without its checkpoint (nothing
+    after this will load it); True trains such a run again, so the stages that load weights find them.
     """
     dist_info = Dist.from_env()
     init_distributed(dist_info, resolve_device(cfg.train.device, dist_info.local_rank if dist_info.enabled else None))
     rid = run_id(cfg, prepared.fingerprint)
     ckpt_path = ckpt.run_dir(db_path, rid, runs_dir) / ckpt.CKPT_NAME
     # rank 0 alone reads the state (it alone has the database); every rank acts on its verdict
-    verdict, existing = decide_on_main(dist_info, lambda: _verdict(db, cfg, rid, ckpt_path, dist_info))
+    verdict, existing = decide_on_main(dist_info, lambda: _verdict(db, cfg, rid, ckpt_path, dist_info, weights_needed))
     if verdict == "skip":
         return RunResult(rid, "done", skipped=True, row=existing if dist_info.is_main else {})
     if not isinstance(progress, Progress):

@@ -23,11 +23,18 @@ class TrainOptions:
     executor: str = "local"  # local, or ray: every run a task on a Ray cluster
     ray_address: str | None = None  # the cluster to join (None: $RAY_ADDRESS, else a new local instance)
     runs_dir: Path | None = None  # where run directories live (None: beside results.db)
+    weights_needed: bool = True  # False: a run done in results.db is done without its checkpoint (nothing loads it)
     execution: Execution = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(
             self,
             "execution",
-            Execution(executor=self.executor, jobs=self.jobs, ray_address=self.ray_address, runs_dir=self.runs_dir),
+            Execution(
+                executor=self.executor,
+                jobs=self.jobs,
+                ray_address=self.ray_address,
+                runs_dir=self.runs_dir,
+                weights_needed=self.weights_needed,
+            ),
         )

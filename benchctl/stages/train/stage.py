@@ -7,7 +7,7 @@ decide their own compute, their auxiliary losses and metrics, and for an IsoFLOP
 
 from __future__ import annotations
 
-from benchctl.stages import Stage, StudyRun
+from benchctl.stages import Stage, StudyRun, weights_read_after
 from benchctl.stages.train.options import TrainOptions
 from benchctl.stages.train.report import cost_section, loss_section, models_section, runs_section
 from benchctl.stages.train.report_adaptive import adaptive_section
@@ -16,6 +16,8 @@ from benchctl.stages.train.report_scaling import scaling_section
 from benchctl.stages.train.sweep import train_all
 from benchctl.stages.train.tables import TABLES, browse_queries
 
+ORDER = 20
+
 
 def run(study: StudyRun) -> None:
     opts, cfgs = study.opts, study.cfgs
@@ -23,7 +25,14 @@ def run(study: StudyRun) -> None:
     plan = f"plan {study.plan.name}: " if study.plan is not None else ""
     study.say(f"{plan}{len(cfgs)} run(s) — {', '.join(names)} × seeds {sorted({c.seed for c in cfgs})}")
     train_opts = TrainOptions(
-        yes=opts.yes, jobs=opts.jobs, executor=opts.executor, ray_address=opts.ray_address, runs_dir=opts.runs_dir
+        yes=opts.yes,
+        jobs=opts.jobs,
+        executor=opts.executor,
+        ray_address=opts.ray_address,
+        runs_dir=opts.runs_dir,
+        # a study that only trains and reports (e.g. --skip sample,judge,eval,depth,infer) goes on from the runs its
+        # results.db has as done even where their checkpoints are not (a database carried to another machine)
+        weights_needed=weights_read_after(study, ORDER),
     )
     study.trained = train_all(
         cfgs,
@@ -40,7 +49,7 @@ def run(study: StudyRun) -> None:
 
 STAGE = Stage(
     name="train",
-    order=20,
+    order=ORDER,
     run=run,
     tables=TABLES,
     queries=browse_queries,

@@ -137,7 +137,13 @@ def make_executor(
         return RayExecutor(execution, prepared=prepared, db_path=db_path, db=db, log=log)
     if execution.in_process:
         return InProcess(
-            prepared=prepared, db_path=db_path, db=db, progress=progress, log=log, runs_dir=execution.runs_dir
+            prepared=prepared,
+            db_path=db_path,
+            db=db,
+            progress=progress,
+            log=log,
+            runs_dir=execution.runs_dir,
+            weights_needed=execution.weights_needed,
         )
     return ProcessPool(execution, prepared=prepared, db_path=db_path, db=db, progress=progress, log=log)
 

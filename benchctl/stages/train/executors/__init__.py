@@ -71,6 +71,10 @@ class Execution:
     jobs: int | str = 1  # a positive number, or "auto"
     ray_address: str | None = None  # None: $RAY_ADDRESS, else a new local Ray instance
     runs_dir: Path | None = None  # None: `<db dir>/runs`
+    # whether a run results.db has as done must also have its checkpoint here to count as done: False when nothing
+    # after training reads the weights, so a results.db carried to another machine (or kept after its run
+    # directories were cleared) goes on from its done runs instead of training them again
+    weights_needed: bool = True
 
     def __post_init__(self) -> None:
         if self.executor not in EXECUTORS:
@@ -166,9 +170,9 @@ def _visible_gpus(count: int) -> tuple[str, ...]:
     return tuple(given[:count]) if len(given) >= count else tuple(str(i) for i in range(count))
 
 
-def already_done(db: Any, db_path: Path, runs_dir: Path | None, run_id: str) -> bool:
-    """results.db has the run as done and its checkpoint is there: no process needs to start for it (train_run
-    would skip it the same way)."""
+def already_done(db: Any, db_path: Path, runs_dir: Path | None, run_id: str, weights_needed: bool = True) -> bool:
+    """results.db has the run as done and, when its weights are needed, its checkpoint is there: no process needs to
+    start for it (train_run would skip it the same way)."""
     # torch (checkpoint), sqlite_utils with pandas: kept out of 'benchctl --help', which imports this module
     from benchctl.core import checkpoint as ckpt
     from benchctl.stages.train import tables as train_tables
@@ -177,7 +181,7 @@ def already_done(db: Any, db_path: Path, runs_dir: Path | None, run_id: str) -> 
     return (
         row is not None
         and row["status"] == "done"
-        and (ckpt.run_dir(db_path, run_id, runs_dir) / ckpt.CKPT_NAME).exists()
+        and (not weights_needed or (ckpt.run_dir(db_path, run_id, runs_dir) / ckpt.CKPT_NAME).exists())
     )
 
 

@@ -64,9 +64,10 @@ class InProcess:
         progress: Any,
         log: Callable[[str], None],
         runs_dir: Path | None = None,
+        weights_needed: bool = True,
     ):
         self.prepared, self.db_path, self.db, self.progress, self.log = prepared, db_path, db, progress, log
-        self.runs_dir = runs_dir
+        self.runs_dir, self.weights_needed = runs_dir, weights_needed
 
     def run(self, specs: list[RunSpec], on_outcome: OnOutcome) -> None:
         for spec in specs:
@@ -82,6 +83,7 @@ class InProcess:
                     log=self.log,
                     variant=spec.variant,
                     runs_dir=self.runs_dir,
+                    weights_needed=self.weights_needed,
                 )
             except BenchctlError as e:
                 on_outcome(spec, Outcome("failed", str(e)))
@@ -111,7 +113,7 @@ class ProcessPool:
     def run(self, specs: list[RunSpec], on_outcome: OnOutcome) -> None:
         todo = []
         for spec in specs:  # finished runs need no process (and must not count towards the jobs started)
-            if already_done(self.db, self.db_path, self.execution.runs_dir, spec.run_id):
+            if already_done(self.db, self.db_path, self.execution.runs_dir, spec.run_id, self.execution.weights_needed):
                 on_outcome(spec, Outcome("skipped"))
             else:
                 todo.append(spec)

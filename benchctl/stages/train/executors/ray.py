@@ -82,7 +82,7 @@ class RayExecutor:
         ray = import_ray()
         todo = []
         for spec in specs:
-            if already_done(self.db, self.db_path, self.runs_dir, spec.run_id):
+            if already_done(self.db, self.db_path, self.runs_dir, spec.run_id, self.execution.weights_needed):
                 on_outcome(spec, Outcome("skipped"))
             else:
                 todo.append(spec)
