@@ -306,6 +306,7 @@ def _iso_db(tmp_path, degenerate_at: float | None = None, short: float = 1.0):
                                 "eval_seconds": 9.0,
                                 "device_name": "CPU A" if arch == "control" else "CPU B",
                                 "concurrent_jobs": 1 if arch == "control" else 2,
+                                "dtype": "float32",
                             }
                         )
                         plan_rows.append(
@@ -348,8 +349,9 @@ def test_the_scaling_section_reports_optima_fits_and_sentences(tmp_path):
     # the grid's time, per machine and jobs: 10 runs per architecture and budget of 60, 110 and 160 s each
     hours = 10 * (60 + 110 + 160) / 3600
     assert f"Time: these 60 runs took {2 * hours:.2f} h of their own time" in sec
-    assert f"30 runs, {hours:.2f} h on CPU A, one job at a time (about {hours:.2f} h of wall time)" in sec
-    assert f"30 runs, {hours:.2f} h on CPU B, 2 jobs at a time (about {hours / 2:.2f} h of wall time)" in sec
+    assert f"30 runs, {hours:.2f} h on CPU A in float32, one job at a time (about {hours:.2f} h of wall time)" in sec
+    assert f"30 runs, {hours:.2f} h on CPU B in float32, 2 jobs at a time (about {hours / 2:.2f} h of wall time)" in sec
+    assert "Mixed precision" not in sec
 
 
 def test_one_machine_s_time_is_one_clause(tmp_path):
@@ -360,8 +362,17 @@ def test_one_machine_s_time_is_one_clause(tmp_path):
     hours = 20 * (60 + 110 + 160) / 3600
     assert (
         f"these 60 runs took {hours:.2f} h of their own time (optimizer steps, warm-up and evaluations; start-up "
-        f"and checkpoints not counted) on CPU B, 2 jobs at a time (about {hours / 2:.2f} h of wall time)."
+        f"and checkpoints not counted) on CPU B in float32, 2 jobs at a time (about {hours / 2:.2f} h of wall time)."
     ) in sec
+
+
+def test_a_grid_that_mixes_precisions_says_so(tmp_path):
+    db = _iso_db(tmp_path)
+    with sqlite3.connect(db) as conn:  # the frailt runs resumed on a machine with native bf16
+        conn.execute("UPDATE runs SET dtype = 'bfloat16' WHERE arch = 'frailt'")
+    sec = report_engine.build(db, "tiny", "iso", only_plan=True).markdown
+    assert "**Mixed precision**: the grid's runs trained in bfloat16 (30 runs) and float32 (30 runs)" in sec
+    assert "h on CPU B in bfloat16, 2 jobs at a time" in sec
 
 
 def test_a_degenerate_point_is_said_and_not_used(tmp_path):

@@ -422,7 +422,9 @@ def _points_table(pts: pd.DataFrame) -> list[str]:
 
 
 def _time_lines(frames: Frames, pts: pd.DataFrame) -> list[str]:
-    """What the grid cost in time, from each run's own clock, per device and number of jobs sharing it.
+    """What the grid cost in time, from each run's own clock, per device, precision and number of jobs sharing it;
+    and a warning when the grid's runs trained at more than one precision (`train.dtype=auto` resolves per machine,
+    so a plan resumed on other hardware can mix them, and its points then differ by more than size and data).
 
     A plan that was stopped and resumed has no single start and end (a run's started_at is its last resume), so the
     wall time is the runs' own time over the jobs that ran at once: exact when the jobs were kept busy, which a
@@ -435,13 +437,14 @@ def _time_lines(frames: Frames, pts: pd.DataFrame) -> list[str]:
     secs = runs[cols].apply(pd.to_numeric, errors="coerce").fillna(0.0).sum(axis=1)
     device = [("an unrecorded device" if missing(d) else str(d)) for d in runs.get("device_name", [None] * len(runs))]
     jobs = [1 if missing(j) else int(j) for j in runs.get("concurrent_jobs", [None] * len(runs))]
-    by = pd.DataFrame({"secs": secs.to_numpy(), "device": device, "jobs": jobs})
-    groups = list(by.groupby(["device", "jobs"], sort=True))
+    dtype = [("an unrecorded precision" if missing(d) else str(d)) for d in runs.get("dtype", [None] * len(runs))]
+    by = pd.DataFrame({"secs": secs.to_numpy(), "device": device, "dtype": dtype, "jobs": jobs})
+    groups = list(by.groupby(["device", "dtype", "jobs"], sort=True))
     parts = []
-    for (dev, n_jobs), g in groups:
+    for (dev, dt, n_jobs), g in groups:
         hours = float(g["secs"].sum()) / 3600
         at_once = "one job at a time" if n_jobs == 1 else f"{n_jobs} jobs at a time"
-        where = f"on {dev}, {at_once} (about {hours / n_jobs:.2f} h of wall time)"
+        where = f"on {dev} in {dt}, {at_once} (about {hours / n_jobs:.2f} h of wall time)"
         parts.append(where if len(groups) == 1 else f"{len(g)} run{'s' if len(g) != 1 else ''}, {hours:.2f} h {where}")
     total = float(by["secs"].sum()) / 3600
     return [
@@ -452,7 +455,17 @@ def _time_lines(frames: Frames, pts: pd.DataFrame) -> list[str]:
         + ". Wall time is the runs' time over the jobs that shared the machine, so it holds while the jobs were kept "
         "busy.",
         "",
-    ]
+    ] + (
+        [
+            "**Mixed precision**: the grid's runs trained in "
+            + " and ".join(f"{dt} ({n} runs)" for dt, n in by["dtype"].value_counts().sort_index().items())
+            + " (`train.dtype=auto` resolves per machine), so two points may differ by their precision as well as "
+            "their size and data.",
+            "",
+        ]
+        if by["dtype"].nunique() > 1
+        else []
+    )
 
 
 def _optima_table(opt: pd.DataFrame) -> list[str]:
