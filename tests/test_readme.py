@@ -8,6 +8,8 @@ import re
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from benchctl.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,11 +68,12 @@ def test_no_page_names_a_local_workspace_path():
         assert "shared/data" not in text and "/work/" not in text, page
 
 
-def test_the_committed_database_names_no_local_workspace_path():
-    """The committed study's database is published beside its report: its data source, checkpoint and plan paths
+@pytest.mark.parametrize("path", sorted((REPO / "docs" / "results").glob("*/results.db")), ids=lambda p: p.parent.name)
+def test_the_committed_databases_name_no_local_workspace_path(path):
+    """A committed study's database is published beside its report: its data source, checkpoint and plan paths
     name no directory of the machine it was trained on (they read DATA_DIR, folders beside the database and the
     built-in plan's place in the package)."""
-    db = sqlite3.connect(f"file:{RESULT / 'results.db'}?mode=ro", uri=True)
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
         dump = "\n".join(db.iterdump())
     finally:
