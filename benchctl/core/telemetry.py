@@ -382,15 +382,37 @@ def device_name(device: torch.device) -> str:
         return torch.cuda.get_device_name(device)
     if device.type == "mps":
         return "Apple MPS"
-    cpu = platform.processor() or platform.machine()
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+        cpu = cpu_model(Path("/proc/cpuinfo").read_text())
     except OSError:
-        pass
+        cpu = None
+    cpu = cpu or platform.processor() or platform.machine()
     return f"{cpu} ({os.cpu_count()} cores, {torch.get_num_threads()} threads)"
+
+
+def cpu_model(cpuinfo: str) -> str | None:
+    """The first processor's model name from /proc/cpuinfo text, with its CPU family and model numbers when the name
+    carries no model number of its own.
+
+    Cloud machines often report a generic name ("AMD EPYC", "Intel(R) Xeon(R) Processor") for CPU generations whose
+    speed differs by twice or more (bf16 units, AVX-512 width), and the name is what timings, cost estimates and
+    benchmark files are grouped by; family and model tell those generations apart (AMD family 25 model 1 is Zen 3,
+    model 17 Zen 4). None when the text has no model name."""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            if fields:
+                break  # the end of the first processor's block
+            continue
+        key, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name")
+    if not name:
+        return None
+    if not re.search(r"\d", name) and fields.get("cpu family") and fields.get("model"):
+        name = f"{name} family {fields['cpu family']} model {fields['model']}"
+    return name
 
 
 @functools.cache

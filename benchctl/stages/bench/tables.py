@@ -28,7 +28,11 @@ BENCH = Table(
         Column("compiled", int, "1 when torch.compile was on"),
         Column("dtype", str, "the precision the row's step ran in (bfloat16 autocast or float32)"),
         Column("device", str, "device type"),
-        Column("device_name", str, "CPU or GPU model"),
+        Column(
+            "device_name",
+            str,
+            "CPU or GPU model, then cores and threads; a CPU name without a model number gains its family and model",
+        ),
         Column("steps", int, "timed steps per repeat", "steps"),
         Column("repeats", int, "repeats (tokens/s is their median)"),
         Column("tokens_per_step", int, "tokens per optimizer step", "tokens"),

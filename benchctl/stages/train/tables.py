@@ -86,7 +86,11 @@ RUNS = Table(
             "1 when the training step ran under torch.compile (train.compile as resolved on this machine)",
         ),
         Column("compile_reason", str, "why compiled or eager: set, or what train.compile=auto found"),
-        Column("device_name", str, "CPU or GPU model"),
+        Column(
+            "device_name",
+            str,
+            "CPU or GPU model, then cores and threads; a CPU name without a model number gains its family and model",
+        ),
         Column("device_count", int, "devices visible to the process"),
         Column("world_size", int, "processes in the distributed job (1 without torchrun)"),
         Column("driver_version", str, f"NVIDIA driver version, {_ENV}"),
