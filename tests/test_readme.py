@@ -81,3 +81,15 @@ def test_the_committed_databases_name_no_local_workspace_path(path):
     assert "INSERT INTO" in dump  # the dump has the rows
     for local in ("shared/data", "/work/", "/home/", "/tmp/"):
         assert local not in dump, local
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "docs" / "results").glob("*/results.db")), ids=lambda p: p.parent.name)
+def test_the_committed_databases_are_single_files(path):
+    """In WAL mode every read would leave a -wal and a -shm beside a committed database (and a commit made without
+    them could miss rows): committed copies use the rollback journal, as `benchctl share` writes them."""
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        assert db.execute("pragma journal_mode").fetchone()[0] == "delete"
+    finally:
+        db.close()
+    assert not [p.name for p in path.parent.iterdir() if p.name.startswith("results.db-")]
