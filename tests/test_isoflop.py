@@ -451,3 +451,11 @@ def test_find_prepared_never_builds(tmp_path, tinystories_dir, monkeypatch):
     built = data.prepare(cfg, 512, progress=False)
     found = data.find_prepared(cfg, 512)
     assert found is not None and found.dir == built.dir and found.n_train_tokens == built.n_train_tokens
+
+
+def test_the_crossing_sentence_names_which_fit_is_missing():
+    from benchctl.stages.train.report_scaling import _which_fit
+
+    assert _which_fit("frailt", None, None) == "neither has a power-law fit"
+    assert _which_fit("frailt", None, object()) == "only the control has one"
+    assert _which_fit("frailt", object(), None) == "only frailt has one"

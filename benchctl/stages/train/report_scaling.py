@@ -547,8 +547,7 @@ def _sentences(
         law, base = laws.get(name), laws.get(CONTROL)
         if law is None or base is None:
             parts.append(
-                f"Whether the L*(C) fits of {name} and the control cross cannot be said: "
-                f"{'neither has' if law is None and base is None else 'one of them has'} a power-law fit."
+                f"Whether the L*(C) fits of {name} and the control cross cannot be said: {_which_fit(name, law, base)}."
             )
         else:
             lo, hi, at = crossing(law, base)
@@ -706,3 +705,11 @@ def _figure_isoflop(
             fontweight="bold",
         )
     return fig
+
+
+def _which_fit(name: str, law: object, base: object) -> str:
+    """Which of the two has a power-law fit, when not both: 'neither has a power-law fit', 'only the control has
+    one'."""
+    if law is None and base is None:
+        return "neither has a power-law fit"
+    return f"only {'the control' if law is None else name} has one"
