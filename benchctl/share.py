@@ -136,7 +136,6 @@ def _copy(src: Path, tmp: Path) -> Iterator[sqlite3.Connection]:
     conn = sqlite3.connect(str(tmp))
     try:
         reader.backup(conn)
-        reader.close()
         # one self-contained file: the copy is meant to be committed or sent, never to get a -wal beside it
         conn.execute("PRAGMA journal_mode = DELETE")
         conn.execute("PRAGMA foreign_keys = OFF")  # rows are dropped below in dependency order by hand
@@ -230,14 +229,14 @@ def _thin_metrics(conn: sqlite3.Connection) -> int:
     return max(cur.rowcount, 0)
 
 
-def _text_columns(conn: sqlite3.Connection, table: str) -> list[str]:
+def _columns(conn: sqlite3.Connection, table: str) -> list[str]:
     return [r[1] for r in conn.execute(f"pragma table_info({_q(table)})")]
 
 
 def _redact(conn: sqlite3.Connection, tables: Sequence[str], rule: Redaction) -> int:
     n = 0
     for t in tables:
-        for c in _text_columns(conn, t):
+        for c in _columns(conn, t):
             cur = conn.execute(
                 f"update {_q(t)} set {_q(c)} = replace({_q(c)}, ?, ?) "
                 f"where typeof({_q(c)}) = 'text' and instr({_q(c)}, ?) > 0",
@@ -252,7 +251,7 @@ def _local_paths(conn: sqlite3.Connection, tables: Sequence[str]) -> dict[str, i
     each: what the user may want to --redact."""
     found: dict[str, int] = {}
     for t in tables:
-        for c in _text_columns(conn, t):
+        for c in _columns(conn, t):
             for (value,) in conn.execute(
                 f"select {_q(c)} from {_q(t)} where typeof({_q(c)}) = 'text' and instr({_q(c)}, '/') > 0"
             ):
