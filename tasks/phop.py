@@ -1,0 +1,158 @@
+"""p-hop induction: follow p induction-head hops back through a letter sequence from its last letter.
+
+    prompt  "agfhehdghgbd>>="   (a sequence X of `length` letters, then one ">" per hop, then "=")
+    answer  "f"
+
+Follows Sanford, Hsu and Telgarsky 2024 ("Transformers, parallel computation, and logarithmic depth", ICML 2024,
+arXiv 2402.09268), whose hop_k a transformer of depth O(log k) can compute, and Saunshi et al. 2025 ("Reasoning
+with latent thoughts", ICLR 2025, arXiv 2502.17416), who use it to compare looped and deep models.
+
+The hop, with 0-based positions: from position i, find the largest j < i with X[j] == X[i] and move to j + 1 (the
+letter after the last earlier occurrence of the current letter: one induction-head step; Sanford et al.'s find and
+hop). Start at the last position, hop p times, answer with the letter there. In the example (length 12, p = 2):
+from "d" at 11 the last earlier "d" is at 6, so move to 7 ("g"); the last "g" before 7 is at 1, so move to 2: "f".
+
+Construction (so every hop is defined, which a random sequence does not guarantee for large p): choose the chain
+positions i_0 = length-1 > i_1 > ... > i_p >= 1, at least 2 apart, uniformly among such choices; choose their
+letters c_0..c_p with c_k different from c_{k-1} and c_{k-2}; plant c_k at i_k and c_{k-1} at i_k - 1; fill every
+other position at random so that no letter equals its neighbour (as Sanford et al. generate sequences) and no
+position in [i_k, i_{k-1}) holds c_{k-1}. Then the last c_{k-1} before i_{k-1} is at i_k - 1, so hop k goes from
+i_{k-1} to i_k exactly, and the answer is c_p.
+
+Format choices. The hop count is written in unary (p copies of ">") right before "=", not as a number: a harder
+level then shows the model more of a token it was trained on, where a digit it never saw in that place would fail
+for a reason unrelated to depth. The sequence length stays `length` at every level, so a harder level changes only
+the number of hops (chains of 16 hops need length >= 34). Letters are a..z; the tokenizer holds all 26 whatever
+`alphabet` is, so one vocabulary serves every setting. Known learnable: not measured here yet; hops 1..4 at
+length 48 over 8 letters are within what a 4-layer model can represent (hop_k needs depth ~log k).
+
+Difficulty: {"hops": p, "length": length}. Levels: "id" (1..max_hops), then "p8", "p16" (`hard_hops`).
+Lengths: prompt length + p + 1, answer 1.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from tasks import register
+from tasks.base import Level, Problem, Task, TaskArgs, TaskError, int_list, require
+
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+_TO_LETTER = bytes.maketrans(bytes(range(26)), LETTERS.encode())
+
+
+@dataclass(frozen=True, kw_only=True)
+class PhopArgs(TaskArgs):
+    alphabet: int = 8  # letters a.. used in sequences (4..26)
+    length: int = 48  # letters per sequence, at every level
+    max_hops: int = 4  # in distribution: 1..max_hops hops
+    hard_hops: str = "8,16"  # one harder level per hop count
+
+
+@register("phop", args=PhopArgs)
+class Phop(Task):
+    label = "p-hop"
+    description = "p-hop induction: follow p induction hops back from the last letter"
+    source = "Sanford, Hsu, Telgarsky 2024 (arXiv 2402.09268); Saunshi et al. 2025 (arXiv 2502.17416)"
+    symbols = LETTERS + ">="
+    args: PhopArgs
+
+    def validate(self) -> None:
+        super().validate()
+        a = self.args
+        require(4 <= a.alphabet <= 26, "alphabet", f"must be in [4, 26], got {a.alphabet}")
+        require(a.max_hops >= 1, "max_hops", f"must be >= 1, got {a.max_hops}")
+        self._hard = int_list("hard_hops", a.hard_hops, above=a.max_hops)
+        most = max((a.max_hops, *self._hard))
+        require(
+            a.length >= 2 * most + 2,
+            "length",
+            f"must be >= 2 x the most hops + 2 = {2 * most + 2} to fit a {most}-hop chain, got {a.length}",
+        )
+        # bytes below `_limit` map to letters without bias (byte % alphabet)
+        self._limit = 256 - 256 % a.alphabet
+
+    def levels(self) -> list[Level]:
+        a = self.args
+        return [Level("id", {"hops": (1, a.max_hops), "length": (a.length, a.length)}, True)] + [
+            Level(f"p{p}", {"hops": (p, p), "length": (a.length, a.length)}, False) for p in self._hard
+        ]
+
+    def generate(self, rng: random.Random, level: Level) -> Problem:
+        A, N = self.args.alphabet, self.args.length
+        lo, hi = level.knobs["hops"]
+        p = rng.randint(lo, hi) if lo < hi else lo
+        # chain positions, ascending (i_p .. i_1), >= 2 apart, in [1, N-3]: a sorted sample of p values from
+        # [1, N-2-p] spread by +0, +1, ..., +(p-1)
+        ys = sorted(rng.sample(range(1, N - 1 - p), p))
+        pos = [y + t for t, y in enumerate(ys)][::-1]  # i_1 > i_2 > ... > i_p
+        chain = [rng.randrange(A)]  # c_0
+        for k in range(1, p + 1):
+            c = rng.randrange(A - (2 if k > 1 else 1))
+            for prior in sorted({chain[-1], chain[-2]} if k > 1 else {chain[-1]}):
+                if c >= prior:
+                    c += 1
+            chain.append(c)
+        X = [-1] * N
+        avoid = [-1] * N  # the letter a free position must not hold: c_{k-1} in [i_k, i_{k-1})
+        X[N - 1] = chain[0]
+        prev = N - 1
+        for k, i in enumerate(pos, start=1):
+            X[i] = chain[k]
+            X[i - 1] = chain[k - 1]
+            avoid[i:prev] = [chain[k - 1]] * (prev - i)
+            prev = i
+        # fill left to right from a stream of unbiased random letters, redrawing any equal to a neighbour or to the
+        # avoided letter (at most 3 of >= 4 letters excluded)
+        right = X[1:] + [-1]  # planted right neighbours (free ones are filled later, and checked then)
+        draw = self._letters(rng).__next__
+        left = -1
+        for t in range(N):
+            c = X[t]
+            if c < 0:
+                r, a = right[t], avoid[t]
+                c = draw()
+                while c == left or c == r or c == a:
+                    c = draw()
+                X[t] = c
+            left = c
+        seq = bytes(X).translate(_TO_LETTER).decode("ascii")
+        return Problem(seq + ">" * p + "=", LETTERS[chain[p]], {"hops": p, "length": N})
+
+    def _letters(self, rng: random.Random) -> Iterator[int]:
+        """Uniform random letters (0 .. alphabet-1) without end, 64 random bytes at a time."""
+        a, limit = self.args.alphabet, self._limit
+        while True:
+            yield from [b % a for b in rng.randbytes(64) if b < limit]
+
+    def solve(self, prompt: str) -> str:
+        seq = prompt.rstrip(">=")
+        p = len(prompt) - len(seq) - 1
+        if not (prompt.endswith("=") and p >= 1 and prompt == seq + ">" * p + "=" and seq.isalpha()):
+            raise TaskError(f"a p-hop prompt is letters, then one '>' per hop, then '=', got {prompt!r}")
+        i = len(seq) - 1
+        for k in range(1, p + 1):
+            j = seq.rfind(seq[i], 0, i)
+            if j < 0:
+                raise TaskError(f"hop {k} of {prompt!r} is undefined: {seq[i]!r} at {i} has no earlier occurrence")
+            i = j + 1
+        return seq[i]
+
+    def max_prompt_answer(self, level: Level) -> tuple[int, int]:
+        return level.knobs["length"][1] + level.knobs["hops"][1] + 1, 1
+
+    def train_overrides(self, preset: str) -> dict[str, object]:
+        # Not measured yet: the same budget as the other single-token-answer task (sum), whose answer loss was
+        # still falling at 2500 steps.
+        if preset == "small":
+            return {
+                "train.max_steps": 4000,
+                "train.batch_size": 64,
+                "train.grad_accum": 1,
+                "train.warmup_steps": 100,
+                "train.eval_interval": 400,
+                "train.ckpt_interval": 1000,
+            }
+        return {}
