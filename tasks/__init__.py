@@ -3,7 +3,7 @@
     import tasks
     task = tasks.build("addition")            # the task's default knobs
     task.problem("train", "id", seed=0, index=0)
-    # Problem(prompt='3604185+8774021=', answer='14881070', difficulty={'digits': 7})
+    # Problem(prompt='9259300000+9416170000=', answer='87655700000', difficulty={'digits': 6})
     tasks.names()  # ['phop', 'addition', 'sum', 'parity', 'maze']
 
 Each task trains a small character-level transformer on its in-distribution level and measures it on harder ones
