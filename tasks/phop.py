@@ -1,7 +1,7 @@
 """p-hop induction: follow p induction-head hops back through a letter sequence from its last letter.
 
-    prompt  "agfhehdghgbd>>="   (a sequence X of `length` letters, then one ">" per hop, then "=")
-    answer  "f"
+    prompt  ">>cabcdbcacbad="   (one ">" per hop, then a sequence X of `length` letters, then "=")
+    answer  "c"
 
 Follows Sanford, Hsu and Telgarsky 2024 ("Transformers, parallel computation, and logarithmic depth", ICML 2024,
 arXiv 2402.09268), whose hop_k a transformer of depth O(log k) can compute, and Saunshi et al. 2025 ("Reasoning
@@ -10,24 +10,31 @@ with latent thoughts", ICLR 2025, arXiv 2502.17416), who use it to compare loope
 The hop, with 0-based positions: from position i, find the largest j < i with X[j] == X[i] and move to j + 1 (the
 letter after the last earlier occurrence of the current letter: one induction-head step; Sanford et al.'s find and
 hop). Start at the last position, hop p times, answer with the letter there. In the example (length 12, p = 2):
-from "d" at 11 the last earlier "d" is at 6, so move to 7 ("g"); the last "g" before 7 is at 1, so move to 2: "f".
+from "d" at 11 the last earlier "d" is at 4, so move to 5 ("b"); the last "b" before 5 is at 2, so move to 3: "c".
 
 Construction (so every hop is defined, which a random sequence does not guarantee for large p): choose the chain
 positions i_0 = length-1 > i_1 > ... > i_p >= 1, at least 2 apart, uniformly among such choices; choose their
-letters c_0..c_p with c_k different from c_{k-1} and c_{k-2}; plant c_k at i_k and c_{k-1} at i_k - 1; fill every
-other position at random so that no letter equals its neighbour (as Sanford et al. generate sequences) and no
-position in [i_k, i_{k-1}) holds c_{k-1}. Then the last c_{k-1} before i_{k-1} is at i_k - 1, so hop k goes from
-i_{k-1} to i_k exactly, and the answer is c_p.
+letters c_0..c_p, each different from the one before (and from the one two before where two chain positions are
+only 2 apart, so that neighbours differ); plant c_k at i_k and c_{k-1} at i_k - 1; fill every other position at
+random so that no letter equals its neighbour (as Sanford et al. generate sequences) and no position in
+[i_k, i_{k-1}) holds c_{k-1}. Then the last c_{k-1} before i_{k-1} is at i_k - 1, so hop k goes from i_{k-1} to i_k
+exactly, and the answer is c_p.
 
-Format choices. The hop count is written in unary (p copies of ">") right before "=", not as a number: a harder
-level then shows the model more of a token it was trained on, where a digit it never saw in that place would fail
-for a reason unrelated to depth. The sequence length stays `length` at every level, so a harder level changes only
-the number of hops (chains of 16 hops need length >= 34). Letters are a..z; the tokenizer holds all 26 whatever
-`alphabet` is, so one vocabulary serves every setting. Known learnable: not measured here yet; hops 1..4 at
-length 48 over 8 letters are within what a 4-layer model can represent (hop_k needs depth ~log k).
+Format choices. The hop count is written in unary (p copies of ">"), not as a number: a harder level then shows
+the model more of a token it was trained on, where a digit it never saw in that place would fail for a reason
+unrelated to depth. It comes first, as Sanford et al.'s hop-count token does, so the last letter is always the one
+just before "=", where the answer is predicted. The sequence length stays `length` at every level, so a harder level
+changes only the number of hops (p hops need length >= 2p + 2). Letters are a..z; the tokenizer holds all 26
+whatever `alphabet` is, so one vocabulary serves every setting.
 
-Difficulty: {"hops": p, "length": length}. Levels: "id" (1..max_hops), then "p8", "p16" (`hard_hops`).
-Lengths: prompt length + p + 1, answer 1.
+Sizes. The answer is one token, so a problem trains the model on one prediction, and induction has to be found
+from that sparse signal: with 4 letters and 24 positions a dim-64, 4-layer model learns 1 and 2 hops within a few
+thousand steps, where 8 letters, 48 positions and 1 to 4 hops showed no progress at all in 2000. Two hops take two
+chained induction steps, about the most 4 layers hold without a cleverer algorithm; 4 and 8 hops then ask for two
+and four times the trained depth.
+
+Difficulty: {"hops": p, "length": length}. Levels: "id" (1..max_hops), then "p4", "p8" (`hard_hops`).
+Lengths: prompt p + length + 1, answer 1.
 """
 
 from __future__ import annotations
@@ -45,10 +52,10 @@ _TO_LETTER = bytes.maketrans(bytes(range(26)), LETTERS.encode())
 
 @dataclass(frozen=True, kw_only=True)
 class PhopArgs(TaskArgs):
-    alphabet: int = 8  # letters a.. used in sequences (4..26)
-    length: int = 48  # letters per sequence, at every level
-    max_hops: int = 4  # in distribution: 1..max_hops hops
-    hard_hops: str = "8,16"  # one harder level per hop count
+    alphabet: int = 4  # letters a.. used in sequences (4..26)
+    length: int = 24  # letters per sequence, at every level
+    max_hops: int = 2  # in distribution: 1..max_hops hops
+    hard_hops: str = "4,8"  # one harder level per hop count
 
 
 @register("phop", args=PhopArgs)
@@ -88,13 +95,18 @@ class Phop(Task):
         # [1, N-2-p] spread by +0, +1, ..., +(p-1)
         ys = sorted(rng.sample(range(1, N - 1 - p), p))
         pos = [y + t for t, y in enumerate(ys)][::-1]  # i_1 > i_2 > ... > i_p
+        # chain letters: c_k != c_{k-1}, and != c_{k-2} where i_k is 2 before i_{k-1} (then c_k sits next to the
+        # c_{k-2} planted at i_{k-1} - 1, and neighbours differ)
         chain = [rng.randrange(A)]  # c_0
-        for k in range(1, p + 1):
-            c = rng.randrange(A - (2 if k > 1 else 1))
-            for prior in sorted({chain[-1], chain[-2]} if k > 1 else {chain[-1]}):
-                if c >= prior:
+        prev = N - 1
+        for k, i in enumerate(pos, start=1):
+            banned = sorted({chain[-1], chain[-2]}) if k > 1 and prev - i == 2 else [chain[-1]]
+            c = rng.randrange(A - len(banned))
+            for b in banned:
+                if c >= b:
                     c += 1
             chain.append(c)
+            prev = i
         X = [-1] * N
         avoid = [-1] * N  # the letter a free position must not hold: c_{k-1} in [i_k, i_{k-1})
         X[N - 1] = chain[0]
@@ -119,7 +131,7 @@ class Phop(Task):
                 X[t] = c
             left = c
         seq = bytes(X).translate(_TO_LETTER).decode("ascii")
-        return Problem(seq + ">" * p + "=", LETTERS[chain[p]], {"hops": p, "length": N})
+        return Problem(">" * p + seq + "=", LETTERS[chain[p]], {"hops": p, "length": N})
 
     def _letters(self, rng: random.Random) -> Iterator[int]:
         """Uniform random letters (0 .. alphabet-1) without end, 64 random bytes at a time."""
@@ -128,10 +140,10 @@ class Phop(Task):
             yield from [b % a for b in rng.randbytes(64) if b < limit]
 
     def solve(self, prompt: str) -> str:
-        seq = prompt.rstrip(">=")
+        seq = prompt.lstrip(">")[:-1]
         p = len(prompt) - len(seq) - 1
-        if not (prompt.endswith("=") and p >= 1 and prompt == seq + ">" * p + "=" and seq.isalpha()):
-            raise TaskError(f"a p-hop prompt is letters, then one '>' per hop, then '=', got {prompt!r}")
+        if not (prompt.endswith("=") and p >= 1 and seq.isalpha() and seq.islower()):
+            raise TaskError(f"a p-hop prompt is one '>' per hop, then letters, then '=', got {prompt!r}")
         i = len(seq) - 1
         for k in range(1, p + 1):
             j = seq.rfind(seq[i], 0, i)
@@ -144,8 +156,8 @@ class Phop(Task):
         return level.knobs["length"][1] + level.knobs["hops"][1] + 1, 1
 
     def train_overrides(self, preset: str) -> dict[str, object]:
-        # Not measured yet: the same budget as the other single-token-answer task (sum), whose answer loss was
-        # still falling at 2500 steps.
+        # One supervised token per problem: 1 and 2 hops at the defaults are mostly learned by 4000 steps, with
+        # the answer loss still falling.
         if preset == "small":
             return {
                 "train.max_steps": 4000,
