@@ -39,6 +39,7 @@ from tasks import (
     UnknownTaskError,
     masked_targets,
 )
+from tasks.addition import AdditionArgs
 from tasks.base import MAX_ATTEMPTS
 from tasks.parity import ParityArgs
 from tasks.phop import PhopArgs
@@ -52,9 +53,9 @@ LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
 def solve_phop(task: Task, prompt: str) -> tuple[str, dict[str, int]]:
-    m = re.fullmatch(r"([a-z]+)(>+)=", prompt)
+    m = re.fullmatch(r"(>+)([a-z]+)=", prompt)
     assert m, prompt
-    seq, hops = m.group(1), len(m.group(2))
+    hops, seq = len(m.group(1)), m.group(2)
     assert set(seq) <= set(LETTERS[: task.args.alphabet])
     assert all(a != b for a, b in zip(seq, seq[1:])), "neighbouring letters must differ"
     pos = len(seq) - 1
@@ -76,7 +77,8 @@ def solve_addition(task: Task, prompt: str) -> tuple[str, dict[str, int]]:
         s = int(x) + int(y) + carry
         out.append(str(s % 10))
         carry = s // 10
-    return "".join(out) + str(carry), {"digits": len(m.group(1))}
+    digits = max(len(a.rstrip("0")) for a in m.groups()) or 1  # of the larger operand (reversed: its zeros trail)
+    return "".join(out) + str(carry), {"digits": digits}
 
 
 def solve_sum(task: Task, prompt: str) -> tuple[str, dict[str, int]]:
@@ -165,10 +167,14 @@ def sample(task: Task, level: Level, n: int, seed: int = 0) -> list[tuple[str, P
 
 
 def variants(name: str) -> list[Task]:
-    """The task at its defaults, plus its other modes (parity's prefix mode)."""
+    """The task at its defaults, plus its other modes (parity's prefix mode, addition padded per problem) and sizes."""
     out = [tasks.build(name)]
     if name == "parity":
         out.append(tasks.build("parity", ParityArgs(mode="prefix")))
+    if name == "addition":
+        out.append(tasks.build("addition", AdditionArgs(pad="problem")))
+    if name == "phop":
+        out.append(tasks.build("phop", PhopArgs(alphabet=26, length=40, max_hops=4, hard_hops="8,16")))
     return out
 
 
@@ -300,6 +306,19 @@ def test_build_defaults(name):
         cls(TaskArgs())
 
 
+def test_addition_pads_to_the_level_or_to_the_problem():
+    """pad="level": one width per level, the level's most digits; pad="problem": each problem's own digits."""
+    for pad in ("level", "problem"):
+        task = tasks.build("addition", AdditionArgs(pad=pad))
+        for lv in task.levels():
+            for p in task.problems("train", lv, 0, 50):
+                width = lv.knobs["digits"][1] if pad == "level" else p.difficulty["digits"]
+                assert len(p.prompt) == 2 * width + 2 and len(p.answer) == width + 1, (pad, p)
+    assert {p.difficulty["digits"] for p in tasks.build("addition").problems("train", "id", 0, 300)} == set(
+        range(1, 11)
+    )
+
+
 def test_sequence_answers():
     """Per-position accuracy is reported where the answer is a sequence: the maze and prefix parities."""
     seq = {name for name in STUDY for task in variants(name) if task.sequence_answer}
@@ -360,7 +379,7 @@ def test_the_documented_draw():
                 if task.split_of(p) == split:
                     break
             assert task.problem(split, "id", 5, index) == p
-    assert task.problem("train", "id", 0, 0) == Problem("3604185+8774021=", "14881070", {"digits": 7})  # the docs'
+    assert task.problem("train", "id", 0, 0) == Problem("9259300000+9416170000=", "87655700000", {"digits": 6})
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -435,7 +454,7 @@ def test_bad_knobs_name_the_key(name):
         ("maze", {"size": 8}, "task.size must be odd and >= 5, got 8"),
         ("maze", {"hard_sizes": "10"}, "task.hard_sizes values must be odd"),
         ("phop", {"alphabet": 27}, "task.alphabet must be in [4, 26], got 27"),
-        ("phop", {"length": 33}, "task.length must be >= 2 x the most hops + 2 = 34"),
+        ("phop", {"length": 17}, "task.length must be >= 2 x the most hops + 2 = 18"),
     ],
 )
 def test_bad_knob_messages(name, knobs, message):
@@ -503,6 +522,7 @@ def test_tokenizer_errors_and_masks_by_hand():
 
 def test_documented_examples():
     """The examples in the task modules' docstrings are what the solvers say."""
+    assert tasks.build("addition").solve("4321000000+0065000000=") == "43860000000"
     assert tasks.build("addition").solve("4321+0065=") == "43860"
     assert tasks.build("sum").solve("7+5+9+3=") == "420"
     assert tasks.build("parity").solve("10110=") == "1"
@@ -510,7 +530,7 @@ def test_documented_examples():
     assert prefix.solve("10110=") == "11011" and prefix.sequence_answer
     assert not tasks.build("parity").sequence_answer
     phop = tasks.build("phop", PhopArgs(length=12, max_hops=2, hard_hops=""))
-    assert phop.solve("agfhehdghgbd>>=") == "f"
+    assert phop.solve(">>cabcdbcacbad=") == "c"
     doc = tasks.get("maze").__module__
     text = sys.modules[doc].__doc__ or ""
     rows = [line.split() for line in text.splitlines()[2:9]]
