@@ -14,6 +14,11 @@ parities are in the same order, so answer bit i depends on prompt bits 0..i, whi
 compute as its previous answer bit XOR one input bit. Lengths are drawn uniformly from min_length..max_length in
 distribution, each bit uniformly at random.
 
+Lengths from 1, not 8. Whole-string parity gives gradient descent almost nothing to follow on long strings alone:
+on 8 to 16 bits a dim-64, 4-layer control stayed at chance for 4000 steps. The short strings of 1 to 16 bits are a
+curriculum inside every batch, and the same model then got every length it was trained on right by step 3000 (and
+stayed at chance on 32 and 64 bits). Their few distinct prompts cost nothing: the split still holds prompts apart.
+
 Difficulty: {"length": n}. Levels: "id" (min_length..max_length), then "l32", "l64" (`hard_lengths`).
 Lengths: prompt n + 1, answer 1 (parity) or n (prefix).
 """
@@ -31,7 +36,7 @@ from tasks.base import Level, Problem, Task, TaskArgs, TaskError, int_list, requ
 @dataclass(frozen=True, kw_only=True)
 class ParityArgs(TaskArgs):
     mode: Literal["parity", "prefix"] = "parity"
-    min_length: int = 8
+    min_length: int = 1  # short strings make whole-string parity learnable (module docstring)
     max_length: int = 16  # in distribution: min_length..max_length bits
     hard_lengths: str = "32,64"  # one harder level per length
 
@@ -101,8 +106,8 @@ class Parity(Task):
         return n + 1, n if self.args.mode == "prefix" else 1
 
     def train_overrides(self, preset: str) -> dict[str, object]:
-        # Not measured yet. Prefix parities are local once written out (one XOR per answer bit); whole-string
-        # parity is the hard one, given twice the steps.
+        # Prefix parities are local once written out (one XOR per answer bit) and learned early; whole-string
+        # parity is the hard one, learned between steps 2000 and 3000 in a first run, so it gets twice the steps.
         if preset == "small":
             steps = 2000 if self.args.mode == "prefix" else 4000
             return {
