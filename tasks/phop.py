@@ -40,7 +40,6 @@ Lengths: prompt p + length + 1, answer 1.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from tasks import register
@@ -78,8 +77,8 @@ class Phop(Task):
             "length",
             f"must be >= 2 x the most hops + 2 = {2 * most + 2} to fit a {most}-hop chain, got {a.length}",
         )
-        # bytes below `_limit` map to letters without bias (byte % alphabet)
-        self._limit = 256 - 256 % a.alphabet
+        self._letters = range(a.alphabet)
+        self._allowed: dict[tuple[int, int, int], tuple[int, ...]] = {}  # (left, right, avoided) -> the others
 
     def levels(self) -> list[Level]:
         a = self.args
@@ -116,28 +115,22 @@ class Phop(Task):
             X[i - 1] = chain[k - 1]
             avoid[i:prev] = [chain[k - 1]] * (prev - i)
             prev = i
-        # fill left to right from a stream of unbiased random letters, redrawing any equal to a neighbour or to the
-        # avoided letter (at most 3 of >= 4 letters excluded)
+        # fill left to right, each free position uniformly among the letters that differ from both neighbours and
+        # from the avoided one (at most 3 of >= 4 excluded)
         right = X[1:] + [-1]  # planted right neighbours (free ones are filled later, and checked then)
-        draw = self._letters(rng).__next__
+        allowed, letters, uniform = self._allowed, self._letters, rng.random
         left = -1
         for t in range(N):
             c = X[t]
             if c < 0:
-                r, a = right[t], avoid[t]
-                c = draw()
-                while c == left or c == r or c == a:
-                    c = draw()
-                X[t] = c
+                near = (left, right[t], avoid[t])
+                options = allowed.get(near)
+                if options is None:
+                    options = allowed[near] = tuple(x for x in letters if x not in near)
+                c = X[t] = options[int(uniform() * len(options))]  # as random.choices draws
             left = c
         seq = bytes(X).translate(_TO_LETTER).decode("ascii")
         return Problem(">" * p + seq + "=", LETTERS[chain[p]], {"hops": p, "length": N})
-
-    def _letters(self, rng: random.Random) -> Iterator[int]:
-        """Uniform random letters (0 .. alphabet-1) without end, 64 random bytes at a time."""
-        a, limit = self.args.alphabet, self._limit
-        while True:
-            yield from [b % a for b in rng.randbytes(64) if b < limit]
 
     def solve(self, prompt: str) -> str:
         seq = prompt.lstrip(">")[:-1]
