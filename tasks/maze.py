@@ -21,8 +21,8 @@ distinct random cells. The answer is the same grid with every cell strictly betw
 Format choices. The grid is written row by row with a newline between rows, in the prompt and in the answer: the
 row separator lets a model find the cell above or below at any size, where a fixed row width would have to be
 learned from the training size alone. The answer repeats the whole grid (as DeepThinking's output mask does), so
-per-position accuracy is meaningful. Sequence lengths grow as size^2: size 7 is a 55-character prompt and a
-54-character answer (112 tokens with <bos>, <eos>), size 9 is 181 tokens, size 11 is 265. Size 7 has 3 x 3 cells:
+per-position accuracy is meaningful. Sequence lengths grow as size^2: size 7 is a 56-character prompt and a
+55-character answer (113 tokens with <bos>, <eos>), size 9 is 181 tokens, size 11 is 265. Size 7 has 3 x 3 cells:
 192 perfect mazes and 72 ordered (S, G) pairs, about 14k distinct problems, of which the held-out splits take 1/8.
 
 Difficulty: {"size": size, "path": the number of moves from S to G}. Levels: "id" (`size`), then "s9", "s11"
@@ -175,7 +175,7 @@ class Maze(Task):
         return s * s + s, s * s + s - 1  # s rows of s, s - 1 newlines, and the prompt's "="
 
     def train_overrides(self, preset: str) -> dict[str, object]:
-        # The longest sequences of the five tasks (112 tokens at size 7), so the fewest steps: copying the grid is
+        # The longest sequences of the five tasks (113 tokens at size 7), so the fewest steps: copying the grid is
         # learned within a few hundred, marking the path takes longer.
         if preset == "small":
             return {
