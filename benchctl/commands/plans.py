@@ -13,7 +13,17 @@ from rich import box
 from rich.table import Table
 
 from benchctl import plans as pl
-from benchctl.stages.cli import DataOpt, DbOpt, PresetOpt, SetOpt, console, db_path_of, overrides_with_data, parse_seeds
+from benchctl.stages.cli import (
+    DataOpt,
+    DbOpt,
+    PresetOpt,
+    SetOpt,
+    TaskOpt,
+    console,
+    db_path_of,
+    overrides_with_data,
+    parse_seeds,
+)
 
 app = typer.Typer()
 
@@ -48,6 +58,7 @@ def show(
     ] = None,
     set_: SetOpt = None,
     data: DataOpt = None,
+    task: TaskOpt = None,
     db: DbOpt = None,
 ) -> None:
     """Resolve a plan at a preset: each variant's architecture, overrides, steps, parameters and training FLOPs. An
@@ -59,7 +70,7 @@ def show(
     from benchctl.core import accounting
     from benchctl.stages.retrofit.engine import has_lora
 
-    overrides = overrides_with_data(set_, data)
+    overrides = overrides_with_data(set_, data, task)
     plan, preset_, runs = pl.planned_runs(name, preset, None, parse_seeds(seeds), overrides)
     if plan.isoflop is not None:
         _show_isoflop(plan, preset_, runs, db_path_of(db))

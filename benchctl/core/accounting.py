@@ -41,8 +41,8 @@ def describe(cfg: RunConfig) -> dict[str, Any]:
     row["effective_params"] = rep["effective"]
     row["n_recur"] = rep["n_recur"]
     row["effective_depth"] = model.effective_depth()
-    row["flops_per_token"] = model.flops_per_token(cfg.model.max_seq_len)
-    row["seq_len"] = cfg.model.max_seq_len
+    row["flops_per_token"] = model.flops_per_token(cfg.train_seq_len)
+    row["seq_len"] = cfg.train_seq_len
     study = paper.TOTAL_PARAMS.get(cfg.arch) if cfg.preset == "paper" else None
     row["paper_total_params"] = study
     row["matches_paper"] = None if study is None else (study == rep["total"])
@@ -70,11 +70,11 @@ def training_flops(cfg: RunConfig) -> float:
     """The FLOPs a run's training spends at its trained depth (forward and backward, every step): how much work it
     is, for estimating its time and handing the longest runs out first. The model is built on the meta device
     (shapes only), once per architecture and model config."""
-    key = json.dumps([cfg.arch, asdict(cfg.model)], sort_keys=True, default=str)
+    key = json.dumps([cfg.arch, asdict(cfg.model), cfg.train_seq_len], sort_keys=True, default=str)
     if key not in _FLOPS_PER_TOKEN:
         with torch.device("meta"):
             model = architectures.build(cfg.arch, cfg.model)
-            _FLOPS_PER_TOKEN[key] = float(model.flops_per_token(cfg.model.max_seq_len))
+            _FLOPS_PER_TOKEN[key] = float(model.flops_per_token(cfg.train_seq_len))
     return _FLOPS_PER_TOKEN[key] * cfg.tokens_per_step * cfg.train.max_steps
 
 

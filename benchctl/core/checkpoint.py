@@ -28,6 +28,7 @@ from benchctl.core.telemetry import hardware_name
 
 CKPT_NAME = "ckpt.pt"
 TOKENIZER_NAME = "tokenizer.model"
+TASK_TOKENIZER_NAME = "tokenizer.json"  # a procedural task's run (benchctl.core.taskdata writes it)
 FORMAT_VERSION = 1
 
 
@@ -176,7 +177,9 @@ def load_model(ckpt_path: Path, device: str | torch.device = "cpu") -> tuple[tor
     except RuntimeError as e:
         raise CheckpointError(f"checkpoint {ckpt_path} does not fit its own config: {e}") from None
     model.to(device).eval()
-    tok = Path(ckpt_path).parent / TOKENIZER_NAME
+    # a TinyStories run keeps its SentencePiece model; a procedural task's run its character vocabulary
+    name = TOKENIZER_NAME if cfg.task.is_stories else TASK_TOKENIZER_NAME
+    tok = Path(ckpt_path).parent / name
     if not tok.exists():
-        raise CheckpointError(f"run directory {tok.parent} has no {TOKENIZER_NAME}; the run is incomplete")
+        raise CheckpointError(f"run directory {tok.parent} has no {name}; the run is incomplete")
     return model, cfg, tok

@@ -19,6 +19,7 @@ The `paper` preset is the published study's recipe: karpathy/llama2.c's defaults
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -113,6 +114,26 @@ class EvalConfig:
     val_seed: int = 1337  # the same windows for every model and every evaluation
 
 
+STORIES = "stories"  # the default task: next-token prediction on TinyStories, read by the data layer
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskConfig:
+    """What the run learns. `name` is "stories" (TinyStories language modelling, the default: every run stored before
+    tasks existed is one) or a registered procedural task (`tasks/`), whose own knobs sit in `args` (an instance of
+    the dataclass the task registered) and flat in the "task" section of the JSON form, like an architecture's."""
+
+    name: str = STORIES
+    # The optimised loss: "answer" counts the answer tokens only (a task's prompt is given, not predicted), "all"
+    # every token; auto resolves to answer for a procedural task and all for stories (its only meaningful choice).
+    loss: Literal["auto", "answer", "all"] = "auto"
+    args: Any = None
+
+    @property
+    def is_stories(self) -> bool:
+        return self.name == STORIES
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:
     arch: str = "control"
@@ -123,17 +144,33 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+
+    @property
+    def train_seq_len(self) -> int:
+        """The length of a training sequence: the model's context on stories; on a procedural task the longest
+        problem of the level it trains on (the context is longer, for the harder levels it is scored on, and
+        training sequences are padded only to what training needs: the FLOPs counted are the FLOPs run)."""
+        if self.task.is_stories:
+            return self.model.max_seq_len
+        return task_shape(self.task).train_len
 
     @property
     def tokens_per_step(self) -> int:
-        return self.train.batch_size * self.train.grad_accum * self.model.max_seq_len
+        return self.train.batch_size * self.train.grad_accum * self.train_seq_len
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able dict; the architecture's own arguments sit flat in "model", beside the trunk."""
-        out = dataclasses.asdict(replace(self, model=replace(self.model, arch_args=None)))
+        """Plain JSON-able dict; the architecture's own arguments sit flat in "model", beside the trunk, and the
+        task's own knobs flat in "task", beside its name and loss."""
+        out = dataclasses.asdict(
+            replace(self, model=replace(self.model, arch_args=None), task=replace(self.task, args=None))
+        )
         del out["model"]["arch_args"]
+        del out["task"]["args"]
         if self.model.arch_args is not None:
             out["model"].update(dataclasses.asdict(self.model.arch_args))
+        if self.task.args is not None:
+            out["task"].update(dataclasses.asdict(self.task.args))
         return out
 
     def to_json(self, indent: int | None = None) -> str:
@@ -154,10 +191,12 @@ SECTIONS: dict[str, type] = {
     "data": DataConfig,
     "eval": EvalConfig,
     "log": LogConfig,
+    "task": TaskConfig,
 }
 TOP_LEVEL = ("arch", "preset", "seed")
 MAX_SEED = 2**32 - 1
-_NOT_A_KEY = ("model.arch_args",)  # the container of the architecture's keys, not a key itself
+# the containers of the architecture's and the task's own keys, not keys themselves
+_NOT_A_KEY = ("model.arch_args", "task.args")
 
 # Presets are plain data: overrides on top of the defaults above (which are the paper recipe). A preset may set
 # an architecture's own key (e.g. model.lora_rank); it applies to that architecture and is ignored for the others.
@@ -305,12 +344,54 @@ def _arch_fields(arch_cls: type[BaseLM]) -> dict[str, Any]:
     return types_
 
 
-def all_keys(arch: str = "control") -> list[str]:
-    """Every key a config of `arch` accepts: the top level, each section's fields and the architecture's own."""
+def _task_class(name: str) -> Any:
+    """The registered procedural task `name` (None for stories), or a ConfigError listing every task."""
+    if name == STORIES:
+        return None
+    import tasks  # plain Python, but only config of a task run needs it
+
+    try:
+        return tasks.get(name)
+    except tasks.UnknownTaskError:
+        known = task_names()
+        raise ConfigError(f"unknown task '{name}'{did_you_mean(name, known)} available: {', '.join(known)}") from None
+
+
+def task_names() -> list[str]:
+    """Every task a run can learn: stories (the default) first, then the registered procedural tasks."""
+    import tasks
+
+    return [STORIES, *tasks.names()]
+
+
+def _task_fields(name: str) -> dict[str, Any]:
+    """The task's own keys (task.<field>) and their annotated types; none for stories."""
+    task_cls = _task_class(name)
+    if task_cls is None:
+        return {}
+    types_ = _field_types(task_cls.args_cls)
+    clash = sorted(set(types_) & {f.name for f in fields(TaskConfig)})
+    if clash:
+        raise ConfigError(f"task '{name}' declares {', '.join(clash)}, already a key of the task section")
+    return types_
+
+
+def all_keys(arch: str = "control", task: str = STORIES) -> list[str]:
+    """Every key a config of `arch` on `task` accepts: the top level, each section's fields, the architecture's own
+    and the task's own."""
     keys = list(TOP_LEVEL)
     for section, cls in SECTIONS.items():
         keys += [f"{section}.{f.name}" for f in fields(cls) if f"{section}.{f.name}" not in _NOT_A_KEY]
-    return keys + [f"model.{name}" for name in _arch_fields(_arch_class(arch))]
+    keys += [f"model.{name}" for name in _arch_fields(_arch_class(arch))]
+    return keys + [f"task.{name}" for name in _task_fields(task)]
+
+
+def task_key_owners(key: str) -> list[str]:
+    """The registered tasks whose own knobs include `key` ("task.max_digits" -> ["addition"])."""
+    if not key.startswith("task."):
+        return []
+    name = key.split(".", 1)[1]
+    return [t for t in task_names() if name in _task_fields(t)]
 
 
 def key_owners(key: str) -> list[str]:
@@ -338,21 +419,30 @@ def overrides_for(arch: str, overrides: dict[str, Any] | None, archs: list[str])
     return out
 
 
-def choices(arch: str = "control") -> dict[str, tuple[Any, ...]]:
-    """Keys with a closed set of values (a `Literal` annotation) for `arch`, and their choices."""
+def choices(arch: str = "control", task: str = STORIES) -> dict[str, tuple[Any, ...]]:
+    """Keys with a closed set of values (a `Literal` annotation) for `arch` on `task`, and their choices."""
     out: dict[str, tuple[Any, ...]] = {}
     typed = [(f"{section}.{name}", tp) for section, cls in SECTIONS.items() for name, tp in _field_types(cls).items()]
     typed += [(f"model.{name}", tp) for name, tp in _arch_fields(_arch_class(arch)).items()]
+    typed += [(f"task.{name}", tp) for name, tp in _task_fields(task).items()]
     for key, tp in typed:
         if typing.get_origin(tp) is Literal:
             out[key] = typing.get_args(tp)
     return out
 
 
-def _apply(flat: dict[str, Any], overrides: dict[str, Any], arch: str, *, skip_other_archs: bool = False) -> None:
+def _apply(
+    flat: dict[str, Any],
+    overrides: dict[str, Any],
+    arch: str,
+    task: str = STORIES,
+    *,
+    skip_other_archs: bool = False,
+) -> None:
     """Set `overrides` on `flat`. A key of another architecture is skipped (presets, configs stored before the
-    architectures owned their keys) or refused with whose it is; any other unknown key suggests the closest one."""
-    known = all_keys(arch)
+    architectures owned their keys) or refused with whose it is; so is a knob of another task; any other unknown
+    key suggests the closest one."""
+    known = all_keys(arch, task)
     for key, value in overrides.items():
         if key in known:
             flat[key] = value
@@ -363,11 +453,20 @@ def _apply(flat: dict[str, Any], overrides: dict[str, Any], arch: str, *, skip_o
         if owners:
             whose = " and ".join(f"'{o}'" for o in owners)
             raise ConfigError(f"config key '{key}' belongs to architecture {whose}, not to '{arch}'")
+        task_owners = task_key_owners(key)
+        if task_owners:
+            whose = " and ".join(f"'{o}'" for o in task_owners)
+            raise ConfigError(f"config key '{key}' is a knob of task {whose}, not of '{task}' (set task.name)")
         raise ConfigError(f"unknown config key '{key}'{did_you_mean(key, known)} valid keys: {', '.join(known)}")
 
 
-def _flat_defaults(arch: str) -> dict[str, Any]:
-    defaults = RunConfig(arch=arch, model=ModelArgs(arch_args=_arch_class(arch).args_cls()))
+def _flat_defaults(arch: str, task: str = STORIES) -> dict[str, Any]:
+    task_cls = _task_class(task)
+    defaults = RunConfig(
+        arch=arch,
+        model=ModelArgs(arch_args=_arch_class(arch).args_cls()),
+        task=TaskConfig(name=task, args=None if task_cls is None else task_cls.args_cls()),
+    )
     return _flatten(defaults.to_dict())
 
 
@@ -398,6 +497,13 @@ def _build(flat: dict[str, Any]) -> RunConfig:
         name: _parse_scalar(f"model.{name}", tp, flat[f"model.{name}"]) for name, tp in _arch_fields(arch_cls).items()
     }
     kwargs["model"] = replace(kwargs["model"], arch_args=arch_cls.args_cls(**own))
+    task_cls = _task_class(kwargs["task"].name)
+    if task_cls is not None:
+        knobs = {
+            name: _parse_scalar(f"task.{name}", tp, flat[f"task.{name}"])
+            for name, tp in _task_fields(kwargs["task"].name).items()
+        }
+        kwargs["task"] = replace(kwargs["task"], args=task_cls.args_cls(**knobs))
     return RunConfig(**kwargs)
 
 
@@ -422,14 +528,29 @@ def make_config(
     seed: int = 0,
     overrides: dict[str, Any] | None = None,
 ) -> RunConfig:
-    """Build, validate and resolve the config for one run: preset -> overrides -> resolve -> validate."""
+    """Build, validate and resolve the config for one run: preset -> task -> overrides -> resolve -> validate.
+
+    On a procedural task (`task.name` in the overrides) the task's own training length at the preset comes after
+    the preset (the same for every architecture, so comparisons stay fair), the vocabulary is the task's tokenizer
+    and, unless `model.max_seq_len` is given, the context is the task's longest problem over all its levels."""
     if preset not in PRESETS:
         hint = did_you_mean(preset, PRESETS)
         raise ConfigError(f"unknown preset '{preset}'{hint} available: {', '.join(PRESETS)}")
-    flat = _flat_defaults(arch)
-    _apply(flat, PRESETS[preset], arch, skip_other_archs=True)
+    overrides = dict(overrides or {})
+    task = _parse_scalar("task.name", str, overrides.get("task.name", STORIES))
+    flat = _flat_defaults(arch, task)
+    _apply(flat, PRESETS[preset], arch, task, skip_other_archs=True)
+    task_cls = _task_class(task)
+    if task_cls is not None:
+        _apply(flat, task_cls(task_cls.args_cls()).train_overrides(preset), arch, task)
     flat.update({"arch": arch, "preset": preset, "seed": seed})
-    _apply(flat, overrides or {}, arch)
+    _apply(flat, overrides, arch, task)
+    if task_cls is not None:
+        built = _build(flat)
+        shape = task_shape(built.task)
+        flat["model.vocab_size"] = shape.vocab_size
+        if "model.max_seq_len" not in overrides:
+            flat["model.max_seq_len"] = shape.seq_len
     return resolve(_build(flat))
 
 
@@ -438,15 +559,49 @@ def from_dict(raw: dict[str, Any]) -> RunConfig:
 
     Configs stored before the architectures owned their arguments have every architecture's keys in "model";
     the keys of other architectures are dropped, so those configs load as the config they always described.
+    Configs stored before tasks existed have no "task" section: they are stories runs.
     """
     if not isinstance(raw, dict):
         raise ConfigError("config JSON must be an object")
     arch = raw.get("arch", RunConfig.arch)
     if not isinstance(arch, str):
         raise ConfigError(f"arch: expected a string, got {arch!r}")
-    flat = _flat_defaults(arch)
-    _apply(flat, _flatten(raw), arch, skip_other_archs=True)
+    section = raw.get("task") or {}
+    task = section.get("name", STORIES) if isinstance(section, dict) else None
+    if not isinstance(task, str):
+        raise ConfigError(f"task.name: expected a string, got {task!r}")
+    flat = _flat_defaults(arch, task)
+    _apply(flat, _flatten(raw), arch, task, skip_other_archs=True)
     return resolve(_build(flat))
+
+
+@dataclass(frozen=True)
+class TaskShape:
+    """What a procedural task asks of the model: its tokenizer's vocabulary, the context its longest problem over
+    every level needs and the level that sets it, and the length of its training sequences (its longest problem of
+    the in-distribution level). Lengths are of inputs: the encoded problem less its last token."""
+
+    vocab_size: int
+    seq_len: int
+    longest_level: str
+    train_len: int
+
+
+@functools.lru_cache(maxsize=64)
+def task_shape(task: TaskConfig) -> TaskShape:
+    """The vocabulary and lengths of a procedural task with these knobs (a ConfigError for a bad knob)."""
+    import tasks
+
+    task_cls = _task_class(task.name)
+    try:
+        t = task_cls(task.args if task.args is not None else task_cls.args_cls())
+        levels = t.levels()
+        lengths = [(t.max_len([lv]), lv.name) for lv in levels]
+        vocab = t.tokenizer().vocab_size
+    except tasks.TaskError as e:
+        raise ConfigError(str(e)) from None
+    longest, level = max(lengths)
+    return TaskShape(vocab_size=vocab, seq_len=longest - 1, longest_level=level, train_len=lengths[0][0] - 1)
 
 
 def resolve(cfg: RunConfig) -> RunConfig:
@@ -466,13 +621,27 @@ def resolve(cfg: RunConfig) -> RunConfig:
     m = replace(m, arch_args=arch_cls.resolve_arch_args(own, m))
     if m.n_recur is None:
         m = replace(m, n_recur=arch_cls.default_n_recur(m))
-    cfg = replace(cfg, model=m)
+    cfg = replace(cfg, model=m, task=_resolve_task(cfg.task))
     validate(cfg)
     try:
         arch_cls.validate_args(cfg.model)
     except ValueError as e:  # the architecture's own check (its message names the key): a user error
         raise ConfigError(str(e)) from None
     return cfg
+
+
+def _resolve_task(task: TaskConfig) -> TaskConfig:
+    task_cls = _task_class(task.name)
+    if task_cls is None:
+        _require(task.args is None, "task.args", "stories has no knobs")
+        _require(task.loss in ("auto", "all"), "task.loss", "stories learns every token: must be all (or auto)")
+        return replace(task, loss="all")
+    args = task_cls.args_cls() if task.args is None else task.args
+    if type(args) is not task_cls.args_cls:
+        raise ConfigError(
+            f"task.args: task '{task.name}' takes {task_cls.args_cls.__name__}, got {type(args).__name__}"
+        )
+    return replace(task, args=args, loss="answer" if task.loss == "auto" else task.loss)
 
 
 def _require(cond: bool, key: str, msg: str) -> None:
@@ -503,21 +672,38 @@ def validate(cfg: RunConfig) -> None:
     m, t, d, e = cfg.model, cfg.train, cfg.data, cfg.eval
     _validate_model(m)
     _require(m.hidden_dim is not None and m.hidden_dim > 0, "model.hidden_dim", f"must be positive, got {m.hidden_dim}")
-    _require(
-        259 <= m.vocab_size <= 65535,
-        "model.vocab_size",
-        "must be in [259, 65535] (byte fallback needs 256 + 3 special tokens; tokens are stored as uint16), "
-        f"got {m.vocab_size}",
-    )
     _require(m.max_seq_len > 1, "model.max_seq_len", f"must be > 1, got {m.max_seq_len}")
+    if cfg.task.is_stories:
+        _require(
+            259 <= m.vocab_size <= 65535,
+            "model.vocab_size",
+            "must be in [259, 65535] (byte fallback needs 256 + 3 special tokens; tokens are stored as uint16), "
+            f"got {m.vocab_size}",
+        )
+    else:
+        shape = task_shape(cfg.task)
+        _require(
+            m.vocab_size == shape.vocab_size,
+            "model.vocab_size",
+            f"task '{cfg.task.name}' has {shape.vocab_size} tokens (its tokenizer's vocabulary), got {m.vocab_size}",
+        )
+        _require(
+            m.max_seq_len >= shape.seq_len,
+            "model.max_seq_len",
+            f"task '{cfg.task.name}' needs a context of at least {shape.seq_len} tokens (its longest problem, level "
+            f"{shape.longest_level}), got {m.max_seq_len}",
+        )
     _require(m.norm_eps > 0, "model.norm_eps", f"must be positive, got {m.norm_eps}")
     _require(0.0 <= m.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {m.dropout}")
     _require(m.init_std > 0, "model.init_std", f"must be positive, got {m.init_std}")
     _require(m.n_recur is not None and m.n_recur >= 1, "model.n_recur", f"must be >= 1, got {m.n_recur}")
-    for key, allowed in choices(cfg.arch).items():  # configs built in code skip the parser's check
+    for key, allowed in choices(cfg.arch, cfg.task.name).items():  # configs built in code skip the parser's check
         section, name = key.split(".")
         holder = getattr(cfg, section)
-        value = getattr(holder, name) if hasattr(holder, name) else getattr(m.arch_args, name)
+        if hasattr(holder, name):
+            value = getattr(holder, name)
+        else:
+            value = getattr(m.arch_args if section == "model" else cfg.task.args, name)
         _require(value in allowed, key, f"must be one of {', '.join(map(str, allowed))}; got {value!r}")
     # numpy's generator, seeded with it, takes no more than 32 bits
     _require(0 <= cfg.seed <= MAX_SEED, "seed", f"must be in [0, {MAX_SEED}], got {cfg.seed}")
@@ -602,7 +788,10 @@ def run_id(cfg: RunConfig, data_fingerprint: str) -> str:
     for k, default in _ID_OMITTED_AT_DEFAULT.items():
         if flat.get(k) == default:
             flat.pop(k, None)
+    if cfg.task.is_stories:  # the default task: every run stored before tasks existed keeps its id
+        flat = {k: v for k, v in flat.items() if not k.startswith("task.")}
     flat["data.fingerprint"] = data_fingerprint
     blob = json.dumps(flat, sort_keys=True)
     digest = hashlib.sha256(blob.encode()).hexdigest()[:10]
-    return f"{cfg.arch}-{cfg.preset}-s{cfg.seed}-{digest}"
+    task = "" if cfg.task.is_stories else f"{cfg.task.name}-"
+    return f"{cfg.arch}-{task}{cfg.preset}-s{cfg.seed}-{digest}"

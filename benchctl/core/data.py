@@ -417,6 +417,16 @@ def prepare(data: DataConfig, vocab_size: int, *, progress: Progress | bool = Tr
     return prepared
 
 
+def prepare_run_data(cfg: Any, *, progress: Progress | bool = True) -> Any:
+    """What a run trains on: TinyStories prepared for its vocabulary (`Prepared`), or for a run on a procedural task
+    its `TaskData` (the task's tokenizer and fingerprint; there is no corpus to prepare)."""
+    if not cfg.task.is_stories:
+        from benchctl.core import taskdata  # the task registry: only a task run needs it
+
+        return taskdata.prepare_task(cfg.task)
+    return prepare(cfg.data, cfg.model.vocab_size, progress=progress)
+
+
 def prepared_for_run(
     cache: dict[str, Prepared],
     run_id: str,

@@ -43,6 +43,14 @@ DataOpt = Annotated[
         ".parquet) [env BENCHCTL_DATA].",
     ),
 ]
+TaskOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--task",
+        help="What to learn: stories (TinyStories, the default) or a reasoning task ('benchctl tasks' lists them); "
+        "the same as --set task.name=NAME.",
+    ),
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before a run estimated to take over an hour.")]
 ProgressOpt = Annotated[bool, typer.Option("--progress/--no-progress", help="Show live progress bars.")]
@@ -63,9 +71,13 @@ def db_path_of(db: Path | None) -> Path:
     return dbm.default_path()
 
 
-def overrides_with_data(set_: list[str] | None, data: str | None) -> dict[str, Any]:
-    """The --set overrides, with --data (or $BENCHCTL_DATA) as `data.source` when given."""
+def overrides_with_data(set_: list[str] | None, data: str | None, task: str | None = None) -> dict[str, Any]:
+    """The --set overrides, with --data (or $BENCHCTL_DATA) as `data.source` and --task as `task.name` when given."""
     overrides: dict[str, Any] = parse_set(set_)
+    if task is not None:
+        if overrides.get("task.name", task) != task:
+            raise ConfigError(f"--task {task} and --set task.name={overrides['task.name']} disagree; give one")
+        overrides["task.name"] = task
     src = data_source(data)
     if src is not None:
         overrides["data.source"] = src

@@ -19,6 +19,7 @@ from benchctl.stages.cli import (
     PresetOpt,
     ProgressOpt,
     SetOpt,
+    TaskOpt,
     YesOpt,
     console,
     db_path_of,
@@ -77,9 +78,7 @@ def prepare_for(cfg, progress: bool):
         init_distributed(dist_info, resolve_device(cfg.train.device, dist_info.local_rank))
     return main_first(
         dist_info,
-        lambda: data.prepare(
-            cfg.data, cfg.model.vocab_size, progress=make_progress(progress and dist_info.is_main, stderr=True)
-        ),
+        lambda: data.prepare_run_data(cfg, progress=make_progress(progress and dist_info.is_main, stderr=True)),
     )
 
 
@@ -95,6 +94,7 @@ def train(
     seed: Annotated[int, typer.Option("--seed", help="Training seed (weights, batches).")] = 0,
     set_: SetOpt = None,
     data: DataOpt = None,
+    task: TaskOpt = None,
     db: DbOpt = None,
     yes: YesOpt = False,
     progress: ProgressOpt = True,
@@ -108,7 +108,7 @@ def train(
     from benchctl.stages.train.engine import train_run
     from benchctl.stages.train.sweep import confirm_long_run
 
-    cfg = make_config(preset, arch, seed, overrides_with_data(set_, data))
+    cfg = make_config(preset, arch, seed, overrides_with_data(set_, data, task))
     dist_info = Dist.from_env()
     path = db_path_of(db)
     dbm.check_target(path)  # a file that is not benchctl's is refused before the data is prepared
@@ -152,6 +152,7 @@ def train_all(
     ] = None,
     set_: SetOpt = None,
     data: DataOpt = None,
+    task: TaskOpt = None,
     db: DbOpt = None,
     yes: YesOpt = False,
     progress: ProgressOpt = True,
@@ -170,7 +171,7 @@ def train_all(
     from benchctl.stages.train import sweep
     from benchctl.stages.train import tables as train_tables
 
-    overrides = overrides_with_data(set_, data)
+    overrides = overrides_with_data(set_, data, task)
     plan_, variants = None, None
     if plan is None:
         cfgs = sweep.sweep(preset or "paper", split_list(archs), parse_seeds(seeds), overrides)

@@ -74,7 +74,7 @@ def at_step(model: nn.Module, step: int, cfg: Any) -> Iterator[int | None]:
 
 def step_flops(model: nn.Module, step: int, cfg: Any) -> float:
     """Training FLOPs of optimizer step `step` at its scheduled depth (all micro-batches, all ranks)."""
-    seq = cfg.model.max_seq_len
+    seq = cfg.train_seq_len
     with at_step(model, step, cfg) as n:
         per_token = model.flops_per_token(seq, n_recur=n)
     return float(per_token) * cfg.tokens_per_step

@@ -38,7 +38,8 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import architectures
-from benchctl.core import accounting, telemetry
+from architectures.kernels import IGNORE_INDEX
+from benchctl.core import accounting, taskdata, telemetry
 from benchctl.core import checkpoint as ckpt
 from benchctl.core import db as dbm
 from benchctl.core.config import RunConfig, run_id
@@ -108,14 +109,15 @@ def evaluate(
         torch.manual_seed(seed)
         for i in range(0, len(mine), batch_size):
             w = mine[i : i + batch_size].to(device, non_blocking=True)
-            x, y = w[:, :-1], w[:, 1:]
+            x, y = split_xy(w)
             with torch.autocast(device.type, dtype=amp) if amp else nullcontext():
                 _, loss = model(x, y, n_recur=n_recur, return_logits=False)
-            total[0] += loss.double() * y.numel()
-            total[1] += y.numel()
+            counted = int((y != IGNORE_INDEX).sum())  # the loss is a mean over the targets not ignored
+            total[0] += loss.double() * counted
+            total[1] += counted
             if reports:
                 for k, v in model.take_stats().scalars().items():
-                    sums[k] = sums.get(k, 0.0) + v * y.numel()
+                    sums[k] = sums.get(k, 0.0) + v * counted
     if dist_info.enabled:
         dist.all_reduce(total)
     model.train(was_training)
@@ -126,6 +128,14 @@ def evaluate(
             dist.all_reduce(vec)
         extras.update({"val_" + k: float(v) / float(total[1]) for k, v in zip(names, vec.tolist())})
     return float(total[0] / total[1])
+
+
+def split_xy(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and targets of validation rows: windows of a corpus (N, T+1) shift by one; a procedural task's
+    encoded problems (N, 2, T) carry their (masked) targets beside their inputs."""
+    if w.dim() == 3:
+        return w[:, 0], w[:, 1]
+    return w[:, :-1], w[:, 1:]
 
 
 def train_step(
@@ -368,17 +378,31 @@ class _Trainer:
         )
         self.optimizer = make_optimizer(self.model, cfg, self.device)
 
-        self.sampler = WindowSampler(
-            prepared.train_tokens(),
-            cfg.model.max_seq_len,
-            cfg.train.batch_size,
-            seed=cfg.seed,
-            rank=dist_info.rank,
-            world_size=dist_info.world_size,
-        )
-        self.windows = val_windows(
-            prepared.valid_tokens(), cfg.model.max_seq_len, cfg.eval.val_windows, cfg.eval.val_seed
-        )
+        self.sampler: WindowSampler | taskdata.TaskSampler
+        if cfg.task.is_stories:
+            self.sampler = WindowSampler(
+                prepared.train_tokens(),
+                cfg.model.max_seq_len,
+                cfg.train.batch_size,
+                seed=cfg.seed,
+                rank=dist_info.rank,
+                world_size=dist_info.world_size,
+            )
+            self.windows = val_windows(
+                prepared.valid_tokens(), cfg.model.max_seq_len, cfg.eval.val_windows, cfg.eval.val_seed
+            )
+        else:  # a procedural task: fresh problems, never an epoch; validation on its held-out valid split
+            task = taskdata.build_task(cfg.task)
+            self.sampler = taskdata.TaskSampler(
+                task,
+                cfg.train_seq_len,
+                cfg.train.batch_size,
+                seed=cfg.seed,
+                loss=cfg.task.loss,
+                rank=dist_info.rank,
+                world_size=dist_info.world_size,
+            )
+            self.windows = taskdata.val_problems(task, cfg.train_seq_len, cfg.eval.val_windows, cfg.eval.val_seed)
         self.train_model: nn.Module = self.model
         self.start_step = self.step = 0
         self.resumed_from: int | None = None
@@ -494,7 +518,7 @@ class _Trainer:
             "data_train_tokens": prepared.n_train_tokens,
             "n_params": report["total"],
             "effective_params": report["effective"],
-            "flops_per_token": self.model.flops_per_token(cfg.model.max_seq_len),
+            "flops_per_token": self.model.flops_per_token(cfg.train_seq_len),
             "max_steps": cfg.train.max_steps,
             "world_size": self.dist.world_size,
             "error": None,
@@ -524,7 +548,7 @@ class _Trainer:
                     },
                 )
         self.ckpt_path.parent.mkdir(parents=True, exist_ok=True)
-        tok_dst = self.ckpt_path.parent / ckpt.TOKENIZER_NAME
+        tok_dst = self.ckpt_path.parent / (ckpt.TOKENIZER_NAME if cfg.task.is_stories else taskdata.TOKENIZER_FILE)
         if not tok_dst.exists():
             shutil.copyfile(prepared.tokenizer_path, tok_dst)
 
@@ -827,7 +851,7 @@ def _micro_batch_seconds(cfg: RunConfig, arch: str, repeats: int) -> tuple[float
         torch.manual_seed(0)
         model = architectures.build(arch, cfg.model).to(device)
         amp = autocast_dtype(cfg, device)
-        x = torch.randint(0, cfg.model.vocab_size, (cfg.train.batch_size, cfg.model.max_seq_len), device=device)
+        x = torch.randint(0, cfg.model.vocab_size, (cfg.train.batch_size, cfg.train_seq_len), device=device)
         times = []
         for _ in range(repeats + 1):
             t0 = time.perf_counter()
@@ -836,7 +860,7 @@ def _micro_batch_seconds(cfg: RunConfig, arch: str, repeats: int) -> tuple[float
             loss.backward()
             telemetry.sync(device)
             times.append(time.perf_counter() - t0)
-        flops = float(model.flops_per_token())
+        flops = float(model.flops_per_token(cfg.train_seq_len))
     return statistics.median(times[1:]), flops
 
 
@@ -847,7 +871,7 @@ def estimate_seconds(cfgs: list[RunConfig], prepared: Any) -> float:
         return 0.0
     base = cfgs[0]
     seconds, flops = _micro_batch_seconds(base, "control", 1)
-    per_flop = seconds / (flops * base.train.batch_size * base.model.max_seq_len)
+    per_flop = seconds / (flops * base.train.batch_size * base.train_seq_len)
     return sum(per_flop * accounting.training_flops(c) for c in cfgs)
 
 
