@@ -33,6 +33,7 @@ BUILTIN_STAGES = (
     "sample",
     "judge",
     "eval",
+    "accuracy",
     "depth",
     "infer",
     "report",

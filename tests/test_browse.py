@@ -63,6 +63,19 @@ def _add_depth_rows(path: Path) -> None:
     conn.close()
 
 
+def _add_accuracy_rows(path: Path) -> None:
+    """Task-accuracy rows (a reasoning task's measure) on the fixture's runs, so its canned query has rows to show."""
+    conn = sqlite3.connect(path)
+    with conn:
+        run_ids = [r[0] for r in conn.execute("select id from runs where status = 'done'")]
+        conn.executemany(
+            "insert into accuracy_results (run_id, task, level, in_distribution, n_recur, trained_n_recur, problems, "
+            "seed, correct, accuracy) values (?, 'addition', ?, ?, 1, 1, 10, 0, ?, ?)",
+            [(rid, lv, int(lv == "id"), k, k / 10) for rid in run_ids for lv, k in (("id", 9), ("d15", 1))],
+        )
+    conn.close()
+
+
 def test_canned_queries_follow_the_schema(tmp_path):
     path = build_fixture_db(tmp_path / "results.db", seeds=(0,), judge=False, evals=False)
     served = browse.check_database(path)
@@ -121,6 +134,7 @@ def _rows(base: str, path: str) -> list[dict]:
 def test_serves_descriptions_and_every_canned_query(tmp_path):
     path = build_fixture_db(tmp_path / "results.db", seeds=(0, 1), n_prompts=4, bench=True, infer=True)
     _add_depth_rows(path)
+    _add_accuracy_rows(path)
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(

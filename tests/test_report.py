@@ -521,9 +521,16 @@ def _expected_figures() -> list[str]:
     """Every figure a report can hold, but the retrofit one, drawn only when retrofitted runs exist (the fixture has
     none; tests/test_retrofit_cli.py covers it), loss against training depth, which needs models of one
     architecture that differ only in depth (tests/test_plans.py covers it), and the adaptive architectures' metrics,
-    which need runs that report them (tests/test_adaptive.py covers it), and the IsoFLOP curves, which need an IsoFLOP
-    plan's runs (tests/test_isoflop.py covers it)."""
-    absent = ("retrofit_loss_flops.png", "loss_vs_depth.png", "adaptive_metrics.png", "isoflop.png")
+    which need runs that report them (tests/test_adaptive.py covers it), the IsoFLOP curves, which need an IsoFLOP
+    plan's runs (tests/test_isoflop.py covers it), and accuracy against depth, which needs reasoning-task runs
+    (tests/test_task_runs.py covers it)."""
+    absent = (
+        "retrofit_loss_flops.png",
+        "loss_vs_depth.png",
+        "adaptive_metrics.png",
+        "isoflop.png",
+        "task_accuracy_depth.png",
+    )
     return [n for n in report_engine.figure_names() if n not in absent]
 
 

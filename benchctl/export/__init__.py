@@ -69,7 +69,7 @@ def export_run(
     from benchctl.export.llama2c import check_run_c, write_llama2c
     from benchctl.stages.train import tables as train_tables
 
-    (row,) = train_tables.finished_runs(db, run_ids=[run_id], purpose="to export")
+    (row,) = train_tables.finished_runs(db, run_ids=[run_id], purpose="to export", kind="stories")
     check_format(row["arch"], fmt)
     out = Path(out)
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not force)):

@@ -178,6 +178,18 @@ class StudyRun:
         return connect(self.opts.db_path)
 
 
+def story_only(study: Any) -> bool:
+    """True, after the stage's one line saying why, when `study` trains a reasoning task and the calling stage only
+    means something for TinyStories runs (story samples, their grades, the TinyStories lm-eval ladder, validation
+    loss against depth, decode cost on story prompts). Every run of a study learns the same task."""
+    cfgs = getattr(study, "cfgs", None) or []
+    task = getattr(cfgs[0], "task", None) if cfgs else None
+    if task is None or task.is_stories:
+        return False
+    study.say(f"skipped: it works on TinyStories runs, and this study trains on the {task.name} task")
+    return True
+
+
 @functools.lru_cache(maxsize=1)
 def registered() -> tuple[Stage, ...]:
     """Every stage defined in this package, in study order. A name or order used twice is a programming error."""

@@ -19,7 +19,7 @@ from benchctl.core.config import make_config, overrides_for
 from benchctl.core.progress import format_duration
 from benchctl.core.runtime import resolve_device
 from benchctl.report.context import model_keys
-from benchctl.stages import Stage, StudyRun
+from benchctl.stages import Stage, StudyRun, story_only
 from benchctl.stages.bench import engine as B
 from benchctl.stages.bench import tables as bench_tables
 from benchctl.stages.bench.options import BenchOptions
@@ -51,6 +51,8 @@ def _key(config_json: Any) -> str:
 
 def run(study: StudyRun) -> None:
     opts = study.opts
+    if story_only(study):
+        return
     device = resolve_device(study.cfgs[0].train.device)
     on, why = enabled(study, device.type)
     if not on:

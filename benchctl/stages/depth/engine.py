@@ -251,7 +251,13 @@ def depth_all(
     dev = resolve_device(opts.device, option="--device")
     sel = opts.select
     rows = train_tables.finished_runs(
-        db, run_ids=sel.run_ids, archs=sel.archs, preset=sel.preset, none_left=EvalError, purpose="to measure"
+        db,
+        run_ids=sel.run_ids,
+        archs=sel.archs,
+        preset=sel.preset,
+        none_left=EvalError,
+        purpose="to measure",
+        kind="stories",
     )
     plans, skipped = plan(
         db,
@@ -311,7 +317,7 @@ def estimate_seconds(
     """Time one batch of one run at depth 1 and scale it to every run, depth and window batch of a default sweep.
 
     Cost grows linearly with depth for the recurrent part, so depth d is estimated as d times the depth-1 batch."""
-    rows = train_tables.finished_runs(db, run_ids=run_ids, none_left=EvalError, purpose="to measure")
+    rows = train_tables.finished_runs(db, run_ids=run_ids, none_left=EvalError, purpose="to measure", kind="stories")
     dev = resolve_device(device, option="--device")
     plans, _ = plan(
         db,

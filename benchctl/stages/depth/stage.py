@@ -8,7 +8,7 @@ shows whatever rows exist.
 
 from __future__ import annotations
 
-from benchctl.stages import RunSelection, Stage, StudyRun, unless_skipped
+from benchctl.stages import RunSelection, Stage, StudyRun, story_only, unless_skipped
 from benchctl.stages.depth import engine as depth
 from benchctl.stages.depth.options import DepthOptions
 from benchctl.stages.depth.report import FIGURES, depth_section
@@ -19,6 +19,8 @@ def run(study: StudyRun) -> None:
     ids = study.run_ids
     if study.skips("depth") or not ids:
         study.say("skipped" + ("" if ids else " (no finished runs)"))
+        return
+    if story_only(study):
         return
     if study.opts.preset == "paper":
         secs = depth.estimate_seconds(study.db, study.opts.db_path, ids)

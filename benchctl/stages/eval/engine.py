@@ -262,6 +262,7 @@ def _plan(db, db_path: Path, opts: EvalOptions) -> list[tuple[dict[str, Any], An
         bad_selection=ConfigError,
         none_left=EvalError,
         purpose="to evaluate",
+        kind="stories",
     )
     plan = []
     for run in runs:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchctl.stages import RunSelection, Stage, StudyRun, unless_skipped
+from benchctl.stages import RunSelection, Stage, StudyRun, story_only, unless_skipped
 from benchctl.stages.eval.options import EvalOptions
 from benchctl.stages.eval.report import eval_section
 from benchctl.stages.eval.tables import TABLES, browse_queries
@@ -12,6 +12,8 @@ def run(study: StudyRun) -> None:
     ids = study.run_ids
     if study.skips("eval") or not ids:
         study.say("skipped")
+        return
+    if story_only(study):
         return
     # lm_eval: kept out of 'benchctl report', which loads every stage for its report sections
     from benchctl.stages.eval import api as evaluate

@@ -38,7 +38,9 @@ def export_all(db: Any, db_path: Path, opts: ExportAllOptions, log: Callable[[st
     from benchctl.stages.train import tables as train_tables
 
     sel = opts.select
-    rows = train_tables.finished_runs(db, run_ids=sel.run_ids, archs=sel.archs, preset=sel.preset, purpose="to export")
+    rows = train_tables.finished_runs(
+        db, run_ids=sel.run_ids, archs=sel.archs, preset=sel.preset, purpose="to export", kind="stories"
+    )
     summary = ExportAllSummary()
     for row in rows:
         declared = export_formats(architectures.get(row["arch"]))

@@ -7,7 +7,7 @@ with one line.
 
 from __future__ import annotations
 
-from benchctl.stages import RunSelection, Stage, StudyRun
+from benchctl.stages import RunSelection, Stage, StudyRun, story_only
 from benchctl.stages.export import engine
 from benchctl.stages.export.options import EXPORT_SUBDIR, ExportAllOptions
 
@@ -15,6 +15,8 @@ from benchctl.stages.export.options import EXPORT_SUBDIR, ExportAllOptions
 def run(study: StudyRun) -> None:
     formats = study.opts.export
     ids = study.run_ids
+    if story_only(study):
+        return
     if not formats:
         study.say("off (--export hf writes every finished run as a Hugging Face folder)")
         return

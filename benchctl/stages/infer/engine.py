@@ -378,7 +378,13 @@ def infer_all(db: Any, db_path: str | Path, opts: InferOptions, *, progress: boo
     dev = resolve_device(opts.device, option="--device")
     sel = opts.select
     rows = train_tables.finished_runs(
-        db, run_ids=sel.run_ids, archs=sel.archs, preset=sel.preset, none_left=EvalError, purpose="to measure"
+        db,
+        run_ids=sel.run_ids,
+        archs=sel.archs,
+        preset=sel.preset,
+        none_left=EvalError,
+        purpose="to measure",
+        kind="stories",
     )
     plans, skipped = plan(db, rows, opts, progress=reporter.enabled)
     summary = InferSummary(skipped=skipped)

@@ -9,7 +9,7 @@ command that measures it; the report section shows whatever rows exist.
 
 from __future__ import annotations
 
-from benchctl.stages import RunSelection, Stage, StudyRun, unless_skipped
+from benchctl.stages import RunSelection, Stage, StudyRun, story_only, unless_skipped
 from benchctl.stages.infer.options import InferOptions
 from benchctl.stages.infer.report import FIGURES, inference_section
 from benchctl.stages.infer.tables import TABLES, browse_queries
@@ -19,6 +19,8 @@ def run(study: StudyRun) -> None:
     ids = study.run_ids
     if study.skips("infer") or not ids:
         study.say("skipped" + ("" if ids else " (no finished runs)"))
+        return
+    if story_only(study):
         return
     if study.opts.preset == "paper":
         study.say("off by default on the paper preset; run 'benchctl infer --preset paper'")

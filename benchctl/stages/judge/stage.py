@@ -5,7 +5,7 @@ bias, failure rates)."""
 
 from __future__ import annotations
 
-from benchctl.stages import RunSelection, Stage, StudyRun
+from benchctl.stages import RunSelection, Stage, StudyRun, story_only
 from benchctl.stages.judge.options import JudgeOptions
 from benchctl.stages.judge.reliability import reliability_section
 from benchctl.stages.judge.report import judge_section
@@ -19,6 +19,8 @@ def run(study: StudyRun) -> None:
     opts, ids = study.opts, study.run_ids
     if study.skips("judge") or not ids:
         study.say("skipped")
+        return
+    if story_only(study):
         return
     spec = judge.resolve(opts.judge_model)
     if not judge.has_key(spec):

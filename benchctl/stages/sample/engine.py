@@ -299,7 +299,12 @@ def decode_completion(tok, prompt_ids: Sequence[int], new_ids: Sequence[int]) ->
 def select_runs(db, select: RunSelection) -> list[dict[str, Any]]:
     """The finished runs to sample, in architecture order then seed; clear errors for unknown or unfinished ones."""
     return train_tables.finished_runs(
-        db, run_ids=select.run_ids, archs=select.archs, preset=select.preset, purpose="to sample"
+        db,
+        run_ids=select.run_ids,
+        archs=select.archs,
+        preset=select.preset,
+        purpose="to sample",
+        kind="stories",
     )
 
 

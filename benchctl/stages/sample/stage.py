@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchctl.stages import RunSelection, Stage, StudyRun, unless_skipped
+from benchctl.stages import RunSelection, Stage, StudyRun, story_only, unless_skipped
 from benchctl.stages.sample import engine as sample
 from benchctl.stages.sample.options import DEFAULT_N_PROMPTS, SampleOptions
 from benchctl.stages.sample.tables import TABLES
@@ -12,6 +12,8 @@ def run(study: StudyRun) -> None:
     ids = study.run_ids
     if study.skips("sample") or not ids:
         study.say("skipped" + ("" if ids else " (no finished runs)"))
+        return
+    if story_only(study):
         return
     study.say("story completions from the fixed prompt set")
     opts = SampleOptions(

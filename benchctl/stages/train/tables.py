@@ -7,11 +7,13 @@ here as well, since a retrofitted run is trained and stored like any other.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import Any
 
 import sqlite_utils
 
+from benchctl.core.config import STORIES
 from benchctl.core.db import now, retry_locked
 from benchctl.core.errors import BenchctlError, CheckpointError, ConfigError, DatabaseError
 from benchctl.core.tables import Column, Table
@@ -321,11 +323,14 @@ def finished_runs(
     bad_selection: type[BenchctlError] = ConfigError,
     none_left: type[BenchctlError] = CheckpointError,
     purpose: str = "to use",
+    kind: str | None = None,
 ) -> list[dict[str, Any]]:
     """The finished runs a stage works on (sample, judge, eval), in registry order of architecture, then seed.
 
     `run_ids` must all exist and be finished, `archs` must all be registered (`bad_selection` otherwise); an empty
-    result is `none_left`. Each command picks the error classes, so their exit codes stay theirs.
+    result is `none_left`. Each command picks the error classes, so their exit codes stay theirs. `kind` keeps
+    "stories" runs (TinyStories language modelling) or "tasks" runs (a reasoning task) only; a run of the other kind
+    named in `run_ids` is a `bad_selection`.
     """
     import architectures
 
@@ -348,12 +353,28 @@ def finished_runs(
     rows = runs(db, status="done", preset=preset, ids=run_ids)
     if archs:
         rows = [r for r in rows if r["arch"] in archs]
+    if kind is not None:
+        other = [r["id"] for r in rows if (run_task(r) == STORIES) != (kind == "stories")]
+        if other and run_ids:  # asked for by id: a stage that means nothing for them says so
+            what = "reasoning-task runs" if kind == "stories" else "TinyStories runs"
+            scope = "only means something for TinyStories runs" if kind == "stories" else "scores reasoning-task runs"
+            raise bad_selection(f"this command {scope}; {', '.join(other)} are {what}")
+        rows = [r for r in rows if r["id"] not in other]
     if not rows:
         scope = ([f"preset '{preset}'"] if preset else []) + ([f"architectures {', '.join(archs)}"] if archs else [])
         where = f" for {' and '.join(scope)}" if scope else ""
         raise none_left(f"no finished runs{where} {purpose} in results.db; run 'benchctl train-all' first")
     order = {n: i for i, n in enumerate(architectures.names())}
     return sorted(rows, key=lambda r: (order.get(r["arch"], len(order)), r["arch"], r["preset"], r["seed"], r["id"]))
+
+
+def run_task(row: dict[str, Any]) -> str:
+    """The task a stored run learned (stories for every run stored before tasks existed)."""
+    try:
+        section = json.loads(row.get("config_json") or "{}").get("task") or {}
+    except json.JSONDecodeError:
+        return STORIES
+    return str(section.get("name", STORIES)) if isinstance(section, dict) else STORIES
 
 
 def runs(
