@@ -1,5 +1,6 @@
-"""The extension guide's examples (docs/extending.md) are complete files that CI writes into the tree before running
-the suite a second time: check here, in the fast loop, that they are still well-formed and new."""
+"""The extension guides' examples (docs/extending.md, and the task in docs/tasks.md) are complete files that CI writes
+into the tree before running the suite a second time: check here, in the fast loop, that they are well-formed and
+new."""
 
 from __future__ import annotations
 
@@ -32,6 +33,15 @@ def test_the_guide_holds_its_architectures_and_a_whole_stage():
         ast.parse(text, filename=path)
         real = ROOT / path
         # absent, or present only because CI extracted this very example
+        assert not real.exists() or real.read_text(encoding="utf-8") == text, f"{path} exists and differs"
+
+
+def test_the_tasks_page_holds_a_whole_task():
+    files = _extractor().examples((ROOT / "docs" / "tasks.md").read_text(encoding="utf-8"))
+    assert list(files) == ["tasks/sort_digits.py"]
+    for path, text in files.items():
+        ast.parse(text, filename=path)
+        real = ROOT / path
         assert not real.exists() or real.read_text(encoding="utf-8") == text, f"{path} exists and differs"
 
 
