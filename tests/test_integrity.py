@@ -397,3 +397,69 @@ def test_runs_reads_a_database_it_cannot_write(tmp_path, capsys):
         assert code == 0 and '"id": "r1"' in out, err
     finally:
         path.parent.chmod(0o755)
+
+
+# ---- a checkpoint is bound to its run --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def swapped(tmp_path_factory, tinystories_dir):
+    """Two tiny runs (control, frailt), frailt's checkpoint copied over the control's (as a user might by mistake)."""
+    import shutil
+
+    from fixtures_db import train_tiny_runs
+
+    root = train_tiny_runs(tmp_path_factory.mktemp("swap"), tinystories_dir)
+    db_path = root / "results" / "results.db"
+    ids = {r["arch"]: r["id"] for r in stages.connect(db_path).query("select id, arch from runs")}
+    runs = db_path.parent / "runs"
+    shutil.copyfile(runs / ids["frailt"] / "ckpt.pt", runs / ids["control"] / "ckpt.pt")
+    return root, db_path, ids
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["depth", "--depths", "1", "--windows", "2"],
+        ["sample", "--n-prompts", "1"],
+        ["infer", "--batch", "1", "--single", "1", "--drafts", "", "--thresholds", "0"],
+        ["export", "-f", "hf"],
+        ["eval"],
+    ],
+    ids=lambda a: a[0],
+)
+def test_a_checkpoint_of_another_run_is_refused_with_exit_4(swapped, capsys, monkeypatch, tmp_path, argv):
+    root, db_path, ids = swapped
+    monkeypatch.setenv("BENCHCTL_CACHE", str(root / "cache"))
+    rid = ids["control"]
+    target = ["--runs", rid] if argv[0] != "export" else [rid, "--out", str(tmp_path / "out")]
+    code, err, _ = run_cli(capsys, [argv[0], *target, *argv[1:], "--db", str(db_path)])
+    assert code == 4, err
+    assert "holds a frailt model, but run" in err and rid in err and "\n" not in err.strip()
+    with stages.connect(db_path).conn as conn:  # nothing was stored under the control's name
+        for table in ("depth_results", "samples", "inference_results", "eval_results"):
+            assert not conn.execute(f"select count(*) from {table} where run_id = ?", [rid]).fetchone()[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_run_check_names_a_configuration_difference(swapped):
+    """Same architecture, another configuration (a seed): the row and the checkpoint disagree, and the message says
+    on what."""
+    import json
+
+    from benchctl.core import checkpoint
+    from benchctl.core.errors import CheckpointError
+
+    root, db_path, ids = swapped
+    row = dict(stages.connect(db_path)["runs"].get(ids["frailt"]))
+    cfg = json.loads(row["config_json"])
+    cfg["seed"] = 7
+    row["config_json"] = json.dumps(cfg)
+    path = db_path.parent / "runs" / ids["frailt"] / "ckpt.pt"
+    with pytest.raises(CheckpointError, match="another configuration than run .*seed: 0 != 7"):
+        checkpoint.load_model(path, "cpu", row)
+    row = dict(stages.connect(db_path)["runs"].get(ids["frailt"]))
+    checkpoint.load_model(path, "cpu", row)  # its own row: fine
+    row["n_params"] = 1
+    with pytest.raises(CheckpointError, match="parameters"):
+        checkpoint.load_model(path, "cpu", row)

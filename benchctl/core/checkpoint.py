@@ -167,8 +167,38 @@ def check_config(state: dict[str, Any], cfg: RunConfig, path: Path) -> None:
         )
 
 
-def load_model(ckpt_path: Path, device: str | torch.device = "cpu") -> tuple[torch.nn.Module, RunConfig, Path]:
-    """(model in eval mode, its config, tokenizer path) from a run's checkpoint, for sampling and evaluation."""
+def check_run(state: dict[str, Any], cfg: RunConfig, model: torch.nn.Module, row: dict[str, Any], path: Path) -> None:
+    """A checkpoint read for a stored run must be that run's own: the same architecture, the same configuration
+    (every setting that makes a run what it is), the same data and the same parameter count as its row. A checkpoint
+    copied over from another run would otherwise be measured and stored under this run's name."""
+    rid = row.get("id", "?")
+    fix = "restore the run's own checkpoint, or delete its run directory and train it again"
+    if row.get("arch") and cfg.arch != row["arch"]:
+        raise CheckpointError(f"checkpoint {path} holds a {cfg.arch} model, but run {rid} is {row['arch']}; {fix}")
+    if row.get("config_json"):
+        diffs = identity_diff(cfg, RunConfig.from_json(row["config_json"]))
+        if diffs:
+            raise CheckpointError(
+                f"checkpoint {path} was written under another configuration than run {rid} "
+                f"({'; '.join(diffs[:3])}); {fix}"
+            )
+    fp, want_fp = state.get("data_fingerprint"), row.get("data_fingerprint")
+    if fp and want_fp and fp != want_fp:
+        raise CheckpointError(f"checkpoint {path} was trained on data {fp[:12]}, run {rid} on {want_fp[:12]}; {fix}")
+    n = getattr(model, "param_report", None)
+    if row.get("n_params") is not None and n is not None and int(n()["total"]) != int(row["n_params"]):
+        raise CheckpointError(
+            f"checkpoint {path} has {int(n()['total']):,} parameters, run {rid} has {int(row['n_params']):,}; {fix}"
+        )
+
+
+def load_model(
+    ckpt_path: Path, device: str | torch.device = "cpu", row: dict[str, Any] | None = None
+) -> tuple[torch.nn.Module, RunConfig, Path]:
+    """(model in eval mode, its config, tokenizer path) from a run's checkpoint, for sampling and evaluation.
+
+    `row`, the run's row of results.db, binds the checkpoint to its run (`check_run`): every stage that measures a
+    stored run passes it."""
     state = load(Path(ckpt_path), map_location="cpu")
     cfg = RunConfig.from_json(state["config"])
     model = architectures.build(cfg.arch, cfg.model)  # (not on meta: to_empty would untie the embedding)
@@ -176,6 +206,8 @@ def load_model(ckpt_path: Path, device: str | torch.device = "cpu") -> tuple[tor
         model.load_state_dict(state["model"])
     except RuntimeError as e:
         raise CheckpointError(f"checkpoint {ckpt_path} does not fit its own config: {e}") from None
+    if row is not None:
+        check_run(state, cfg, model, row, Path(ckpt_path))
     model.to(device).eval()
     # a TinyStories run keeps its SentencePiece model; a procedural task's run its character vocabulary
     name = TOKENIZER_NAME if cfg.task.is_stories else TASK_TOKENIZER_NAME

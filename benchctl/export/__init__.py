@@ -74,7 +74,7 @@ def export_run(
     out = Path(out)
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not force)):
         raise ConfigError(f"--out {out} exists and is not an empty directory; choose another or pass --force")
-    model, cfg, tok_path = checkpoint.load_model(checkpoint.run_dir(db_path, run_id) / checkpoint.CKPT_NAME)
+    model, cfg, tok_path = checkpoint.load_model(checkpoint.run_dir(db_path, run_id) / checkpoint.CKPT_NAME, row=row)
     try:
         weights = llama_weights(model, n_recur, extrapolate)
     except architectures.RecurrenceError as e:

@@ -174,7 +174,9 @@ def measure(
 
 def measure_run(db: Any, db_path: Path, p: _RunPlan, seed: int, device: torch.device, on_row: Callable) -> None:
     """Load one run's model and measure (and store) each of its missing (level, depth) rows."""
-    model, cfg, _ = checkpoint.load_model(checkpoint.run_dir(db_path, p.row["id"]) / checkpoint.CKPT_NAME, device)
+    model, cfg, _ = checkpoint.load_model(
+        checkpoint.run_dir(db_path, p.row["id"]) / checkpoint.CKPT_NAME, device, p.row
+    )
     for level, depth in p.todo:
         row = {"run_id": p.row["id"], **measure(model, cfg, p.task, level, depth, p.problems, seed, device)}
         row["seed"] = seed

@@ -214,7 +214,9 @@ def plan(
 
 def measure_run(db, db_path: Path, p: _RunPlan, device: Any, on_row: Callable[[dict[str, Any]], None]) -> None:
     """Load one run's model and measure (and store) each of its missing settings."""
-    model, cfg, _ = checkpoint.load_model(checkpoint.run_dir(db_path, p.row["id"]) / checkpoint.CKPT_NAME, device)
+    model, cfg, _ = checkpoint.load_model(
+        checkpoint.run_dir(db_path, p.row["id"]) / checkpoint.CKPT_NAME, device, p.row
+    )
     amp = autocast_dtype(cfg, device)
     for s in p.settings:
         m = measure(model, p.windows, cfg.eval.val_batch_size, device, amp, cfg.eval.val_seed, s)
@@ -333,7 +335,9 @@ def estimate_seconds(
     if not plans:
         return 0.0
     p = plans[0]
-    model, cfg, _ = checkpoint.load_model(checkpoint.run_dir(Path(db_path), p.row["id"]) / checkpoint.CKPT_NAME, dev)
+    model, cfg, _ = checkpoint.load_model(
+        checkpoint.run_dir(Path(db_path), p.row["id"]) / checkpoint.CKPT_NAME, dev, p.row
+    )
     one = measure(
         model,
         p.windows[: cfg.eval.val_batch_size],

@@ -33,7 +33,7 @@ import torch
 import architectures
 from benchctl.core import data as datamod
 from benchctl.core import db as dbm
-from benchctl.core.checkpoint import CKPT_NAME, rng_state, run_dir, set_rng_state
+from benchctl.core.checkpoint import CKPT_NAME, load_model, rng_state, run_dir, set_rng_state
 from benchctl.core.config import RunConfig
 from benchctl.core.errors import CheckpointError, ConfigError, EvalError
 from benchctl.core.progress import Progress, as_progress
@@ -272,6 +272,7 @@ def _plan(db, db_path: Path, opts: EvalOptions) -> list[tuple[dict[str, Any], An
         ckpt = run_dir(db_path, run["id"]) / CKPT_NAME
         if not ckpt.exists():
             raise CheckpointError(f"run {run['id']} is marked done but has no checkpoint at {ckpt}")
+        load_model(ckpt, "cpu", run)  # the run's own checkpoint, not one copied over from another run
     return plan
 
 

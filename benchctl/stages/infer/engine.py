@@ -343,7 +343,9 @@ def measure_run(
     on_row: Callable[[dict[str, Any] | None], None],
 ) -> None:
     """Load one run's model, trace its missing latent windows, and measure (and store) each missing setting."""
-    model, cfg, _ = checkpoint.load_model(checkpoint.run_dir(db_path, p.row["id"]) / checkpoint.CKPT_NAME, device)
+    model, cfg, _ = checkpoint.load_model(
+        checkpoint.run_dir(db_path, p.row["id"]) / checkpoint.CKPT_NAME, device, p.row
+    )
     model = model.float().eval()
     seed = int(cfg.eval.val_seed)
     if p.latent:

@@ -438,7 +438,9 @@ def sample_run(
 ) -> None:
     """Generate and store the missing batches of one run, one transaction per batch."""
     run_id = p.row["id"]
-    model, cfg, tok_path = checkpoint.load_model(checkpoint.run_dir(db_path, run_id) / checkpoint.CKPT_NAME, device)
+    model, cfg, tok_path = checkpoint.load_model(
+        checkpoint.run_dir(db_path, run_id) / checkpoint.CKPT_NAME, device, p.row
+    )
     dtype, dtype_reason = choose_precision(db, settings.precision, device)
     cast_for_inference(model, dtype)  # once, for every batch: no autocast re-casting the weights at every step
     ctx = cfg.model.max_seq_len
