@@ -369,6 +369,30 @@ def test_corrupt_cache_is_reported(tmp_path, damage):
         assert f"token id {VOCAB + 3} >= vocab size {VOCAB}" in msg
 
 
+@pytest.mark.parametrize("sampled", [False, True], ids=["whole", "sampled"])
+@pytest.mark.parametrize("split", ["valid", "train"])
+def test_a_same_size_change_to_the_cache_is_caught(tmp_path, monkeypatch, split, sampled):
+    """Every third token overwritten with another valid id: the sizes and the largest id are unchanged, so only the
+    content hashes recorded at preparation see it (whole for small files, sampled blocks for large ones), exit 3."""
+    if sampled:  # treat every file as large: the sampled-block check alone
+        monkeypatch.setattr(data, "FULL_HASH_MAX_BYTES", 0)
+        monkeypatch.setattr(data, "SAMPLED_BLOCKS", 4)
+        monkeypatch.setattr(data, "SAMPLED_BLOCK_BYTES", 64)
+    src = make_dir(tmp_path / "src")
+    p = data.prepare(tiny_data(src), VOCAB, progress=False)
+    data.verify_prepared(p)  # `prepare --verify`: every file hashed whole, all match
+    named = p.dir / f"{split}.bin"
+    tokens = np.fromfile(named, dtype=np.uint16)
+    tokens[::3] = (tokens[::3] + 1) % (int(tokens.max()) + 1)
+    tokens.tofile(named)
+    for call in (lambda: data.prepare(tiny_data(src), VOCAB, progress=False), lambda: data.load_prepared(p.dir)):
+        with pytest.raises(DataError) as e:
+            call()
+        assert str(named) in str(e.value) and "content changed" in str(e.value) and e.value.exit_code == 3
+    with pytest.raises(DataError, match="content changed"):
+        data.verify_prepared(p)
+
+
 def test_load_prepared_missing_dir(tmp_path):
     assert "does not exist" in _err(data.load_prepared, tmp_path / "gone")
 

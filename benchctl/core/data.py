@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import os
 import random
@@ -302,6 +303,8 @@ def load_prepared(dir: Path | str) -> Prepared:
             raise _corrupt(dir, f"{path} holds {path.stat().st_size // 2:,} tokens, the manifest says {n:,}")
         if (top := _max_token(_memmap(path, n))) >= vocab:
             raise _corrupt(dir, f"{path} contains token id {top} >= vocab size {vocab}")
+    for name in ("train.bin", "valid.bin", VALID_STORIES_FILE):  # a change that keeps sizes and ids in range
+        _check_content(dir, name, files[name])
     return Prepared(
         dir=dir,
         fingerprint=fingerprint,
@@ -315,6 +318,48 @@ def load_prepared(dir: Path | str) -> Prepared:
         n_train_tokens=counts["n_train_tokens"],
         n_valid_tokens=counts["n_valid_tokens"],
     )
+
+
+# Files up to this size are hashed whole every time they are opened (a 0.8 M-token train.bin: milliseconds); a larger
+# one (the full TinyStories train split, about 1 GB) is checked on SAMPLED_BLOCKS fixed blocks spread over the file,
+# which any rewrite of more than a sliver of it changes, and whole by `benchctl prepare --verify`.
+FULL_HASH_MAX_BYTES = 256 * 2**20
+SAMPLED_BLOCKS = 64
+SAMPLED_BLOCK_BYTES = 64 * 2**10
+
+
+def _sampled_sha256(path: Path) -> str:
+    """SHA-256 of SAMPLED_BLOCKS blocks at evenly spaced offsets of the file (the whole file when it is smaller)."""
+    size = path.stat().st_size
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        if size <= SAMPLED_BLOCKS * SAMPLED_BLOCK_BYTES:
+            h.update(f.read())
+        else:
+            span = size - SAMPLED_BLOCK_BYTES
+            for i in range(SAMPLED_BLOCKS):
+                f.seek(i * span // (SAMPLED_BLOCKS - 1))
+                h.update(f.read(SAMPLED_BLOCK_BYTES))
+    return h.hexdigest()
+
+
+def _check_content(dir: Path, name: str, entry: dict[str, Any], *, full: bool = False) -> None:
+    """The file's content against the manifest's hashes (caches written before they were recorded have none: only
+    their sizes and token ids are checked)."""
+    path = dir / name
+    whole = entry.get("sha256")
+    if whole and (full or path.stat().st_size <= FULL_HASH_MAX_BYTES):
+        if _sha256_file(path) != whole:
+            raise _corrupt(dir, f"{path} does not match the manifest's sha256 (its content changed)")
+    elif entry.get("sampled_sha256") and _sampled_sha256(path) != entry["sampled_sha256"]:
+        raise _corrupt(dir, f"{path} does not match the manifest's sampled sha256 (its content changed)")
+
+
+def verify_prepared(prepared: Prepared) -> None:
+    """Every file of a prepared directory hashed whole against its manifest (`benchctl prepare --verify`)."""
+    m = json.loads((prepared.dir / MANIFEST).read_text(encoding="utf-8"))
+    for name in ("train.bin", "valid.bin", VALID_STORIES_FILE, TOKENIZER_FILE):
+        _check_content(prepared.dir, name, m["files"][name], full=True)
 
 
 def _max_token(tokens: np.ndarray) -> int:
@@ -516,7 +561,9 @@ def _build(
         name: {"bytes": (tmp / name).stat().st_size}
         for name in (TOKENIZER_FILE, "train.bin", "valid.bin", VALID_STORIES_FILE)
     }
-    files[TOKENIZER_FILE]["sha256"] = _sha256_file(tmp / TOKENIZER_FILE)
+    for name, entry in files.items():  # content hashes: load_prepared checks them (a same-size change is caught)
+        entry["sha256"] = _sha256_file(tmp / name)
+        entry["sampled_sha256"] = _sampled_sha256(tmp / name)
     manifest = {
         "format_version": FORMAT_VERSION,
         "fingerprint": fingerprint,
