@@ -463,3 +463,13 @@ def test_the_run_check_names_a_configuration_difference(swapped):
     row["n_params"] = 1
     with pytest.raises(CheckpointError, match="parameters"):
         checkpoint.load_model(path, "cpu", row)
+
+
+@pytest.mark.parametrize("n, message", [("100000", "at most 1024 iterations"), ("1025", "at most 1024"), ("0", ">= 1")])
+def test_export_bounds_its_depth_before_writing_anything(capsys, tmp_path, n, message):
+    out = tmp_path / "out"
+    code, err, _ = run_cli(
+        capsys, ["export", "any-run", "-f", "hf", "-o", str(out), "--n-recur", n, "--db", str(tmp_path / "r.db")]
+    )
+    assert code == 2 and message in err and "--n-recur" in err
+    assert not out.exists() and not (tmp_path / "r.db").exists()

@@ -7,7 +7,9 @@ from typing import Annotated
 
 import typer
 
+from benchctl.core.errors import ConfigError
 from benchctl.stages.cli import DbOpt, JsonOpt, console, db_path_of
+from benchctl.stages.depth.options import check_test_depth
 
 app = typer.Typer()
 
@@ -26,7 +28,7 @@ def export(
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write (created; must be new or empty).")],
     n_recur: Annotated[
         int | None,
-        typer.Option("--n-recur", help="Passes to unroll (relaxed; default: as trained)."),
+        typer.Option("--n-recur", help="Passes to unroll (relaxed; default: as trained); at most 1024."),
     ] = None,
     extrapolate: Annotated[
         str | None,
@@ -37,6 +39,10 @@ def export(
     as_json: JsonOpt = False,
 ) -> None:
     """Export a finished run as a Hugging Face folder or llama2.c files, with a model card (README.md)."""
+    if n_recur is not None:  # the bound every depth option shares, before anything is loaded or written
+        if n_recur < 1:
+            raise ConfigError(f"--n-recur must be >= 1, got {n_recur}")
+        check_test_depth(n_recur, "--n-recur")
     # torch, transformers: kept out of 'benchctl --help'
     from benchctl import stages
     from benchctl.export import as_json as result_json
