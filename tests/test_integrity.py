@@ -473,3 +473,75 @@ def test_export_bounds_its_depth_before_writing_anything(capsys, tmp_path, n, me
     )
     assert code == 2 and message in err and "--n-recur" in err
     assert not out.exists() and not (tmp_path / "r.db").exists()
+
+
+def test_an_export_killed_at_any_point_leaves_nothing_that_looks_complete(tmp_path, monkeypatch):
+    """kill -9 at 20 random points of writing a folder (simulated: the cleanup never runs, and the killed process's
+    pid is dead): the destination is absent every time, and the next export writes it whole without --force."""
+    import random
+
+    import benchctl.export as ex
+
+    names = [f"f{i}.bin" for i in range(6)]
+
+    def writer(stop: int | None):
+        def write(folder: Path) -> list[str]:
+            for i, name in enumerate(names):
+                if i == stop:
+                    raise KeyboardInterrupt  # the kill, between two files
+                (folder / name).write_bytes(bytes(1000 + i))
+            return names
+
+        return write
+
+    rng = random.Random(0)
+    out = tmp_path / "export"
+    for trial in range(20):
+        with monkeypatch.context() as m:
+            m.setattr(ex.shutil, "rmtree", lambda *a, **k: None)  # SIGKILL: no cleanup
+            m.setattr(ex.os, "getpid", lambda: 2**22 + 17 + trial)  # a pid no process has
+            with pytest.raises(KeyboardInterrupt):
+                ex.write_folder(out, writer(rng.randrange(len(names))))
+        assert not out.exists()
+    assert len(list(tmp_path.glob(".export.partial-*"))) == 20  # the killed exports' staging folders
+    assert ex.write_folder(out, writer(None)) == names
+    assert sorted(p.name for p in out.iterdir()) == names and not list(tmp_path.glob(".export.partial-*"))
+
+
+@pytest.fixture(scope="module")
+def exportable(tmp_path_factory, tinystories_dir):
+    """A tiny control, trained for 2 steps: a run `export` takes."""
+    from fixtures_db import train_tiny_runs
+
+    root = train_tiny_runs(tmp_path_factory.mktemp("export"), tinystories_dir, archs="control")
+    db_path = root / "results" / "results.db"
+    (rid,) = [r["id"] for r in stages.connect(db_path).query("select id from runs")]
+    return db_path, rid
+
+
+@pytest.mark.parametrize(
+    "failure, words",
+    [
+        (OSError(28, "No space left on device"), "the disk is full"),
+        (OSError(30, "Read-only file system"), "read-only file system"),
+        (OSError(13, "Permission denied"), "permission denied"),
+        (RuntimeError("Error while serializing: IoError(Os { code: 28, message: No space left on device })"), "full"),
+    ],
+    ids=["full", "read-only", "denied", "safetensors-full"],
+)
+def test_an_export_that_cannot_write_is_one_line_exit_8(exportable, capsys, tmp_path, monkeypatch, failure, words):
+    """A full disk, a read-only or a forbidden destination (the writer fails as the OS or safetensors would): one
+    line, exit 8, and no folder in its place."""
+    import benchctl.export.hf as hf
+
+    db_path, rid = exportable
+
+    def failing(weights, tok_path, folder):
+        (folder / "config.json").write_text("{}")  # part of the folder was written
+        raise failure
+
+    monkeypatch.setattr(hf, "write_hf", failing)
+    out = tmp_path / "out"
+    code, err, _ = run_cli(capsys, ["export", rid, "-f", "hf", "-o", str(out), "--db", str(db_path)])
+    assert code == 8 and words in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not out.exists() and not list(tmp_path.glob(".out.partial-*"))

@@ -59,6 +59,27 @@ class EvalError(BenchctlError):
     exit_code = 7
 
 
+class OutputError(BenchctlError):
+    """A file or folder benchctl writes could not be written: the disk is full, the destination is read-only or not
+    ours to write. Nothing partial is left in its place."""
+
+    exit_code = 8
+
+
+def output_error(path: object, e: OSError) -> OutputError:
+    """One line for an OSError while writing `path`, by its cause."""
+    import errno
+
+    why = {
+        errno.ENOSPC: "the disk is full",
+        errno.EDQUOT: "the disk quota is exhausted",
+        errno.EROFS: "the destination is on a read-only file system",
+        errno.EACCES: "permission denied",
+        errno.EPERM: "permission denied",
+    }.get(e.errno or 0, e.strerror or str(e))
+    return OutputError(f"cannot write {path}: {why}; nothing partial was left there")
+
+
 class Aborted(BenchctlError):
     """The user declined a confirmation prompt."""
 

@@ -10,7 +10,11 @@ into one, can be exported; it declares the formats in `export_formats`, and any 
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,7 +85,6 @@ def export_run(
         raise ConfigError(str(e)) from None
     if fmt == "llama2c":
         check_run_c(weights)  # before anything is written
-    files = write_hf(weights, tok_path, out) if fmt == "hf" else write_llama2c(weights, tok_path, out)
     unique = sum(p.numel() for p in model.parameters())
     info = card.CardInfo(
         row=row,
@@ -94,7 +97,13 @@ def export_run(
         exported_params=weights.n_params(),
         train_command=card.train_command(cfg),
     )
-    (out / "README.md").write_text(card.render(info))
+
+    def write(folder: Path) -> list[str]:
+        files = write_hf(weights, tok_path, folder) if fmt == "hf" else write_llama2c(weights, tok_path, folder)
+        (folder / "README.md").write_text(card.render(info))
+        return files
+
+    files = write_folder(out, write)
     return ExportResult(
         run_id=run_id,
         arch=row["arch"],
@@ -105,6 +114,62 @@ def export_run(
         unique_params=unique,
         exported_params=weights.n_params(),
     )
+
+
+PARTIAL = ".partial-"  # the staging folder of an export in progress: .<out name>.partial-<pid>
+
+
+def _stale_partials(out: Path) -> list[Path]:
+    """Staging folders of exports to `out` whose process is gone (killed): safe to remove."""
+    found = []
+    for p in out.parent.glob(f".{out.name}{PARTIAL}*"):
+        pid = p.name.rsplit(PARTIAL, 1)[-1]
+        alive = True
+        try:
+            os.kill(int(pid), 0)
+        except (ValueError, ProcessLookupError):
+            alive = False
+        except PermissionError:  # someone else's live process
+            pass
+        if not alive:
+            found.append(p)
+    return found
+
+
+def write_folder(out: Path, write: Callable[[Path], list[str]]) -> list[str]:
+    """Write a folder whole or not at all: `write` fills a staging folder beside `out` (same file system), which is
+    then renamed to `out` in one step (into an existing `out`, under --force, file by file, each one atomic). A
+    failure or a kill leaves `out` as it was; a staging folder left by a killed export is removed by the next one.
+    Disk-full and read-only destinations are one line (`OutputError`)."""
+    from benchctl.core.errors import output_error
+
+    for stale in _stale_partials(out):
+        shutil.rmtree(stale, ignore_errors=True)
+    stage = out.parent / f".{out.name}{PARTIAL}{os.getpid()}"
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if stage.exists():
+            shutil.rmtree(stage)
+        stage.mkdir()
+        files = write(stage)
+        if out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        if out.exists():  # --force into a folder that has other files: replace ours one by one
+            for f in sorted(stage.iterdir()):
+                os.replace(f, out / f.name)
+            stage.rmdir()
+        else:
+            os.replace(stage, out)
+    except OSError as e:
+        raise output_error(out, e) from None
+    except Exception as e:  # safetensors reports a full disk as its own error, with the OS's words in it
+        if "No space left on device" not in str(e):
+            raise
+        raise output_error(out, OSError(errno.ENOSPC, "No space left on device")) from None
+    finally:
+        if stage.exists():
+            shutil.rmtree(stage, ignore_errors=True)
+    return files
 
 
 def as_json(result: ExportResult) -> str:
