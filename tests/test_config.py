@@ -477,3 +477,11 @@ def test_overrides_for_a_run_over_several_architectures():
     assert overrides_for("relaxed", sets, both) == sets
     assert overrides_for("control", sets, ["control"]) == sets  # nobody in the run has it: make_config refuses it
     assert "belongs to architecture 'relaxed'" in _err(overrides_for("control", sets, ["control"]))
+
+
+@pytest.mark.parametrize("key", ["train.lr", "train.min_lr", "train.weight_decay", "train.grad_clip", "model.init_std"])
+@pytest.mark.parametrize("value", ["inf", "nan", "-inf"])
+def test_non_finite_numbers_are_refused_up_front(key, value):
+    """train.lr=inf used to pass validation and fail at step 2 with exit 1."""
+    with pytest.raises(ConfigError, match=f"{key}: must be a finite number"):
+        make_config("tiny", "control", overrides={key: value})

@@ -671,6 +671,17 @@ def _validate_model(m: ModelArgs) -> None:
 def validate(cfg: RunConfig) -> None:
     m, t, d, e = cfg.model, cfg.train, cfg.data, cfg.eval
     _validate_model(m)
+    for key, value in (
+        ("train.lr", t.lr),
+        ("train.min_lr", t.min_lr),
+        ("train.weight_decay", t.weight_decay),
+        ("train.grad_clip", t.grad_clip),
+        ("train.recur_curriculum_frac", t.recur_curriculum_frac),
+        ("model.norm_eps", m.norm_eps),
+        ("model.init_std", m.init_std),
+        ("model.rope_theta", m.rope_theta),
+    ):  # an inf or nan passes every comparison below unnoticed and fails steps later, mid-run
+        _require(math.isfinite(value), key, f"must be a finite number, got {value}")
     _require(m.hidden_dim is not None and m.hidden_dim > 0, "model.hidden_dim", f"must be positive, got {m.hidden_dim}")
     _require(m.max_seq_len > 1, "model.max_seq_len", f"must be > 1, got {m.max_seq_len}")
     if cfg.task.is_stories:
