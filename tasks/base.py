@@ -134,6 +134,9 @@ class Task:
     source: ClassVar[str] = ""  # the paper(s) the task follows
     symbols: ClassVar[str] = ""  # every character a prompt or answer may contain, each once
     sequence_answer: ClassVar[bool] = False  # per-position accuracy is meaningful (the answer is a sequence)
+    # The generator's version: raise it whenever the same (knobs, split, level, seed, index) would give another
+    # problem, so runs trained on the old problems keep their own data fingerprint and never mix with new ones.
+    version: ClassVar[int] = 1
 
     def __init__(self, args: TaskArgs | None = None):
         args = self.args_cls() if args is None else args

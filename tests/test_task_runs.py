@@ -153,6 +153,15 @@ def test_answer_only_loss_is_the_cross_entropy_of_the_answer_tokens():
     assert not math.isclose(float(loss_all), float(loss), rel_tol=1e-3)
 
 
+def test_the_data_fingerprint_follows_the_generator_version(monkeypatch):
+    """A task whose generator changes what a coordinate gives raises its version: its runs get new ids."""
+    task = tasks.build("addition")
+    before = taskdata.fingerprint(task)
+    assert taskdata.fingerprint(tasks.build("addition")) == before
+    monkeypatch.setattr(type(task), "version", task.version + 1)
+    assert taskdata.fingerprint(task) != before
+
+
 def test_validation_problems_are_held_out_and_fixed():
     task = tasks.build("addition")
     v = taskdata.val_problems(task, 64, 16, seed=1337)

@@ -64,7 +64,7 @@ def fingerprint(task: tasks.Task) -> str:
     """What makes a task's problems what they are, beside the knobs that the run id hashes already: its name, its
     generator's version (bumped whenever the same coordinates would give another problem) and its vocabulary."""
     blob = json.dumps(
-        {"task": task.name, "version": getattr(task, "version", 1), "tokenizer": task.tokenizer().to_json()},
+        {"task": task.name, "version": task.version, "tokenizer": task.tokenizer().to_json()},
         sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()
