@@ -20,7 +20,14 @@ def test_registry_is_the_study_in_order():
     orders = [s.order for s in stages.registered()]
     assert orders == sorted(orders)
     assert [n for n in stages.names() if n in BUILTIN_STAGES] == list(BUILTIN_STAGES)
-    assert [n for n in stages.skippable() if n in BUILTIN_STAGES] == ["sample", "judge", "eval", "depth", "infer"]
+    assert [n for n in stages.skippable() if n in BUILTIN_STAGES] == [
+        "sample",
+        "judge",
+        "eval",
+        "accuracy",
+        "depth",
+        "infer",
+    ]
     builtin_figures = tuple(f for s in stages.registered() if s.name in BUILTIN_STAGES for f in s.figures)
     assert [f for f in report.figure_names() if f in builtin_figures] == list(builtin_figures)
     assert builtin_figures == (
@@ -35,6 +42,7 @@ def test_registry_is_the_study_in_order():
         "isoflop.png",
         "retrofit_loss_flops.png",
         "judge_grades.png",
+        "task_accuracy_depth.png",
         "depth_loss.png",
         "depth_frontier.png",
         "depth_exit_hist.png",
@@ -82,13 +90,14 @@ def test_a_new_stage_runs_in_order_and_adds_its_section(tmp_path, monkeypatch):
         "sample",
         "judge",
         "eval",
+        "accuracy",
         "depth",
         "infer",
         "probe",
         "report",
         "export",
     ]
-    assert lines == [f"== {i}/12 {n}: {n} ran" for i, n in enumerate(seen, 1)]
+    assert lines == [f"== {i}/13 {n}: {n} ran" for i, n in enumerate(seen, 1)]
 
     db = build_fixture_db(tmp_path / "fixture.db", judge=False, evals=False)
     md = report.build(db).markdown

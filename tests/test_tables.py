@@ -77,6 +77,27 @@ EXPECTED_SQL = {
         '   PRIMARY KEY ("run_id", "step")\n'
         ")"
     ),
+    "accuracy_results": (
+        'CREATE TABLE "accuracy_results" (\n'
+        '   "run_id" TEXT REFERENCES "runs"("id"),\n'
+        '   "task" TEXT,\n'
+        '   "level" TEXT,\n'
+        '   "in_distribution" INTEGER,\n'
+        '   "n_recur" INTEGER,\n'
+        '   "trained_n_recur" INTEGER,\n'
+        '   "problems" INTEGER,\n'
+        '   "seed" INTEGER,\n'
+        '   "correct" INTEGER,\n'
+        '   "accuracy" REAL NOT NULL,\n'
+        '   "position_accuracy" REAL,\n'
+        '   "answer_loss" REAL,\n'
+        '   "by_difficulty" TEXT,\n'
+        '   "decode_path" TEXT,\n'
+        '   "seconds" REAL,\n'
+        '   "created_at" TEXT,\n'
+        '   PRIMARY KEY ("run_id", "level", "n_recur", "problems", "seed")\n'
+        ")"
+    ),
     "depth_results": (
         'CREATE TABLE "depth_results" (\n'
         '   "run_id" TEXT REFERENCES "runs"("id"),\n'
@@ -430,6 +451,7 @@ def test_every_table_and_column_is_described():
         "judge_requests": "judge",
         "judge_grades": "judge",
         "eval_results": "eval",
+        "accuracy_results": "accuracy",
         "depth_results": "depth",
         "inference_results": "infer",
         "inference_latents": "infer",

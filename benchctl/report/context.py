@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 
 import architectures
-from benchctl.core.config import make_config, preset_names
+from benchctl.core.config import STORIES, make_config, preset_names
 from benchctl.core.errors import ConfigError, did_you_mean
 
 # The study's four architectures keep these colours everywhere (colour-blind safe, control in neutral grey);
@@ -101,7 +101,10 @@ def model_keys(config_json: Any) -> dict[str, Any]:
         raw = json.loads(config_json) if isinstance(config_json, str) else {}
     except json.JSONDecodeError:
         return {"config_json": str(config_json)}
-    return {k: v for k, v in _flatten(raw if isinstance(raw, dict) else {}).items() if k not in _NOT_MODEL_KEYS}
+    raw = raw if isinstance(raw, dict) else {}
+    if "task" not in raw:  # stored before tasks existed: a stories run, as RunConfig.from_json reads it
+        raw = {**raw, "task": {"name": STORIES, "loss": "all"}}
+    return {k: v for k, v in _flatten(raw).items() if k not in _NOT_MODEL_KEYS}
 
 
 def _preset_defaults(preset: str | None, arch: str) -> dict[str, Any] | None:

@@ -4,7 +4,7 @@ its measures are the eval, depth and judge stages."""
 
 from __future__ import annotations
 
-from benchctl.stages import RunSelection, Stage, StudyRun, unless_skipped
+from benchctl.stages import RunSelection, Stage, StudyRun
 from benchctl.stages.accuracy import engine
 from benchctl.stages.accuracy.options import AccuracyOptions
 from benchctl.stages.accuracy.report import FIGURES, accuracy_section
@@ -34,5 +34,6 @@ STAGE = Stage(
     sections=(accuracy_section,),
     figures=FIGURES,
     skippable=True,
-    reads_weights=unless_skipped("accuracy"),
+    # it loads the trained runs' weights only in a study on a reasoning task (a TinyStories study has none to score)
+    reads_weights=lambda study: not study.skips("accuracy") and bool(study.cfgs) and not study.cfgs[0].task.is_stories,
 )
