@@ -201,7 +201,10 @@ def load_model(
     stored run passes it."""
     state = load(Path(ckpt_path), map_location="cpu")
     cfg = RunConfig.from_json(state["config"])
-    model = architectures.build(cfg.arch, cfg.model)  # (not on meta: to_empty would untie the embedding)
+    # building initialises weights the checkpoint then replaces: from a forked RNG, so loading a model never moves
+    # the caller's random stream
+    with torch.random.fork_rng(devices=[]):
+        model = architectures.build(cfg.arch, cfg.model)  # (not on meta: to_empty would untie the embedding)
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as e:
