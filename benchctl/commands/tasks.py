@@ -16,7 +16,7 @@ import typer
 from rich import box
 from rich.table import Table
 
-from benchctl.core.config import STORIES, TaskConfig, make_config, parse_set
+from benchctl.core.config import STORIES, make_config, parse_set
 from benchctl.core.errors import ConfigError
 from benchctl.stages.cli import SetOpt, console
 
@@ -32,7 +32,7 @@ def _task(name: str, set_: list[str] | None) -> Any:
     """The task object `name` with the --set task.* knobs (checked by the config layer: one line per mistake)."""
     if name == STORIES:
         raise ConfigError("stories is TinyStories language modelling, read from --data; it has no generated problems")
-    overrides = {k: v for k, v in parse_set(set_).items()}
+    overrides = parse_set(set_)
     bad = [k for k in overrides if not k.startswith("task.")]
     if bad:
         raise ConfigError(f"only task.* keys apply here, got {', '.join(bad)}")
@@ -175,7 +175,3 @@ def export(
         if tmp.exists():
             tmp.unlink()
     console.print(f"wrote {n} {split} problems of {task.name} level {level} (seed {seed}) to {out}", highlight=False)
-
-
-# TaskConfig is re-exported for callers building a task's config by hand (tests)
-__all__ = ["TaskConfig", "app"]

@@ -103,7 +103,14 @@ def problem_batch(
     loss: str,
 ) -> torch.Tensor:
     """Problems `indices` of (split, level, seed), encoded: (n, 2, seq_len) int64, x in [:, 0] and y in [:, 1]."""
-    rows = [encode(task, tok, task.problem(split, level, seed, i), seq_len, loss) for i in indices]
+    return encode_batch(task, tok, [task.problem(split, level, seed, i) for i in indices], seq_len, loss)
+
+
+def encode_batch(
+    task: tasks.Task, tok: tasks.CharTokenizer, problems: list[tasks.Problem], seq_len: int, loss: str
+) -> torch.Tensor:
+    """Problems already drawn, encoded: (n, 2, seq_len) int64, x in [:, 0] and y in [:, 1]."""
+    rows = [encode(task, tok, p, seq_len, loss) for p in problems]
     return torch.tensor(rows, dtype=torch.int64).reshape(len(rows), 2, seq_len)
 
 

@@ -146,10 +146,7 @@ def measure(
         cell = by.setdefault(key, [0, 0])
         cell[0] += 1
         cell[1] += int(s["exact"])
-    seq_len = cfg.model.max_seq_len
-    batch = torch.tensor(
-        [taskdata.encode(task, tok, p, seq_len, "answer") for p in problems], dtype=torch.int64
-    ).reshape(n, 2, seq_len)
+    batch = taskdata.encode_batch(task, tok, problems, cfg.model.max_seq_len, "answer")
     torch.manual_seed(cfg.eval.val_seed)
     with torch.no_grad():
         loss = _answer_loss(model, batch, n_recur, device, amp)
@@ -161,7 +158,7 @@ def measure(
         "n_recur": n_recur,
         "trained_n_recur": int(cfg.model.n_recur or 1),
         "problems": n,
-        "seed": None,  # filled by the caller
+        "seed": seed,
         "correct": correct,
         "accuracy": correct / n,
         "position_accuracy": sum(s["positions"] for s in scores) / n,
@@ -179,7 +176,6 @@ def measure_run(db: Any, db_path: Path, p: _RunPlan, seed: int, device: torch.de
     )
     for level, depth in p.todo:
         row = {"run_id": p.row["id"], **measure(model, cfg, p.task, level, depth, p.problems, seed, device)}
-        row["seed"] = seed
         acc_tables.record_accuracy(db, row)
         on_row({**row, "arch": p.row["arch"], "run_seed": p.row["seed"]})
 
