@@ -9,10 +9,12 @@ non-zero exit code; anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import errno
 import importlib
 import pkgutil
 import re
 import signal
+import sqlite3
 import sys
 import threading
 from pathlib import Path
@@ -25,7 +27,14 @@ from rich.text import Text
 import benchctl.commands as commands
 import benchctl.stages as stages
 from benchctl import __version__
-from benchctl.core.errors import BenchctlError, ConfigError, Terminated, raise_terminated
+from benchctl.core.errors import (
+    BenchctlError,
+    ConfigError,
+    OutputError,
+    Terminated,
+    output_error,
+    raise_terminated,
+)
 from benchctl.stages.cli import console, err_console
 
 app = typer.Typer(
@@ -96,6 +105,31 @@ def _out_of_memory(e: BaseException) -> str | None:
     )
 
 
+def _cannot_write(e: BaseException) -> OutputError | None:
+    """A full disk or a read-only destination met by a command that has no narrower handling for it (SQLite writing
+    results.db, a report's file) as one line, or None for any other error. SQLite rolls a failed transaction back,
+    so the database keeps its last committed state: rerunning resumes."""
+    if isinstance(e, sqlite3.OperationalError):
+        text = str(e)
+        if "disk is full" in text:
+            return OutputError(
+                "cannot write the results database: the disk is full; it keeps everything stored "
+                "before this; free some space and rerun the command to resume"
+            )
+        if "readonly database" in text:
+            return OutputError("cannot write the results database: it (or its directory) is read-only")
+        return None
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+        return output_error(e.filename or "a file", e, staged=False)
+    return None
+
+
+def _ignore_signals() -> None:
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _interrupt_of(exc: BaseException) -> KeyboardInterrupt | None:
     """The Ctrl-C or SIGTERM an exception was raised while handling (itself included), if any."""
     seen: BaseException | None = exc
@@ -126,6 +160,12 @@ def main(argv: list[str] | None = None) -> None:
     except BenchctlError as e:
         _print_error(str(e))
         sys.exit(e.exit_code)
+    except (OSError, sqlite3.OperationalError) as e:
+        short = _cannot_write(e)
+        if short is None:
+            raise
+        _print_error(str(short))
+        sys.exit(short.exit_code)
     except (MemoryError, RuntimeError) as e:
         short = _out_of_memory(e)
         if short is None:
@@ -137,6 +177,7 @@ def main(argv: list[str] | None = None) -> None:
         interrupt = _interrupt_of(e)
         if interrupt is None:
             raise
+        _ignore_signals()  # a second Ctrl-C or SIGTERM while this is printed would end in a traceback
         what = "terminated" if isinstance(interrupt, Terminated) else "interrupted"
         err_console.print(f"{what}; rerun the same command to resume", highlight=False)
         sys.exit(128 + signal.SIGTERM if isinstance(interrupt, Terminated) else 130)

@@ -270,6 +270,11 @@ def test_cli_prints_the_rows_and_errors_are_one_line(results, capsys):
     assert exc.value.code == ConfigError.exit_code and "--kv: unknown strategy 'lastt'" in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     argv = ["infer", "--db", str(results), "--no-progress", "--archs", "control", "--batch", "2", "--single", "1"]
+    for too_long, says in ((["--prompt-tokens", "1000"], "at most half of it"), (["--new-tokens", "1000"], "at most")):
+        with pytest.raises(SystemExit) as exc:  # more than the context holds: refused, never measured shorter
+            cli.main([*argv, *too_long])
+        err = capsys.readouterr().err
+        assert exc.value.code == ConfigError.exit_code and too_long[0] in err and says in err, err
     with pytest.raises(SystemExit) as exc:
         cli.main([*argv, "--new-tokens", "3", "--windows", "2"])
     out = capsys.readouterr().out

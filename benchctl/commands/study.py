@@ -9,6 +9,7 @@ import typer
 
 from benchctl import stages
 from benchctl.core.errors import ConfigError
+from benchctl.core.files import check_writable_dir
 from benchctl.stages import StudyOptions
 from benchctl.stages.cli import (
     DataOpt,
@@ -121,6 +122,9 @@ def study(
     if bad:
         raise ConfigError(f"--skip accepts {', '.join(stages.skippable())}; got {', '.join(bad)}")
     formats = parse_formats(export)
+    for folder in (out, export_dir):
+        if folder is not None:
+            check_writable_dir(folder)  # the report is the study's last step: a folder it cannot write is said now
     opts = StudyOptions(
         preset=preset,
         plan=plan,

@@ -62,13 +62,20 @@ def data_source(data: str | None) -> str | None:
 
 
 def db_path_of(db: Path | None) -> Path:
-    """--db, else $BENCHCTL_DB, else results/results.db."""
-    if db is not None:
-        return Path(db)
-    # sqlite_utils loads pandas: kept out of 'benchctl --help'
-    from benchctl.core import db as dbm
+    """--db, else $BENCHCTL_DB, else results/results.db. The data cache is the `cache` folder beside it (unless
+    $BENCHCTL_CACHE names one), as the runs directory is: a command given --db elsewhere uses and fills that
+    database's cache, not a new one in the working directory."""
+    from benchctl.core.files import use_cache_beside
 
-    return dbm.default_path()
+    if db is not None:
+        path = Path(db)
+    else:
+        # sqlite_utils loads pandas: kept out of 'benchctl --help'
+        from benchctl.core import db as dbm
+
+        path = dbm.default_path()
+    use_cache_beside(path)
+    return path
 
 
 def overrides_with_data(set_: list[str] | None, data: str | None, task: str | None = None) -> dict[str, Any]:

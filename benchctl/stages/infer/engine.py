@@ -52,7 +52,7 @@ import architectures
 from architectures import inference as inf
 from benchctl.core import checkpoint, data, telemetry
 from benchctl.core.config import RunConfig
-from benchctl.core.errors import EvalError
+from benchctl.core.errors import ConfigError, EvalError
 from benchctl.core.progress import Progress, as_progress, silent
 from benchctl.core.runtime import resolve_device
 from benchctl.stages.infer import tables as infer_tables
@@ -132,15 +132,26 @@ class _RunPlan:
     paired: bool  # time full depth beside every other setting and store the ratio
 
 
-def _sizes(cfg: Any, opts: InferOptions) -> dict[str, int]:
-    """Measurement sizes for one run: the prompt takes at most half the context, the generation the rest."""
+def _sizes(cfg: Any, opts: InferOptions, run: str = "") -> dict[str, int]:
+    """Measurement sizes for one run: the prompt takes at most half the context, the generation the rest; a size
+    the run's context cannot hold is refused (measuring a shorter one under the asked-for name would mislabel it)."""
     ctx = int(cfg.model.max_seq_len)
-    prompt = min(opts.prompt_tokens, max(1, ctx // 2))
+    half = max(1, ctx // 2)
+    if opts.prompt_tokens > half:
+        raise ConfigError(
+            f"--prompt-tokens {opts.prompt_tokens}: {run or 'the run'} has a context of {ctx} tokens, and a prompt "
+            f"takes at most half of it ({half})"
+        )
+    if opts.new_tokens > ctx - opts.prompt_tokens:
+        raise ConfigError(
+            f"--new-tokens {opts.new_tokens}: {run or 'the run'} has a context of {ctx} tokens, "
+            f"{opts.prompt_tokens} of them the prompt; at most {ctx - opts.prompt_tokens} new tokens"
+        )
     return {
         "prompts": opts.batch,
         "single": opts.single,
-        "prompt_tokens": prompt,
-        "new_tokens": min(opts.new_tokens, ctx - prompt),
+        "prompt_tokens": opts.prompt_tokens,
+        "new_tokens": opts.new_tokens,
         "windows": min(opts.windows, int(cfg.eval.val_windows)),
     }
 
@@ -158,7 +169,7 @@ def plan(
     for row in rows:
         cfg = RunConfig.from_json(row["config_json"])
         cls = architectures.get(cfg.arch)
-        sizes = _sizes(cfg, opts)
+        sizes = _sizes(cfg, opts, row["id"])
         have = infer_tables.result_keys(db, row["id"])
         settings = settings_for(cls, opts)
         todo = [m for m in settings if _key(m, sizes) not in have]

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from benchctl.core.files import check_writable_dir
 from benchctl.stages.cli import DbOpt, console, db_path_of
 from benchctl.stages.report.options import ReportOptions
 
@@ -33,6 +34,7 @@ def report(
 ) -> None:
     """The study's tables and figures, with seeds and statistics, beside the published numbers."""
     opts = ReportOptions(out_dir=out, preset=preset, plan=plan, only_plan=True, format=fmt)
+    check_writable_dir(out)
     from benchctl.stages.report import engine as reporting  # pandas, matplotlib: kept out of 'benchctl --help'
 
     rendered, path = reporting.run(db_path_of(db), opts)

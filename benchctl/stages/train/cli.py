@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Annotated, Any
@@ -82,6 +83,24 @@ def prepare_for(cfg, progress: bool):
     )
 
 
+def _retrofit_to_resume(path: Path, cfg: Any) -> bool:
+    """Whether `path` holds an unfinished run of this architecture and seed that `retrofit` started from converted
+    weights (what `train` may resume; the engine checks the exact run)."""
+    import sqlite3
+
+    if not path.is_file():
+        return False
+    try:
+        with contextlib.closing(sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)) as conn:
+            row = conn.execute(
+                "select 1 from runs where parent_run_id is not null and status != 'done' and arch = ? and seed = ?",
+                (cfg.arch, cfg.seed),
+            ).fetchone()
+    except sqlite3.Error:
+        return True  # an old or odd database: the engine's exact check decides
+    return row is not None
+
+
 @app.command()
 def train(
     arch: Annotated[
@@ -112,6 +131,12 @@ def train(
     dist_info = Dist.from_env()
     path = db_path_of(db)
     dbm.check_target(path)  # a file that is not benchctl's is refused before the data is prepared
+    if cfg.train.init_from and not _retrofit_to_resume(path, cfg):
+        # `train` only resumes a run started from converted weights; refused before a database or cache is made
+        raise ConfigError(
+            f"train.init_from={cfg.train.init_from!r}: this run starts from converted weights; start it with "
+            "'benchctl retrofit'"
+        )
     prepared = prepare_for(cfg, progress)
     handle = stages.connect(path) if dist_info.is_main else None
     log = console.print if dist_info.is_main else (lambda *_: None)
