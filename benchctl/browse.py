@@ -12,25 +12,34 @@ the stages that own the tables they read, built from the columns the served file
 a `depth_results` table), so one benchctl can browse databases written by older and newer versions.
 
 Every answer is a page or an HTTP error, never a server error: a request with any method but GET or HEAD is answered
-405 before it reaches Datasette (there is nothing to post to), and an unknown route 404 (`_quiet_errors`).
+405 before it reaches Datasette (there is nothing to post to), an unknown route 404 (`_quiet_errors`), and a query
+parameter Datasette cannot read (`?_timelimit=abc`, `?_through=notjson`, `?_sort=nosuch`) 400 with a short message
+(`_bad_request`), while a genuine server error keeps its 500 and its traceback.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import socket
+import sysconfig
 import threading
 import types
+import urllib.parse
 import webbrowser
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import datasette as datasette_package
 import uvicorn
 from datasette import hookimpl
 from datasette.app import Datasette
 from datasette.database import Database
 from datasette.plugins import pm
+from datasette.utils.asgi import BadRequest
+from datasette.views.base import DatasetteError
 
 from benchctl.core import db as dbm
 from benchctl.core.errors import BenchctlError, DatabaseError
@@ -188,9 +197,82 @@ def _asgi_wrapper(datasette):
     return wrap
 
 
-# Datasette's plugins are modules (it lists them by __name__): the hook goes in one of its own
+# What Python's own parsing raises on malformed text: int("abc") and json.loads("[") a ValueError, a key missing from
+# a JSON object a KeyError, indexing a JSON number or list by name a TypeError.
+_MALFORMED = (ValueError, LookupError, TypeError)
+_DATASETTE_DIR = os.path.dirname(datasette_package.__file__) + os.sep
+_STDLIB_DIR = sysconfig.get_paths()["stdlib"] + os.sep
+
+
+def _raised_in_datasette(exception: BaseException) -> bool:
+    """Whether every frame the exception passed through is Datasette's or the standard library's: Datasette reading
+    a parameter (`int(...)`, `json.loads(...)`), not benchctl's code or a plugin's, whose errors are bugs."""
+    tb = exception.__traceback__
+    if tb is None:
+        return False
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if not (name.startswith(_DATASETTE_DIR) or name.startswith(_STDLIB_DIR)):
+            return False
+        tb = tb.tb_next
+    return True
+
+
+def _reason(exception: BaseException) -> str:
+    if isinstance(exception, json.JSONDecodeError):
+        return f"not valid JSON ({exception.msg})"
+    if isinstance(exception, KeyError):
+        return f"missing key {exception.args[0]!r}" if exception.args else "missing key"
+    return str(exception) or type(exception).__name__
+
+
+def _bad_request(datasette: Datasette, request: Any, exception: BaseException) -> Exception | None:
+    """The 400 a request deserves when `exception` is Datasette failing to read the request's own query parameters on
+    a database, table, row or query page; None when it is anything else (a server error keeps its 500).
+
+    Datasette checks some parameters itself (`?_size=abc` is a 400), but reads others with a bare `int()` or
+    `json.loads()` and indexes the result without a check (`?_timelimit=`, `?_through=`, `?col__in=[`, `_next`),
+    so a typo in a URL ends as a server error with a traceback. What counts here is where the error came from, not
+    which parameter: an error Python's parsing raises (`_MALFORMED`) in a request that has a query string, from
+    Datasette's own code alone. Datasette's deliberate complaints about a request (an unknown `_sort`, an invalid
+    `_through`) come with its message but its default status 500; they keep the message and become 400. An error
+    Datasette wraps (an SQLite error) keeps the status Datasette chose."""
+    if not getattr(datasette, "_benchctl", False) or "database" not in request.url_vars or not request.query_string:
+        return None
+    if not _raised_in_datasette(exception):
+        return None
+    if isinstance(exception, DatasetteError):
+        if exception.status != 500 or exception.__context__ is not None:
+            return None
+        return DatasetteError(
+            exception.message, title=exception.title, status=400, message_is_html=exception.message_is_html
+        )
+    if isinstance(exception, _MALFORMED):
+        query = urllib.parse.unquote_plus(request.query_string)
+        shown = query if len(query) <= 200 else query[:200] + "..."
+        return BadRequest(f"bad query parameter in ?{shown}: {_reason(exception)}")
+    return None
+
+
+@hookimpl(hookwrapper=True)
+def _handle_exception(datasette, request, exception):
+    """A Datasette plugin hook around its error pages: a request whose query parameters Datasette could not read
+    gets Datasette's own error page with status 400 instead of 500 (`_bad_request`). A wrapper, not a plain hook:
+    every implementation's page is rendered, and Datasette's default one prints the traceback while rendering, so a
+    400 must replace the default page rather than be added before it."""
+    outcome = yield
+    replacement = _bad_request(datasette, request, exception)
+    if replacement is not None:
+        from datasette import handle_exception as error_pages
+
+        page = error_pages.handle_exception(datasette=datasette, request=request, exception=replacement)
+        outcome.force_result([page])
+
+
+# Datasette's plugins are modules (it lists them by __name__): the hooks go in one of its own
 _PLUGIN = types.ModuleType("benchctl_browse_read_only")
 _PLUGIN.asgi_wrapper = _asgi_wrapper  # type: ignore[attr-defined]
+_PLUGIN.handle_exception = _handle_exception  # type: ignore[attr-defined]
 
 
 def _quiet_errors() -> None:

@@ -8,10 +8,14 @@
   column labels the models.
 - A missing file, a directory, a non-SQLite file and an SQLite file without benchctl's tables exit non-zero with
   one line; so does a port that is taken.
+- Query parameters Datasette cannot read are answered 400 with a short message and no traceback on the server, on
+  the runs table and another; an error from code other than Datasette's stays a 500 with its traceback.
 """
 
 from __future__ import annotations
 
+import asyncio
+import html
 import json
 import socket
 import sqlite3
@@ -24,6 +28,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from datasette import hookimpl
+from datasette.plugins import pm
 
 from benchctl import browse, stages
 from benchctl.cli import main
@@ -185,6 +191,83 @@ def test_serves_descriptions_and_every_canned_query(tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    """One `benchctl browse` server over a fixture database for the tests below: (base URL, database, the file its
+    stderr goes to)."""
+    root = tmp_path_factory.mktemp("browser")
+    path = build_fixture_db(root / "results.db", seeds=(0, 1), n_prompts=2, judge=False, evals=False)
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    log = root / "stderr.txt"
+    with log.open("wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "benchctl", "browse", "--db", str(path), "--port", str(port), "--no-open"],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    try:
+        _wait_until_up(proc, base)
+        yield base, path, log
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+BAD_PARAMETERS = [
+    ("?_timelimit=abc", "invalid literal for int()"),
+    ("?id__notin=%5B", "not valid JSON"),
+    ("?_through=%7B%7D", "missing key 'table'"),
+    ('?_through={"table":"x"}', "missing key 'column'"),
+    ("?_through=notjson", "not valid JSON"),
+    ("?_sort=rowid&_next=-1", "Cannot sort table by rowid"),  # Datasette's own message, as for any unknown _sort
+]
+
+
+@pytest.mark.parametrize("table", ["runs", "metrics"])
+@pytest.mark.parametrize("query,message", BAD_PARAMETERS)
+def test_a_query_parameter_datasette_cannot_read_is_a_400(browser, table, query, message):
+    base, _, log = browser
+    if table == "metrics":
+        query = query.replace("id__notin", "run_id__notin")
+    address = f"{base}/results/{table}{urllib.parse.quote(query, safe='?&=%')}"
+    status, page = _get(address)
+    assert status == 400, page[-500:]
+    assert message in html.unescape(page.decode()) and "Traceback" not in page.decode()
+    status, body = _get(address.replace(f"/{table}?", f"/{table}.json?"))
+    answer = json.loads(body)
+    assert status == 400 and answer["status"] == 400 and message in answer["error"]
+    assert "Traceback" not in log.read_text()  # the server printed none either
+
+
+class _BuggyPlugin:
+    """A plugin whose hook fails on every page it renders: a server error Datasette did not raise."""
+
+    @hookimpl
+    def extra_template_vars(self):
+        raise ValueError("a bug in a plugin")
+
+
+def test_a_server_error_stays_a_500_with_its_traceback(tmp_path, capfd):
+    path = build_fixture_db(tmp_path / "results.db", seeds=(0,), judge=False, evals=False, curves=False)
+    ds = browse.app(browse.check_database(path))
+    plugin = _BuggyPlugin()
+    pm.register(plugin, name="benchctl-test-buggy")
+    try:
+        for page in ("/results/runs?_sort=arch", "/results/runs", "/results/final_losses?_timelimit=10"):
+            response = asyncio.run(ds.client.get(page))
+            assert response.status_code == 500, page
+            assert "Traceback" in capfd.readouterr().err and "a bug in a plugin" in response.text
+    finally:
+        pm.unregister(plugin)
+    response = asyncio.run(ds.client.get("/results/runs?_timelimit=abc"))  # the same server, a bad parameter
+    assert response.status_code == 400 and "Traceback" not in capfd.readouterr().err
 
 
 def _error(capsys, argv: list[str]) -> tuple[int, str]:
