@@ -574,3 +574,18 @@ def test_the_report_reads_every_registered_table_by_name(tmp_path):
         frame = data[table.name]
         assert frame is getattr(data, table.name) and frame.empty
         assert list(frame.columns) == [c for c in table.column_names if c not in table.report_skip]
+
+
+def test_a_canned_query_shows_floats_rounded_and_keys_as_stored():
+    from benchctl.stages.depth.tables import DEPTH_RESULTS
+
+    present = ["run_id", "n_recur", "threshold", "val_loss", "mean_depth", "seconds", "depth_hist", "newer_column"]
+    assert DEPTH_RESULTS.browse_select("d", present, exact=("seconds",)) == (
+        "d.run_id, d.n_recur, d.threshold, round(d.val_loss, 4) as val_loss, round(d.mean_depth, 4) as mean_depth, "
+        "d.seconds, d.depth_hist, d.newer_column"
+    )
+    conn = sqlite3.connect(":memory:")
+    conn.execute("create table depth_results (val_loss real, threshold real)")
+    conn.execute("insert into depth_results values (3.141592653589793, 0.123456789)")
+    select = DEPTH_RESULTS.browse_select("d", ["val_loss", "threshold"])
+    assert conn.execute(f"select {select} from depth_results d").fetchone() == (3.1416, 0.123456789)

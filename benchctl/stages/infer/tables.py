@@ -157,10 +157,11 @@ _LATENT_PK = INFERENCE_LATENTS.pk
 
 def browse_queries(columns: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
     """`benchctl browse`'s query: every inference_results row with its run's model and seed, the generated tokens
-    left out."""
+    left out and the measurements rounded (the exit threshold, which names a setting, as stored)."""
     if "inference_results" not in columns or "run_id" not in columns["inference_results"]:
         return {}
-    cols = ", ".join(f"i.{c}" for c in columns["inference_results"] if c != "tokens_json")
+    shown = [c for c in columns["inference_results"] if c != "tokens_json"]
+    cols = INFERENCE_RESULTS.browse_select("i", shown, exact=("exit_threshold",))
     return {
         "inference_results": {
             "title": "Inference cost",
