@@ -51,7 +51,9 @@ class Stage:
     results.db the stage owns, from its `tables.py` (`TABLES`), which alone writes them: every connection creates
     and migrates them (`connect` below). `queries` gives the Datasette canned queries `benchctl browse` offers over
     them: from the columns of the file being served (table -> columns), the queries its tables can answer, by URL
-    name (a file written by an older benchctl may lack a table or a column the query needs)."""
+    name (a file written by an older benchctl may lack a table or a column the query needs). Beside Datasette's keys a
+    query may carry two of browse's own: `link_column`, a column (and parameter) name whose values, in the results of
+    any query, link to this query with the parameter filled in; and `summarises`, a table whose page points to it."""
 
     name: str
     order: int
