@@ -17,7 +17,7 @@ import fake_gemini as fg
 import fake_openai as fo
 import pytest
 from test_judge import FAST as _FAST
-from test_judge import grades, make_db, tokens
+from test_judge import SilentServer, UnacceptingServer, grades, make_db, tokens
 from typer.testing import CliRunner
 
 from benchctl import stages
@@ -478,3 +478,36 @@ def test_study_stage_grades_with_an_openai_compatible_judge(tmp_path, server, mo
     stage.run(study)  # type: ignore[arg-type]
     assert said[0] == "grading with openai:fake-model" and "2 graded, 0 failed" in said[1]
     assert {r["judge_model"] for r in grades(db)} == {name_at(server)}
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# How long a call may wait.
+
+
+def test_a_server_that_never_answers_costs_the_read_timeout_per_attempt(tmp_path):
+    db = make_db(tmp_path / "r.db", n_prompts=1)
+    with SilentServer() as silent:
+        started = time.monotonic()
+        s = run(db, f"http://127.0.0.1:{silent.port}/v1", connect_timeout_s=5, read_timeout_s=0.3, max_attempts=2)
+        elapsed = time.monotonic() - started
+    assert s.n_failed == 2 and s.n_ok == 0 and elapsed < 15  # not 2 x 120 s
+    assert all("gave up after 2 attempts" in r["error"] and "timed out" in r["error"] for r in grades(db))
+
+
+def test_a_host_that_never_accepts_costs_the_connect_timeout_not_the_read_timeout(tmp_path):
+    with UnacceptingServer() as closed:
+        started = time.monotonic()
+        s = run(one(tmp_path), f"http://127.0.0.1:{closed.port}/v1", connect_timeout_s=0.3, read_timeout_s=600)
+        elapsed = time.monotonic() - started
+    assert s.n_failed == 1 and elapsed < 15
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
+def test_a_timeout_must_be_a_positive_number_of_seconds(tmp_path, capsys, value):
+    path = tmp_path / "r.db"
+    make_db(path)
+    for flag in ("--connect-timeout", "--read-timeout"):
+        with pytest.raises(SystemExit) as info:
+            main(["judge", "--db", str(path), "--model", "openai:m", flag, value])
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and f"{flag} must be a number of seconds above 0" in err

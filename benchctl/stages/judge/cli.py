@@ -14,7 +14,12 @@ from benchctl.core import paper
 from benchctl.core.progress import Progress
 from benchctl.stages import RunSelection
 from benchctl.stages.cli import DbOpt, JsonOpt, ProgressOpt, console, err_console, split_list
-from benchctl.stages.judge.options import AUTO, JudgeOptions
+from benchctl.stages.judge.options import (
+    AUTO,
+    DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_READ_TIMEOUT_S,
+    JudgeOptions,
+)
 
 app = typer.Typer()
 
@@ -86,6 +91,21 @@ def judge(
     skip_failed: Annotated[
         bool, typer.Option("--skip-failed", help="Keep stored failures instead of regrading them.")
     ] = False,
+    connect_timeout: Annotated[
+        float,
+        typer.Option(
+            "--connect-timeout",
+            help="Seconds a call waits for the connection (a host that is down costs this per attempt).",
+        ),
+    ] = DEFAULT_CONNECT_TIMEOUT_S,
+    read_timeout: Annotated[
+        float,
+        typer.Option(
+            "--read-timeout",
+            help="Seconds a call waits for the answer, which comes whole: raise it for a slow server (a large "
+            "model that reasons), lower it to give up sooner on one that accepts and never answers.",
+        ),
+    ] = DEFAULT_READ_TIMEOUT_S,
     db: DbOpt = None,
     as_json: JsonOpt = False,
     progress: ProgressOpt = True,
@@ -117,6 +137,8 @@ def judge(
         max_attempts=max_attempts,
         retry_failed=not skip_failed,
         protocol=protocol,
+        connect_timeout_s=connect_timeout,
+        read_timeout_s=read_timeout,
     )
     # google.genai, and sqlite_utils with pandas: kept out of 'benchctl --help'
     from benchctl import stages

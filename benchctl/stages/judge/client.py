@@ -298,6 +298,15 @@ class Settings:
         return None if self.seed is None else self.seed + repeat
 
 
+@dataclass(frozen=True)
+class Timeouts:
+    """How long one call waits to connect, then for each read of the answer (seconds); the backends hand both to
+    their HTTP client, so neither phase falls back to the other's limit."""
+
+    connect_s: float
+    read_s: float
+
+
 @dataclass
 class Answer:
     """What a backend read from one answered call (HTTP 200): the stored response, the answer's text, the finish

@@ -24,6 +24,7 @@ from benchctl.stages.judge.client import (
     OUTPUT_TOKENS_ESTIMATE,
     Job,
     Settings,
+    Timeouts,
     WorkItem,
     estimate_cost,
 )
@@ -127,7 +128,7 @@ async def judge_all_async(db: Database, opts: JudgeOptions, *, progress: bool | 
             summary,
             spec=spec,
             key=key,
-            timeout_s=opts.timeout_s,
+            timeouts=Timeouts(opts.connect_timeout_s, opts.read_timeout_s),
             concurrency=opts.concurrency,
             seed=opts.seed,
             progress=reporter(progress),
@@ -199,14 +200,14 @@ async def _run(
     *,
     spec: JudgeSpec,
     key: str,
-    timeout_s: float,
+    timeouts: Timeouts,
     concurrency: int,
     seed: int | None,
     progress: Progress,
 ) -> None:
     """Grade every key of `todo`, storing each outcome as it completes; raise JudgeError if the service refused."""
     module = backend_module(spec.backend)
-    backend = module.make_backend(spec, key, s, timeout_s)
+    backend = module.make_backend(spec, key, s, timeouts)
     job = Job(backend, s, concurrency, seed)
     bar = progress.task(f"{s.judge_model} judging", total=len(todo), ok=0, failed=0)
     tasks = [asyncio.create_task(job.grade(it)) for it in todo]

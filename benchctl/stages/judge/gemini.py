@@ -2,6 +2,9 @@
 
 - google-genai's async client (`client.aio.models.generate_content`) with structured output (the answer's pydantic
   schema as `response_schema`), temperature, the sampling seed, and a thinking budget where the model allows one.
+- Requests go through an httpx client of benchctl's own, not the stack the SDK would pick (aiohttp where it is
+  installed, else httpx): its transport sets the connect and read timeouts apart, which the SDK's single timeout
+  cannot, and every install reads errors the same way (an HTML error page keeps its HTTP status).
 - The SDK's own retries are switched off (`HttpRetryOptions(attempts=1)` also disables its implicit retry on
   connection errors); the shared job (client.Job) retries, honouring the server's RetryInfo `retryDelay` (which the
   SDK does not). An invalid key, a refused permission or an unknown model refuse the whole job.
@@ -19,6 +22,7 @@ import os
 import re
 from typing import Any
 
+import httpx
 from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types
@@ -28,6 +32,7 @@ from benchctl.stages.judge.client import (
     Answer,
     CallFailed,
     Settings,
+    Timeouts,
     Usage,
     WorkItem,
     answer_schema,
@@ -206,13 +211,32 @@ def _gen_config(s: Settings, item: WorkItem) -> Any:
     )
 
 
-def make_client(key: str, base_url: str | None, timeout_s: float) -> Any:
+class _Timeouts(httpx.AsyncBaseTransport):
+    """An HTTP transport that gives every request benchctl's connect and read timeouts. google-genai gives a request
+    one number for every phase (its `timeout`), so without this a host that never accepts would hold each attempt as
+    long as the slowest answer may take."""
+
+    def __init__(self, timeouts: Timeouts):
+        self.inner = httpx.AsyncHTTPTransport()
+        self.timeout = httpx.Timeout(timeouts.read_s, connect=timeouts.connect_s).as_dict()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        request.extensions = {**request.extensions, "timeout": self.timeout}
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def make_client(key: str, base_url: str | None, http: httpx.AsyncClient, timeouts: Timeouts) -> Any:
     http_options = types.HttpOptions(
         base_url=base_url,  # None -> the SDK uses $GOOGLE_GEMINI_BASE_URL, else the public endpoint
-        timeout=int(timeout_s * 1000),  # milliseconds
+        # milliseconds; the SDK also tells the server (X-Server-Timeout) how long the client waits for the answer
+        timeout=int(timeouts.read_s * 1000),
         # attempts=1: no SDK retries at all (with retry_options unset the SDK still retries connection errors
         # once after a 1–10 s sleep); benchctl owns the retry policy.
         retry_options=types.HttpRetryOptions(attempts=1),
+        httpx_async_client=http,  # ours: its transport sets the connect and read timeouts apart
     )
     return genai.Client(api_key=key, http_options=http_options)
 
@@ -220,9 +244,10 @@ def make_client(key: str, base_url: str | None, timeout_s: float) -> Any:
 class GeminiBackend:
     """The Gemini API behind google-genai's async client (one per job)."""
 
-    def __init__(self, spec: JudgeSpec, key: str, s: Settings, timeout_s: float):
+    def __init__(self, spec: JudgeSpec, key: str, s: Settings, timeouts: Timeouts):
         self.s = s
-        self.client = make_client(key, spec.base_url, timeout_s)
+        self.http = httpx.AsyncClient(transport=_Timeouts(timeouts))
+        self.client = make_client(key, spec.base_url, self.http, timeouts)
         self.transport_errors = _transport_errors()
 
     def request_record(self, item: WorkItem) -> dict[str, Any]:
@@ -256,7 +281,8 @@ class GeminiBackend:
 
     async def aclose(self) -> None:
         await self.client.aio.aclose()
+        await self.http.aclose()  # the SDK leaves a client it was given to its owner
 
 
-def make_backend(spec: JudgeSpec, key: str, s: Settings, timeout_s: float) -> GeminiBackend:
-    return GeminiBackend(spec, key, s, timeout_s)
+def make_backend(spec: JudgeSpec, key: str, s: Settings, timeouts: Timeouts) -> GeminiBackend:
+    return GeminiBackend(spec, key, s, timeouts)

@@ -35,6 +35,7 @@ from benchctl.stages.judge.client import (
     Answer,
     CallFailed,
     Settings,
+    Timeouts,
     Usage,
     WorkItem,
     answer_schema,
@@ -189,11 +190,14 @@ def read_answer(resp: Any) -> Answer:
 class OpenAIBackend:
     """A chat-completions server behind the openai SDK's async client (one per job)."""
 
-    def __init__(self, spec: JudgeSpec, key: str, s: Settings, timeout_s: float):
+    def __init__(self, spec: JudgeSpec, key: str, s: Settings, timeouts: Timeouts):
         self.s = s
         self.official = spec.official
+        # read (and write, and waiting for a pooled connection) limited by read_s, connecting by connect_s; the
+        # SDK's own Timeout, which is httpx's or its fork's, whichever HTTP library this openai release is built on
+        timeout = openai.Timeout(timeouts.read_s, connect=timeouts.connect_s)
         # max_retries=0: benchctl owns the retry policy (the SDK's own would retry behind its back and hide calls)
-        self.client = openai.AsyncOpenAI(api_key=key, base_url=spec.base_url, timeout=timeout_s, max_retries=0)
+        self.client = openai.AsyncOpenAI(api_key=key, base_url=spec.base_url, timeout=timeout, max_retries=0)
 
     def request_record(self, item: WorkItem) -> dict[str, Any]:
         return request_body(item, self.s, self.official)
@@ -218,5 +222,5 @@ class OpenAIBackend:
         await self.client.close()
 
 
-def make_backend(spec: JudgeSpec, key: str, s: Settings, timeout_s: float) -> OpenAIBackend:
-    return OpenAIBackend(spec, key, s, timeout_s)
+def make_backend(spec: JudgeSpec, key: str, s: Settings, timeouts: Timeouts) -> OpenAIBackend:
+    return OpenAIBackend(spec, key, s, timeouts)
