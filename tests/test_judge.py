@@ -23,6 +23,7 @@ from scipy import stats as sps
 from typer.testing import CliRunner
 
 from benchctl import stages
+from benchctl.cli import main
 from benchctl.core.config import make_config
 from benchctl.core.errors import ConfigError, JudgeError
 from benchctl.stages import RunSelection
@@ -145,6 +146,13 @@ class UnacceptingServer:
     def __exit__(self, *exc) -> None:
         self.filler.close()
         self.sock.close()
+
+
+def this_machine_by_name() -> tuple[str, str]:
+    """(this machine's host name, the address it resolves to): a URL with the name names no loopback address, so the
+    key check treats it as another machine, while a test server listening on the address still answers it."""
+    name = socket.gethostname()
+    return name, socket.gethostbyname(name)
 
 
 def grades(db, status=None):
@@ -805,7 +813,29 @@ def test_per_model_rows_keep_a_plans_variants_of_one_architecture_apart():
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# How long a call may wait.
+# Where the key may go, and how long a call may wait.
+
+
+def test_the_key_goes_over_plain_http_to_another_host_only_with_the_flag(tmp_path, capsys, monkeypatch):
+    name, address = this_machine_by_name()
+    path = tmp_path / "r.db"
+    db = make_db(path, n_prompts=1)
+    with fg.FakeGemini(bind=address) as server:  # it checks the key: a grade means the key arrived
+        url = f"http://{name}:{server.port}"
+        with pytest.raises(SystemExit) as info:
+            main(["judge", "--db", str(path), "--base-url", url, "--no-progress"])
+        err = capsys.readouterr().err
+        assert info.value.code == JudgeError.exit_code == 6 and len(err.strip().splitlines()) == 1
+        assert "refusing to send GEMINI_API_KEY in clear text" in err and "--allow-insecure-key" in err
+        monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", url)  # the study's judge reads the variable: refused too
+        with pytest.raises(JudgeError, match="refusing to send GEMINI_API_KEY"):
+            judge_all(db, **FAST)
+        assert server.count == 0 and grades(db) == []
+        monkeypatch.delenv("GOOGLE_GEMINI_BASE_URL")
+        with pytest.raises(SystemExit) as info:
+            main(["judge", "--db", str(path), "--base-url", url, "--allow-insecure-key", "--no-progress"])
+        assert info.value.code == 0 and server.count == 2
+    assert [r["status"] for r in grades(db)] == ["ok", "ok"]
 
 
 def test_a_server_that_never_answers_costs_the_read_timeout_per_attempt(tmp_path):

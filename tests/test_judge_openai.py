@@ -17,7 +17,7 @@ import fake_gemini as fg
 import fake_openai as fo
 import pytest
 from test_judge import FAST as _FAST
-from test_judge import SilentServer, UnacceptingServer, grades, make_db, tokens
+from test_judge import SilentServer, UnacceptingServer, grades, make_db, this_machine_by_name, tokens
 from typer.testing import CliRunner
 
 from benchctl import stages
@@ -481,7 +481,65 @@ def test_study_stage_grades_with_an_openai_compatible_judge(tmp_path, server, mo
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# How long a call may wait.
+# Where the key may go, how long a call may wait, and a run that obtains no grade.
+
+
+def test_only_a_loopback_address_or_localhost_counts_as_this_machine():
+    for host in ("127.0.0.1", "127.8.9.10", "::1", "[::1]", "localhost", "LOCALHOST", "localhost.", "::ffff:127.0.0.1"):
+        assert judges.is_loopback(host), host
+    for host in ("10.0.0.1", "192.168.1.5", "128.0.0.1", "0.0.0.0", "example.com", "localhost.example.com", "::2", ""):
+        assert not judges.is_loopback(host), host
+
+
+def test_which_urls_a_key_may_travel_to(monkeypatch):
+    def refused(url: str, allow: bool = False) -> bool:
+        try:
+            judges.check_key_transport(judges.resolve("openai:m", url), "OPENAI_API_KEY", allow)
+        except JudgeError:
+            return True
+        return False
+
+    assert refused("http://10.0.0.7:8000/v1") and refused("http://gpu-box.example.com/v1")
+    assert not refused("https://gpu-box.example.com/v1") and not refused("https://10.0.0.7:8000/v1")
+    assert not refused("http://127.0.0.1:8000/v1") and not refused("http://[::1]:8000/v1")
+    assert not refused("http://localhost:11434/v1") and not refused("http://10.0.0.7:8000/v1", allow=True)
+    # no key set: the placeholder a local server ignores is no secret, and goes anywhere
+    assert judge.require_key(judges.resolve("openai:m", "http://10.0.0.7:8000/v1")) == "not-needed"
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    with pytest.raises(JudgeError, match="refusing to send OPENAI_API_KEY in clear text to http://10.0.0.7:8000/v1"):
+        judge.require_key(judges.resolve("openai:m", "http://10.0.0.7:8000/v1"))
+
+
+def test_a_key_goes_over_plain_http_to_this_machine(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    with fo.FakeOpenAI(api_key="sk-test") as server:  # it checks the bearer token: a grade means the key arrived
+        s = run(one(tmp_path), server.url)
+    assert s.n_ok == 1
+
+
+def test_the_key_goes_over_plain_http_to_another_host_only_with_the_flag(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    name, address = this_machine_by_name()
+    path = tmp_path / "r.db"
+    db = make_db(path, n_prompts=1)
+    with fo.FakeOpenAI(api_key="sk-test", bind=address) as server:
+        url = f"http://{name}:{server.port}/v1"
+        argv = ["judge", "--db", str(path), "--model", "openai:fake-model", "--base-url", url, "--no-progress"]
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        err = capsys.readouterr().err
+        assert info.value.code == JudgeError.exit_code == 6 and len(err.strip().splitlines()) == 1
+        assert f"refusing to send OPENAI_API_KEY in clear text to http://{name}:{server.port}/v1" in err
+        assert "--allow-insecure-key" in err and "sk-test" not in err
+        monkeypatch.setenv("OPENAI_BASE_URL", url)  # the study's judge reads the variable: refused too
+        with pytest.raises(JudgeError, match="refusing to send OPENAI_API_KEY"):
+            judge.judge_all(db, judge.JudgeOptions(judge_model="openai:fake-model", **FAST), progress=False)
+        assert server.count == 0 and grades(db) == []
+        monkeypatch.delenv("OPENAI_BASE_URL")
+        with pytest.raises(SystemExit) as info:
+            main([*argv, "--allow-insecure-key"])
+        assert info.value.code == 0 and server.count == 2
+    assert [r["status"] for r in grades(db)] == ["ok", "ok"]
 
 
 def test_a_server_that_never_answers_costs_the_read_timeout_per_attempt(tmp_path):

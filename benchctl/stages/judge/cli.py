@@ -106,6 +106,14 @@ def judge(
             "model that reasons), lower it to give up sooner on one that accepts and never answers.",
         ),
     ] = DEFAULT_READ_TIMEOUT_S,
+    allow_insecure_key: Annotated[
+        bool,
+        typer.Option(
+            "--allow-insecure-key",
+            help="Send the API key over plain http to another machine (refused otherwise: only https or this "
+            "machine's loopback addresses get it). For a network you trust end to end.",
+        ),
+    ] = False,
     db: DbOpt = None,
     as_json: JsonOpt = False,
     progress: ProgressOpt = True,
@@ -120,7 +128,8 @@ def judge(
     unparseable...), so after an interruption just run the same command again. Answers that are not valid scores are
     stored as failures, never as scores. `--protocol assess` (default) has the judge write its general assessment of
     the story before the grades, as the study's grading text asks; `--repeats 2`, a second `--model` or the other
-    `--protocol` on the same samples feed the report's judge reliability section.
+    `--protocol` on the same samples feed the report's judge reliability section. A key is sent over https or to
+    this machine only (--allow-insecure-key to send it over plain http elsewhere).
     """
     opts = JudgeOptions(
         select=RunSelection(run_ids=split_list(runs)),
@@ -139,13 +148,14 @@ def judge(
         protocol=protocol,
         connect_timeout_s=connect_timeout,
         read_timeout_s=read_timeout,
+        allow_insecure_key=allow_insecure_key,
     )
     # google.genai, and sqlite_utils with pandas: kept out of 'benchctl --help'
     from benchctl import stages
     from benchctl.stages.judge import api as engine
 
-    if not dry_run:
-        engine.require_key(engine.resolve(model, base_url))  # before opening anything: a missing key costs nothing
+    if not dry_run:  # before opening anything: a missing key, or one that must not travel there, costs nothing
+        engine.require_key(engine.resolve(model, base_url), allow_insecure_key)
     database = stages.connect(db, create=False, readonly=dry_run)  # a dry run changes nothing, not even the schema
     summary = engine.judge_all(
         database,

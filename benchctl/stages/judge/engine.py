@@ -52,9 +52,10 @@ def backend_module(backend: str) -> Any:
     return openai_chat
 
 
-def require_key(spec: JudgeSpec) -> str:
-    """The key a judge's requests carry; a JudgeError naming the variable to set when it needs one and none is set."""
-    return str(backend_module(spec.backend).require_key(spec))
+def require_key(spec: JudgeSpec, allow_insecure_key: bool = False) -> str:
+    """The key a judge's requests carry; a JudgeError naming the variable to set when it needs one and none is set,
+    or the variable whose key would go to another machine over plain http (unless `allow_insecure_key`)."""
+    return str(backend_module(spec.backend).require_key(spec, allow_insecure_key))
 
 
 def has_key(spec: JudgeSpec) -> bool:
@@ -74,7 +75,8 @@ def max_output_tokens(opts: JudgeOptions, budget: int | None) -> int:
 async def judge_all_async(db: Database, opts: JudgeOptions, *, progress: bool | Progress = True) -> JudgeSummary:
     """Async form of `judge_all` (same arguments), for callers that already run an event loop."""
     spec = judges.resolve(opts.judge_model, opts.base_url)
-    key = None if opts.dry_run else require_key(spec)  # before any work, so a missing key never costs a thing
+    # before any work, so a missing key, or one that must not travel there, never costs a thing
+    key = None if opts.dry_run else require_key(spec, opts.allow_insecure_key)
     t0 = time.monotonic()
     template = load_template(opts.prompt_path, opts.protocol)
     budget = _thinking_budget(spec, opts)

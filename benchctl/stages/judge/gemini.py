@@ -40,7 +40,7 @@ from benchctl.stages.judge.client import (
     retry_after,
     retryable,
 )
-from benchctl.stages.judge.judges import JudgeSpec
+from benchctl.stages.judge.judges import JudgeSpec, check_key_transport
 
 API_KEY_VARS = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
 
@@ -72,12 +72,21 @@ def require_api_key() -> str:
     return key
 
 
+def _key_var() -> str:
+    """The variable the key was read from, as the refusal to send it names it."""
+    return next((var for var in API_KEY_VARS if os.environ.get(var, "").strip()), API_KEY_VARS[0])
+
+
 def has_key(spec: JudgeSpec) -> bool:
     return has_api_key()
 
 
-def require_key(spec: JudgeSpec) -> str:
-    return require_api_key()
+def require_key(spec: JudgeSpec, allow_insecure_key: bool = False) -> str:
+    """The key, sent with every request (whatever the base URL: a proxy or gateway gets it too), so over https or to
+    this machine only unless the user allows otherwise."""
+    key = require_api_key()
+    check_key_transport(spec, _key_var(), allow_insecure_key)
+    return key
 
 
 def refused_hint(spec: JudgeSpec) -> str:

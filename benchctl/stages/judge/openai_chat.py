@@ -18,7 +18,8 @@ for the same JSON: its text goes through the same strict parser.
   thinking tokens (both billed as output). `system_fingerprint` is stored where the server reports one.
 
 The key is OPENAI_API_KEY: required for OpenAI's own service; for another base URL it is sent if set (a hosted
-provider needs its key there) and a placeholder otherwise (a local server checks none; the SDK insists on one).
+provider needs its key there) and a placeholder otherwise (a local server checks none; the SDK insists on one). A
+real key is sent over https or to this machine only, unless the user allows otherwise (`judges.check_key_transport`).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from benchctl.stages.judge.client import (
     retry_after,
     retryable,
 )
-from benchctl.stages.judge.judges import OPENAI_KEY_VAR, JudgeSpec
+from benchctl.stages.judge.judges import OPENAI_KEY_VAR, JudgeSpec, check_key_transport
 
 NO_KEY = "not-needed"  # sent to a server at another base URL when OPENAI_API_KEY is not set
 # Request fields that are the same in every request: a 400 naming one of them would fail every other request too.
@@ -71,9 +72,10 @@ def has_key(spec: JudgeSpec) -> bool:
     return api_key() is not None or not spec.official
 
 
-def require_key(spec: JudgeSpec) -> str:
+def require_key(spec: JudgeSpec, allow_insecure_key: bool = False) -> str:
     key = api_key()
     if key is not None:
+        check_key_transport(spec, OPENAI_KEY_VAR, allow_insecure_key)
         return key
     if not spec.official:
         return NO_KEY

@@ -51,7 +51,8 @@ class JudgeOptions:
     policy for 429, 5xx and connection errors. base_url: the service root (default: $GOOGLE_GEMINI_BASE_URL or
     $OPENAI_BASE_URL, else the backend's own service). judge_seed: the sampling seed sent (repeat k: judge_seed + k;
     None: none sent). seed: the retry jitter's RNG. connect_timeout_s / read_timeout_s: how long one call waits for
-    the connection, and then for the answer, before it fails (a transport error, retried).
+    the connection, and then for the answer, before it fails (a transport error, retried). allow_insecure_key: send
+    the key over plain http to another machine (refused otherwise, before any request).
     protocol: "assess" (the judge writes its general assessment, stored in judge_grades.assessment, then the grades;
     output limit 2048 with thinking off) or "json" (grades only). Each protocol is its own prompt version (hash), so
     a grade cached under one is never reused for the other. dry_run: count the requests and estimate their tokens
@@ -76,6 +77,7 @@ class JudgeOptions:
     max_delay: float = 60.0
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
+    allow_insecure_key: bool = False
     prompt_path: str | os.PathLike | None = None
     seed: int | None = None
 
