@@ -569,3 +569,44 @@ def test_a_timeout_must_be_a_positive_number_of_seconds(tmp_path, capsys, value)
             main(["judge", "--db", str(path), "--model", "openai:m", flag, value])
         err = capsys.readouterr().err
         assert info.value.code == 2 and f"{flag} must be a number of seconds above 0" in err
+
+
+def _judge_cli(path, url: str, *more: str) -> list[str]:
+    return ["judge", "--db", str(path), "--model", "openai:fake-model", "--base-url", url, "--no-progress", *more]
+
+
+@pytest.mark.parametrize("down", ["never answers", "refuses connections"])
+def test_judge_exits_6_when_the_server_could_not_be_reached_for_any_grade(tmp_path, capsys, down):
+    path = tmp_path / "r.db"
+    make_db(path, n_prompts=2)
+    quick = ("--connect-timeout", "0.3", "--read-timeout", "0.3", "--max-attempts", "2")
+    started = time.monotonic()
+    if down == "never answers":
+        with SilentServer() as silent, pytest.raises(SystemExit) as info:
+            main(_judge_cli(path, f"http://127.0.0.1:{silent.port}/v1", *quick))
+    else:
+        with pytest.raises(SystemExit) as info:
+            main(_judge_cli(path, f"http://127.0.0.1:{_closed_port()}/v1", *quick))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == JudgeError.exit_code == 6 and time.monotonic() - started < 30
+    assert err[-1].startswith("error: the judge service at 127.0.0.1:") and "could not be reached" in err[-1]
+    assert "no grade obtained, 4 grade(s) failed and were stored as failures" in err[-1]
+    rows = grades(stages.connect(path))
+    assert len(rows) == 4 and {r["status"] for r in rows} == {"failed"}  # stored as failures, as before
+
+
+def test_judge_exits_6_when_every_answer_failed_and_0_when_one_grade_was_obtained(tmp_path, capsys):
+    path = tmp_path / "r.db"
+    make_db(path, n_prompts=1)
+    too_long = fo.error(400, "This model's maximum context length is 512 tokens.", "BadRequestError")
+    with fo.FakeOpenAI(script=lambda r: too_long) as server:
+        with pytest.raises(SystemExit) as info:
+            main(_judge_cli(path, server.url))
+        err = capsys.readouterr().err.strip().splitlines()
+        assert info.value.code == 6 and err[-1].startswith("error: no grade obtained from the judge service at")
+        assert "HTTP 400: This model's maximum context length" in err[-1]
+    with fo.FakeOpenAI() as server:  # a rerun regrades the failures; then a run that grades one of two is a success
+        server.push(too_long)
+        with pytest.raises(SystemExit) as info:
+            main(_judge_cli(path, server.url, "--concurrency", "1"))
+        assert info.value.code == 0 and "1 graded, 1 failed" in capsys.readouterr().out

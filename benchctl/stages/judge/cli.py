@@ -11,6 +11,7 @@ from rich import box
 from rich.table import Table
 
 from benchctl.core import paper
+from benchctl.core.errors import JudgeError
 from benchctl.core.progress import Progress
 from benchctl.stages import RunSelection
 from benchctl.stages.cli import DbOpt, JsonOpt, ProgressOpt, console, err_console, split_list
@@ -129,7 +130,8 @@ def judge(
     stored as failures, never as scores. `--protocol assess` (default) has the judge write its general assessment of
     the story before the grades, as the study's grading text asks; `--repeats 2`, a second `--model` or the other
     `--protocol` on the same samples feed the report's judge reliability section. A key is sent over https or to
-    this machine only (--allow-insecure-key to send it over plain http elsewhere).
+    this machine only (--allow-insecure-key to send it over plain http elsewhere). When not a single grade could be
+    obtained (a server that is down or never answers), the failures are stored and the command exits with code 6.
     """
     opts = JudgeOptions(
         select=RunSelection(run_ids=split_list(runs)),
@@ -164,8 +166,11 @@ def judge(
     )
     if as_json:
         print(json.dumps(summary.to_dict(), indent=2, default=str))
-        return
-    print_summary(summary)
+    else:
+        print_summary(summary)
+    failed = summary.nothing_graded()
+    if failed is not None:
+        raise JudgeError(failed)
 
 
 def _money(x: float | None) -> str:
