@@ -266,14 +266,15 @@ def browse_queries(columns: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
             "description": "One row per run, the columns people read first: model, run id (a link to its validation "
             "curve), architecture, preset, seed, status, steps, final and initial validation loss (nats/token), "
             "MFLOP per token, training TFLOP (spent, as recorded, else FLOPs/token x tokens seen), training time "
-            "(s) and throughput (tokens/s); the resolved config last. Every column is in the runs table.",
+            "(s) and throughput (tokens/s); the resolved config last, written without spaces so that it stays on one "
+            "line to the right instead of making every row a screen tall. Every column is in the runs table.",
             "sql": f"""select {label} as model, r.id as run_id, r.arch, r.preset, r.seed, r.status, r.step, r.max_steps,
   round(r.final_val_loss, 4) as final_val_loss, round(r.initial_val_loss, 4) as initial_val_loss,
   round(r.flops_per_token / 1e6, 3) as mflop_per_token,
   round(coalesce((select m.value from metrics m where m.run_id = r.id and m.name = 'train_flops'
     order by m.step desc limit 1), r.flops_per_token * r.tokens_seen) / 1e12, 4) as train_tflop,
   round(r.train_seconds, 1) as train_seconds, round(r.tokens_per_s, 1) as tokens_per_s,
-  r.config_json
+  replace(replace(r.config_json, ': ', ':'), ', ', ',') as config_json
 from runs r order by r.preset, model, r.seed, r.id""",
         },
         "final_losses": {
