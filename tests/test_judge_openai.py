@@ -610,3 +610,43 @@ def test_judge_exits_6_when_every_answer_failed_and_0_when_one_grade_was_obtaine
         with pytest.raises(SystemExit) as info:
             main(_judge_cli(path, server.url, "--concurrency", "1"))
         assert info.value.code == 0 and "1 graded, 1 failed" in capsys.readouterr().out
+
+
+def test_a_dead_server_stops_the_job_after_a_few_unanswered_calls_not_every_keys_attempts(tmp_path, capsys):
+    """With the default six attempts a key, a server that accepts and never answers would cost every key six read
+    timeouts; the job stops once its first calls have all gone unanswered, leaving the other keys unsent."""
+    path = tmp_path / "r.db"
+    make_db(path, n_prompts=6)
+    quick = ("--connect-timeout", "0.3", "--read-timeout", "0.3", "--max-attempts", "6")
+    started = time.monotonic()
+    with SilentServer() as silent, pytest.raises(SystemExit) as info:
+        main(_judge_cli(path, f"http://127.0.0.1:{silent.port}/v1", *quick))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 6 and time.monotonic() - started < 30
+    assert "the job stopped after" in err[-1] and "other samples were not sent" in err[-1]
+    rows = grades(stages.connect(path))
+    # the keys in flight when it stopped are stored as failures; the rest stay unsent
+    assert 0 < len(rows) < 12 and {r["status"] for r in rows} == {"failed"}
+    assert any("answered none of the job's" in r["error"] for r in rows)
+
+
+def test_calls_without_an_answer_stop_a_job_only_before_any_call_was_answered():
+    """One dropped connection after the service has answered is a passing fault, retried as usual."""
+    from benchctl.stages.judge.client import UNANSWERED_CALLS, CallFailed, Job
+
+    def dropped() -> CallFailed:
+        return CallFailed("connection error: ReadTimeout", retryable=True, unanswered=True)
+
+    fresh = Job.__new__(Job)
+    fresh.answered, fresh.n_unanswered, fresh.unreachable = False, 0, None
+    for _ in range(UNANSWERED_CALLS - 1):
+        fresh._count(dropped())
+    assert fresh.unreachable is None
+    fresh._count(dropped())
+    assert fresh.unreachable is not None
+    seen = Job.__new__(Job)
+    seen.answered, seen.n_unanswered, seen.unreachable = False, 0, None
+    seen._count(CallFailed("HTTP 503", http_status=503, retryable=True))  # an answer, though an error
+    for _ in range(10 * UNANSWERED_CALLS):
+        seen._count(dropped())
+    assert seen.unreachable is None

@@ -234,6 +234,8 @@ async def _run(
         bar.close()
         await backend.aclose()
     summary.n_requests = job.n_requests
+    if job.unreachable is not None:
+        summary.stopped_unanswered = job.n_unanswered
     if job.refused is not None:
         raise JudgeError(
             f"the judge service refused the job ({job.refused}); {module.refused_hint(spec)}. "

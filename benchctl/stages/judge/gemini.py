@@ -279,7 +279,9 @@ class GeminiBackend:
                 retry_delay=server_retry_delay(e) if ok_to_retry else None,
             ) from None
         except self.transport_errors as e:
-            raise CallFailed(f"connection error: {type(e).__name__}: {e}".strip(), retryable=True) from None
+            raise CallFailed(
+                f"connection error: {type(e).__name__}: {e}".strip(), retryable=True, unanswered=True
+            ) from None
         except json.JSONDecodeError as e:
             # a body labelled JSON that is not (a proxy's or gateway's HTML error page, whatever its status): the
             # client cannot even read the status out of it; a passing fault, retried, else a failed grade

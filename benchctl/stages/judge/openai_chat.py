@@ -211,7 +211,9 @@ class OpenAIBackend:
             raise _failed(e) from None
         except openai.APIConnectionError as e:  # refused, dropped, timed out
             cause = f" ({type(e.__cause__).__name__}: {e.__cause__})" if e.__cause__ is not None else ""
-            raise CallFailed(f"connection error: {type(e).__name__}: {e}{cause}", retryable=True) from None
+            raise CallFailed(
+                f"connection error: {type(e).__name__}: {e}{cause}", retryable=True, unanswered=True
+            ) from None
         except json.JSONDecodeError as e:
             # a body that is not JSON on a success status (a proxy's page, a server that crashed mid-answer): no
             # answer was read; a passing fault, retried, else a failed grade
