@@ -327,6 +327,18 @@ def test_report_section_renders_on_a_fixture(tmp_path):
     assert "No test-time depth rows" in empty
 
 
+def test_frontier_labels_every_exit_threshold_once_and_none_overlaps(tmp_path):
+    """frailt and relaxed exit at the same mean depths with the same losses here, so each threshold's points of the
+    two lines coincide: one label says the threshold there, and no label is printed over another text."""
+    from figcheck import labels, outside_figure, overlapping_labels
+
+    built = report.build(build_fixture_db(tmp_path / "results.db", seeds=(0, 1), judge=False, evals=False, depth=True))
+    fig = built.figures["depth_frontier.png"]
+    shown = labels(fig)
+    assert sorted(shown) == sorted(["0.0001", "0.001", "0.01"] * 2)  # two spots per threshold: shared, three-part
+    assert not overlapping_labels(fig) and not outside_figure(fig)
+
+
 # ---- architectures without the iteration hooks -------------------------------------------------------------------
 
 

@@ -887,3 +887,25 @@ def test_every_pair_of_judges_agreement_and_where_their_rankings_differ(tmp_path
     assert "The judges disagree about the rank of " in cmp and "holds for the primary judge only" in cmp
     for m in differ:
         assert f"{m}: " in cmp.split("The judges disagree about the rank of ")[1]
+
+
+def test_point_labels_never_cover_each_other_or_the_axes_text():
+    """Thirty labels on a tight cluster (ten of them on one spot) and a legend: every label finds a free spot."""
+    from figcheck import labels, outside_figure, overlapping_labels
+
+    from benchctl.report.figures import _figure, label_points
+
+    fig = _figure(6.0, 4.0)
+    ax = fig.subplots()
+    xs = [0.5] * 10 + [0.5 + 0.01 * i for i in range(20)]
+    ys = [0.5] * 10 + [0.5 + 0.005 * (i % 5) for i in range(20)]
+    ax.plot(xs, ys, "o", label="points")
+    ax.plot([0, 1], [0, 1], label="a line")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("x label")
+    ax.legend()
+    texts = [f"setting number {i}" for i in range(30)]
+    label_points(ax, list(zip(xs, ys, texts)))
+    assert labels(fig) == texts
+    assert not overlapping_labels(fig) and not outside_figure(fig)

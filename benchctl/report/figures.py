@@ -14,7 +14,9 @@ import matplotlib
 import numpy as np
 import pandas as pd
 import seaborn as sns
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.text import Annotation, Text
 
 from benchctl.report.context import Context
 from benchctl.report.fmt import ftokens, missing
@@ -35,6 +37,130 @@ def _style():
 
 def _figure(width: float, height: float):
     return Figure(figsize=(width, height), dpi=FIG_DPI, layout="constrained")
+
+
+# Gaps (pixels) between a point and its label's box tried first, nearest first; past them the whole axes is searched.
+_LABEL_GAPS = (3, 8, 14, 22, 32, 46, 64, 88)
+_LABEL_DIRECTIONS = ((1, 1), (1, -1), (-1, 1), (-1, -1), (1, 0), (-1, 0), (0, 1), (0, -1))
+_LABEL_PAD = 2.0  # pixels kept free around every box
+
+
+def renderer_of(fig: Figure) -> Any:
+    """The figure's renderer after a full draw, so every artist sits where the saved PNG will have it (a Figure
+    built without pyplot has a canvas that cannot render: it gets Agg's, which is what `save_figure` writes with)."""
+    if not isinstance(fig.canvas, FigureCanvasAgg):
+        FigureCanvasAgg(fig)
+    fig.canvas.draw()
+    return fig.canvas.get_renderer()
+
+
+def text_boxes(fig: Figure, renderer: Any) -> list[tuple[Text, Any]]:
+    """Every visible, non-empty Text of the figure with its box in pixels (an annotation's text only: its leader
+    line may cross another label, its words may not)."""
+    out = []
+    for t in fig.findobj(Text):
+        if t.get_visible() and t.get_text().strip() and t.get_figure(root=True) is fig:
+            if isinstance(t, Annotation):
+                t.update_positions(renderer)
+            out.append((t, Text.get_window_extent(t, renderer)))
+    return out
+
+
+def _freeze_legend(ax: Any, renderer: Any) -> None:
+    """Pin the axes' legend where it was drawn: `loc="best"` would move it when the labels appear."""
+    leg = ax.get_legend()
+    if leg is None:
+        return
+    box = leg.get_window_extent(renderer)
+    x0, y0 = ax.transAxes.inverted().transform((box.x0, box.y0))
+    leg.set_loc((float(x0), float(y0)))
+
+
+def label_points(ax: Any, points: list[tuple[float, float, str]], *, fontsize: float = 7.0) -> list[Annotation]:
+    """Label each (x, y, text) point of `ax` in data coordinates without any text covering another.
+
+    Each label goes to the free spot nearest its point: beside it if that is free, else anywhere in the axes,
+    joined to the point by a thin line. Free means clear of every other text of the figure (tick and axis labels,
+    titles, the labels placed before it), of every legend and of every marker drawn in the axes, so the figure must
+    be complete but for the labels. The labels stay out of the layout (constrained layout would otherwise move the
+    axes after they were placed) and the axes' legend is pinned where it was drawn."""
+    fig = ax.figure
+    if not points:
+        return []
+    renderer = renderer_of(fig)
+    _freeze_legend(ax, renderer)
+    dpi = fig.dpi
+    boxes = [b for _, b in text_boxes(fig, renderer)]
+    boxes += [leg.get_window_extent(renderer) for leg in [ax.get_legend(), *fig.legends] if leg is not None]
+    blocked = [(b.x0, b.y0, b.x1, b.y1) for b in boxes]
+    for line in ax.get_lines():
+        if line.get_marker() in (None, "", " ", "None", "none") or not line.get_visible():
+            continue
+        r = line.get_markersize() * dpi / 72 / 2
+        for px, py in ax.transData.transform(line.get_xydata()):
+            if np.isfinite(px) and np.isfinite(py):
+                blocked.append((px - r, py - r, px + r, py + r))
+    area = ax.get_window_extent(renderer)
+    out = []
+    for x, y, text in points:
+        probe = ax.text(x, y, text, fontsize=fontsize, ha="center", va="center")
+        own = probe.get_window_extent(renderer)
+        probe.remove()
+        w, h = own.width + 2 * _LABEL_PAD, own.height + 2 * _LABEL_PAD
+        px, py = (float(v) for v in ax.transData.transform((x, y)))
+        ring = np.array(
+            [(px + dx * (w / 2 + g), py + dy * (h / 2 + g)) for g in _LABEL_GAPS for dx, dy in _LABEL_DIRECTIONS]
+        )
+        centre = None
+        for bounds in (area, fig.bbox):  # inside the axes where there is room anywhere there, else in the figure
+            gx = np.arange(bounds.x0 + w / 2, bounds.x1 - w / 2, 6.0)
+            gy = np.arange(bounds.y0 + h / 2, bounds.y1 - h / 2, 6.0)
+            grid = np.array([(a, b) for a in gx for b in gy]).reshape(-1, 2)
+            grid = grid[np.argsort(np.hypot(grid[:, 0] - px, grid[:, 1] - py), kind="stable")]
+            cand = np.concatenate([ring, grid])
+            x0, y0, x1, y1 = cand[:, 0] - w / 2, cand[:, 1] - h / 2, cand[:, 0] + w / 2, cand[:, 1] + h / 2
+            ok = (x0 >= bounds.x0) & (x1 <= bounds.x1) & (y0 >= bounds.y0) & (y1 <= bounds.y1)
+            if blocked:
+                b = np.array(blocked)
+                hit = (
+                    (x0[:, None] < b[None, :, 2])
+                    & (x1[:, None] > b[None, :, 0])
+                    & (y0[:, None] < b[None, :, 3])
+                    & (y1[:, None] > b[None, :, 1])
+                )
+                ok &= ~hit.any(axis=1)
+            free = np.flatnonzero(ok)
+            if len(free):
+                centre = cand[free[0]]
+                break
+        if centre is None:  # no free spot in the whole figure: beside the point, where the first try put it
+            centre = ring[0]
+        cx, cy = float(centre[0]), float(centre[1])
+        arrow = None
+        if max(abs(cx - px) - w / 2, abs(cy - py) - h / 2) > 10:  # away from its point: a leader line to it,
+            # drawn from the side of the label that faces the point so it never runs through the words
+            rel = (
+                0.0 if px < cx - w / 2 else 1.0 if px > cx + w / 2 else 0.5,
+                0.0 if py < cy - h / 2 else 1.0 if py > cy + h / 2 else 0.5,
+            )
+            arrow = {"arrowstyle": "-", "color": "#777777", "linewidth": 0.6, "shrinkA": 1, "shrinkB": 2, "relpos": rel}
+        ann = ax.annotate(
+            text,
+            (x, y),
+            xytext=((cx - px) * 72 / dpi, (cy - py) * 72 / dpi),
+            textcoords="offset points",
+            ha="center",
+            va="center",
+            fontsize=fontsize,
+            arrowprops=arrow,
+            # a light backing hides the grid, curves and other leader lines passing under the words
+            bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.8},
+            zorder=5,
+        )
+        ann.set_in_layout(False)
+        blocked.append((cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2))
+        out.append(ann)
+    return out
 
 
 def _bar_width(n: int) -> float:

@@ -19,7 +19,7 @@ from matplotlib.ticker import ScalarFormatter
 
 import architectures
 from benchctl.core import stats
-from benchctl.report.figures import _figure, _style, tick
+from benchctl.report.figures import _figure, _style, label_points, tick
 from benchctl.report.fmt import fnum, md_table, need
 from benchctl.report.frames import Frames
 
@@ -167,6 +167,17 @@ def fig_depth_loss(ctx: Any, df: pd.DataFrame) -> Any:
     return fig
 
 
+def _threshold_labels(points: list[tuple[float, float, float]]) -> list[tuple[float, float, str]]:
+    """One label per distinct point: exit points of several lines (or thresholds) that land on the same spot share
+    one label listing their thresholds, instead of one label each printed over the others."""
+    at: dict[tuple[float, float], list[float]] = {}
+    for x, y, thr in points:
+        key = (round(x, 9), round(y, 9))
+        if thr not in at.setdefault(key, []):
+            at[key].append(thr)
+    return [(x, y, ", ".join(f"{t:g}" for t in sorted(thrs))) for (x, y), thrs in at.items()]
+
+
 def fig_frontier(ctx: Any, df: pd.DataFrame) -> Any:
     ex = df[df["exit_rule"] != ""]
     if ex.empty:
@@ -174,6 +185,7 @@ def fig_frontier(ctx: Any, df: pd.DataFrame) -> Any:
     with _style():
         fig = _figure(8.5, 5.2)
         ax = fig.subplots()
+        exits: list[tuple[float, float, float]] = []
         for line, g in df.groupby("line", sort=False):
             colour = ctx.colours.get(g["model"].iloc[0])
             fixed = _curve(g[g["exit_rule"] == ""])
@@ -199,20 +211,14 @@ def fig_frontier(ctx: Any, df: pd.DataFrame) -> Any:
                     linewidth=1.2,
                     label=f"{tick(line)}: exit {rule}",
                 )
-                for r in c.itertuples():
-                    ax.annotate(
-                        f"{r.threshold:g}",
-                        (r.mean_depth, r.mean),
-                        fontsize=7,
-                        xytext=(4, 4),
-                        textcoords="offset points",
-                    )
+                exits += [(float(r.mean_depth), float(r.mean), float(r.threshold)) for r in c.itertuples()]
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_formatter(ScalarFormatter())
         ax.set_xlabel("mean depth per token (iterations; exit: what skipping exited tokens would compute)")
         ax.set_ylabel("validation loss (nats/token)")
         ax.set_title("Compute/quality frontier: adaptive exit (labels = thresholds) vs fixed depth", fontsize=11)
         ax.legend(fontsize=8, frameon=True)
+        label_points(ax, _threshold_labels(exits))
     return fig
 
 
