@@ -361,6 +361,9 @@ EXPECTED_SQL = {
         '   "speedup_batch_min" REAL,\n'
         '   "speedup_batch_max" REAL,\n'
         '   "speedups_json" TEXT,\n'
+        '   "load_avg" REAL,\n'
+        '   "cores" INTEGER,\n'
+        '   "cpu_share" REAL,\n'
         '   PRIMARY KEY ("run_id", "setting", "prompts", "single", "prompt_tokens", "new_tokens", "windows")\n'
         ")"
     ),
