@@ -73,6 +73,7 @@ def build_fixture_db(
     infer: bool = False,
     variant: str | None = None,
     run_extra: Callable[[str, int], dict] | None = None,
+    infer_extra: Callable[[str, int, str], dict] | None = None,
 ) -> Path:
     """Write a fixture results.db at `path` (created or added to) and return the path.
 
@@ -82,7 +83,8 @@ def build_fixture_db(
 
     Done runs carry a quiet machine's timing telemetry (CPU time a little under two threads' worth of the wall time,
     one job, load average 1.9); `run_extra(arch, seed)` returns columns that replace a done run's values (a shared
-    machine's load, seeds with other times)."""
+    machine's load, seeds with other times). Inference rows are timed on the same quiet machine, without repeats
+    or paired timings; `infer_extra(arch, seed, setting)` returns columns that replace a row's values."""
     path = Path(path)
     db = stages.connect(path)
     archs, seeds = list(archs), list(seeds)
@@ -276,7 +278,8 @@ def build_fixture_db(
         if depth:
             depth_rows += _depth_rows(rid, arch, cfg.model.n_recur, final, seed)
         if infer:
-            infer_rows += _infer_rows(rid, arch, cfg.model.n_recur, seed)
+            for ir in _infer_rows(rid, arch, cfg.model.n_recur, seed):
+                infer_rows.append({**ir, **(infer_extra(arch, seed, ir["setting"]) if infer_extra else {})})
             latent_rows += _latent_rows(rid, arch, cfg.model.n_recur)
         if evals:
             e = _rng("eval", rid)
@@ -473,6 +476,9 @@ def _infer_rows(rid: str, arch: str, trained: int, seed: int) -> list[dict]:
         "device": "cpu",
         "threads": 2,
         "peak_mem_source": "process-rss",
+        "load_avg": 1.9,
+        "cores": 2,
+        "cpu_share": 0.96,
         "seconds": 3.0,
         "created_at": _ts(7, seed),
     }

@@ -211,6 +211,9 @@ def test_contention_rule():
     assert contention({**quiet, "concurrent_jobs": 2}) == "trained beside 1 other job(s) (2 at once)"
     assert contention({**quiet, "load_avg": 9.0, "device_name": "NVIDIA A100"}) is None  # cores unknown
     assert contention({"device_name": TWO_CORES, "load_avg": None, "concurrent_jobs": None}) is None  # older rows
+    # a row that records its machine's cores (inference_results) is read against them, whatever the device
+    assert contention({"cores": 2, "load_avg": 2.6, "device_name": "NVIDIA A100"}) == "mean load 2.6 on 2 cores"
+    assert contention({"cores": 4, "load_avg": 2.6}) is None
 
 
 # ---- the report ------------------------------------------------------------------------------------------------------

@@ -906,6 +906,6 @@ def test_point_labels_never_cover_each_other_or_the_axes_text():
     ax.set_xlabel("x label")
     ax.legend()
     texts = [f"setting number {i}" for i in range(30)]
-    label_points(ax, list(zip(xs, ys, texts)))
+    label_points(fig, [(ax, list(zip(xs, ys, texts)))])
     assert labels(fig) == texts
     assert not overlapping_labels(fig) and not outside_figure(fig)

@@ -46,11 +46,11 @@ _LABEL_PAD = 2.0  # pixels kept free around every box
 
 
 def renderer_of(fig: Figure) -> Any:
-    """The figure's renderer after a full draw, so every artist sits where the saved PNG will have it (a Figure
-    built without pyplot has a canvas that cannot render: it gets Agg's, which is what `save_figure` writes with)."""
+    """The figure's renderer after a draw without output, so every artist sits where the saved PNG will have it (a
+    Figure built without pyplot has a canvas that cannot render: it gets Agg's, which `save_figure` writes with)."""
     if not isinstance(fig.canvas, FigureCanvasAgg):
         FigureCanvasAgg(fig)
-    fig.canvas.draw()
+    fig.draw_without_rendering()
     return fig.canvas.get_renderer()
 
 
@@ -76,90 +76,109 @@ def _freeze_legend(ax: Any, renderer: Any) -> None:
     leg.set_loc((float(x0), float(y0)))
 
 
-def label_points(ax: Any, points: list[tuple[float, float, str]], *, fontsize: float = 7.0) -> list[Annotation]:
-    """Label each (x, y, text) point of `ax` in data coordinates without any text covering another.
+def _free(cand: np.ndarray, w: float, h: float, bounds: Any, blocked: np.ndarray) -> int | None:
+    """Index of the first candidate centre whose w x h box lies inside `bounds` and overlaps no blocked box."""
+    x0, y0 = cand[:, 0] - w / 2, cand[:, 1] - h / 2
+    x1, y1 = x0 + w, y0 + h
+    inside = np.flatnonzero((x0 >= bounds.x0) & (x1 <= bounds.x1) & (y0 >= bounds.y0) & (y1 <= bounds.y1))
+    for chunk in np.array_split(inside, max(1, len(inside) // 4096)):  # bounded memory on a large figure
+        if not len(chunk):
+            continue
+        hit = (
+            (x0[chunk, None] < blocked[None, :, 2])
+            & (x1[chunk, None] > blocked[None, :, 0])
+            & (y0[chunk, None] < blocked[None, :, 3])
+            & (y1[chunk, None] > blocked[None, :, 1])
+        ).any(axis=1)
+        free = np.flatnonzero(~hit)
+        if len(free):
+            return int(chunk[free[0]])
+    return None
 
-    Each label goes to the free spot nearest its point: beside it if that is free, else anywhere in the axes,
-    joined to the point by a thin line. Free means clear of every other text of the figure (tick and axis labels,
-    titles, the labels placed before it), of every legend and of every marker drawn in the axes, so the figure must
-    be complete but for the labels. The labels stay out of the layout (constrained layout would otherwise move the
-    axes after they were placed) and the axes' legend is pinned where it was drawn."""
-    fig = ax.figure
-    if not points:
+
+def label_points(
+    fig: Figure, panels: list[tuple[Any, list[tuple[float, float, str]]]], *, fontsize: float = 7.0
+) -> list[Annotation]:
+    """Label each (x, y, text) point, in the data coordinates of its axes, without any text covering another.
+
+    Each label goes to the free spot nearest its point: beside it if that is free, else anywhere in its axes (else
+    anywhere in the figure), joined to the point by a thin line. Free means clear of every other text of the figure
+    (tick and axis labels, titles, the labels placed before it), of every legend and of every marker drawn in the
+    labelled axes, so the figure must be complete but for the labels. The labels stay out of the layout
+    (constrained layout would otherwise move the axes after they were placed) and each axes' legend is pinned
+    where it was drawn. All panels in one call: the figure is laid out once."""
+    if not any(points for _, points in panels):
         return []
     renderer = renderer_of(fig)
-    _freeze_legend(ax, renderer)
+    for ax, _ in panels:
+        _freeze_legend(ax, renderer)
     dpi = fig.dpi
     boxes = [b for _, b in text_boxes(fig, renderer)]
-    boxes += [leg.get_window_extent(renderer) for leg in [ax.get_legend(), *fig.legends] if leg is not None]
+    boxes += [leg.get_window_extent(renderer) for leg in [*(ax.get_legend() for ax, _ in panels), *fig.legends] if leg]
     blocked = [(b.x0, b.y0, b.x1, b.y1) for b in boxes]
-    for line in ax.get_lines():
-        if line.get_marker() in (None, "", " ", "None", "none") or not line.get_visible():
-            continue
-        r = line.get_markersize() * dpi / 72 / 2
-        for px, py in ax.transData.transform(line.get_xydata()):
-            if np.isfinite(px) and np.isfinite(py):
-                blocked.append((px - r, py - r, px + r, py + r))
-    area = ax.get_window_extent(renderer)
+    for ax, _ in panels:
+        for line in ax.get_lines():
+            if line.get_marker() in (None, "", " ", "None", "none") or not line.get_visible():
+                continue
+            r = line.get_markersize() * dpi / 72 / 2
+            for px, py in ax.transData.transform(line.get_xydata()):
+                if np.isfinite(px) and np.isfinite(py):
+                    blocked.append((px - r, py - r, px + r, py + r))
     out = []
-    for x, y, text in points:
-        probe = ax.text(x, y, text, fontsize=fontsize, ha="center", va="center")
-        own = probe.get_window_extent(renderer)
-        probe.remove()
-        w, h = own.width + 2 * _LABEL_PAD, own.height + 2 * _LABEL_PAD
-        px, py = (float(v) for v in ax.transData.transform((x, y)))
-        ring = np.array(
-            [(px + dx * (w / 2 + g), py + dy * (h / 2 + g)) for g in _LABEL_GAPS for dx, dy in _LABEL_DIRECTIONS]
-        )
-        centre = None
-        for bounds in (area, fig.bbox):  # inside the axes where there is room anywhere there, else in the figure
-            gx = np.arange(bounds.x0 + w / 2, bounds.x1 - w / 2, 6.0)
-            gy = np.arange(bounds.y0 + h / 2, bounds.y1 - h / 2, 6.0)
-            grid = np.array([(a, b) for a in gx for b in gy]).reshape(-1, 2)
-            grid = grid[np.argsort(np.hypot(grid[:, 0] - px, grid[:, 1] - py), kind="stable")]
-            cand = np.concatenate([ring, grid])
-            x0, y0, x1, y1 = cand[:, 0] - w / 2, cand[:, 1] - h / 2, cand[:, 0] + w / 2, cand[:, 1] + h / 2
-            ok = (x0 >= bounds.x0) & (x1 <= bounds.x1) & (y0 >= bounds.y0) & (y1 <= bounds.y1)
-            if blocked:
-                b = np.array(blocked)
-                hit = (
-                    (x0[:, None] < b[None, :, 2])
-                    & (x1[:, None] > b[None, :, 0])
-                    & (y0[:, None] < b[None, :, 3])
-                    & (y1[:, None] > b[None, :, 1])
-                )
-                ok &= ~hit.any(axis=1)
-            free = np.flatnonzero(ok)
-            if len(free):
-                centre = cand[free[0]]
-                break
-        if centre is None:  # no free spot in the whole figure: beside the point, where the first try put it
-            centre = ring[0]
-        cx, cy = float(centre[0]), float(centre[1])
-        arrow = None
-        if max(abs(cx - px) - w / 2, abs(cy - py) - h / 2) > 10:  # away from its point: a leader line to it,
-            # drawn from the side of the label that faces the point so it never runs through the words
-            rel = (
-                0.0 if px < cx - w / 2 else 1.0 if px > cx + w / 2 else 0.5,
-                0.0 if py < cy - h / 2 else 1.0 if py > cy + h / 2 else 0.5,
+    for ax, points in panels:
+        area = ax.get_window_extent(renderer)
+        for x, y, text in points:
+            probe = ax.text(x, y, text, fontsize=fontsize, ha="center", va="center")
+            own = probe.get_window_extent(renderer)
+            probe.remove()
+            w, h = own.width + 2 * _LABEL_PAD, own.height + 2 * _LABEL_PAD
+            px, py = (float(v) for v in ax.transData.transform((x, y)))
+            ring = np.array(
+                [(px + dx * (w / 2 + g), py + dy * (h / 2 + g)) for g in _LABEL_GAPS for dx, dy in _LABEL_DIRECTIONS]
             )
-            arrow = {"arrowstyle": "-", "color": "#777777", "linewidth": 0.6, "shrinkA": 1, "shrinkB": 2, "relpos": rel}
-        ann = ax.annotate(
-            text,
-            (x, y),
-            xytext=((cx - px) * 72 / dpi, (cy - py) * 72 / dpi),
-            textcoords="offset points",
-            ha="center",
-            va="center",
-            fontsize=fontsize,
-            arrowprops=arrow,
-            # a light backing hides the grid, curves and other leader lines passing under the words
-            bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.8},
-            zorder=5,
-        )
-        ann.set_in_layout(False)
-        blocked.append((cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2))
-        out.append(ann)
+            taken = np.array(blocked).reshape(-1, 4)
+            centre = None
+            for bounds in (area, fig.bbox):  # inside the axes where there is room anywhere there, else the figure
+                found = _free(ring, w, h, bounds, taken)
+                if found is not None:
+                    centre = ring[found]
+                    break
+                gx = np.arange(bounds.x0 + w / 2, bounds.x1 - w / 2, 6.0)
+                gy = np.arange(bounds.y0 + h / 2, bounds.y1 - h / 2, 6.0)
+                grid = np.stack(np.meshgrid(gx, gy, indexing="ij"), axis=-1).reshape(-1, 2)
+                grid = grid[np.argsort(np.hypot(grid[:, 0] - px, grid[:, 1] - py), kind="stable")]
+                found = _free(grid, w, h, bounds, taken)
+                if found is not None:
+                    centre = grid[found]
+                    break
+            if centre is None:  # no free spot in the whole figure: beside the point, where the first try put it
+                centre = ring[0]
+            cx, cy = float(centre[0]), float(centre[1])
+            arrow = None
+            if max(abs(cx - px) - w / 2, abs(cy - py) - h / 2) > 10:  # away from its point: a leader line to it,
+                # drawn from the side of the label that faces the point so it never runs through the words
+                rel = (
+                    0.0 if px < cx - w / 2 else 1.0 if px > cx + w / 2 else 0.5,
+                    0.0 if py < cy - h / 2 else 1.0 if py > cy + h / 2 else 0.5,
+                )
+                arrow = {"arrowstyle": "-", "color": "#777777", "linewidth": 0.6, "shrinkA": 1, "shrinkB": 2}
+                arrow["relpos"] = rel
+            ann = ax.annotate(
+                text,
+                (x, y),
+                xytext=((cx - px) * 72 / dpi, (cy - py) * 72 / dpi),
+                textcoords="offset points",
+                ha="center",
+                va="center",
+                fontsize=fontsize,
+                arrowprops=arrow,
+                # a light backing hides the grid, curves and other leader lines passing under the words
+                bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.8},
+                zorder=5,
+            )
+            ann.set_in_layout(False)
+            blocked.append((cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2))
+            out.append(ann)
     return out
 
 

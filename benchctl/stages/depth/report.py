@@ -218,7 +218,7 @@ def fig_frontier(ctx: Any, df: pd.DataFrame) -> Any:
         ax.set_ylabel("validation loss (nats/token)")
         ax.set_title("Compute/quality frontier: adaptive exit (labels = thresholds) vs fixed depth", fontsize=11)
         ax.legend(fontsize=8, frameon=True)
-        label_points(ax, _threshold_labels(exits))
+        label_points(fig, [(ax, _threshold_labels(exits))])
     return fig
 
 
