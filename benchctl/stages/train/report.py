@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from typing import Any
 
 import numpy as np
 import pandas as pd
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 
 from benchctl.core import paper
 from benchctl.report.context import CONTROL, Context, model_keys, study_order
@@ -42,9 +45,8 @@ from benchctl.report.frames import (
     loss_frame,
     paper_accounting_frame,
     status_frame,
-    vals,
 )
-from benchctl.stages.train.cost import benched_models, cost_frame, headline, timing_frame, warnings
+from benchctl.stages.train.cost import benched_models, contention, cost_frame, headline, timing_frame, warnings
 
 # Short column headers for the components the study's architectures have; any other component is shown by name.
 _COMPONENT_NAMES = {
@@ -74,18 +76,40 @@ def fig_cost_bars(ctx: Context, cost: pd.DataFrame, what: str) -> Any:
         col = "peak_gpu_mem_bytes" if gpu else "step_mem_bytes"
         ylabel = f"{'peak GPU memory allocated' if gpu else 'memory of one training step'} ({unit})"
         title = "Peak GPU memory per model" if gpu else "Memory of one training step per model (torch allocations)"
+    # A wall time is flagged where the timing table's notes flag it (benchctl.stages.train.cost.contention): the
+    # bar of a model with a contended run is hatched, and where only some of its seeds were, their dots are red.
+    per_seed: dict[str, list[tuple[float, bool]]] = {}
+    for m in models:
+        runs = ctx.done[ctx.done["model"] == m].to_dict("records")
+        per_seed[m] = [
+            (float(v), q == "time" and contention(r) is not None)
+            for r in runs
+            if pd.notna(v := pd.to_numeric(r[col], errors="coerce"))
+        ]
+    flagged = sum(b for pts in per_seed.values() for _, b in pts)
+    partly = False
     with _style():
-        fig = _figure(_bar_width(len(models)), 4.6)
+        fig = _figure(_bar_width(len(models)), 5.2 if flagged else 4.6)
         ax = fig.add_subplot()
         for i, row in enumerate(df.itertuples()):
             m = row.model
             mean = getattr(row, f"{q}_mean") / scale
-            ax.bar(i, mean, width=0.65, color=ctx.colours[m], edgecolor="black", linewidth=0.6, zorder=2)
-            seeds = vals(ctx.done[ctx.done["model"] == m], col)
+            busy = [b for _, b in per_seed[m]]
+            hatch = "///" if any(busy) else None
+            ax.bar(i, mean, width=0.65, color=ctx.colours[m], edgecolor="black", linewidth=0.6, zorder=2, hatch=hatch)
+            seeds = [v for v, _ in per_seed[m]]
             if len(seeds) > 1:
                 offs = np.linspace(-0.18, 0.18, len(seeds))
+                mixed = any(busy) and not all(busy)
+                partly |= mixed
                 ax.scatter(
-                    i + offs, np.array(seeds) / scale, s=18, color="white", edgecolor="black", linewidth=0.8, zorder=4
+                    i + offs,
+                    np.array(seeds) / scale,
+                    s=18,
+                    color=["#C00000" if b else "white" for b in busy] if mixed else "white",
+                    edgecolors="black",
+                    linewidth=0.8,
+                    zorder=4,
                 )
             ratio = getattr(row, f"{q}_ratio")
             top = max([mean] + [v / scale for v in seeds])
@@ -101,6 +125,27 @@ def fig_cost_bars(ctx: Context, cost: pd.DataFrame, what: str) -> Any:
         ax.set_ylim(0, ax.get_ylim()[1] * 1.18)
         _title(ax, title, [hardware_line(ctx), f"preset {ctx.preset} · {_seed_line(df)}"])
         ax.grid(axis="x", visible=False)
+        if flagged:
+            total = sum(len(pts) for pts in per_seed.values())
+            what = (
+                f"hatched: contended runs ({flagged} of {total}; see the notes under the timing table), "
+                "wall time not a cost measure"
+            )
+            wrap = max(30, int(fig.get_size_inches()[0] * 11))  # the legend stays inside a narrow figure
+            handles = [Patch(facecolor="white", edgecolor="black", hatch="///", label=textwrap.fill(what, wrap))]
+            if partly:
+                handles.append(
+                    Line2D(
+                        [],
+                        [],
+                        marker="o",
+                        linestyle="none",
+                        color="#C00000",
+                        markeredgecolor="black",
+                        label="red dot: a contended seed",
+                    )
+                )
+            fig.legend(handles=handles, loc="outside lower center", fontsize=8.5, frameon=True)
     return fig
 
 
