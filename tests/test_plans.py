@@ -387,6 +387,17 @@ def test_report_names_a_builtin_plan_file_by_its_place_in_the_package(rendered):
     assert str(Path(plans.__file__).parent) not in section  # no local install directory
 
 
+def test_the_plans_table_says_how_many_seeds_and_which(rendered, tmp_path):
+    """A bare "0" in the seeds column read as zero seeds: the column gives the count and the seeds."""
+    section = rendered.markdown[rendered.markdown.index("\n## Plans\n") :]
+    rows = [line for line in section.splitlines() if line.startswith("| controls |") or line.startswith("| depth |")]
+    assert len(rows) == 2 and all("| 2 seeds (0, 1) |" in row for row in rows)
+    one = build_plan_fixture_db(tmp_path / "one.db", "controls", CONTROLS_VARIANTS[:2], seeds=(0,))
+    section = report_engine.build(one, plan="controls").markdown.split("\n## Plans\n", 1)[1]
+    row = next(line for line in section.splitlines() if line.startswith("| controls |"))
+    assert row.endswith("| 2 | 1 seed (0) | 2 |")
+
+
 def test_plans_show_says_a_match_against_an_adaptive_variant_is_its_upper_bound(tmp_path, capsys):
     """Training FLOPs matched to ut-act or mor are their analytic count, every token at full depth: `plans show`
     says so for those variants, and only for them."""

@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 
 from benchctl.core import stats
-from benchctl.report.fmt import fnum, fp, md_table, missing
+from benchctl.report.fmt import fnum, fp, fseeds, md_table, missing
 from benchctl.report.frames import Frames
 from benchctl.stages.train.report_compute import is_control_family, model_frame, run_frame, spans_sizes
 from benchctl.stages.train.report_scaling import only_isoflop
@@ -232,7 +232,7 @@ def plan_section(frames: Frames) -> list[str]:
                 _plan_file(path),
                 f"`{str(sha)[:12]}`",
                 g["variant"].nunique(),
-                ", ".join(str(s) for s in sorted({int(x) for x in g["seed"]})),
+                fseeds(g["seed"]),
                 g["run_id"].nunique(),
             ]
         )
