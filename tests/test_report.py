@@ -339,8 +339,13 @@ def test_comparisons_match_scipy(full):
         assert r["a − b"] == fnum(np.mean(xa) - np.mean(xb))
         assert r["95% CI"] == f"{fnum(lo)} to {fnum(hi)}"
         assert r["p"] == fpv(ref.pvalue) and r["p (Wilcoxon)"] == "-"  # fewer than 6 pairs
+        # up to 5 pairs the exact sign-flip p stands beside the t p: scipy's exact paired permutation test
+        exact = sps.permutation_test(
+            (np.array(xa), np.array(xb)), lambda u, v: np.mean(u - v), permutation_type="samples", n_resamples=np.inf
+        )
+        assert r["p (sign-flip)"] == fpv(exact.pvalue)
         ps.append(ref.pvalue)
-    assert [loss[p]["p (Holm)"] for p in expected_pairs] == [fpv(x) for x in _holm(ps)]
+    assert [loss[p]["p (Holm, per quantity)"] for p in expected_pairs] == [fpv(x) for x in _holm(ps)]
     # judge: per seed, the mean paired difference over shared prompts; then a t over the seeds
     _, _, psp = _judge_truth(db)
     jps = []
@@ -356,15 +361,20 @@ def test_comparisons_match_scipy(full):
         lo, hi = ref.confidence_interval(0.95)
         assert r["95% CI"] == f"{fnum(lo, 2)} to {fnum(hi, 2)}"
         jps.append(ref.pvalue)
-    assert [judge[p]["p (Holm)"] for p in expected_pairs] == [fpv(x) for x in _holm(jps)]
+    assert [judge[p]["p (Holm, per quantity)"] for p in expected_pairs] == [fpv(x) for x in _holm(jps)]
     # one verdict sentence per comparison, decided on the Holm-adjusted p and naming its family
     verdicts = [ln[2:] for ln in sec.splitlines() if ln.startswith("- ")]
     assert len(verdicts) == 12
     for r, v in zip(rows, verdicts):
         assert v.startswith(f"{r['a']}'s") or v.startswith(f"{r['a']} vs")
-        significant = r["p (Holm)"] == "< 0.001" or float(r["p (Holm)"]) < 0.05
+        significant = r["p (Holm, per quantity)"] == "< 0.001" or float(r["p (Holm, per quantity)"]) < 0.05
         assert ("not distinguishable" in v) != significant
         assert f"over the 6 pairwise comparisons of {r['quantity']}" in v
+        # 3 seeds: every sentence gives the exact sign-flip p, and a significant one says it rests on normality
+        assert "exact sign-flip p = " in v
+        assert ("significant only under the t-test's assumption of normal differences" in v) == significant
+    # the table's adjusted p names its families below it
+    assert "(the 6 pairwise comparisons of final validation loss; the 6 pairwise comparisons of judge average)" in sec
     assert f"judge `{JUDGE_MODEL}`, protocol `json`, prompt `{PROMPT_HASH}`" in sec
 
 
@@ -390,7 +400,7 @@ def test_raw_significance_that_holm_removes_is_not_called_a_difference(tmp_path)
     conn.close()
     cmp = section(report_engine.build(p).markdown, "Comparisons")
     row = next(r for r in tables(cmp)[0] if (r["a"], r["b"]) == ("frailt", "relaxed"))
-    assert float(row["p"]) < 0.05 < float(row["p (Holm)"])
+    assert float(row["p"]) < 0.05 < float(row["p (Holm, per quantity)"])
     v = next(ln for ln in cmp.splitlines() if ln.startswith("- frailt's and relaxed's final validation loss"))
     assert "not distinguishable once adjusted for multiple comparisons" in v
     assert "lower" not in v and "higher" not in v
