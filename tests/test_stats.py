@@ -190,6 +190,54 @@ def test_a_significant_verdict_from_three_seeds_says_it_rests_on_normality():
     assert "significant only" not in v
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# margins: equivalence (TOST) and non-inferiority
+
+
+@pytest.mark.parametrize(
+    "x",
+    [[0.002, -0.001, 0.003], [0.004, 0.006, 0.005, 0.007], [-0.02, 0.03, 0.01], [0.011, 0.012, 0.0125]],
+)
+def test_tost_is_two_one_sided_scipy_t_tests(x):
+    m = 0.01
+    e = stats.tost(x, m)
+    lower = sps.ttest_1samp(x, -m, alternative="greater").pvalue
+    upper = sps.ttest_1samp(x, m, alternative="less").pvalue
+    assert e.p == pytest.approx(max(lower, upper), rel=1e-10)
+    lo, hi = sps.t.interval(0.90, len(x) - 1, loc=np.mean(x), scale=sps.sem(x))
+    assert (e.lo, e.hi) == pytest.approx((lo, hi), rel=1e-10) and e.level == pytest.approx(0.90)
+    assert e.shown == (-m < lo and hi < m)  # both one-sided tests reject exactly when the 90% interval is inside
+
+
+def test_a_wide_ci_containing_zero_is_not_equivalence_and_a_tight_one_is():
+    wide = [-0.05, 0.04, 0.02]  # mean 0.003: the 95% CI contains 0 by a mile, which shows no equivalence
+    assert stats.mean_ci(wide).lo < 0 < stats.mean_ci(wide).hi
+    assert not stats.tost(wide, 0.01).shown
+    tight = [0.001, 0.002, 0.0015, 0.0012]
+    assert stats.tost(tight, 0.01).shown
+    assert not stats.tost(tight, 0.001).shown  # the same values, a margin they are not inside
+
+
+def test_noninferiority_is_scipys_one_sided_t_below_the_margin():
+    x = [0.001, 0.004, -0.002]
+    r = stats.noninferiority(x, 0.01)
+    assert r.kind == "non-inferiority"
+    assert r.p == pytest.approx(sps.ttest_1samp(x, 0.01, alternative="less").pvalue, rel=1e-10)
+    assert r.shown and r.hi < 0.01
+    # a large improvement is non-inferior too; an increase near the margin is not shown
+    assert stats.noninferiority([-0.2, -0.3, -0.25], 0.01).shown
+    assert not stats.noninferiority([0.009, 0.012, 0.008], 0.01).shown
+
+
+def test_margin_tests_need_two_varying_values():
+    one = stats.tost([0.001], 0.01)
+    assert one.p is None and not one.shown and one.mean == 0.001 and "spread is unknown" in one.reason
+    assert stats.noninferiority([], 0.01).reason == "no values"
+    assert stats.tost([0.002, 0.002], 0.01).reason == "the values do not vary"
+    with pytest.raises(ValueError):
+        stats.tost([1.0, 2.0], 0.0)
+
+
 def test_compare_seeds_uses_welch_when_the_seeds_differ():
     a, b = {0: 1.40, 1: 1.42, 2: 1.41}, {0: 1.38, 1: 1.39, 3: 1.37}
     c = stats.compare_seeds(a, b)

@@ -7,6 +7,8 @@ Pure functions over plain sequences and mappings (numpy/scipy), no I/O. Entry po
     compare_seeds(a, b) -> Comparison          two models' per-seed values, a: {seed: value}
     compare_judge(a, b) -> Comparison          two models' grades, a: {(seed, prompt): grade}
     sign_flip(differences) -> p                exact paired permutation (sign-flip) test, all 2^n sign patterns
+    tost(values, margin) -> MarginTest         equivalence: the mean is within ±margin (two one-sided t-tests)
+    noninferiority(values, margin) -> MarginTest   the mean is below +margin (one one-sided t-test)
     holm(pvalues) -> adjusted p-values         Holm's step-down correction for one family
     verdict(a, b, quantity, c, p_adj=..., family=...) -> one sentence, decided on the adjusted p
     krippendorff_alpha(units) / alpha_ci(...)  agreement of repeated or competing grades (interval metric)
@@ -39,6 +41,11 @@ Which test, when:
   is therefore not used; tests/test_stats.py keeps the simulation for the tests that are.
 - a family of comparisons (all pairs of models for one quantity) is adjusted with Holm's step-down method; a verdict
   calls a difference real only when the adjusted p is below α, and names the family it was adjusted over.
+- "no change" and "no worse" are claims of their own, never read off a difference test that failed to reject (a
+  wide CI containing 0 is absence of evidence, not evidence of absence): `tost` shows that a mean lies within a
+  stated ±margin by rejecting both "mean <= −margin" and "mean >= +margin" with one-sided t-tests at α (TOST;
+  equivalently the (1 − 2α) t interval lies inside the margin), and `noninferiority` rejects "mean >= +margin"
+  alone. Both need at least 2 values with some spread; with fewer they carry p None and a reason.
 
 Nothing here invents a number: with too few observations a result carries `None` and a `reason`, and the verdict
 says the comparison cannot be tested.
@@ -167,6 +174,70 @@ def sign_flip(differences: Iterable[float | None]) -> float | None:
 def sign_flip_floor(n: int) -> float:
     """The smallest two-sided p the exact sign-flip test can give from n pairs: 2/2^n."""
     return 2.0 ** (1 - n)
+
+
+@dataclass(frozen=True)
+class MarginTest:
+    """A one-sample t-test against a margin: `kind` "equivalence" (TOST: −margin < mean < +margin) or
+    "non-inferiority" (mean < +margin). `lo`/`hi` is the (1 − 2·alpha) t interval of the mean, the interval whose
+    ends the one-sided tests compare with the margin; `p` the decisive one-sided p (for TOST the larger of the two),
+    None with a `reason` when untestable."""
+
+    kind: str
+    n: int
+    mean: float | None
+    lo: float | None
+    hi: float | None
+    p: float | None
+    margin: float
+    alpha: float = 0.05
+    reason: str | None = None
+
+    @property
+    def shown(self) -> bool:
+        """Whether the claim (within the margin, or below it) is shown at level alpha."""
+        return self.p is not None and self.p < self.alpha
+
+    @property
+    def level(self) -> float:
+        """The coverage of lo/hi: 1 − 2·alpha (0.90 at alpha 0.05)."""
+        return 1 - 2 * self.alpha
+
+
+def _margin_test(kind: str, values: Iterable[float | None], margin: float, alpha: float) -> MarginTest:
+    if not margin > 0 or not 0 < alpha < 0.5:
+        raise ValueError(f"{kind} needs a margin > 0 and 0 < alpha < 0.5, got margin {margin}, alpha {alpha}")
+    x = _finite(values)
+    n = len(x)
+    mean = float(x.mean()) if n else None
+    base = MarginTest(kind, n, mean, None, None, None, float(margin), alpha)
+    if n < 2:
+        return replace(base, reason="one value: its spread is unknown, so nothing can be tested" if n else "no values")
+    sd = float(x.std(ddof=1))
+    if sd <= 1e-12 * max(1.0, float(np.abs(x).max())):  # no spread: t would be ±∞, a test of nothing
+        return replace(base, reason="the values do not vary")
+    assert mean is not None
+    se, df = sd / math.sqrt(n), n - 1
+    h = float(sps.t.ppf(1 - alpha, df)) * se
+    below = float(sps.t.cdf((mean - margin) / se, df))  # H0: mean >= +margin
+    if kind == "equivalence":
+        above = float(sps.t.sf((mean + margin) / se, df))  # H0: mean <= −margin
+        p = max(below, above)
+    else:
+        p = below
+    return replace(base, lo=mean - h, hi=mean + h, p=p)
+
+
+def tost(values: Iterable[float | None], margin: float, alpha: float = 0.05) -> MarginTest:
+    """Equivalence by two one-sided t-tests: p < alpha shows −margin < mean < +margin (the (1 − 2α) t interval lies
+    inside the margin). A CI that merely contains 0 shows nothing of the kind: this is the test of "no change"."""
+    return _margin_test("equivalence", values, margin, alpha)
+
+
+def noninferiority(values: Iterable[float | None], margin: float, alpha: float = 0.05) -> MarginTest:
+    """One-sided t-test of H0 "mean >= margin": p < alpha shows the mean is below +margin ("no worse by more than the
+    margin", for values where higher is worse; the upper end of the (1 − 2α) t interval is then below it)."""
+    return _margin_test("non-inferiority", values, margin, alpha)
 
 
 def welch(a: Iterable[float | None], b: Iterable[float | None], level: float = LEVEL) -> Comparison:
