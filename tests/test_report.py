@@ -10,6 +10,7 @@ import sqlite3
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from fixtures_db import (
     CONTROLS_VARIANTS,
@@ -226,6 +227,11 @@ def test_warm_up_share_is_shown_only_where_the_models_differ(full, tmp_path):
     assert rows["control"]["warm-up"] == f"{cfg.train.warmup_steps} of {cfg.train.max_steps} (16.7%)"
     assert rows["control-iso-flops"]["warm-up"] == f"{cfg.train.warmup_steps} of 101 (5%)"
     assert "it differs between the models here, so their learning-rate schedules differ" in sec
+    # the same share rounded to whole steps (a plan scaling warm-up with the steps) is no difference
+    from benchctl.stages.train import conditions
+
+    same = pd.DataFrame({"warmup": [318 / 1589, 636 / 3179, 0.2]})
+    assert not conditions.warmups_differ(same) and conditions.warmups_differ(same.assign(warmup=[0.2, 0.2, 0.08]))
 
 
 def test_runs_from_a_dirty_tree_are_flagged(full, tmp_path):
