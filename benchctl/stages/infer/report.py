@@ -196,14 +196,13 @@ def verdict(ctx: Any, model: str, g: pd.DataFrame) -> str | None:
             continue
         h = g[g["setting"] == setting]
         flops, kv = _mean(h, "flops_per_token"), _mean(h, "kv_bytes_per_1k")
-        if None in (flops, kv, f_flops, f_kv):
+        if flops is None or kv is None or f_flops is None or f_kv is None:
             continue
         if flops <= f_flops and kv <= f_kv and (flops < f_flops or kv < f_kv):
             cheaper.append((flops, kv, setting, _loss_change(g, setting)))
-    if not cheaper:
+    if not cheaper or f_flops is None or f_kv is None:
         return f"- {model}: no setting spends fewer FLOPs per generated token or holds fewer KV bytes than full depth."
     cheaper.sort(key=lambda c: (c[0], c[1]))
-    assert f_flops is not None and f_kv is not None
 
     def cost(flops: float, kv: float) -> str:
         return (
