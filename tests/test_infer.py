@@ -111,7 +111,10 @@ def test_report_section_renders_on_a_fixture(tmp_path):
         assert f"(figures/{fig})" in sec and fig in built.figures
     assert "**control** (reference)" in sec and "| full depth | 2 |" in sec
     assert "- frailt: `n=trained exit=0.001 rule=kl kv=last` is cheaper than full depth" in sec
-    assert "no worse = the upper end of the loss change's 95% CI over 2 seeds below 0.01 nats" in sec
+    frailt = next(x for x in sec.splitlines() if x.startswith("- frailt:"))
+    assert "shown below +0.01 nats by a one-sided t over 2 seeds (non-inferiority p = " in frailt
+    assert "over the 2 cheaper settings of frailt" in frailt  # the family the setting was picked from
+    assert "shown to be below +0.01 nats by a one-sided t-test (non-inferiority, α = 0.05)" in sec
     assert "- relaxed: no cheaper setting is shown to be no worse than full depth" in sec
     assert "- three-part: no setting spends fewer FLOPs per generated token or holds fewer KV bytes" in sec
     assert "- control" not in sec  # the reference gets no sentence
@@ -137,7 +140,9 @@ def test_report_section_renders_on_a_fixture(tmp_path):
     assert "faster in 6 of 6, sign test p = 0.016" in line
     assert f"| {chosen} | 2 | " in sec and "| 1.10 |" in sec  # the table's × full b1 column
     one = report.build(build_fixture_db(tmp_path / "one.db", seeds=(0,), judge=False, evals=False, infer=True))
-    assert "one seed, so about that trained model only" in _section(one.markdown, "Inference cost")
+    one_sec = _section(one.markdown, "Inference cost")
+    assert "- frailt: one seed, so nothing is tested: `n=trained exit=0.001 rule=kl kv=last`" in one_sec
+    assert "needs two seeds or more" in one_sec and "is cheaper than full depth" not in one_sec
     empty = report.build(build_fixture_db(tmp_path / "none.db", seeds=(0,), judge=False, evals=False)).markdown
     assert "No inference rows" in _section(empty, "Inference cost")
 
@@ -245,6 +250,65 @@ def test_rows_without_load_still_report_and_gain_the_columns_when_opened_to_writ
     assert {"load_avg", "cores", "cpu_share"} <= set(cols)
     assert next(iter(db.query("select count(*) as n from inference_results where load_avg is not null")))["n"] == 0
     db.conn.close()
+
+
+def _settings_frame(changes: dict[str, list[float]]):
+    """inference rows of one frailt model: full depth and, per setting, a cheaper one (half the FLOPs, the same KV
+    bytes) whose loss differs from full depth's by the given change at each seed."""
+    import pandas as pd
+
+    rows = []
+    for i, (setting, deltas) in enumerate({FULL: None, **changes}.items()):
+        for seed in range(3):
+            rows.append(
+                {
+                    "model": "frailt",
+                    "seed": seed,
+                    "setting": setting,
+                    "kind": "plain",
+                    "warm_start": 0,
+                    "exit_threshold": 0.0 if deltas is None else 10.0**-i,
+                    "kv": "full",
+                    "draft_n_recur": 0,
+                    "flops_per_token": 4e6 if deltas is None else 4e6 / (1 + i),
+                    "kv_bytes_per_1k": 16e6,
+                    "val_loss": 3.3 + 0.05 * seed + (0.0 if deltas is None else deltas[seed]),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+FULL = "full depth"
+_FRAILT = type("Ctx", (), {"arch_of": {"frailt": "frailt"}})()
+
+
+def test_no_worse_is_corrected_for_the_choice_among_settings():
+    """Three cheaper settings, each non-inferior within 0.01 nats at p < 0.05 on its own: picking the cheapest of them
+    without a correction would call it no worse; Holm over the three does not."""
+    from scipy import stats as sps
+
+    from benchctl.stages.infer import report as infer_report
+
+    changes = {"a": [0.002, 0.006, 0.0035], "b": [0.001, 0.006, 0.003], "c": [0.0, 0.007, 0.003]}
+    raw = {k: sps.ttest_1samp(v, 0.01, alternative="less").pvalue for k, v in changes.items()}
+    assert all(p < 0.05 for p in raw.values()) and min(raw.values()) * 3 > 0.05
+    line = infer_report.verdict(_FRAILT, "frailt", _settings_frame(changes))
+    assert line.startswith("- frailt: no cheaper setting is shown to be no worse than full depth")
+    assert "Holm-adjusted over the 3 cheaper settings of frailt" in line
+    # one setting alone, the same numbers: the family is that one setting and the test passes
+    line = infer_report.verdict(_FRAILT, "frailt", _settings_frame({"a": changes["a"]}))
+    assert line.startswith("- frailt: `a` is cheaper than full depth")
+    assert f"non-inferiority p = {raw['a']:.3f}, Holm-adjusted p = {raw['a']:.3f} over the 1 cheaper setting of" in line
+
+
+def test_no_worse_needs_the_change_below_the_margin_not_a_ci_containing_zero():
+    from benchctl.stages.infer import report as infer_report
+
+    wide = {"a": [-0.03, 0.04, 0.002]}  # mean +0.004: its CI contains 0 and reaches far above the margin
+    line = infer_report.verdict(_FRAILT, "frailt", _settings_frame(wide))
+    assert line.startswith("- frailt: no cheaper setting is shown to be no worse")
+    better = {"a": [-0.02, -0.025, -0.018]}  # clearly lower loss: no worse by any margin
+    assert "`a` is cheaper than full depth" in infer_report.verdict(_FRAILT, "frailt", _settings_frame(better))
 
 
 # ---- the stage end to end --------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 import architectures
 from benchctl import plans, report, stages
 from benchctl.cli import main
-from benchctl.core import accounting
+from benchctl.core import accounting, stats
 from benchctl.core.config import make_config, run_id
 from benchctl.core.errors import ConfigError
 from benchctl.stages.report import engine as report_engine
@@ -298,6 +298,12 @@ def test_report_sections_for_models_of_different_sizes(rendered):
     ):
         assert line in fair
     assert "Holm-adjusted" in fair
+    # the adjusted p names its family, and the paragraph says the same pairs are adjusted again in Comparisons
+    n = sum(1 for line in fair.splitlines() if line.startswith("| ") and "×" in line)
+    assert f"| p (Holm over these {n}) |" in fair
+    assert "Holm-adjusted p = " in fair and f"over the {n} fair comparisons of this table" in fair
+    assert "Comparisons adjusts the same pairs again over every pair of models" in fair
+    assert "| p (sign-flip) |" in fair
     depth = md[md.index("\n## Loss against training depth\n") : md.index("\n## Comparisons\n")]
     assert "| frailt | frailt-r1 | 2 | 4 | 1 |" in depth and "| three-part | three-part-r14 | 2 | 30 | 14 |" in depth
 
@@ -317,9 +323,15 @@ def test_no_significant_difference_is_said_when_holm_p_is_large():
         "hi": -0.01,
         "p": 0.03,
         "p_holm": 0.09,
+        "family": "the 9 fair comparisons of this table",
+        "test": stats.compare_seeds({0: 1.30, 1: 1.42, 2: 1.51}, {0: 1.42, 1: 1.49, 2: 1.63}),
     }
     assert sentence(r).startswith("No significant difference in final validation loss between frailt and control")
-    assert sentence({**r, "p_holm": 0.01}).startswith("frailt's final validation loss is lower than control's")
+    assert "Holm-adjusted p = 0.090 over the 9 fair comparisons of this table" in sentence(r)
+    low = sentence({**r, "p_holm": 0.01})
+    assert low.startswith("frailt's final validation loss is lower than control's")
+    # three seeds: the significance is the t-test's alone, and the sentence says what it assumes
+    assert "significant only under the t-test's assumption of normal differences: exact sign-flip p = 0.25" in low
 
 
 def test_plans_command_lists_the_builtins(capsys):

@@ -3,8 +3,9 @@ and at a batch, KV-cache megabytes per 1,000 tokens, FLOPs spent per generated t
 agreement with full depth, and the machine's load and the process's CPU share while it was timed, rows timed on a
 contended machine flagged as contended training runs are; a frontier figure (per recurrent model, each setting's
 paired decode speed-up and KV bytes against full depth's, against its loss change, every point labelled); one
-sentence per recurrent model on which setting, if any, is both cheaper and no worse than its full depth; and the
-latent view: per-position convergence across iterations as a heatmap and 2-D PCA trajectories of a few tokens' states.
+sentence per recurrent model on which setting, if any, is both cheaper and shown no worse than its full depth
+(non-inferiority within MARGIN, Holm-adjusted over the settings it picks from); and the latent view: per-position
+convergence across iterations as a heatmap and 2-D PCA trajectories of a few tokens' states.
 
 Rows come from `inference_results` and `inference_latents` (`benchctl infer`), only for runs that are done in the
 report's preset. Means over seeds carry 95% t-intervals (benchctl.core.stats); the loss change against full depth is
@@ -30,7 +31,11 @@ from benchctl.stages.train.cost import contention
 
 FIGURES = ("infer_frontier.png", "infer_convergence.png", "infer_trajectories.png")
 FULL = "full depth"  # the label `benchctl infer` stores for the full-depth setting
-MARGIN = 0.01  # nats: a setting is "no worse" when its loss rises by less than this (the CI's upper end, with seeds)
+# nats: a setting is "no worse" than full depth when its loss is shown to rise by less than this: a one-sided t over
+# the seeds' paired changes (non-inferiority, stats.noninferiority) at ALPHA. The sentence names one setting out of
+# every cheaper one it looked at, so the p-values are Holm-adjusted over those settings before any is chosen.
+MARGIN = 0.01
+ALPHA = 0.05
 _SIZES = ("prompts", "single", "prompt_tokens", "new_tokens", "windows")
 
 
@@ -70,12 +75,17 @@ def _mean(h: pd.DataFrame, col: str) -> float | None:
     return float(v.mean()) if len(v) else None
 
 
-def _loss_change(g: pd.DataFrame, setting: str) -> stats.MeanCI:
-    """Loss under `setting` minus loss at full depth, paired by seed."""
+def _changes(g: pd.DataFrame, setting: str) -> list[float]:
+    """Loss under `setting` minus loss at full depth, one per seed that has both."""
     per_seed = g.pivot_table(index="seed", columns="setting", values="val_loss", aggfunc="first")
     if FULL not in per_seed.columns or setting not in per_seed.columns:
-        return stats.mean_ci([])
-    return stats.mean_ci((per_seed[setting] - per_seed[FULL]).dropna().astype(float))
+        return []
+    return [float(v) for v in (per_seed[setting] - per_seed[FULL]).dropna()]
+
+
+def _loss_change(g: pd.DataFrame, setting: str) -> stats.MeanCI:
+    """Loss under `setting` minus loss at full depth, paired by seed: mean and 95% CI."""
+    return stats.mean_ci(_changes(g, setting))
 
 
 def _ci_text(ci: stats.MeanCI, digits: int = 4) -> str:
@@ -220,8 +230,12 @@ def _table(ctx: Any, model: str, g: pd.DataFrame, load: bool) -> list[str]:
 
 def verdict(ctx: Any, model: str, g: pd.DataFrame) -> str | None:
     """One sentence: the cheapest setting that is cheaper than full depth (no more FLOPs spent per generated token
-    and no more KV bytes, less of one) and no worse (its loss change's upper 95% bound below MARGIN; with one seed,
-    its change), or that none is."""
+    and no more KV bytes, less of one) and no worse, or that none is shown to be.
+
+    No worse = non-inferior: the loss change against full depth, paired by seed, shown below +MARGIN by a one-sided
+    t-test at ALPHA, its p Holm-adjusted over every cheaper setting of the model (the family the sentence picks
+    from). With one seed nothing is tested: the sentence names the cheapest setting whose change is below MARGIN
+    for that one trained model and says it is not a test."""
     if not _iterable(ctx, model):
         return None
     full = g[g["setting"] == FULL]
@@ -234,37 +248,63 @@ def verdict(ctx: Any, model: str, g: pd.DataFrame) -> str | None:
             continue
         h = g[g["setting"] == setting]
         flops, kv = _mean(h, "flops_per_token"), _mean(h, "kv_bytes_per_1k")
-        if None in (flops, kv, f_flops, f_kv):
+        if flops is None or kv is None or f_flops is None or f_kv is None:
             continue
         if flops <= f_flops and kv <= f_kv and (flops < f_flops or kv < f_kv):
             cheaper.append((flops, kv, setting, _loss_change(g, setting)))
-    if not cheaper:
+    if not cheaper or f_flops is None or f_kv is None:
         return f"- {model}: no setting spends fewer FLOPs per generated token or holds fewer KV bytes than full depth."
     cheaper.sort(key=lambda c: (c[0], c[1]))
 
-    def no_worse(ci: stats.MeanCI) -> bool:
-        bound = ci.hi if ci.hi is not None else ci.mean
-        return bound is not None and bound < MARGIN
+    def cost(flops: float, kv: float) -> str:
+        return (
+            f"{fnum(flops / 1e6, 3)} against {fnum(f_flops / 1e6, 3)} MFLOP per generated token, "
+            f"{fnum(kv / 1e6, 3)} against {fnum(f_kv / 1e6, 3)} KV MB per 1,000 tokens"
+        )
 
-    good = [c for c in cheaper if no_worse(c[3])]
     seeds = int(full["seed"].nunique())
-    basis = (
-        f"no worse = the upper end of the loss change's 95% CI over {seeds} seeds below {MARGIN} nats"
-        if seeds >= 2
-        else f"one seed, so about that trained model only: no worse = a loss change below {MARGIN} nats"
-    )
+    if seeds < 2:
+        below = [c for c in cheaper if c[3].mean is not None and c[3].mean < MARGIN]
+        flops, kv, setting, ci = (below or cheaper)[0]
+        if below:
+            what = (
+                f"`{setting}`, the cheapest setting whose loss change is below +{MARGIN:g} nats for this one "
+                f"trained model, spends {cost(flops, kv)} with loss change {_ci_text(ci)}"
+            )
+        else:
+            what = (
+                f"no cheaper setting changes the loss by less than +{MARGIN:g} nats for this one trained model; the "
+                f"cheapest, `{setting}`, spends {cost(flops, kv)} with loss change {_ci_text(ci)}"
+            )
+        return (
+            f"- {model}: one seed, so nothing is tested: {what}; showing a setting no worse for the architecture "
+            f"needs two seeds or more{_speed_clause(g, setting)}."
+        )
+    tests = [stats.noninferiority(_changes(g, c[2]), MARGIN, ALPHA) for c in cheaper]
+    adjusted = stats.holm([t.p for t in tests])
+    k = sum(1 for t in tests if t.p is not None)
+    family = f"the {k} cheaper setting{'s' if k != 1 else ''} of {model}"
+    test = f"a one-sided t over {seeds} seeds"
+
+    def evidence(i: int) -> str:
+        t, p_adj = tests[i], adjusted[i]
+        if t.p is None or p_adj is None:
+            return f"not testable: {t.reason}"
+        return f"non-inferiority {stats.fmt_p(t.p)}, Holm-adjusted {stats.fmt_p(p_adj)} over {family}"
+
+    good = [i for i, p in enumerate(adjusted) if p is not None and p < ALPHA]
     if not good:
         flops, kv, setting, ci = cheaper[0]
         return (
-            f"- {model}: no cheaper setting is shown to be no worse than full depth ({basis}); the cheapest, "
-            f"`{setting}`, spends {fnum(flops / 1e6, 3)} MFLOP/token against {fnum(f_flops / 1e6, 3)} with loss "
-            f"change {_ci_text(ci)}{_speed_clause(g, setting)}."
+            f"- {model}: no cheaper setting is shown to be no worse than full depth (its loss change below "
+            f"+{MARGIN:g} nats by {test}, Holm-adjusted over {family}); the cheapest, `{setting}`, spends "
+            f"{cost(flops, kv)} with loss change {_ci_text(ci)} ({evidence(0)}){_speed_clause(g, setting)}."
         )
-    flops, kv, setting, ci = good[0]
+    flops, kv, setting, ci = cheaper[good[0]]
     return (
-        f"- {model}: `{setting}` is cheaper than full depth ({fnum(flops / 1e6, 3)} against {fnum(f_flops / 1e6, 3)} "
-        f"MFLOP per generated token, {fnum(kv / 1e6, 3)} against {fnum(f_kv / 1e6, 3)} KV MB per 1,000 tokens) and "
-        f"no worse: loss change {_ci_text(ci)} ({basis}){_speed_clause(g, setting)}."
+        f"- {model}: `{setting}` is cheaper than full depth ({cost(flops, kv)}) and no worse: loss change "
+        f"{_ci_text(ci)}, shown below +{MARGIN:g} nats by {test} ({evidence(good[0])})"
+        f"{_speed_clause(g, setting)}."
     )
 
 
@@ -539,7 +579,10 @@ def inference_section(frames: Frames) -> list[str]:
     if sentences:
         out += [
             "Cheaper than full depth (no more FLOPs per generated token and KV bytes, less of one; the counts, not "
-            "the timings, which vary with the machine's load) and no worse in loss:",
+            f"the timings, which vary with the machine's load) and no worse in loss: the loss change against full "
+            f"depth, paired by seed, shown to be below +{MARGIN:g} nats by a one-sided t-test (non-inferiority, "
+            f"α = {ALPHA}), each p Holm-adjusted over the model's cheaper settings, since the sentence picks one of "
+            "them. Over training seeds only, on the same validation windows for every setting:",
             "",
             *sentences,
             "",

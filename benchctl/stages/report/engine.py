@@ -40,7 +40,8 @@ def header(ctx: Context) -> list[str]:
     out = [title, ""]
     out.append(
         "Every number below is computed from results.db by `benchctl report`; only runs with status `done` "
-        "enter the statistics. 95% CIs are t-intervals over seeds unless a table says otherwise."
+        "enter the statistics. 95% CIs are t-intervals over training seeds unless a table says otherwise, and "
+        "cover that variation only: every run is scored on one fixed validation sample (see Loss)."
     )
     out.append("")
     if ctx.preset is None:

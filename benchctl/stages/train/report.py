@@ -46,6 +46,7 @@ from benchctl.report.frames import (
     paper_accounting_frame,
     status_frame,
 )
+from benchctl.stages.train import conditions
 from benchctl.stages.train.cost import benched_models, contention, cost_frame, headline, timing_frame, warnings
 
 # Short column headers for the components the study's architectures have; any other component is shown by name.
@@ -467,15 +468,20 @@ def loss_section(frames: Frames) -> list[str]:
     loss = loss_frame(ctx)
     if loss.empty:
         return out + need("No finished runs: `benchctl train-all` records initial and final validation loss.")
-    headers = ["model", "seeds", "tokens/run", "initial val loss", "95% CI", "final val loss", "95% CI"]
+    rf = conditions.run_frame(frames)
+    warmup, dirty = conditions.warmups_differ(rf), bool(rf["dirty"].any())
+    headers = ["model", "seeds", "tokens/run", "epochs"] + (["warm-up"] if warmup else [])
+    headers += ["initial val loss", "95% CI", "final val loss", "95% CI"]
     if ctx.is_paper:
         headers += ["study initial", "study final"]
+    if dirty:
+        headers += ["uncommitted changes"]
     rows = []
     for r in loss.to_dict("records"):
-        row = [
-            r["model"],
-            r["seeds"],
-            ftokens(r["tokens"]),
+        g = rf[rf["model"] == r["model"]]
+        row = [r["model"], r["seeds"], ftokens(r["tokens"]), conditions.epochs_cell(g)]
+        row += [conditions.warmup_cell(g)] if warmup else []
+        row += [
             fnum(r["initial_mean"]),
             fci(r["initial_lo"], r["initial_hi"], r["initial_n"]),
             fnum(r["final_mean"]),
@@ -484,8 +490,10 @@ def loss_section(frames: Frames) -> list[str]:
         if ctx.is_paper:
             flag = " (Table 5: 1.492)" if r["model"] == CONTROL and not missing(r["study_final"]) else ""
             row += [fnum(r["study_initial"]), fnum(r["study_final"]) + flag]
+        row += [conditions.dirty_cell(g)] if dirty else []
         rows.append(row)
-    out += md_table(headers, rows, right=range(1, len(headers))) + [""]
+    out += md_table(headers, rows, right=range(1, len(headers) - (1 if dirty else 0))) + [""]
+    out += conditions.lines(frames, list(loss["model"]))
     vocab = sorted({model_keys(c).get("model.vocab_size") for c in ctx.done["config_json"]} - {None})
     if len(vocab) == 1:
         out.append(
