@@ -21,6 +21,8 @@ from benchctl.report.fmt import ftokens, missing
 from benchctl.report.frames import vals
 
 FIG_DPI = 150
+MAX_FIG_WIDTH = 2000 / FIG_DPI  # inches: no figure is wider than 2000 px, about what a report page shows unscaled
+MAX_LEGEND = 12  # past this many models a legend names architectures (a longer one covers its panels)
 
 
 def _style():
