@@ -4,6 +4,7 @@ parabola and power-law fits on synthetic runs with a known optimum, and the sect
 
 from __future__ import annotations
 
+import io
 import math
 import sqlite3
 from dataclasses import replace
@@ -583,6 +584,82 @@ def test_the_exponents_of_n_star_and_l_star_are_reported_with_their_intervals(tm
     runs_row = next(x for x in sec.splitlines() if x.startswith("| 1e9 | control | 16 |"))
     assert f"| {d['total_params']:,} | {d['total_params'] - d['embedding']:,} |" in runs_row
     assert "The embedding is " in sec and "% of the unique parameters across this grid" in sec
+
+
+def _png_width(fig) -> int:
+    from PIL import Image
+
+    from benchctl.report.figures import save_figure
+
+    buf = io.BytesIO()
+    save_figure(fig, buf)
+    buf.seek(0)
+    return Image.open(buf).size[0]
+
+
+def legends_over_data(fig) -> list[str]:
+    """For each legend of the figure that covers part of any visible axes (its data area) or has more entries than
+    MAX_LEGEND: its first entry. Drawn first, so every box is where the PNG has it."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from benchctl.report.figures import MAX_LEGEND
+
+    FigureCanvasAgg(fig)
+    fig.draw_without_rendering()
+    renderer = fig.canvas.get_renderer()
+    legends = list(fig.legends) + [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+    bad = []
+    for leg in legends:
+        box = leg.get_window_extent(renderer)
+        axes = [ax.get_window_extent(renderer) for ax in fig.axes if ax.get_visible()]
+        if len(leg.get_texts()) > MAX_LEGEND or any(box.overlaps(a) for a in axes):
+            bad.append(leg.get_texts()[0].get_text() if leg.get_texts() else "?")
+    return bad
+
+
+def check_figures(figures: dict) -> None:
+    for name, fig in figures.items():
+        assert _png_width(fig) <= 2000, name
+        assert legends_over_data(fig) == [], name
+
+
+def test_every_figure_of_a_grid_report_is_at_most_2000_px_wide_and_its_legends_clear_the_data(tmp_path):
+    """A grid of 30 models (2 architectures x 5 widths x 3 budgets): the per-model charts turn to one row per model,
+    the legends name architectures, below the panels."""
+    rendered = report_engine.build(_iso_db(tmp_path, curves=True, spent={"frailt": 0.8}), "tiny", "iso", only_plan=True)
+    expected = {"isoflop.png", "final_val_loss.png", "val_loss_curves.png", "loss_vs_compute.png"}
+    assert expected <= set(rendered.figures)
+    check_figures(rendered.figures)
+
+
+def test_the_checks_catch_a_wide_figure_and_a_legend_over_the_data():
+    from benchctl.report.figures import _figure
+
+    wide = _figure(14.0, 3.0)
+    wide.add_subplot().plot([0, 1], [0, 1])
+    assert _png_width(wide) == 2100
+    over = _figure(6.0, 4.0)
+    ax = over.add_subplot()
+    ax.plot([0, 1], [0, 1], label="line")
+    ax.legend(loc="center")
+    assert legends_over_data(over) == ["line"]
+    crowded = _figure(6.0, 4.0)
+    ax = crowded.add_subplot()
+    for i in range(13):
+        ax.plot([0, 1], [i, i], label=f"model {i}")
+    crowded.legend(loc="outside lower center", ncols=5)
+    assert legends_over_data(crowded) == ["model 0"]
+
+
+@pytest.mark.slow
+def test_the_committed_isoflop_report_s_figures_are_bounded():
+    """The committed 270-run grid: nine architectures, 135 models."""
+    from pathlib import Path
+
+    db = Path(__file__).resolve().parents[1] / "docs" / "results" / "isoflop-small" / "results.db"
+    rendered = report_engine.build(db, "small", "isoflop", only_plan=True)
+    assert {"isoflop.png", "final_val_loss.png", "training_time.png", "loss_vs_params.png"} <= set(rendered.figures)
+    check_figures(rendered.figures)
 
 
 def test_a_grid_whose_every_run_misses_its_budget_is_listed_not_fitted(tmp_path):

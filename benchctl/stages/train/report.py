@@ -12,14 +12,16 @@ import pandas as pd
 from benchctl.core import paper
 from benchctl.report.context import CONTROL, Context, model_keys, study_order
 from benchctl.report.figures import (
-    _bar_width,
     _figure,
     _style,
     _title,
     _x_labels,
+    _y_labels,
+    bar_layout,
     fig_final_loss,
     fig_loss_curves,
     hardware_line,
+    legend_groups,
 )
 from benchctl.report.fmt import (
     bytes_unit,
@@ -74,33 +76,47 @@ def fig_cost_bars(ctx: Context, cost: pd.DataFrame, what: str) -> Any:
         col = "peak_gpu_mem_bytes" if gpu else "step_mem_bytes"
         ylabel = f"{'peak GPU memory allocated' if gpu else 'memory of one training step'} ({unit})"
         title = "Peak GPU memory per model" if gpu else "Memory of one training step per model (torch allocations)"
+    horizontal, width, height = bar_layout(len(models))
+    colour, _ = legend_groups(ctx, models)
     with _style():
-        fig = _figure(_bar_width(len(models)), 4.6)
+        fig = _figure(width, height)
         ax = fig.add_subplot()
         for i, row in enumerate(df.itertuples()):
             m = row.model
             mean = getattr(row, f"{q}_mean") / scale
-            ax.bar(i, mean, width=0.65, color=ctx.colours[m], edgecolor="black", linewidth=0.6, zorder=2)
             seeds = vals(ctx.done[ctx.done["model"] == m], col)
-            if len(seeds) > 1:
-                offs = np.linspace(-0.18, 0.18, len(seeds))
-                ax.scatter(
-                    i + offs, np.array(seeds) / scale, s=18, color="white", edgecolor="black", linewidth=0.8, zorder=4
-                )
             ratio = getattr(row, f"{q}_ratio")
             top = max([mean] + [v / scale for v in seeds])
             label = f"{mean:.{1 if mean < 100 else 0}f} {unit}"
             if not missing(ratio) and m != CONTROL:
-                label += f"\n{ratio:.2f}× control"
-            ax.annotate(
-                label, (i, top), xytext=(0, 4), textcoords="offset points", ha="center", va="bottom", fontsize=9
-            )
-        _x_labels(ax, models)
-        ax.set_ylabel(ylabel)
-        ax.set_xlabel("model")
-        ax.set_ylim(0, ax.get_ylim()[1] * 1.18)
+                label += f"{' · ' if horizontal else chr(10)}{ratio:.2f}× control"
+            offs = np.linspace(-0.18, 0.18, len(seeds)) if len(seeds) > 1 else None
+            dots = {"s": 18, "color": "white", "edgecolor": "black", "linewidth": 0.8, "zorder": 4}
+            if horizontal:  # a row per model, its numbers at the end of its bar
+                ax.barh(i, mean, height=0.65, color=colour[m], edgecolor="black", linewidth=0.6, zorder=2)
+                if offs is not None:
+                    ax.scatter(np.array(seeds) / scale, i + offs, **dots)
+                ax.annotate(label, (top, i), xytext=(4, 0), textcoords="offset points", va="center", fontsize=8)
+            else:
+                ax.bar(i, mean, width=0.65, color=colour[m], edgecolor="black", linewidth=0.6, zorder=2)
+                if offs is not None:
+                    ax.scatter(i + offs, np.array(seeds) / scale, **dots)
+                ax.annotate(
+                    label, (i, top), xytext=(0, 4), textcoords="offset points", ha="center", va="bottom", fontsize=9
+                )
+        if horizontal:
+            _y_labels(ax, models)
+            ax.set_xlabel(ylabel)
+            ax.set_ylabel("model")
+            ax.set_xlim(0, ax.get_xlim()[1] * 1.3)  # room for the numbers right of the longest bar
+            ax.grid(axis="y", visible=False)
+        else:
+            _x_labels(ax, models)
+            ax.set_ylabel(ylabel)
+            ax.set_xlabel("model")
+            ax.set_ylim(0, ax.get_ylim()[1] * 1.18)
+            ax.grid(axis="x", visible=False)
         _title(ax, title, [hardware_line(ctx), f"preset {ctx.preset} · {_seed_line(df)}"])
-        ax.grid(axis="x", visible=False)
     return fig
 
 
