@@ -49,6 +49,37 @@ def test_mean_ci_empty_and_missing_values_are_dropped_not_imputed():
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# a fitted quantity's t-interval over seeds
+
+
+def test_seed_ci_of_a_mean_is_the_t_interval_of_the_mean():
+    """A plain mean's seed contributions are (x_s − x̄)/k: the interval is mean_ci's."""
+    x = {0: 3.21, 1: 3.18, 2: 3.25, 3: 3.19}
+    m = sum(x.values()) / 4
+    ci = stats.seed_ci(m, [(1.0, {s: (v - m) / 4 for s, v in x.items()})])
+    ref = stats.mean_ci(list(x.values()))
+    assert (ci.lo, ci.hi) == pytest.approx((ref.lo, ref.hi), rel=1e-12) and ci.df == 3 and ci.paired
+
+
+def test_seed_ci_pairs_parts_with_the_same_seeds_and_adds_parts_with_other_seeds():
+    """A difference of two means over the same seeds is the paired t; over different seeds the variances add and
+    the smaller seed count sets the degrees of freedom."""
+    a, b = {0: 3.0, 1: 3.4, 2: 3.1}, {0: 2.9, 1: 3.35, 2: 2.95}
+    ma, mb = sum(a.values()) / 3, sum(b.values()) / 3
+    terms_a = {s: (v - ma) / 3 for s, v in a.items()}
+    terms_b = {s: (v - mb) / 3 for s, v in b.items()}
+    paired = stats.seed_ci(ma - mb, [(1.0, terms_a), (-1.0, terms_b)])
+    ref = stats.mean_ci([a[s] - b[s] for s in a])
+    assert paired.paired and (paired.lo, paired.hi) == pytest.approx((ref.lo, ref.hi), rel=1e-12)
+    c = {5: 2.9, 6: 3.35}
+    mc = sum(c.values()) / 2
+    apart = stats.seed_ci(ma - mc, [(1.0, terms_a), (-1.0, {s: (v - mc) / 2 for s, v in c.items()})])
+    se = math.sqrt(np.var(list(a.values()), ddof=1) / 3 + np.var(list(c.values()), ddof=1) / 2)
+    assert not apart.paired and apart.df == 1 and apart.se == pytest.approx(se, rel=1e-12)
+    assert stats.seed_ci(1.0, [(1.0, {0: 0.0})]).lo is None  # one seed: no interval
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # Welch
 
 

@@ -10,6 +10,7 @@ Pure functions over plain sequences and mappings (numpy/scipy), no I/O. Entry po
     tost(values, margin) -> MarginTest         equivalence: the mean is within ±margin (two one-sided t-tests)
     noninferiority(values, margin) -> MarginTest   the mean is below +margin (one one-sided t-test)
     holm(pvalues) -> adjusted p-values         Holm's step-down correction for one family
+    seed_ci(estimate, parts) -> SeedCI         a fitted quantity's t-interval with the seed as the unit (delta method)
     verdict(a, b, quantity, c, p_adj=..., family=...) -> one sentence, decided on the adjusted p
     krippendorff_alpha(units) / alpha_ci(...)  agreement of repeated or competing grades (interval metric)
     length_bias(...) / failure_rates(...)      the judge's length bias and failure-rate homogeneity
@@ -39,6 +40,13 @@ Which test, when:
   prompts with one seed and 13% at 50 prompts with 3 seeds (three seeds give the bootstrap only 10 distinct seed
   sets, so it underestimates the seed-level spread), while the t over per-seed means stayed at 4–6%. The bootstrap
   is therefore not used; tests/test_stats.py keeps the simulation for the tests that are.
+- a quantity fitted across runs (the IsoFLOP optimum, its exponents, differences between architectures): the seed is
+  the unit, because a seed's runs share its data stream at every size and budget. Each seed's linearised
+  contribution to the estimate (its cluster's term of the least-squares sandwich, carried through the delta method)
+  gives the variance, k/(k−1) times their sum of squares over k seeds, and the interval is a t with k − 1 degrees of
+  freedom (`seed_ci`). A bootstrap over 2 to 5 seeds has 3 to 126 distinct resamples and a percentile interval that
+  covers too little; resampling runs instead of seeds treats a seed's runs as independent and shrinks with their
+  number.
 - a family of comparisons (all pairs of models for one quantity) is adjusted with Holm's step-down method; a verdict
   calls a difference real only when the adjusted p is below α, and names the family it was adjusted over.
 - "no change" and "no worse" are claims of their own, never read off a difference test that failed to reject (a
@@ -392,6 +400,49 @@ def holm(pvalues: Sequence[float | None]) -> list[float | None]:
         running = max(running, min(1.0, (m - rank) * float(p)))
         out[i] = running
     return out
+
+
+@dataclass(frozen=True)
+class SeedCI:
+    """`estimate` with its t-interval over seeds: `lo`/`hi` are None below two seeds. `paired`: every part had the
+    same seeds, so their contributions were combined seed by seed."""
+
+    estimate: float
+    lo: float | None
+    hi: float | None
+    df: int | None
+    se: float | None
+    paired: bool
+    level: float = LEVEL
+
+
+def seed_ci(estimate: float, parts: Sequence[tuple[float, Mapping[int, float]]], level: float = LEVEL) -> SeedCI:
+    """The t-interval of a weighted sum of fitted quantities whose spread is over seeds.
+
+    Each part is (weight, {seed: that seed's linearised contribution to the quantity}), the contributions of one part
+    summing to zero (a least-squares sandwich's cluster terms, through the delta method). Parts with the same seeds
+    are combined seed by seed, so what a seed does to all of them alike (its data stream) cancels in a difference:
+    variance = k/(k−1) · Σ_s (Σ_parts weight · contribution_s)², df = k − 1, which for a plain mean is s²/k. Parts
+    whose seeds differ are taken as independent: their variances add and the smallest seed count sets df."""
+    seed_sets = {tuple(sorted(c)) for _, c in parts}
+    paired = len(seed_sets) == 1
+    if not parts or min(len(s) for s in seed_sets) < 2:
+        return SeedCI(estimate, None, None, None, None, paired, level)
+    if paired:
+        seeds = next(iter(seed_sets))
+        k = len(seeds)
+        u = np.array([sum(w * float(c[s]) for w, c in parts) for s in seeds])
+        var = k / (k - 1) * float(u @ u)
+        df = k - 1
+    else:
+        var = 0.0
+        for w, c in parts:
+            v = np.array([float(x) for x in c.values()])
+            var += w * w * len(v) / (len(v) - 1) * float(v @ v)
+        df = min(len(s) for s in seed_sets) - 1
+    se = math.sqrt(max(var, 0.0))
+    h = float(sps.t.ppf((1 + level) / 2, df)) * se
+    return SeedCI(estimate, estimate - h, estimate + h, df, se, paired, level)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -18,11 +18,13 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.text import Annotation, Text
 
-from benchctl.report.context import Context
+from benchctl.report.context import Context, colours_for
 from benchctl.report.fmt import ftokens, missing
 from benchctl.report.frames import vals
 
 FIG_DPI = 150
+MAX_FIG_WIDTH = 2000 / FIG_DPI  # inches: no figure is wider than 2000 px, about what a report page shows unscaled
+MAX_LEGEND = 12  # past this many models a legend names architectures (a longer one covers its panels)
 
 
 def _style():
@@ -233,6 +235,7 @@ def fig_loss_curves(ctx: Context, curves: pd.DataFrame) -> Any:
     if curves.empty:
         return None
     models = [m for m in ctx.models if m in set(curves["model"])]
+    colour, entry = legend_groups(ctx, models)
     xmax = float(curves["tokens"].max())
     scale, unit = (1e9, "B") if xmax >= 1e9 else (1e6, "M") if xmax >= 1e6 else (1e3, "k")
     with _style():
@@ -251,14 +254,14 @@ def fig_loss_curves(ctx: Context, curves: pd.DataFrame) -> Any:
                 ax.plot(
                     x,
                     c["mean"],
-                    color=ctx.colours[m],
+                    color=colour[m],
                     linewidth=1.8,
-                    label=m,
+                    label=entry[m],
                     marker="o" if len(c) < 12 else None,
                     markersize=3.5,
                 )
                 if (c["n"] > 1).any():
-                    ax.fill_between(x, c["min"], c["max"], color=ctx.colours[m], alpha=0.2, linewidth=0)
+                    ax.fill_between(x, c["min"], c["max"], color=colour[m], alpha=0.2, linewidth=0)
                 ymin, ymax = min(ymin, float(c["min"].min())), max(ymax, float(c["max"].max()))
             ax.set_xlabel(f"tokens seen ({unit})")
             ax.set_ylabel("validation loss (nats/token)")
@@ -266,13 +269,14 @@ def fig_loss_curves(ctx: Context, curves: pd.DataFrame) -> Any:
                 pad = max((ymax - ymin) * 0.08, 1e-3)
                 ax.set_ylim(ymin - pad, ymax + pad)
             ax.set_title("second half of training" if zoom else "whole run", fontsize=11)
-        handles, labels = axes[0].get_legend_handles_labels()
+        handles, labels = unique_entries(*axes[0].get_legend_handles_labels())
         n = int(curves["n"].max())
         band = "band = min–max over seeds" if n > 1 else "one seed per model: no band"
+        what = "model" if len(models) <= MAX_LEGEND else f"architecture, {len(models)} models"
         fig.legend(
             handles,
-            [tick(lab) for lab in labels],
-            title=f"model (line = mean over seeds, {band})",
+            labels,
+            title=f"{what} (line = mean over seeds, {band})",
             frameon=True,
             fontsize=9,
             title_fontsize=9.5,
@@ -284,22 +288,28 @@ def fig_loss_curves(ctx: Context, curves: pd.DataFrame) -> Any:
 
 
 def fig_final_loss(ctx: Context, loss: pd.DataFrame) -> Any:
-    """Final validation loss per model: one dot per seed, mean with 95% CI."""
+    """Final validation loss per model: one dot per seed, mean with 95% CI; a row per model when there are more
+    models than columns fit the width."""
     df = loss[loss["final_mean"].notna()]
     if df.empty:
         return None
     models = list(df["model"])
+    horizontal, width, height = bar_layout(len(models))
+    colour, _ = legend_groups(ctx, models)
+
+    def at(pos: Any, value: Any) -> tuple[Any, Any]:
+        return (value, pos) if horizontal else (pos, value)
+
     with _style():
-        fig = _figure(_bar_width(len(models)), 4.6)
+        fig = _figure(width, height)
         ax = fig.add_subplot()
         for i, row in enumerate(df.itertuples()):
             seeds = vals(ctx.done[ctx.done["model"] == row.model], "final_val_loss")
             offs = np.linspace(-0.12, 0.12, len(seeds)) if len(seeds) > 1 else np.zeros(1)
             ax.scatter(
-                i + offs,
-                seeds,
+                *at(i + offs, seeds),
                 s=22,
-                color=ctx.colours[row.model],
+                color=colour[row.model],
                 edgecolor="black",
                 linewidth=0.6,
                 alpha=0.8,
@@ -307,10 +317,10 @@ def fig_final_loss(ctx: Context, loss: pd.DataFrame) -> Any:
                 label="seed" if i == 0 else None,
             )
             if not missing(row.final_lo):
+                err = [[row.final_mean - row.final_lo], [row.final_hi - row.final_mean]]
                 ax.errorbar(
-                    i + 0.28,
-                    row.final_mean,
-                    yerr=[[row.final_mean - row.final_lo], [row.final_hi - row.final_mean]],
+                    *at(i + 0.28, row.final_mean),
+                    **({"xerr": err} if horizontal else {"yerr": err}),
                     fmt="D",
                     color="black",
                     markersize=5,
@@ -320,8 +330,7 @@ def fig_final_loss(ctx: Context, loss: pd.DataFrame) -> Any:
                 )
             else:
                 ax.plot(
-                    i + 0.28,
-                    row.final_mean,
+                    *at(i + 0.28, row.final_mean),
                     "D",
                     color="black",
                     markersize=5,
@@ -330,8 +339,7 @@ def fig_final_loss(ctx: Context, loss: pd.DataFrame) -> Any:
                 )
             if ctx.is_paper and row.study_final is not None:
                 ax.plot(
-                    i - 0.3,
-                    row.study_final,
+                    *at(i - 0.3, row.study_final),
                     marker="*",
                     color="#C00000",
                     markersize=11,
@@ -339,12 +347,21 @@ def fig_final_loss(ctx: Context, loss: pd.DataFrame) -> Any:
                     zorder=4,
                     label="study" if i == 0 else None,
                 )
-        _x_labels(ax, models)
-        ax.set_xlim(-0.6, len(models) - 0.4)
-        ax.margins(y=0.15)  # room above the highest point for the legend
-        ax.set_xlabel("model")
-        ax.set_ylabel("final validation loss (nats/token)")
-        ax.legend(fontsize=9, frameon=True, loc="best")
+        if horizontal:
+            _y_labels(ax, models)
+            ax.set_ylabel("model")
+            ax.set_xlabel("final validation loss (nats/token)")
+            # above the rows, outside them: no room beside a hundred rows is free of points
+            fig.legend(*ax.get_legend_handles_labels(), fontsize=9, frameon=True, loc="outside lower center", ncols=3)
+            ax.grid(axis="y", visible=False)
+        else:
+            _x_labels(ax, models)
+            ax.set_xlim(-0.6, len(models) - 0.4)
+            ax.margins(y=0.15)  # room above the highest point for the legend
+            ax.set_xlabel("model")
+            ax.set_ylabel("final validation loss (nats/token)")
+            ax.legend(fontsize=9, frameon=True, loc="best")
+            ax.grid(axis="x", visible=False)
         _title(
             ax,
             "Final validation loss per model",
@@ -353,8 +370,42 @@ def fig_final_loss(ctx: Context, loss: pd.DataFrame) -> Any:
                 + ("diamond = mean ± 95% CI" if df["final_n"].max() > 1 else "diamond = mean (one seed: no CI)")
             ],
         )
-        ax.grid(axis="x", visible=False)
     return fig
+
+
+def legend_groups(ctx: Context, models: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(colour, legend entry) of each model. Up to MAX_LEGEND models each is its own entry in its own colour; past
+    that (an IsoFLOP grid has a model per architecture, width and budget) there is one colour and one entry per
+    architecture: a legend of a hundred names has no room outside the panels, and its colours repeat anyway."""
+    if len(models) <= MAX_LEGEND:
+        return {m: ctx.colours[m] for m in models}, {m: tick(m) for m in models}
+    archs = list(dict.fromkeys(ctx.arch_of[m] for m in models))
+    by_arch = colours_for(archs, {a: a for a in archs})
+    return {m: by_arch[ctx.arch_of[m]] for m in models}, {m: ctx.arch_of[m] for m in models}
+
+
+def unique_entries(handles: list[Any], labels: list[str]) -> tuple[list[Any], list[str]]:
+    """A legend's entries with each label once (models grouped by architecture share theirs), in first-seen order."""
+    seen: dict[str, Any] = {}
+    for h, lab in zip(handles, labels):
+        seen.setdefault(lab, h)
+    return list(seen.values()), list(seen)
+
+
+def bar_layout(n: int) -> tuple[bool, float, float]:
+    """(horizontal, width, height) in inches of a chart with a bar or column per model: side by side while they fit
+    MAX_FIG_WIDTH, else one row per model (the names read across, the width stays bounded, the height grows)."""
+    width = _bar_width(n)
+    if width <= MAX_FIG_WIDTH:
+        return False, width, 4.6
+    return True, min(10.0, MAX_FIG_WIDTH), 1.9 + 0.22 * n
+
+
+def _y_labels(ax: Any, models: list[str]) -> None:
+    """A horizontal chart's model names, the first at the top."""
+    ax.set_yticks(range(len(models)))
+    ax.set_yticklabels([tick(m).replace("\n", " ") for m in models], fontsize=8.5)
+    ax.set_ylim(len(models) - 0.4, -0.6)
 
 
 def save_figure(fig: Any, path: Path) -> None:

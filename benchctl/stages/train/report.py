@@ -15,14 +15,16 @@ from matplotlib.patches import Patch
 from benchctl.core import paper
 from benchctl.report.context import CONTROL, Context, model_keys, study_order
 from benchctl.report.figures import (
-    _bar_width,
     _figure,
     _style,
     _title,
     _x_labels,
+    _y_labels,
+    bar_layout,
     fig_final_loss,
     fig_loss_curves,
     hardware_line,
+    legend_groups,
 )
 from benchctl.report.fmt import (
     bytes_unit,
@@ -60,7 +62,8 @@ _COMPONENT_NAMES = {
 
 def fig_cost_bars(ctx: Context, cost: pd.DataFrame, what: str) -> Any:
     """Figures 1–2 of the study: training time or peak memory per model; bar = mean, one dot per seed, labelled
-    with the mean and its ratio to the control."""
+    with the mean and its ratio to the control (a time ratio only where neither side has a contended run: a wall
+    time measured beside other work is no cost measure, so neither is a ratio of two)."""
     q = "time" if what == "time" else "mem"
     df = cost[cost[f"{q}_mean"].notna()]
     if df.empty:
@@ -88,49 +91,65 @@ def fig_cost_bars(ctx: Context, cost: pd.DataFrame, what: str) -> Any:
             if pd.notna(v := pd.to_numeric(r[col], errors="coerce"))
         ]
     flagged = sum(b for pts in per_seed.values() for _, b in pts)
+    control_busy = any(b for _, b in per_seed.get(CONTROL, []))
     partly = False
+    horizontal, width, height = bar_layout(len(models))
+    colour, _ = legend_groups(ctx, models)
     with _style():
-        fig = _figure(_bar_width(len(models)), 5.2 if flagged else 4.6)
+        fig = _figure(width, height + (0.6 if flagged else 0.0))
         ax = fig.add_subplot()
         for i, row in enumerate(df.itertuples()):
             m = row.model
             mean = getattr(row, f"{q}_mean") / scale
             busy = [b for _, b in per_seed[m]]
-            hatch = "///" if any(busy) else None
-            ax.bar(i, mean, width=0.65, color=ctx.colours[m], edgecolor="black", linewidth=0.6, zorder=2, hatch=hatch)
             seeds = [v for v, _ in per_seed[m]]
-            if len(seeds) > 1:
-                offs = np.linspace(-0.18, 0.18, len(seeds))
-                mixed = any(busy) and not all(busy)
-                partly |= mixed
-                ax.scatter(
-                    i + offs,
-                    np.array(seeds) / scale,
-                    s=18,
-                    color=["#C00000" if b else "white" for b in busy] if mixed else "white",
-                    edgecolors="black",
-                    linewidth=0.8,
-                    zorder=4,
-                )
             ratio = getattr(row, f"{q}_ratio")
             top = max([mean] + [v / scale for v in seeds])
             label = f"{mean:.{1 if mean < 100 else 0}f} {unit}"
-            if not missing(ratio) and m != CONTROL:
-                label += f"\n{ratio:.2f}× control"
-            ax.annotate(
-                label, (i, top), xytext=(0, 4), textcoords="offset points", ha="center", va="bottom", fontsize=9
-            )
-        _x_labels(ax, models)
-        ax.set_ylabel(ylabel)
-        ax.set_xlabel("model")
-        ax.set_ylim(0, ax.get_ylim()[1] * 1.18)
+            if not missing(ratio) and m != CONTROL and not (any(busy) or control_busy):
+                label += f"{' · ' if horizontal else chr(10)}{ratio:.2f}× control"
+            hatch = "///" if any(busy) else None
+            mixed = any(busy) and not all(busy)
+            partly |= mixed and len(seeds) > 1
+            offs = np.linspace(-0.18, 0.18, len(seeds)) if len(seeds) > 1 else None
+            dots = {
+                "s": 18,
+                "color": ["#C00000" if b else "white" for b in busy] if mixed else "white",
+                "edgecolors": "black",
+                "linewidth": 0.8,
+                "zorder": 4,
+            }
+            bar = {"color": colour[m], "edgecolor": "black", "linewidth": 0.6, "zorder": 2, "hatch": hatch}
+            if horizontal:  # a row per model, its numbers at the end of its bar
+                ax.barh(i, mean, height=0.65, **bar)
+                if offs is not None:
+                    ax.scatter(np.array(seeds) / scale, i + offs, **dots)
+                ax.annotate(label, (top, i), xytext=(4, 0), textcoords="offset points", va="center", fontsize=8)
+            else:
+                ax.bar(i, mean, width=0.65, **bar)
+                if offs is not None:
+                    ax.scatter(i + offs, np.array(seeds) / scale, **dots)
+                ax.annotate(
+                    label, (i, top), xytext=(0, 4), textcoords="offset points", ha="center", va="bottom", fontsize=9
+                )
+        if horizontal:
+            _y_labels(ax, models)
+            ax.set_xlabel(ylabel)
+            ax.set_ylabel("model")
+            ax.set_xlim(0, ax.get_xlim()[1] * 1.3)  # room for the numbers right of the longest bar
+            ax.grid(axis="y", visible=False)
+        else:
+            _x_labels(ax, models)
+            ax.set_ylabel(ylabel)
+            ax.set_xlabel("model")
+            ax.set_ylim(0, ax.get_ylim()[1] * 1.18)
+            ax.grid(axis="x", visible=False)
         _title(ax, title, [hardware_line(ctx), f"preset {ctx.preset} · {_seed_line(df)}"])
-        ax.grid(axis="x", visible=False)
         if flagged:
             total = sum(len(pts) for pts in per_seed.values())
             what = (
                 f"hatched: contended runs ({flagged} of {total}; see the notes under the timing table), "
-                "wall time not a cost measure"
+                "wall time not a cost measure, no ratio to the control"
             )
             wrap = max(30, int(fig.get_size_inches()[0] * 11))  # the legend stays inside a narrow figure
             handles = [Patch(facecolor="white", edgecolor="black", hatch="///", label=textwrap.fill(what, wrap))]
