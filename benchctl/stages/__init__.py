@@ -256,4 +256,6 @@ def connect(path: str | os.PathLike | None = None, **kw: Any) -> Database:
     # sqlite_utils loads pandas: kept out of 'benchctl --help', which imports this package
     from benchctl.core import db as dbm
 
-    return dbm.connect(path, tables=tables(), **kw)
+    # a read-only connection creates and migrates nothing, so it needs no table, nor the stages that declare them
+    # (importing every stage imports torch)
+    return dbm.connect(path, tables=() if kw.get("readonly") else tables(), **kw)

@@ -8,15 +8,17 @@ here as well, since a retrofitted run is trained and stored like any other.
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Iterable
-from typing import Any
-
-import sqlite_utils
+from typing import TYPE_CHECKING, Any
 
 from benchctl.core.config import STORIES
 from benchctl.core.db import now, retry_locked
 from benchctl.core.errors import BenchctlError, CheckpointError, ConfigError, DatabaseError
 from benchctl.core.tables import Column, Table
+
+if TYPE_CHECKING:
+    import sqlite_utils
 
 _ENV = "as recorded from the training process"
 LOSS = "nats/token"
@@ -378,8 +380,14 @@ def run_task(row: dict[str, Any]) -> str:
 
 
 def runs(
-    db: sqlite_utils.Database, *, status: str | None = None, preset: str | None = None, ids: Iterable[str] | None = None
+    db: sqlite_utils.Database | sqlite3.Connection,
+    *,
+    status: str | None = None,
+    preset: str | None = None,
+    ids: Iterable[str] | None = None,
 ) -> list[dict[str, Any]]:
+    """Runs rows, oldest first. `db` may be a plain read-only connection (`benchctl.core.db.read_only`): a listing
+    needs nothing sqlite_utils adds."""
     where, params = [], []
     if status:
         where.append("status = ?")
@@ -392,7 +400,14 @@ def runs(
         where.append(f"id in ({','.join('?' * len(ids))})")
         params += ids
     sql = "select * from runs" + (" where " + " and ".join(where) if where else "") + " order by created_at, id"
-    return list(db.query(sql, params))
+    cur = db.execute(sql, params)
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row)) for row in cur]
+
+
+def run_ids(db: sqlite_utils.Database | sqlite3.Connection) -> list[str]:
+    """Every run's id, oldest first."""
+    return [row[0] for row in db.execute("select id from runs order by created_at, id")]
 
 
 # --------------------------------------------------------------------------------------------------------------------
