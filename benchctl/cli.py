@@ -9,6 +9,7 @@ non-zero exit code; anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import pkgutil
 import re
@@ -20,6 +21,7 @@ from types import ModuleType
 from typing import Annotated
 
 import typer
+import typer.main
 from rich.text import Text
 
 import benchctl.commands as commands
@@ -79,6 +81,24 @@ def _gather() -> None:
 _gather()
 
 
+def _app_for(argv: list[str]) -> typer.Typer:
+    """The root with only the command `argv` starts with, when it names one (else the root itself): Typer turns every
+    command it holds into a click command, options and all, on each call, and a command needs only its own. Help, a
+    typo and the root's own options still go to the whole root."""
+    name = argv[0] if argv else ""
+    commands = [
+        c
+        for c in app.registered_commands
+        if (c.name or typer.main.get_command_name(getattr(c.callback, "__name__", ""))) == name
+    ]
+    groups = [g for g in app.registered_groups if g.name == name]
+    if not commands and not groups:
+        return app
+    one = copy.copy(app)
+    one.registered_commands, one.registered_groups = commands, groups
+    return one
+
+
 _NO_MEMORY = ("can't allocate memory", "out of memory", "Storage size calculation overflowed")
 
 
@@ -122,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
         else None
     )
     try:
-        app(args=argv, prog_name="benchctl", standalone_mode=True)
+        _app_for(sys.argv[1:] if argv is None else argv)(args=argv, prog_name="benchctl", standalone_mode=True)
     except BenchctlError as e:
         _print_error(str(e))
         sys.exit(e.exit_code)

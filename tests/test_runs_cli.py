@@ -204,3 +204,17 @@ def test_the_import_check_sees_a_heavy_import(realistic_db):
     """`report` reads the database with pandas: the same check finds it, so the empty lists above mean something."""
     rc, mods = loaded_by(["report", "--db", str(realistic_db), "--out", str(realistic_db.parent / "report")])
     assert rc == 0 and "pandas" in mods
+
+
+def test_a_command_is_built_alone():
+    """`benchctl runs` builds only its own click command (Typer builds every command it holds on each call); help,
+    the root's options and a typo get the whole root."""
+    from benchctl import cli
+
+    one = cli._app_for(["runs", "--db", "x.db"])
+    assert [c.callback.__name__ for c in one.registered_commands] == ["runs"] and not one.registered_groups
+    assert [g.name for g in cli._app_for(["plans", "show", "study"]).registered_groups] == ["plans"]
+    assert [c.callback.__name__ for c in cli._app_for(["train-all"]).registered_commands] == ["train_all"]
+    for argv in ([], ["--help"], ["--version"], ["rns"]):
+        assert cli._app_for(argv) is cli.app
+    assert len(cli.app.registered_commands) > 1  # the root itself keeps every command
