@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_process import run_main
 from fixtures_db import build_fixture_db
 
 from benchctl.core.config import short_run_ids
@@ -173,37 +174,17 @@ def test_errors_are_printed_whole_under_the_table(realistic_db):
     assert failed and all(f"(failed): {r['error']}" in res.stdout for r in failed)
 
 
-HEAVY = ("torch", "matplotlib", "seaborn", "pandas", "scipy", "sqlite_utils", "architectures", "lm_eval", "datasets")
-
-
-def loaded_by(argv: list[str]) -> tuple[int, list[str]]:
-    """Run `benchctl ARGV` in a fresh interpreter: its exit code and which of HEAVY it imported."""
-    code = f"""
-import json, sys
-from benchctl.cli import main
-try:
-    main({argv!r})
-    rc = 0
-except SystemExit as e:
-    rc = e.code if isinstance(e.code, int) else 1
-print("LOADED=" + json.dumps([rc, [m for m in {HEAVY!r} if m in sys.modules]]))
-"""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    rc, mods = json.loads(out.stdout.rsplit("LOADED=", 1)[1])
-    return rc, mods
-
-
 @pytest.mark.parametrize("extra", [[], ["--json"], ["--wide"], ["--status", "running"]])
 def test_listing_runs_imports_nothing_heavy(realistic_db, extra):
-    assert loaded_by(["runs", "--db", str(realistic_db), *extra]) == (0, [])
+    ran = run_main(["runs", "--db", str(realistic_db), *extra])
+    assert (ran.code, ran.heavy) == (0, [])
 
 
 @pytest.mark.slow  # a benchctl process that loads pandas and writes a report
 def test_the_import_check_sees_a_heavy_import(realistic_db):
     """`report` reads the database with pandas: the same check finds it, so the empty lists above mean something."""
-    rc, mods = loaded_by(["report", "--db", str(realistic_db), "--out", str(realistic_db.parent / "report")])
-    assert rc == 0 and "pandas" in mods
+    ran = run_main(["report", "--db", str(realistic_db), "--out", str(realistic_db.parent / "report")])
+    assert ran.code == 0 and "pandas" in ran.heavy
 
 
 def test_a_command_is_built_alone():

@@ -22,7 +22,8 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from benchctl.core.config import parse_set
-from benchctl.core.errors import ConfigError
+from benchctl.core.datadir import check_source
+from benchctl.core.errors import ConfigError, DataError
 from benchctl.core.progress import Progress
 
 console = Console()
@@ -38,12 +39,28 @@ DbOpt = Annotated[
     Path | None,
     typer.Option("--db", help="results database [env BENCHCTL_DB; default results/results.db]."),
 ]
+
+
+def _check_data(value: str | None) -> str | None:
+    """--data (else $BENCHCTL_DATA) checked as the options are parsed: a wrong path is one line at once, before the
+    command loads torch and the data readers, not when it comes to prepare the data."""
+    source = data_source(value)
+    if source is not None:
+        try:
+            check_source(source)
+        except DataError as e:
+            given = "--data" if value else "$BENCHCTL_DATA"
+            raise DataError(f"{given}: {e}") from None
+    return value
+
+
 DataOpt = Annotated[
     str | None,
     typer.Option(
         "--data",
         help="Data source: 'hub' (roneneldan/TinyStories) or a path (directory with train.txt/valid.txt, .jsonl, "
         ".parquet) [env BENCHCTL_DATA].",
+        callback=_check_data,
     ),
 ]
 TaskOpt = Annotated[
