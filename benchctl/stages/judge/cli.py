@@ -19,7 +19,7 @@ from benchctl.stages.judge.options import AUTO, JudgeOptions
 app = typer.Typer()
 
 
-@app.command()
+@app.command(short_help="Grade the stories with a judge model.")
 def judge(
     model: Annotated[
         str,

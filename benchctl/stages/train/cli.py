@@ -84,7 +84,7 @@ def prepare_for(cfg, progress: bool):
     )
 
 
-@app.command()
+@app.command(short_help="Train one architecture (resumes; skips a finished run).")
 def train(
     arch: Annotated[
         str,
@@ -133,7 +133,7 @@ def train(
     summarize([train_tables.get_run(handle, result.run_id)])
 
 
-@app.command("train-all")
+@app.command("train-all", short_help="Train every architecture, or plan variant, × seed.")
 def train_all(
     preset: Annotated[
         str | None,
@@ -324,7 +324,7 @@ RUNS_OPTIONAL = ("jobs", "thr", "variant", "dtype", "load", "CPU", "wall")
 TIMING_HEADS = ("wall", "CPU", "thr", "jobs", "load")
 
 
-@app.command()
+@app.command(short_help="What was trained: each run's status, loss and timings.")
 def runs(
     db: DbOpt = None,
     preset: Annotated[str | None, typer.Option("--preset", "-p", help="Only this preset.")] = None,
