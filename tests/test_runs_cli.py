@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import sqlite3
 import subprocess
 import sys
+import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -199,3 +203,150 @@ def test_a_command_is_built_alone():
     for argv in ([], ["--help"], ["--version"], ["rns"]):
         assert cli._app_for(argv) is cli.app
     assert len(cli.app.registered_commands) > 1  # the root itself keeps every command
+
+
+# ---- runs whose process is gone ---------------------------------------------------------------------------------
+
+
+def _running_row(db: Path, deadline: float) -> dict | None:
+    """The run's row once it is recorded as running (None if that never happens before `deadline`)."""
+    while time.time() < deadline:
+        if db.exists():
+            try:
+                conn = sqlite3.connect(db, timeout=1)
+                conn.row_factory = sqlite3.Row
+                row = conn.execute("select * from runs where status = 'running'").fetchone()
+                conn.close()
+                if row is not None:
+                    return dict(row)
+            except sqlite3.OperationalError:
+                pass
+        time.sleep(0.1)
+    return None
+
+
+def _runs(capsys, *args: str) -> str:
+    """`benchctl runs ARGS` in this process (the trainer is another one): its output."""
+    from benchctl.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["runs", *args])
+    assert e.value.code == 0
+    return capsys.readouterr().out
+
+
+def _states(capsys, db: Path, *args: str) -> dict[str, str]:
+    return {r["id"]: r["status"] for r in json.loads(_runs(capsys, "--db", str(db), "--json", *args))}
+
+
+def test_a_killed_training_shows_as_interrupted_and_a_live_one_as_running(tmp_path, tinystories_dir, capsys):
+    """A real training process, told to train far longer than the test waits: running while it lives, interrupted
+    once it is killed with SIGKILL (which lets it record nothing), in `runs`, its filters and the report."""
+    db = tmp_path / "results.db"
+    env = {**os.environ, "BENCHCTL_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    env.pop("BENCHCTL_DB", None)
+    args = ["train", "--arch", "control", "--preset", "tiny", "--data", str(tinystories_dir), "--db", str(db)]
+    args += ["--no-progress", "--yes", "--set", "train.max_steps=100000", "--set", "train.eval_interval=100000"]
+    trainer = subprocess.Popen([sys.executable, "-m", "benchctl", *args], cwd=REPO, env=env, stderr=subprocess.PIPE)
+    try:
+        row = _running_row(db, time.time() + 240)
+        assert row is not None and trainer.poll() is None, trainer.stderr.read().decode() if trainer.stderr else ""
+        assert row["pid"] == trainer.pid and row["pid_started"] and row["heartbeat_at"]
+        short = short_run_ids([row["id"]])[row["id"]]
+        assert _states(capsys, db) == {row["id"]: "running"}
+        assert f"{short} running" in " ".join(_runs(capsys, "--db", str(db)).split())
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait(timeout=60)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+            trainer.wait()
+    assert _states(capsys, db) == {row["id"]: "interrupted"}
+    table = " ".join(_runs(capsys, "--db", str(db)).split())
+    assert f"{short} interrupted" in table and "interrupted: recorded as running" in table
+    assert _states(capsys, db, "--status", "interrupted") == {row["id"]: "interrupted"}
+    assert _states(capsys, db, "--status", "running") == {}
+    conn = sqlite3.connect(db)
+    assert conn.execute("select status from runs").fetchone()[0] == "running"  # shown, never written
+    conn.close()
+    from benchctl.stages.report import engine as report
+
+    md = report.build(db, "tiny").markdown
+    assert "Runs of preset `tiny`: 1 interrupted." in md and "Interrupted: recorded as running" in md
+
+
+def _ago(seconds: float) -> str:
+    return (datetime.now(timezone.utc) - timedelta(seconds=seconds)).replace(microsecond=0).isoformat()
+
+
+def test_a_run_on_this_machine_is_alive_while_its_very_process_is():
+    from benchctl.core.liveness import process_start_time, run_state
+
+    here, me = socket.gethostname(), os.getpid()
+    mine = {"status": "running", "hostname": here, "pid": me, "pid_started": process_start_time(me)}
+    assert run_state(mine) == "running"
+    # the same id given to a later process: not the trainer
+    assert run_state({**mine, "pid_started": mine["pid_started"] - 3600}) == "interrupted"
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    assert run_state({**mine, "pid": gone.pid, "pid_started": None}) == "interrupted"
+    # the stored status of any other row is shown as it is
+    assert {run_state({**mine, "pid": gone.pid, "status": s}) for s in ("done", "failed", "pending")} == {
+        "done",
+        "failed",
+        "pending",
+    }
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
+def test_a_process_that_exited_but_was_not_collected_is_not_alive():
+    from benchctl.core.liveness import alive
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.time() + 60
+        while Path(f"/proc/{child.pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+            assert time.time() < deadline
+            time.sleep(0.05)
+        assert not alive(child.pid)  # a zombie until its parent (this process) collects it
+    finally:
+        child.wait()
+
+
+def test_a_run_of_another_machine_is_alive_while_its_heartbeat_is_recent():
+    from benchctl.core.liveness import STALE_AFTER_S, run_state
+
+    row = {"status": "running", "hostname": "elsewhere", "pid": 4242, "started_at": _ago(10 * STALE_AFTER_S)}
+    assert run_state({**row, "heartbeat_at": _ago(60)}) == "running"
+    assert run_state({**row, "heartbeat_at": _ago(STALE_AFTER_S + 60)}) == "interrupted"
+    assert run_state(row) == "interrupted"  # no heartbeat (a benchctl before them): its start is the last sign
+    assert run_state({**row, "started_at": None, "updated_at": _ago(30)}) == "running"
+    # nothing to tell by: left as recorded (a row written by hand, or by a very old benchctl)
+    assert run_state({"status": "running", "hostname": None, "pid": float("nan"), "heartbeat_at": None}) == "running"
+
+
+def test_the_heartbeat_stamps_only_the_row_its_process_holds(tmp_path):
+    from benchctl import stages
+    from benchctl.core.liveness import Heartbeat
+    from benchctl.stages.train import tables as train_tables
+
+    path = build_fixture_db(tmp_path / "r.db", judge=False, evals=False, curves=False, failed_run=False)
+    db = stages.connect(path)
+    running = db.execute("select id, pid from runs where status = 'running'").fetchone()
+    other = db.execute("select id from runs where status = 'done'").fetchone()[0]
+    db.execute("update runs set heartbeat_at = null")
+    db.conn.commit()
+    train_tables.heartbeat(str(path), running[0], running[1] + 1)  # another process: not its row
+    train_tables.heartbeat(str(path), other, running[1])  # not running: left alone
+    assert db.execute("select count(*) from runs where heartbeat_at is not null").fetchone()[0] == 0
+    beats: list[float] = []
+    beat = Heartbeat(lambda: (beats.append(time.time()), train_tables.heartbeat(str(path), *running)), interval=0.05)
+    beat.start()
+    deadline = time.time() + 30
+    while len(beats) < 3 and time.time() < deadline:
+        time.sleep(0.02)
+    beat.stop()
+    assert len(beats) >= 3
+    stamped = db.execute("select id from runs where heartbeat_at is not null").fetchall()
+    assert [r[0] for r in stamped] == [running[0]]

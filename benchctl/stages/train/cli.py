@@ -288,7 +288,7 @@ def _f(x: float | None) -> str:
     return "-" if x is None else f"{x:.4f}"
 
 
-RUN_STATUSES = ("pending", "running", "done", "failed")
+RUN_STATUSES = ("pending", "running", "interrupted", "done", "failed")
 RUN_KEYS = (
     "id",
     "arch",
@@ -328,7 +328,13 @@ TIMING_HEADS = ("wall", "CPU", "thr", "jobs", "load")
 def runs(
     db: DbOpt = None,
     preset: Annotated[str | None, typer.Option("--preset", "-p", help="Only this preset.")] = None,
-    status: Annotated[str | None, typer.Option("--status", help="pending, running, done or failed.")] = None,
+    status: Annotated[
+        str | None,
+        typer.Option(
+            "--status",
+            help="pending, running, interrupted (recorded as running, but its process is gone), done or failed.",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (whole run ids, every column).")] = False,
     wide: Annotated[
         bool,
@@ -343,13 +349,17 @@ def runs(
     # a plain read-only connection: a listing migrates and creates nothing, and so needs neither the stages' tables
     # (importing every stage imports torch) nor sqlite_utils (which imports pandas)
     from benchctl.core import db as dbm
+    from benchctl.core import liveness
     from benchctl.stages.train import tables as train_tables
 
     if status is not None and status not in RUN_STATUSES:
         raise ConfigError(f"--status must be one of {', '.join(RUN_STATUSES)}, got {status!r}")
     conn = dbm.read_only(db_path_of(db))
     try:
-        rows = train_tables.runs(conn, status=status, preset=preset)
+        # an interrupted run is stored as running: which running rows are is decided below, row by row
+        stored = "running" if status == liveness.INTERRUPTED else status
+        rows = [{**r, "status": liveness.run_state(r)} for r in train_tables.runs(conn, status=stored, preset=preset)]
+        rows = [r for r in rows if status is None or r["status"] == status]
         # short ids tell a run apart from every run in the file, not only from those listed: the same run keeps the
         # same short id whatever the filter
         every_id = [r["id"] for r in rows] if status is None and preset is None else train_tables.run_ids(conn)
@@ -405,6 +415,11 @@ def _print_runs(rows: list[dict[str, Any]], every_id: list[str], *, wide: bool) 
     notes = [text for head, text in explained.items() if _shown(table, head)]
     if _shown(table, "wall"):
         notes.append("above the core count, wall time is no cost measure: see the report")
+    if any(r["status"] == "interrupted" for r in rows):
+        notes.append(
+            "interrupted: recorded as running, but the process that trained it is gone (killed, or its machine "
+            "lost); the command that trained it resumes it"
+        )
     shortened = not wide and any(ids[i] != i for i in every_id)
     console.print(
         "; ".join(notes)

@@ -105,6 +105,19 @@ RUNS = Table(
         Column("git_commit", str, "commit of the benchctl checkout that trained the run"),
         Column("hostname", str, "machine that trained the run"),
         Column("pid", int, "process id of the trainer while the run is running"),
+        Column(
+            "pid_started",
+            float,
+            "when that process started (seconds since the epoch, as its machine's kernel records it; empty where "
+            "unknown): a later process given the same id is not the trainer",
+            "s",
+        ),
+        Column(
+            "heartbeat_at",
+            str,
+            "the trainer's last sign of life (UTC), stamped every 30 s while it trains: a running run without a "
+            "recent one, or whose process is gone from its machine, is shown as interrupted",
+        ),
         Column("error", str, "why the run failed (empty otherwise)"),
         Column("created_at", str, "when the run was first registered (UTC)"),
         Column("started_at", str, "when training last started or resumed (UTC)"),
@@ -522,6 +535,20 @@ def finish_run(
             },
             alter=True,
         )
+
+
+def heartbeat(path: str, run_id: str, pid: int) -> None:
+    """The trainer `pid` of a running run is alive: its `heartbeat_at` set to now. A connection of its own, made and
+    closed here: the heartbeat thread calls this, and an SQLite connection belongs to the thread that made it.
+    A row another process has taken over, or that is no longer running, is left as it is."""
+    conn = sqlite3.connect(path, timeout=10.0)
+    try:
+        with conn:
+            conn.execute(
+                "update runs set heartbeat_at = ? where id = ? and pid = ? and status = 'running'", [now(), run_id, pid]
+            )
+    finally:
+        conn.close()
 
 
 def fail_run(db: sqlite_utils.Database, run_id: str, error: str) -> None:
