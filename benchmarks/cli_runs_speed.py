@@ -32,7 +32,7 @@ SEEDS = range(6)
 
 def build_db(path: Path) -> int:
     """The 50-run database; returns its number of runs."""
-    sys.path.insert(0, str(HERE / "tests"))
+    sys.path[:0] = [str(HERE), str(HERE / "tests")]  # this checkout's code writes it, whichever benchctl is installed
     from fixtures_db import build_fixture_db  # the tests' realistic results.db
 
     build_fixture_db(path, preset="small", archs=ARCHS, seeds=SEEDS, judge=False, evals=False, curves=False)
