@@ -42,11 +42,11 @@ def build_db(path: Path) -> int:
     return int(n)
 
 
-def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+def timed(argv: list[str], env: dict[str, str], cwd: str) -> tuple[float, float]:
     """(wall seconds, CPU seconds) of one process."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    subprocess.run(argv, env=env, capture_output=True, check=True)
+    subprocess.run(argv, env=env, cwd=cwd, capture_output=True, check=True)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -75,12 +75,15 @@ def main() -> None:
         for i, repo in enumerate(repos):
             env = {**base, "PYTHONPATH": str(repo), "PYTHONPYCACHEPREFIX": str(Path(tmp) / f"pycache{i}")}
             cases.append((f"`benchctl runs` at {commit_of(repo)}", [sys.executable, "-m", "benchctl", "runs"], env))
+        # run from the temporary folder: `python -m` puts the working directory first on the path, and a checkout
+        # there would be imported whatever PYTHONPATH says
         for _, argv, env in cases:  # writes the bytecode caches
-            subprocess.run([*argv, "--db", str(db)] if "benchctl" in argv else argv, env=env, capture_output=True)
+            full = [*argv, "--db", str(db)] if "benchctl" in argv else argv
+            subprocess.run(full, env=env, cwd=tmp, capture_output=True, check=True)
         times: dict[str, list[tuple[float, float]]] = {label: [] for label, _, _ in cases}
         for _ in range(args.repeats):
             for label, argv, env in cases:
-                times[label].append(timed([*argv, "--db", str(db)] if "benchctl" in argv else argv, env))
+                times[label].append(timed([*argv, "--db", str(db)] if "benchctl" in argv else argv, env, tmp))
     print(f"{n} runs in results.db; {args.repeats} repeats each, in turns; load average {os.getloadavg()[0]:.2f}\n")
     print("| command | wall median (s) | wall min (s) | wall max (s) | CPU median (s) |")
     print("|---|---:|---:|---:|---:|")
