@@ -359,7 +359,7 @@ def finished_runs(
         found = {r["id"]: r for r in runs(db, ids=run_ids)}
         unknown = [r for r in run_ids if r not in found]
         if unknown:
-            raise bad_selection(f"unknown run id(s): {', '.join(unknown)}; list them with 'benchctl runs'")
+            raise bad_selection(f"unknown run id(s): {', '.join(unknown)}; list them with 'benchctl runs --wide'")
         unfinished = [f"{i} ({found[i]['status']})" for i in run_ids if found[i]["status"] != "done"]
         if unfinished:
             raise bad_selection(
@@ -581,7 +581,7 @@ def retrofit_parent(db: sqlite_utils.Database, ref: str, preset: str | None = No
             raise ConfigError(
                 f"--from {ref!r}: no run with that id and no finished run of that name"
                 + (f" at preset '{preset}'" if preset else "")
-                + "; list them with 'benchctl runs'"
+                + "; list them with 'benchctl runs --wide'"
             )
         if len(rows) > 1:
             raise ConfigError(
