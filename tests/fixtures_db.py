@@ -4,7 +4,8 @@
 runs of several architectures x seeds with real configs (`make_config`), run ids (`config.run_id`), parameter
 accounting (`accounting.describe`), CPU telemetry; val_loss curves in `metrics` from step 0 to the last step;
 prompts, samples and judge grades (with failures and a repeat); lm-eval rows; optionally bench rows. Plus runs that
-must stay out of the statistics: one failed and one still running (with metrics of their own).
+must stay out of the statistics: one failed and one still running (with metrics of their own), held by the process
+that builds the fixture, which is alive as long as the tests that read it.
 
 The numbers are drawn from a seeded generator with per-architecture effects, so tests can recompute every statistic
 independently from the rows (never from this module's parameters).
@@ -14,13 +15,16 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
+import socket
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
 
 from benchctl import plans, stages
-from benchctl.core import accounting
+from benchctl.core import accounting, liveness
+from benchctl.core import db as dbm
 from benchctl.core.config import make_config, run_id
 from benchctl.stages.train import tables as train_tables
 
@@ -191,8 +195,16 @@ def build_fixture_db(
                     "finished_at": _ts(2, t + 9),
                 }
             )
-        else:
-            row.update({"step": last})
+        else:  # still running: held by this very process, so that it reads as alive wherever the fixture is read
+            row.update(
+                {
+                    "step": last,
+                    "hostname": socket.gethostname(),
+                    "pid": os.getpid(),
+                    "pid_started": liveness.process_start_time(os.getpid()),
+                    "heartbeat_at": dbm.now(),
+                }
+            )
         runs.append(row)
         t += 100
         if curves:

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import subprocess
 import sys
@@ -288,6 +289,8 @@ EXPECTED_SQL = {
         '   "git_commit" TEXT,\n'
         '   "hostname" TEXT,\n'
         '   "pid" INTEGER,\n'
+        '   "pid_started" REAL,\n'
+        '   "heartbeat_at" TEXT,\n'
         '   "error" TEXT,\n'
         '   "created_at" TEXT,\n'
         '   "started_at" TEXT,\n'
@@ -485,6 +488,33 @@ def test_migration_adds_a_missing_column_and_backfills_it(tmp_path):
     db.conn.close()
     assert _schema_sql(path)["idx_runs_arch_preset_seed"] == EXPECTED_SQL["idx_runs_arch_preset_seed"]
     assert '"variant" TEXT' in _schema_sql(path)["runs"]
+
+
+def test_runs_from_before_heartbeats_are_read_as_they_are_and_migrated_when_written(tmp_path, capsys):
+    """A file whose runs table predates pid_started and heartbeat_at: `runs` (read-only) lists it unchanged, with
+    its running run judged by what the row has; the next writing connection adds both columns, empty."""
+    from benchctl.cli import main
+
+    path = tmp_path / "old.db"
+    stages.connect(path).conn.close()
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("alter table runs drop column pid_started")
+        conn.execute("alter table runs drop column heartbeat_at")
+        conn.execute(
+            "insert into runs (id, arch, preset, seed, status, config_json, hostname, started_at) "
+            "values ('r1', 'control', 'tiny', 0, 'running', '{}', 'elsewhere', '2025-06-02T00:00:00+00:00')"
+        )
+    conn.close()
+    try:
+        main(["runs", "--db", str(path), "--json"])
+    except SystemExit as e:
+        assert e.code == 0
+    assert [r["status"] for r in json.loads(capsys.readouterr().out)] == ["interrupted"]
+    assert "heartbeat_at" not in _schema_sql(path)["runs"]  # a reader changes nothing
+    db = stages.connect(path)
+    assert db.execute("select pid_started, heartbeat_at from runs").fetchone() == (None, None)
+    db.conn.close()
 
 
 def test_eval_results_from_before_the_cast_once_say_how_they_ran(tmp_path):

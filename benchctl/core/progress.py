@@ -25,7 +25,6 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 from rich.progress import Progress as RichProgress
-from tqdm import std
 
 from benchctl.core.errors import Aborted
 
@@ -198,6 +197,8 @@ class Progress:
         if self.enabled and self.interactive:
             yield
             return
+        from tqdm import std  # only what runs a library's bars needs it: `benchctl runs` and `--help` never do
+
         saved = std.tqdm.__dict__["__init__"]  # the class attribute itself (a descriptor in some tqdm versions)
         original = std.tqdm.__init__
         enabled, interval, stream = self.enabled, self.interval, _PlainLines(self.console.file)

@@ -25,7 +25,7 @@ from benchctl.stages.judge.options import (
 app = typer.Typer()
 
 
-@app.command()
+@app.command(short_help="Grade the stories with a judge model.")
 def judge(
     model: Annotated[
         str,

@@ -14,7 +14,7 @@ from benchctl.stages.report.options import ReportOptions
 app = typer.Typer()
 
 
-@app.command()
+@app.command(short_help="reports/report.md and its figures, from results.db alone.")
 def report(
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder for report.md and figures/.")] = Path(
         "reports"

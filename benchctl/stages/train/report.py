@@ -181,15 +181,19 @@ def runs_section(frames: Frames) -> list[str]:
     if ctx.runs.empty:
         return out + need("No runs for this preset: `benchctl train-all` produces them.")
     sf = status_frame(ctx)
-    show_other = bool(sf["other"].sum())
-    headers = ["model", "done", "running", "pending", "failed"] + (["other"] if show_other else []) + ["seeds done"]
+    always = ("done", "running", "pending", "failed")  # interrupted, and a status benchctl does not know: when met
+    shown = [s for s in ("done", "running", "interrupted", "pending", "failed", "other") if s in always or sf[s].sum()]
+    headers = ["model", *shown, "seeds done"]
     rows = [
-        [r.model, r.done, r.running, r.pending, r.failed]
-        + ([r.other] if show_other else [])
-        + [", ".join(map(str, r.seeds_done)) or "-"]
-        for r in sf.itertuples()
+        [r.model, *(getattr(r, s) for s in shown)] + [", ".join(map(str, r.seeds_done)) or "-"] for r in sf.itertuples()
     ]
     out += md_table(headers, rows, right=range(1, len(headers) - 1)) + [""]
+    if sf["interrupted"].sum():
+        out += [
+            "Interrupted: recorded as running, but the process that trained the run is gone (killed, or its machine "
+            "lost); the command that trained it resumes it.",
+            "",
+        ]
     variants = [m for m in ctx.models if ctx.overrides.get(m)]
     if variants:
         out.append(

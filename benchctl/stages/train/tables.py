@@ -8,15 +8,17 @@ here as well, since a retrofitted run is trained and stored like any other.
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Iterable
-from typing import Any
-
-import sqlite_utils
+from typing import TYPE_CHECKING, Any
 
 from benchctl.core.config import STORIES
 from benchctl.core.db import now, retry_locked
 from benchctl.core.errors import BenchctlError, CheckpointError, ConfigError, DatabaseError
 from benchctl.core.tables import Column, Table
+
+if TYPE_CHECKING:
+    import sqlite_utils
 
 _ENV = "as recorded from the training process"
 LOSS = "nats/token"
@@ -103,6 +105,19 @@ RUNS = Table(
         Column("git_commit", str, "commit of the benchctl checkout that trained the run"),
         Column("hostname", str, "machine that trained the run"),
         Column("pid", int, "process id of the trainer while the run is running"),
+        Column(
+            "pid_started",
+            float,
+            "when that process started (seconds since the epoch, as its machine's kernel records it; empty where "
+            "unknown): a later process given the same id is not the trainer",
+            "s",
+        ),
+        Column(
+            "heartbeat_at",
+            str,
+            "the trainer's last sign of life (UTC), stamped every 30 s while it trains: a running run without a "
+            "recent one, or whose process is gone from its machine, is shown as interrupted",
+        ),
         Column("error", str, "why the run failed (empty otherwise)"),
         Column("created_at", str, "when the run was first registered (UTC)"),
         Column("started_at", str, "when training last started or resumed (UTC)"),
@@ -366,7 +381,7 @@ def finished_runs(
         found = {r["id"]: r for r in runs(db, ids=run_ids)}
         unknown = [r for r in run_ids if r not in found]
         if unknown:
-            raise bad_selection(f"unknown run id(s): {', '.join(unknown)}; list them with 'benchctl runs'")
+            raise bad_selection(f"unknown run id(s): {', '.join(unknown)}; list them with 'benchctl runs --wide'")
         unfinished = [f"{i} ({found[i]['status']})" for i in run_ids if found[i]["status"] != "done"]
         if unfinished:
             raise bad_selection(
@@ -400,8 +415,14 @@ def run_task(row: dict[str, Any]) -> str:
 
 
 def runs(
-    db: sqlite_utils.Database, *, status: str | None = None, preset: str | None = None, ids: Iterable[str] | None = None
+    db: sqlite_utils.Database | sqlite3.Connection,
+    *,
+    status: str | None = None,
+    preset: str | None = None,
+    ids: Iterable[str] | None = None,
 ) -> list[dict[str, Any]]:
+    """Runs rows, oldest first. `db` may be a plain read-only connection (`benchctl.core.db.read_only`): a listing
+    needs nothing sqlite_utils adds."""
     where, params = [], []
     if status:
         where.append("status = ?")
@@ -414,7 +435,14 @@ def runs(
         where.append(f"id in ({','.join('?' * len(ids))})")
         params += ids
     sql = "select * from runs" + (" where " + " and ".join(where) if where else "") + " order by created_at, id"
-    return list(db.query(sql, params))
+    cur = db.execute(sql, params)
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row)) for row in cur]
+
+
+def run_ids(db: sqlite_utils.Database | sqlite3.Connection) -> list[str]:
+    """Every run's id, oldest first."""
+    return [row[0] for row in db.execute("select id from runs order by created_at, id")]
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -531,6 +559,20 @@ def finish_run(
         )
 
 
+def heartbeat(path: str, run_id: str, pid: int) -> None:
+    """The trainer `pid` of a running run is alive: its `heartbeat_at` set to now. A connection of its own, made and
+    closed here: the heartbeat thread calls this, and an SQLite connection belongs to the thread that made it.
+    A row another process has taken over, or that is no longer running, is left as it is."""
+    conn = sqlite3.connect(path, timeout=10.0)
+    try:
+        with conn:
+            conn.execute(
+                "update runs set heartbeat_at = ? where id = ? and pid = ? and status = 'running'", [now(), run_id, pid]
+            )
+    finally:
+        conn.close()
+
+
 def fail_run(db: sqlite_utils.Database, run_id: str, error: str) -> None:
     """The run stopped with an error (or was interrupted): it is no longer owned by a live process."""
     update_run(db, run_id, status="failed", error=error[:2000], pid=None)
@@ -561,7 +603,7 @@ def retrofit_parent(db: sqlite_utils.Database, ref: str, preset: str | None = No
             raise ConfigError(
                 f"--from {ref!r}: no run with that id and no finished run of that name"
                 + (f" at preset '{preset}'" if preset else "")
-                + "; list them with 'benchctl runs'"
+                + "; list them with 'benchctl runs --wide'"
             )
         if len(rows) > 1:
             raise ConfigError(
