@@ -75,7 +75,7 @@ def checkpoint_of(db: Path) -> Path:
         ),
         (["params", "--preset", "tiny", "--arch", "control", "--set", "model.dim=1000000000"], 2, "not enough memory"),
         (["browse", "--port", "99999", "--no-open"], 2, "--port must be in [1, 65535]"),
-        (["runs", "--status", "weird"], 2, "--status must be one of pending, running, done, failed"),
+        (["runs", "--status", "weird"], 2, "--status must be one of pending, running, interrupted, done, failed"),
         (["judge", "--dry-run", "--temperature", "-5"], 2, "--temperature must be in [0, 2]"),
         (["judge", "--dry-run", "--thinking-budget", "-7"], 2, "--thinking-budget must be -1 (dynamic)"),
         (["bench", "--preset", "tiny", "--check-steps", "-1"], 2, "--check-steps must be >= 0"),
