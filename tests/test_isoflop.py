@@ -130,7 +130,12 @@ def test_a_bad_isoflop_plan_is_one_line_and_exit_2(tmp_path, capsys, edit, says)
     msg = str(e.value)
     assert "\n" not in msg and says in msg, msg
     with pytest.raises(SystemExit) as ex:
-        main(["plans", "show", str(path), "--data", str(tmp_path / "none"), "--db", str(tmp_path / "x.db")])
+        # a data folder of the right layout: a bad --data is refused as the options are parsed, before the plan
+        data = tmp_path / "data"
+        data.mkdir()
+        for split in ("train", "valid"):
+            (data / f"{split}.txt").write_text("Once upon a time there was a cat.<|endoftext|>")
+        main(["plans", "show", str(path), "--data", str(data), "--db", str(tmp_path / "x.db")])
     err = capsys.readouterr().err.strip()
     assert ex.value.code == 2 and says.split("(")[0].strip() in " ".join(err.split()), err
 
