@@ -122,8 +122,12 @@ def test_a_chain_of_conversions_is_refused(tmp_path):
 def test_study_with_a_bad_conversion_exits_before_writing_anything(tmp_path, capsys):
     path = write(tmp_path, PLAN.replace('init = "average"', 'init = "select"'))
     db = tmp_path / "r.db"
+    data = tmp_path / "data"  # the right layout: a bad --data is refused as the options are parsed, before the plan
+    data.mkdir()
+    for split in ("train", "valid"):
+        (data / f"{split}.txt").write_text("Once upon a time there was a cat.<|endoftext|>")
     with pytest.raises(SystemExit) as e:
-        main(["study", "--plan", str(path), "--preset", "tiny", "--db", str(db), "--data", str(tmp_path / "none")])
+        main(["study", "--plan", str(path), "--preset", "tiny", "--db", str(db), "--data", str(data)])
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and "use stepwise or average" in err and str(path) in err and "Traceback" not in err
     assert not db.exists() and not (tmp_path / "reports").exists()
