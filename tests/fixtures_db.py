@@ -677,3 +677,14 @@ def train_tiny_runs(root: Path, data_dir: Path, archs: str = "control,frailt") -
             )
         assert exc.value.code in (0, None)
     return root
+
+
+def layout_data_dir(tmp_path: Path) -> Path:
+    """A data folder of the right layout (train.txt and valid.txt, one story each) for tests whose command must fail
+    on something else first: a bad --data is refused as the options are parsed, before a plan is read. Nothing in it
+    is ever prepared."""
+    d = tmp_path / "data"
+    d.mkdir(exist_ok=True)
+    for split in ("train", "valid"):
+        (d / f"{split}.txt").write_text("Once upon a time there was a cat.<|endoftext|>")
+    return d

@@ -23,6 +23,7 @@ from benchctl.stages.report import engine as report_engine
 from benchctl.stages.train import report_scaling as sc
 from benchctl.stages.train import tables as train_tables
 from tests.conftest import real_tinystories
+from tests.fixtures_db import layout_data_dir
 
 ISO = """name = "iso"
 description = "a small grid"
@@ -130,11 +131,7 @@ def test_a_bad_isoflop_plan_is_one_line_and_exit_2(tmp_path, capsys, edit, says)
     msg = str(e.value)
     assert "\n" not in msg and says in msg, msg
     with pytest.raises(SystemExit) as ex:
-        # a data folder of the right layout: a bad --data is refused as the options are parsed, before the plan
-        data = tmp_path / "data"
-        data.mkdir()
-        for split in ("train", "valid"):
-            (data / f"{split}.txt").write_text("Once upon a time there was a cat.<|endoftext|>")
+        data = layout_data_dir(tmp_path)  # passes the early --data check: the plan's error comes first
         main(["plans", "show", str(path), "--data", str(data), "--db", str(tmp_path / "x.db")])
     err = capsys.readouterr().err.strip()
     assert ex.value.code == 2 and says.split("(")[0].strip() in " ".join(err.split()), err

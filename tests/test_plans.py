@@ -16,7 +16,13 @@ from benchctl.core.config import make_config, run_id
 from benchctl.core.errors import ConfigError
 from benchctl.stages.report import engine as report_engine
 from benchctl.stages.train import tables as train_tables
-from tests.fixtures_db import CONTROLS_VARIANTS, DEPTH_VARIANTS, FINGERPRINT, build_plan_fixture_db
+from tests.fixtures_db import (
+    CONTROLS_VARIANTS,
+    DEPTH_VARIANTS,
+    FINGERPRINT,
+    build_plan_fixture_db,
+    layout_data_dir,
+)
 
 GOOD = """name = "mine"
 description = "two models"
@@ -107,16 +113,6 @@ def test_a_bad_plan_is_one_line_naming_the_file_and_key(tmp_path, edit, says):
     assert "\n" not in msg and msg.startswith(str(path)) and says in msg, msg
 
 
-def _data_dir(tmp_path: Path) -> Path:
-    """A data directory of the right layout (a bad --data is refused as the options are parsed, before the plan is
-    read): the plan's error must come first, so nothing here is ever prepared."""
-    d = tmp_path / "data"
-    d.mkdir(exist_ok=True)
-    for split in ("train", "valid"):
-        (d / f"{split}.txt").write_text("Once upon a time there was a cat.<|endoftext|>")
-    return d
-
-
 @pytest.mark.parametrize(
     "edit",
     [
@@ -130,7 +126,19 @@ def test_study_with_a_bad_plan_exits_before_writing_anything(tmp_path, capsys, e
     path = write(tmp_path, GOOD.replace(old, new))
     db = tmp_path / "r.db"
     with pytest.raises(SystemExit) as e:
-        main(["study", "--plan", str(path), "--preset", "tiny", "--db", str(db), "--data", str(_data_dir(tmp_path))])
+        main(
+            [
+                "study",
+                "--plan",
+                str(path),
+                "--preset",
+                "tiny",
+                "--db",
+                str(db),
+                "--data",
+                str(layout_data_dir(tmp_path)),
+            ]
+        )
     err = capsys.readouterr().err.strip()
     assert e.value.code != 0 and says in err and str(path) in err
     assert len(err.splitlines()) <= 2  # one line (the console may wrap a long one)
@@ -399,7 +407,17 @@ def test_train_all_with_a_bad_plan_writes_nothing(tmp_path, capsys):
     db = tmp_path / "r.db"
     with pytest.raises(SystemExit) as e:
         main(
-            ["train-all", "--plan", str(path), "--preset", "tiny", "--db", str(db), "--data", str(_data_dir(tmp_path))]
+            [
+                "train-all",
+                "--plan",
+                str(path),
+                "--preset",
+                "tiny",
+                "--db",
+                str(db),
+                "--data",
+                str(layout_data_dir(tmp_path)),
+            ]
         )
     assert e.value.code == 2 and "unknown config key 'model.dimm'" in capsys.readouterr().err
     assert not db.exists()

@@ -12,6 +12,7 @@ from benchctl import plans, stages
 from benchctl.cli import main
 from benchctl.core.errors import ConfigError
 from benchctl.study import StudyOptions, run_study
+from tests.fixtures_db import layout_data_dir
 
 PLAN = """name = "mini-retrofit"
 description = "a 16-layer control converted into relaxed"
@@ -122,10 +123,7 @@ def test_a_chain_of_conversions_is_refused(tmp_path):
 def test_study_with_a_bad_conversion_exits_before_writing_anything(tmp_path, capsys):
     path = write(tmp_path, PLAN.replace('init = "average"', 'init = "select"'))
     db = tmp_path / "r.db"
-    data = tmp_path / "data"  # the right layout: a bad --data is refused as the options are parsed, before the plan
-    data.mkdir()
-    for split in ("train", "valid"):
-        (data / f"{split}.txt").write_text("Once upon a time there was a cat.<|endoftext|>")
+    data = layout_data_dir(tmp_path)  # passes the early --data check: the plan's error comes first
     with pytest.raises(SystemExit) as e:
         main(["study", "--plan", str(path), "--preset", "tiny", "--db", str(db), "--data", str(data)])
     err = capsys.readouterr().err.strip()
