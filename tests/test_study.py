@@ -252,3 +252,49 @@ def test_training_knows_whether_a_later_stage_loads_the_weights(plan, skip, expo
     opts = StudyOptions(preset="tiny", plan=plan, seeds=[0], skip=skip, export=export)
     study = StudyRun(opts=opts, cfgs=[], archs=[], plan=plans.load(plan))
     assert weights_read_after(study, ORDER) is needed
+
+
+def test_the_smoke_preset_runs_each_stage_on_less_work_and_small_measures_in_full():
+    """At tiny a study is a smoke run: each stage's options declare a short version of its work (every path still
+    runs); at small and paper the stages keep their full defaults."""
+    import architectures
+    from benchctl.stages.depth import engine as depth_engine
+    from benchctl.stages.depth.options import for_study as depth_options
+    from benchctl.stages.eval.options import study_limit
+    from benchctl.stages.infer import engine as infer_engine
+    from benchctl.stages.infer.options import InferOptions
+    from benchctl.stages.infer.options import for_study as infer_options
+    from benchctl.stages.sample.options import study_n_prompts
+
+    sel = stages.RunSelection(run_ids=["r"])
+    frailt, control = architectures.get("frailt"), architectures.get("control")
+
+    def infer_settings(preset, cls):
+        return [m.label for m in infer_engine.settings_for(cls, infer_options(preset, sel))]
+
+    assert infer_settings("tiny", frailt) == ["full depth", "n=trained exit=0.01 rule=kl", "speculative draft n=1 k=4"]
+    assert infer_settings("tiny", control) == ["full depth"]
+    full = [m.label for m in infer_engine.settings_for(frailt, InferOptions(select=sel))]
+    assert infer_settings("small", frailt) == infer_settings("paper", frailt) == full and len(full) == 14
+    smoke = infer_options("tiny", sel)
+    assert smoke.repeats == 1 and (smoke.batch, smoke.windows) < (InferOptions().batch, InferOptions().windows)
+
+    def depths(preset, exit_rule=None):
+        o = depth_options(preset, sel, exit_rule)
+        settings = depth_engine.settings_for(
+            frailt,
+            4,
+            depths=o.depths or o.sweep,
+            exit_rule=exit_rule,
+            thresholds=o.thresholds,
+            max_depth=None,
+            extrapolate=None,
+            with_trained=o.depths is None,
+        )
+        return [(s.n_recur, s.threshold) for s in settings]
+
+    assert depths("tiny") == [(1, 0.0), (4, 0.0), (8, 0.0)]  # depth 1, the trained depth and twice it
+    assert [d for d, _ in depths("small")] == [1, 2, 4, 8, 16, 32]
+    assert depths("tiny", "kl") == [(4, 1e-2)] and len(depths("small", "kl")) == 3
+    assert (study_limit("tiny"), study_limit("small"), study_limit("paper")) == (10, None, None)
+    assert (study_n_prompts("tiny"), study_n_prompts("small"), study_n_prompts("tiny", 7)) == (4, 50, 7)

@@ -94,7 +94,7 @@ def study(
         typer.Option(
             "--bench/--no-bench",
             help="Time every model's training step with 'benchctl bench' for a clean cost ratio "
-            "[default: on for a CPU at tiny/small].",
+            "[default: on for a CPU at small].",
         ),
     ] = None,
     export: Annotated[

@@ -113,7 +113,7 @@ class StudyOptions:
     out_dir: Path = Path("reports")
     judge_model: str = "gemini-2.5-flash"
     judge_concurrency: int = 8
-    n_prompts: int | None = None  # None: sample.py's default
+    n_prompts: int | None = None  # None: the sample stage's default at the preset (study_n_prompts)
     eval_tasks: list[str] | None = None  # None: the bundled tasks
     skip: tuple[str, ...] = ()  # names of skippable stages to leave out (sample, judge, eval)
     yes: bool = False
@@ -122,7 +122,7 @@ class StudyOptions:
     executor: str = "local"  # local, or ray: every run a task on a Ray cluster
     ray_address: str | None = None  # the cluster to join (None: $RAY_ADDRESS, else a new local instance)
     runs_dir: Path | None = None  # where run directories live (None: beside results.db); shared by every machine
-    bench: bool | None = None  # time every model's step (stage bench); None: on for a CPU at tiny/small
+    bench: bool | None = None  # time every model's step (stage bench); None: on for a CPU at small
     export: tuple[str, ...] = ()  # formats to export every finished run to (stage export); () is off
     export_dir: Path | None = None  # where the exports go (None: export/ in out_dir, beside the report)
 
