@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from benchctl.core.progress import format_duration
 from benchctl.stages.train.executors import Execution
 
 if TYPE_CHECKING:
@@ -65,6 +66,9 @@ class Stage:
     # whether the stage loads the trained runs' weights in this study (None: never). Training counts a run that
     # results.db has as done, but whose checkpoint is not here, as finished only when no later stage does.
     reads_weights: Callable[[StudyRun], bool] | None = None
+    # how long the stage's work in this study takes on this machine, asked before the study's first stage runs:
+    # (seconds, how that was worked out), or None when there is nothing to do or it cannot tell before the runs exist
+    estimate: Callable[[StudyRun], tuple[float, str] | None] | None = None
 
 
 def unless_skipped(name: str) -> Callable[[StudyRun], bool]:
@@ -160,10 +164,15 @@ class StudyRun:
     trained: TrainAllResult | None = None
     report_path: Path | None = None
     heading: str = ""  # "3/6 sample", set by the study loop before each stage runs
+    eta: float | None = None  # the running stage's estimated seconds (Stage.estimate), set by the study loop
+    # (stage, wall seconds, CPU seconds of this process and the processes it waited for), filled by the study loop
+    times: list[tuple[str, float, float]] = field(default_factory=list)
 
     def say(self, detail: str) -> None:
-        """The stage's one heading line, e.g. '== 3/6 sample: skipped'."""
-        self.log(f"== {self.heading}: {detail}")
+        """The stage's one heading line, e.g. '== 3/6 sample: skipped', with the time it should take when the stage
+        has an estimate."""
+        eta = "" if self.eta is None else f" (about {format_duration(self.eta)})"
+        self.log(f"== {self.heading}: {detail}{eta}")
 
     def skips(self, name: str) -> bool:
         return name in self.opts.skip

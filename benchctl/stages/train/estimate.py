@@ -84,6 +84,17 @@ class Estimate:
     def run_seconds(self, cfg: Any) -> float:
         return self.per_step[shape(cfg)] * cfg.train.max_steps
 
+    def brief(self) -> str:
+        """Where the speeds come from, in a few words."""
+        shapes, timed = len(self.per_step), len(self.timed)
+        recorded = f"{shapes - timed} model shape(s) at their speed in {self.db_path}"
+        now = f"{timed} from steps timed here now"
+        if not timed:
+            return recorded
+        if timed == shapes:
+            return f"{shapes} model shape(s), each from steps timed here now"
+        return f"{recorded}, {now}"
+
     def total(self, cfgs: list[Any]) -> float:
         """All of `cfgs`, one after another."""
         return sum(self.run_seconds(c) for c in cfgs)

@@ -47,10 +47,33 @@ def run(study: StudyRun) -> None:
     )
 
 
+def estimate(study: StudyRun) -> tuple[float, str] | None:
+    """The runs not yet done (by their stored configuration), at their shapes' speed here (the estimate `benchctl
+    plans show` makes), side by side in the study's local jobs; None when every run is done."""
+    from benchctl.stages.train import estimate as est
+    from benchctl.stages.train.executors import plan_slots
+
+    opts = study.opts
+    preset = str(opts.preset)
+    done = est.done_configs(opts.db_path, preset)
+    todo = [c for c in study.cfgs if c.to_json() not in done]
+    if not todo:
+        return None
+    jobs, threads = 1, None  # one at a time, in this process: with the threads torch has here
+    if opts.executor == "local":
+        slots = plan_slots(opts.jobs, len(todo), todo[0].train.device)
+        if slots.jobs > 1:  # side by side, each process with its share of the cores
+            jobs, threads = slots.jobs, slots.threads
+    e = est.estimate(todo, opts.db_path, preset, threads)
+    side = f", {jobs} at a time" if jobs > 1 else ""
+    return e.total(todo) / jobs, f"{len(todo)} run(s){side}; {e.brief()}"
+
+
 STAGE = Stage(
     name="train",
     order=ORDER,
     run=run,
+    estimate=estimate,
     tables=TABLES,
     queries=browse_queries,
     sections=(
