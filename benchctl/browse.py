@@ -11,26 +11,41 @@ refused (`_ReadOnlyDatabase`), so nothing reachable from a web page can change r
 the stages that own the tables they read, built from the columns the served file actually has (a `variant` column,
 a `depth_results` table), so one benchctl can browse databases written by older and newer versions.
 
+Pages are laid out for reading: a table's column descriptions are one click away in a collapsed list (each column's
+header menu shows its own). A stage's canned query can say that it summarises a table (whose page then points to it)
+or that a column of that name in any query's results links to it with the value filled in (`LINK_KEY`,
+`SUMMARY_KEY`): so the runs table points to a runs overview, and a run id to that run's validation curve.
+
 Every answer is a page or an HTTP error, never a server error: a request with any method but GET or HEAD is answered
-405 before it reaches Datasette (there is nothing to post to), and an unknown route 404 (`_quiet_errors`).
+405 before it reaches Datasette (there is nothing to post to), an unknown route 404 (`_quiet_errors`), and a query
+parameter Datasette cannot read (`?_timelimit=abc`, `?_through=notjson`, `?_sort=nosuch`) 400 with a short message
+(`_bad_request`), while a genuine server error keeps its 500 and its traceback.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import socket
+import sysconfig
 import threading
 import types
+import urllib.parse
 import webbrowser
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import datasette as datasette_package
 import uvicorn
 from datasette import hookimpl
 from datasette.app import Datasette
 from datasette.database import Database
 from datasette.plugins import pm
+from datasette.utils.asgi import BadRequest
+from datasette.views.base import DatasetteError
+from markupsafe import Markup, escape
 
 from benchctl.core import db as dbm
 from benchctl.core.errors import BenchctlError, DatabaseError
@@ -89,13 +104,40 @@ def check_database(path: str | Path) -> Served:
 # ====================================================================================================================
 # Canned queries
 
+# Keys of a stage's canned query that are benchctl's, not Datasette's: read here, and left out of the metadata
+# Datasette is given. LINK_KEY names a column and a parameter of the query: that column, in the results of any query,
+# links to this query with the value as the parameter. SUMMARY_KEY names a table whose page points to the query.
+LINK_KEY = "link_column"
+SUMMARY_KEY = "summarises"
+
 
 def canned_queries(served: Served) -> dict[str, dict[str, Any]]:
     """Datasette canned queries over the tables the file has, keyed by their URL name: each registered stage's
-    queries over its own tables (`Stage.queries`), in stage order."""
+    queries over its own tables (`Stage.queries`), in stage order, with benchctl's own keys."""
     from benchctl import stages
 
     return stages.canned_queries(served.columns)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What the canned queries' own keys ask of the pages: column -> the query its values link to, and table -> the
+    query its page points to. Also what marks a Datasette as benchctl's (the plugin's hooks look for it)."""
+
+    links: dict[str, str]
+    summaries: dict[str, str]
+
+
+def layout(queries: dict[str, dict[str, Any]]) -> Layout:
+    links = {q[LINK_KEY]: name for name, q in queries.items() if q.get(LINK_KEY)}
+    summaries = {q[SUMMARY_KEY]: name for name, q in queries.items() if q.get(SUMMARY_KEY)}
+    return Layout(links=links, summaries=summaries)
+
+
+def _layout_of(datasette: Any) -> Layout | None:
+    """The layout of a benchctl browser; None for another Datasette in this process."""
+    found = getattr(datasette, "_benchctl", None)
+    return found if isinstance(found, Layout) else None
 
 
 # ====================================================================================================================
@@ -105,6 +147,8 @@ def canned_queries(served: Served) -> dict[str, dict[str, Any]]:
 def metadata(served: Served) -> dict[str, Any]:
     """Datasette metadata: titles, descriptions, units and facets per table, and the canned queries."""
     known = described_tables()
+    ours = (LINK_KEY, SUMMARY_KEY)
+    queries = {name: {k: v for k, v in q.items() if k not in ours} for name, q in canned_queries(served).items()}
     tables: dict[str, Any] = {}
     for table, cols in served.columns.items():
         entry: dict[str, Any] = {}
@@ -128,7 +172,7 @@ def metadata(served: Served) -> dict[str, Any]:
         "results and benchmarks. Read-only. Column headers show descriptions and units; the "
         "canned queries below the tables answer the usual questions.",
         "custom_units": CUSTOM_UNITS,
-        "databases": {served.name: {"tables": tables, "queries": canned_queries(served)}},
+        "databases": {served.name: {"tables": tables, "queries": queries}},
     }
 
 
@@ -171,7 +215,7 @@ def _asgi_wrapper(datasette):
             if (
                 scope.get("type") != "http"
                 or scope.get("method", "GET") in READ_METHODS
-                or not getattr(datasette, "_benchctl", False)  # another Datasette in this process: not ours
+                or _layout_of(datasette) is None  # another Datasette in this process: not ours
             ):
                 return await asgi_app(scope, receive, send)
             body = b"benchctl browse serves results.db read-only: only GET and HEAD requests\n"
@@ -188,9 +232,134 @@ def _asgi_wrapper(datasette):
     return wrap
 
 
-# Datasette's plugins are modules (it lists them by __name__): the hook goes in one of its own
-_PLUGIN = types.ModuleType("benchctl_browse_read_only")
+# What Python's own parsing raises on malformed text: int("abc") and json.loads("[") a ValueError, a key missing from
+# a JSON object a KeyError, indexing a JSON number or list by name a TypeError.
+_MALFORMED = (ValueError, LookupError, TypeError)
+_DATASETTE_DIR = os.path.dirname(datasette_package.__file__) + os.sep
+_STDLIB_DIR = sysconfig.get_paths()["stdlib"] + os.sep
+
+
+def _raised_in_datasette(exception: BaseException) -> bool:
+    """Whether every frame the exception passed through is Datasette's or the standard library's: Datasette reading
+    a parameter (`int(...)`, `json.loads(...)`), not benchctl's code or a plugin's, whose errors are bugs."""
+    tb = exception.__traceback__
+    if tb is None:
+        return False
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if not (name.startswith(_DATASETTE_DIR) or name.startswith(_STDLIB_DIR)):
+            return False
+        tb = tb.tb_next
+    return True
+
+
+def _reason(exception: BaseException) -> str:
+    if isinstance(exception, json.JSONDecodeError):
+        return f"not valid JSON ({exception.msg})"
+    if isinstance(exception, KeyError):
+        return f"missing key {exception.args[0]!r}" if exception.args else "missing key"
+    return str(exception) or type(exception).__name__
+
+
+def _bad_request(datasette: Datasette, request: Any, exception: BaseException) -> Exception | None:
+    """The 400 a request deserves when `exception` is Datasette failing to read the request's own query parameters on
+    a database, table, row or query page; None when it is anything else (a server error keeps its 500).
+
+    Datasette checks some parameters itself (`?_size=abc` is a 400), but reads others with a bare `int()` or
+    `json.loads()` and indexes the result without a check (`?_timelimit=`, `?_through=`, `?col__in=[`, `_next`),
+    so a typo in a URL ends as a server error with a traceback. What counts here is where the error came from, not
+    which parameter: an error Python's parsing raises (`_MALFORMED`) in a request that has a query string, from
+    Datasette's own code alone. Datasette's deliberate complaints about a request (an unknown `_sort`, an invalid
+    `_through`) come with its message but its default status 500; they keep the message and become 400. An error
+    Datasette wraps (an SQLite error) keeps the status Datasette chose."""
+    if _layout_of(datasette) is None or "database" not in request.url_vars or not request.query_string:
+        return None
+    if not _raised_in_datasette(exception):
+        return None
+    if isinstance(exception, DatasetteError):
+        if exception.status != 500 or exception.__context__ is not None:
+            return None
+        return DatasetteError(
+            exception.message, title=exception.title, status=400, message_is_html=exception.message_is_html
+        )
+    if isinstance(exception, _MALFORMED):
+        query = urllib.parse.unquote_plus(request.query_string)
+        shown = query if len(query) <= 200 else query[:200] + "..."
+        return BadRequest(f"bad query parameter in ?{shown}: {_reason(exception)}")
+    return None
+
+
+@hookimpl(hookwrapper=True)
+def _handle_exception(datasette, request, exception):
+    """A Datasette plugin hook around its error pages: a request whose query parameters Datasette could not read
+    gets Datasette's own error page with status 400 instead of 500 (`_bad_request`). A wrapper, not a plain hook:
+    every implementation's page is rendered, and Datasette's default one prints the traceback while rendering, so a
+    400 must replace the default page rather than be added before it."""
+    outcome = yield
+    replacement = _bad_request(datasette, request, exception)
+    if replacement is not None:
+        from datasette import handle_exception as error_pages
+
+        page = error_pages.handle_exception(datasette=datasette, request=request, exception=replacement)
+        outcome.force_result([page])
+
+
+def _description_html(meta: dict[str, Any], described: dict[str, str], summary: tuple[str, str] | None) -> str:
+    """A table page's description: the table's own, a pointer to the query that summarises it (`summary`: its URL
+    and title), and the column descriptions in a collapsed list. Datasette lists them open above the rows, which for
+    the runs table is the whole first screen."""
+    parts = [f"<p>{escape(meta.get('description') or '')}</p>"]
+    if summary is not None:
+        href, title = summary
+        parts.append(f'<p>Read it first in <a href="{escape(href)}">{escape(title)}</a>.</p>')
+    items = "".join(f"<dt>{escape(c)}</dt><dd>{escape(d)}</dd>" for c, d in described.items())
+    parts.append(
+        f"<details><summary>What each of the {len(described)} columns holds</summary>"
+        f'<dl class="column-descriptions">{items}</dl></details>'
+    )
+    return "".join(parts)
+
+
+@hookimpl
+def _extra_template_vars(database, table, view_name, datasette):
+    """A Datasette plugin hook: on a table page, the template's table metadata without its column descriptions
+    (Datasette would list them all, open, above the rows) and with a description that holds them collapsed. The
+    column headers' menus still show each description: Datasette reads those from the metadata itself."""
+    found = _layout_of(datasette)
+    if found is None or view_name != "table" or table is None:
+        return None
+    meta = datasette.table_metadata(database, table)
+    described = meta.get("columns")
+    if not described:
+        return None
+    summary = None
+    query = found.summaries.get(table)
+    if query is not None:
+        title = (datasette.metadata("queries", database=database) or {}).get(query, {}).get("title") or query
+        summary = (datasette.urls.query(database, query), title)
+    shown = {k: v for k, v in meta.items() if k != "columns"}
+    shown["description_html"] = _description_html(meta, described, summary)
+    return {"metadata": shown}
+
+
+@hookimpl
+def _render_cell(value, column, table, database, datasette):
+    """A Datasette plugin hook: a column a canned query links from (`LINK_KEY`: a run id), in the results of any
+    query (canned or typed in), is a link to that query with the value filled in, so nobody pastes a hash into its
+    box. Table pages keep Datasette's own links (a foreign key to the row it names)."""
+    found = _layout_of(datasette)
+    if found is None or table is not None or column not in found.links or not isinstance(value, str) or not value:
+        return None
+    href = datasette.urls.query(database, found.links[column]) + "?" + urllib.parse.urlencode({column: value})
+    return Markup(f'<a href="{escape(href)}">{escape(value)}</a>')
+
+
+# Datasette's plugins are modules (it lists them by __name__): the hooks go in one of its own
+_PLUGIN = types.ModuleType("benchctl_browse")
 _PLUGIN.asgi_wrapper = _asgi_wrapper  # type: ignore[attr-defined]
+_PLUGIN.handle_exception = _handle_exception  # type: ignore[attr-defined]
+_PLUGIN.extra_template_vars = _extra_template_vars  # type: ignore[attr-defined]
+_PLUGIN.render_cell = _render_cell  # type: ignore[attr-defined]
 
 
 def _quiet_errors() -> None:
@@ -203,14 +372,14 @@ def _quiet_errors() -> None:
 
     error_pages.rich = None  # a module global, read on every error
     if not pm.is_registered(_PLUGIN):
-        pm.register(_PLUGIN, name="benchctl-read-only")
+        pm.register(_PLUGIN, name="benchctl-browse")
 
 
 def app(served: Served):
     """The Datasette instance serving `served` read-only (also what tests can drive without a server)."""
     _quiet_errors()
     ds = Datasette(files=[], metadata=metadata(served), settings={"sql_time_limit_ms": 5000})
-    ds._benchctl = True  # type: ignore[attr-defined]  # what the read-only plugin looks for
+    ds._benchctl = layout(canned_queries(served))  # type: ignore[attr-defined]  # what the plugin's hooks look for
     ds.remove_database("_memory")  # Datasette adds a scratch database when started without files
     ds.add_database(_ReadOnlyDatabase(ds, path=str(served.path), is_mutable=True), name=served.name)
     return ds

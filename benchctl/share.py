@@ -15,6 +15,7 @@ grades of those samples, ...), so a table added later is covered without being n
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -24,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchctl.core import db as dbm
-from benchctl.core.errors import ConfigError, DatabaseError
+from benchctl.core.errors import ConfigError, DatabaseError, output_error
+from benchctl.core.files import partial_path, stale_partials
 
 # an absolute path inside a text value: a slash and a name, then at least one more "/name", starting the value or
 # after a space, quote, '=', '(', ':' or ','. A URL's "//host/x" does not match (the first slash has no name after
@@ -111,18 +113,48 @@ def share(
         raise ConfigError(f"{dst.parent} does not exist; create it first")
     rules = sorted([*redactions, *default_redactions(src, home)], key=lambda r: len(r.old), reverse=True)
 
-    tmp = dst.with_name(f".{dst.name}.partial-{os.getpid()}")
-    tmp.unlink(missing_ok=True)
+    for stale in stale_partials(dst):  # left by a share that was killed
+        _remove_partial(stale)
+    tmp = partial_path(dst)
     try:
         with _copy(src, tmp) as conn:
             result = _edit(conn, all_metrics=all_metrics, rules=rules)
         os.replace(tmp, dst)
+    except OSError as e:
+        raise output_error(dst, e) from None
+    except sqlite3.OperationalError as e:
+        raise _write_error(dst, e) from None
     finally:
-        tmp.unlink(missing_ok=True)
+        _remove_partial(tmp)
     result.path = dst
     result.bytes_before = src.stat().st_size + _wal_size(src)
     result.bytes_after = dst.stat().st_size
     return result
+
+
+def _write_error(dst: Path, e: sqlite3.OperationalError) -> Exception:
+    """SQLite's words for a destination it could not write (a full disk, a read-only or forbidden directory) as the
+    one-line OutputError; any other OperationalError is a fault in the source database. SQLite does not say why it
+    could not open or write a file, so the directory is asked the same question in the OS's words."""
+    text = str(e)
+    if "disk is full" in text:
+        return output_error(dst, OSError(errno.ENOSPC, "No space left on device"))
+    if "readonly" in text or "unable to open database file" in text or "disk I/O error" in text:
+        probe = partial_path(dst).with_name(partial_path(dst).name + "-probe")
+        try:
+            os.close(os.open(probe, os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o600))
+            probe.unlink()
+        except OSError as why:
+            return output_error(dst, why)
+    return DatabaseError(f"cannot copy the results database to {dst}: {text}")
+
+
+def _remove_partial(tmp: Path) -> None:
+    """The staged copy and SQLite's journal beside it; a read-only directory refuses even the removal of a missing
+    file, which is no failure here."""
+    for p in (tmp, tmp.with_name(tmp.name + "-journal"), tmp.with_name(tmp.name + "-wal")):
+        with contextlib.suppress(OSError):
+            p.unlink(missing_ok=True)
 
 
 def _wal_size(p: Path) -> int:

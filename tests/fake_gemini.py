@@ -201,6 +201,7 @@ class FakeGemini:
         api_key: str | None = "test-key",
         latency: float = 0.0,
         port: int = 0,  # 0 = any free port (tests); a fixed one for runs by hand
+        bind: str = "127.0.0.1",  # another of this machine's addresses: a server reached by a name, not 127.0.0.1
     ):
         self.script = script
         self.api_key = api_key
@@ -211,7 +212,7 @@ class FakeGemini:
         self._queue: collections.deque[Reply] = collections.deque()
         self._lock = threading.Lock()
         self._closing = threading.Event()
-        self._httpd = _Server(("127.0.0.1", port), self._handler_class())
+        self._httpd = _Server((bind, port), self._handler_class())
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="fake-gemini", daemon=True)
         self._thread.start()
 
@@ -219,6 +220,10 @@ class FakeGemini:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self._httpd.server_port}"
+
+    @property
+    def port(self) -> int:
+        return int(self._httpd.server_port)
 
     @property
     def count(self) -> int:

@@ -173,6 +173,7 @@ class FakeOpenAI:
         answer_style: str = "plain",  # without response_format: "plain" JSON or "fenced" in ```json ... ```
         latency: float = 0.0,
         port: int = 0,
+        bind: str = "127.0.0.1",  # another of this machine's addresses: a server reached by a name, not 127.0.0.1
     ):
         self.script = script
         self.api_key = api_key
@@ -185,7 +186,7 @@ class FakeOpenAI:
         self._queue: collections.deque[Reply] = collections.deque()
         self._lock = threading.Lock()
         self._closing = threading.Event()
-        self._httpd = _Server(("127.0.0.1", port), self._handler_class())
+        self._httpd = _Server((bind, port), self._handler_class())
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="fake-openai", daemon=True)
         self._thread.start()
 
@@ -196,6 +197,10 @@ class FakeOpenAI:
     @property
     def host(self) -> str:
         return f"127.0.0.1:{self._httpd.server_port}"
+
+    @property
+    def port(self) -> int:
+        return int(self._httpd.server_port)
 
     @property
     def count(self) -> int:

@@ -4,7 +4,8 @@
 runs of several architectures x seeds with real configs (`make_config`), run ids (`config.run_id`), parameter
 accounting (`accounting.describe`), CPU telemetry; val_loss curves in `metrics` from step 0 to the last step;
 prompts, samples and judge grades (with failures and a repeat); lm-eval rows; optionally bench rows. Plus runs that
-must stay out of the statistics: one failed and one still running (with metrics of their own).
+must stay out of the statistics: one failed and one still running (with metrics of their own), held by the process
+that builds the fixture, which is alive as long as the tests that read it.
 
 The numbers are drawn from a seeded generator with per-architecture effects, so tests can recompute every statistic
 independently from the rows (never from this module's parameters).
@@ -14,13 +15,16 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
+import socket
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
 
 from benchctl import plans, stages
-from benchctl.core import accounting
+from benchctl.core import accounting, liveness
+from benchctl.core import db as dbm
 from benchctl.core.config import make_config, run_id
 from benchctl.stages.train import tables as train_tables
 
@@ -73,6 +77,7 @@ def build_fixture_db(
     infer: bool = False,
     variant: str | None = None,
     run_extra: Callable[[str, int], dict] | None = None,
+    infer_extra: Callable[[str, int, str], dict] | None = None,
 ) -> Path:
     """Write a fixture results.db at `path` (created or added to) and return the path.
 
@@ -82,7 +87,8 @@ def build_fixture_db(
 
     Done runs carry a quiet machine's timing telemetry (CPU time a little under two threads' worth of the wall time,
     one job, load average 1.9); `run_extra(arch, seed)` returns columns that replace a done run's values (a shared
-    machine's load, seeds with other times)."""
+    machine's load, seeds with other times). Inference rows are timed on the same quiet machine, without repeats
+    or paired timings; `infer_extra(arch, seed, setting)` returns columns that replace a row's values."""
     path = Path(path)
     db = stages.connect(path)
     archs, seeds = list(archs), list(seeds)
@@ -189,8 +195,16 @@ def build_fixture_db(
                     "finished_at": _ts(2, t + 9),
                 }
             )
-        else:
-            row.update({"step": last})
+        else:  # still running: held by this very process, so that it reads as alive wherever the fixture is read
+            row.update(
+                {
+                    "step": last,
+                    "hostname": socket.gethostname(),
+                    "pid": os.getpid(),
+                    "pid_started": liveness.process_start_time(os.getpid()),
+                    "heartbeat_at": dbm.now(),
+                }
+            )
         runs.append(row)
         t += 100
         if curves:
@@ -276,7 +290,8 @@ def build_fixture_db(
         if depth:
             depth_rows += _depth_rows(rid, arch, cfg.model.n_recur, final, seed)
         if infer:
-            infer_rows += _infer_rows(rid, arch, cfg.model.n_recur, seed)
+            for ir in _infer_rows(rid, arch, cfg.model.n_recur, seed):
+                infer_rows.append({**ir, **(infer_extra(arch, seed, ir["setting"]) if infer_extra else {})})
             latent_rows += _latent_rows(rid, arch, cfg.model.n_recur)
         if evals:
             e = _rng("eval", rid)
@@ -473,6 +488,9 @@ def _infer_rows(rid: str, arch: str, trained: int, seed: int) -> list[dict]:
         "device": "cpu",
         "threads": 2,
         "peak_mem_source": "process-rss",
+        "load_avg": 1.9,
+        "cores": 2,
+        "cpu_share": 0.96,
         "seconds": 3.0,
         "created_at": _ts(7, seed),
     }

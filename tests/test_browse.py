@@ -8,11 +8,19 @@
   column labels the models.
 - A missing file, a directory, a non-SQLite file and an SQLite file without benchctl's tables exit non-zero with
   one line; so does a port that is taken.
+- Laid out for reading (through the same real server): the runs overview shows the columns read first and the
+  config last, rounded; its run ids link to the validation-curve query with the id filled in; every canned query
+  rounds its floats; the runs table's column descriptions sit in a collapsed list, still in each header's menu.
+- Query parameters Datasette cannot read are answered 400 with a short message and no traceback on the server, on
+  the runs table and another; an error from code other than Datasette's stays a 500 with its traceback.
 """
 
 from __future__ import annotations
 
+import asyncio
+import html
 import json
+import re
 import socket
 import sqlite3
 import subprocess
@@ -24,6 +32,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from datasette import hookimpl
+from datasette.plugins import pm
 
 from benchctl import browse, stages
 from benchctl.cli import main
@@ -185,6 +195,183 @@ def test_serves_descriptions_and_every_canned_query(tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    """One `benchctl browse` server over a fixture database for the tests below: (base URL, database, the file its
+    stderr goes to)."""
+    root = tmp_path_factory.mktemp("browser")
+    path = build_fixture_db(root / "results.db", seeds=(0, 1), n_prompts=2, bench=True, infer=True, depth=True)
+    _add_accuracy_rows(path)
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    log = root / "stderr.txt"
+    with log.open("wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "benchctl", "browse", "--db", str(path), "--port", str(port), "--no-open"],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    try:
+        _wait_until_up(proc, base)
+        yield base, path, log
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+OVERVIEW_COLUMNS = [
+    "model",
+    "run_id",
+    "arch",
+    "preset",
+    "seed",
+    "status",
+    "step",
+    "max_steps",
+    "final_val_loss",
+    "initial_val_loss",
+    "mflop_per_token",
+    "train_tflop",
+    "train_seconds",
+    "tokens_per_s",
+    "config_json",
+]
+
+
+def test_the_runs_overview_reads_first_what_people_read_first(browser):
+    base, path, _ = browser
+    rows = _rows(base, "/results/runs_overview.json?_shape=array")
+    conn = sqlite3.connect(path)
+    conn.row_factory = sqlite3.Row
+    stored = {r["id"]: r for r in conn.execute("select * from runs")}
+    assert [list(r) for r in rows] == [OVERVIEW_COLUMNS] * len(stored)  # every run, config last
+    for row in rows:
+        run = stored[row["run_id"]]
+        if run["status"] == "done":
+            assert row["final_val_loss"] == round(run["final_val_loss"], 4) != run["final_val_loss"]
+            assert row["train_seconds"] == round(run["train_seconds"], 1) != run["train_seconds"]
+        assert row["mflop_per_token"] == round(run["flops_per_token"] / 1e6, 3)
+        # the same config, compacted to one unbreakable line
+        assert json.loads(row["config_json"]) == json.loads(run["config_json"]) and " " not in row["config_json"]
+        assert (row["seed"], row["status"]) == (run["seed"], run["status"])
+    status, page = _get(f"{base}/results/runs_overview")
+    assert status == 200 and "Runs at a glance" in page.decode()
+
+
+def test_a_run_id_in_a_query_links_to_its_validation_curve(browser):
+    base, path, _ = browser
+    status, page = _get(f"{base}/results/runs_overview")
+    links = re.findall(r'<td class="col-run_id"><a href="([^"]+)"', page.decode())
+    run_ids = [r[0] for r in sqlite3.connect(path).execute("select id from runs order by id")]
+    assert status == 200 and len(links) == len(run_ids)
+    done = next(iter(sqlite3.connect(path).execute("select id from runs where status = 'done'")))[0]
+    link = html.unescape(next(x for x in links if urllib.parse.quote(done) in x))
+    assert link == f"/results/validation_curve?run_id={urllib.parse.quote(done)}"
+    curve = _rows(base, link.replace("validation_curve?", "validation_curve.json?_shape=array&"))
+    stored = list(
+        sqlite3.connect(path).execute(
+            "select step, value from metrics where run_id = ? and name = 'val_loss' order by step", [done]
+        )
+    )
+    assert [(r["step"], r["val_loss"]) for r in curve] == [(step, round(v, 4)) for step, v in stored]
+    assert len(curve) > 1
+    status, page = _get(f"{base}/results/unfinished_runs")  # any query's run ids
+    assert status == 200 and "/results/validation_curve?run_id=" in page.decode()
+
+
+def _decimals(x: float) -> int:
+    text = repr(x)
+    return 0 if "e" in text or "." not in text else len(text.split(".")[1].rstrip("0"))
+
+
+def test_every_canned_query_rounds_its_numbers(browser):
+    base, path, _ = browser
+    queries = browse.canned_queries(browse.check_database(path))
+    run_id = next(iter(sqlite3.connect(path).execute("select id from runs where status = 'done'")))[0]
+    floats = 0
+    for name, query in queries.items():
+        params = f"&run_id={urllib.parse.quote(run_id)}" if ":run_id" in query["sql"] else ""
+        rows = _rows(base, f"/results/{name}.json?_shape=array{params}")
+        assert rows, name
+        for row in rows:
+            for column, value in row.items():
+                if isinstance(value, float):
+                    floats += 1
+                    assert _decimals(value) <= 4, f"{name}.{column} = {value!r}"
+    assert floats > 100
+
+
+def test_column_descriptions_are_one_click_away_on_a_table_page(browser):
+    base, _, _ = browser
+    status, page = _get(f"{base}/results/runs")
+    text = page.decode()
+    assert status == 200
+    start, end = text.index("<details>"), text.index("</details>")
+    assert text.count('class="column-descriptions"') == 1  # Datasette's open list is gone: only the collapsed one
+    collapsed = html.unescape(text[start:end])
+    spec = browse.described_tables()["runs"]
+    assert f"What each of the {len(spec.columns)} columns holds" in collapsed
+    assert all(browse.describe("runs", c.name) in collapsed for c in spec.columns)
+    assert start < text.index('class="column-descriptions"') < end < text.index('<table class="rows-and-columns">')
+    described = browse.describe("runs", "final_val_loss")
+    assert f'data-column-description="{html.escape(described)}"' in text  # the header's menu still has it
+    assert '<a href="/results/runs_overview">Runs at a glance</a>' in text
+
+
+BAD_PARAMETERS = [
+    ("?_timelimit=abc", "invalid literal for int()"),
+    ("?id__notin=%5B", "not valid JSON"),
+    ("?_through=%7B%7D", "missing key 'table'"),
+    ('?_through={"table":"x"}', "missing key 'column'"),
+    ("?_through=notjson", "not valid JSON"),
+    ("?_sort=rowid&_next=-1", "Cannot sort table by rowid"),  # Datasette's own message, as for any unknown _sort
+]
+
+
+@pytest.mark.parametrize("table", ["runs", "metrics"])
+@pytest.mark.parametrize("query,message", BAD_PARAMETERS)
+def test_a_query_parameter_datasette_cannot_read_is_a_400(browser, table, query, message):
+    base, _, log = browser
+    if table == "metrics":
+        query = query.replace("id__notin", "run_id__notin")
+    address = f"{base}/results/{table}{urllib.parse.quote(query, safe='?&=%')}"
+    status, page = _get(address)
+    assert status == 400, page[-500:]
+    assert message in html.unescape(page.decode()) and "Traceback" not in page.decode()
+    status, body = _get(address.replace(f"/{table}?", f"/{table}.json?"))
+    answer = json.loads(body)
+    assert status == 400 and answer["status"] == 400 and message in answer["error"]
+    assert "Traceback" not in log.read_text()  # the server printed none either
+
+
+class _BuggyPlugin:
+    """A plugin whose hook fails on every page it renders: a server error Datasette did not raise."""
+
+    @hookimpl
+    def extra_template_vars(self):
+        raise ValueError("a bug in a plugin")
+
+
+def test_a_server_error_stays_a_500_with_its_traceback(tmp_path, capfd):
+    path = build_fixture_db(tmp_path / "results.db", seeds=(0,), judge=False, evals=False, curves=False)
+    ds = browse.app(browse.check_database(path))
+    plugin = _BuggyPlugin()
+    pm.register(plugin, name="benchctl-test-buggy")
+    try:
+        for page in ("/results/runs?_sort=arch", "/results/runs", "/results/final_losses?_timelimit=10"):
+            response = asyncio.run(ds.client.get(page))
+            assert response.status_code == 500, page
+            assert "Traceback" in capfd.readouterr().err and "a bug in a plugin" in response.text
+    finally:
+        pm.unregister(plugin)
+    response = asyncio.run(ds.client.get("/results/runs?_timelimit=abc"))  # the same server, a bad parameter
+    assert response.status_code == 400 and "Traceback" not in capfd.readouterr().err
 
 
 def _error(capsys, argv: list[str]) -> tuple[int, str]:

@@ -211,6 +211,9 @@ def test_contention_rule():
     assert contention({**quiet, "concurrent_jobs": 2}) == "trained beside 1 other job(s) (2 at once)"
     assert contention({**quiet, "load_avg": 9.0, "device_name": "NVIDIA A100"}) is None  # cores unknown
     assert contention({"device_name": TWO_CORES, "load_avg": None, "concurrent_jobs": None}) is None  # older rows
+    # a row that records its machine's cores (inference_results) is read against them, whatever the device
+    assert contention({"cores": 2, "load_avg": 2.6, "device_name": "NVIDIA A100"}) == "mean load 2.6 on 2 cores"
+    assert contention({"cores": 4, "load_avg": 2.6}) is None
 
 
 # ---- the report ------------------------------------------------------------------------------------------------------
@@ -261,6 +264,46 @@ def test_contended_runs_point_to_the_cpu_time_and_bench_ratios(tmp_path):
     _, sec, _ = _report(tmp_path / "nobench", archs=("control", "frailt"), seeds=(0, 1), run_extra=hog)
     assert "Headline: the CPU-time ratio" in sec
     assert "trust the CPU-time ratio (better: run `benchctl bench`) instead." in sec
+
+
+def test_the_training_time_figure_flags_the_runs_the_notes_flag(tmp_path):
+    """The figure says what the notes under the timing table say: a model with a contended run has a hatched bar
+    and a legend entry says what hatching means; where only some of a model's seeds were contended, their dots are
+    red. Memory is not a timing: its figure is never hatched. A quiet study's figure has neither."""
+    from matplotlib.colors import to_hex
+
+    def extra(arch, seed):
+        out = {"device_name": TWO_CORES}
+        if arch == "frailt" and seed == 1:
+            out["load_avg"] = 6.2
+        if arch == "relaxed":
+            out["concurrent_jobs"] = 2
+        return out
+
+    archs = ("control", "frailt", "relaxed")
+    db = build_fixture_db(tmp_path / "results.db", archs=archs, seeds=(0, 1), judge=False, evals=False, run_extra=extra)
+    built = report.build(db)
+    sec = section(built.markdown, "Training cost")
+    assert "- frailt seed 1 was contended (mean load 6.2 on 2 cores)" in sec
+    assert "- relaxed seeds 0 and 1 were contended (trained beside 1 other job(s) (2 at once))" in sec
+    fig = built.figures["training_time.png"]
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == list(archs)
+    assert [bar.get_hatch() for bar in ax.patches] == [None, "///", "///"]
+    dots = [  # one colour for every dot, or one per dot
+        [to_hex(c) for c in coll.get_facecolors()] * (len(coll.get_offsets()) if len(coll.get_facecolors()) == 1 else 1)
+        for coll in ax.collections
+    ]
+    assert dots == [["#ffffff"] * 2, ["#ffffff", "#c00000"], ["#ffffff"] * 2]  # seeds 0, 1; relaxed: all flagged
+    legend = " ".join(t.get_text() for leg in fig.legends for t in leg.get_texts()).replace("\n", " ")
+    assert "hatched: contended runs (3 of 6;" in legend and "red dot: a contended seed" in legend
+    memory = built.figures["peak_memory.png"]
+    assert all(bar.get_hatch() is None for bar in memory.axes[0].patches) and not memory.legends
+
+    quiet = report.build(
+        build_fixture_db(tmp_path / "quiet.db", archs=archs, seeds=(0, 1), judge=False, evals=False)
+    ).figures["training_time.png"]
+    assert all(bar.get_hatch() is None for bar in quiet.axes[0].patches) and not quiet.legends
 
 
 def test_a_bench_of_some_models_is_trusted_for_those_models(tmp_path):

@@ -322,9 +322,69 @@ def test_report_section_renders_on_a_fixture(tmp_path):
         assert f"(figures/{fig})" in sec
     assert "- frailt improves past its trained depth" in sec and "- relaxed degrades past its trained depth" in sec
     assert "- three-part saturates past its trained depth" in sec
+    assert "saturates = the change is shown to lie within ±0.01 nats by two one-sided t-tests" in sec
     assert "95% CI" in sec and "skips exited tokens" in sec
     empty = report.build(build_fixture_db(tmp_path / "none.db", seeds=(0,), judge=False, evals=False)).markdown
     assert "No test-time depth rows" in empty
+
+
+def test_frontier_labels_every_exit_threshold_once_and_none_overlaps(tmp_path):
+    """frailt and relaxed exit at the same mean depths with the same losses here, so each threshold's points of the
+    two lines coincide: one label says the threshold there, and no label is printed over another text."""
+    from figcheck import labels, outside_figure, overlapping_labels
+
+    built = report.build(build_fixture_db(tmp_path / "results.db", seeds=(0, 1), judge=False, evals=False, depth=True))
+    fig = built.figures["depth_frontier.png"]
+    shown = labels(fig)
+    assert sorted(shown) == sorted(["0.0001", "0.001", "0.01"] * 2)  # two spots per threshold: shared, three-part
+    assert not overlapping_labels(fig) and not outside_figure(fig)
+
+
+def _depth_df(changes: list[float], at_trained: float = 3.2, trained: int = 4):
+    """depth_results rows of one frailt line over len(changes) seeds: the trained depth and twice it."""
+    import pandas as pd
+
+    rows = []
+    for seed, change in enumerate(changes):
+        for d, v in ((trained, at_trained), (2 * trained, at_trained + change)):
+            rows.append({"model": "frailt", "line": "frailt", "seed": seed, "n_recur": d, "val_loss": v})
+    return pd.DataFrame(rows).assign(trained=trained, exit_rule="", extrapolate="", mean_depth=lambda f: f["n_recur"])
+
+
+_FRAILT = type("Ctx", (), {"arch_of": {"frailt": "frailt"}})()
+
+
+def test_a_wide_ci_containing_zero_is_not_called_saturation():
+    from benchctl.stages.depth import report as depth_report
+
+    (line,) = depth_report.verdicts(_FRAILT, _depth_df([-0.04, 0.05, 0.0]))  # mean +0.003, CI about ±0.11
+    assert "saturates" not in line.split(":")[0]
+    assert line.startswith("- frailt is not shown to improve, degrade or saturate past its trained depth")
+    assert "contains 0, which is no evidence of saturation" in line and "is not inside ±0.01 nats" in line
+
+
+def test_a_tight_ci_within_the_margin_is_saturation_with_the_margin_in_the_sentence():
+    from benchctl.stages.depth import report as depth_report
+
+    (line,) = depth_report.verdicts(_FRAILT, _depth_df([0.001, -0.0005, 0.0012, 0.0003]))
+    assert line.startswith("- frailt saturates past its trained depth")
+    assert "within ±0.01 nats by two one-sided t-tests, 90% CI [" in line
+    # a consistent change smaller than the margin: saturation, and the sentence says the change is real
+    (line,) = depth_report.verdicts(_FRAILT, _depth_df([0.002, 0.0021, 0.0019]))
+    assert line.startswith("- frailt saturates") and "the change is real but smaller than the margin" in line
+    # improvement by more than the margin is still an improvement
+    (line,) = depth_report.verdicts(_FRAILT, _depth_df([-0.05, -0.06, -0.055]))
+    assert line.startswith("- frailt improves past its trained depth")
+
+
+def test_one_seed_is_never_called_saturation():
+    from benchctl.stages.depth import report as depth_report
+
+    (line,) = depth_report.verdicts(_FRAILT, _depth_df([0.0]))
+    assert line.startswith("- frailt has one seed, so nothing is tested past its trained depth")
+    assert "change +0.0000 for this one trained model, within ±0.01 nats" in line and "two seeds or more" in line
+    (line,) = depth_report.verdicts(_FRAILT, _depth_df([-0.05]))
+    assert "outside ±0.01 nats; one seed has no CI, so whether the architecture improves needs" in line
 
 
 # ---- architectures without the iteration hooks -------------------------------------------------------------------

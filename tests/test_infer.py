@@ -6,8 +6,12 @@ agreement against full depth, the latent view; a rerun measures nothing), its br
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import sqlite3
 
+import numpy as np
+import pandas as pd
 import pytest
 import sqlite_utils
 import torch
@@ -107,7 +111,10 @@ def test_report_section_renders_on_a_fixture(tmp_path):
         assert f"(figures/{fig})" in sec and fig in built.figures
     assert "**control** (reference)" in sec and "| full depth | 2 |" in sec
     assert "- frailt: `n=trained exit=0.001 rule=kl kv=last` is cheaper than full depth" in sec
-    assert "no worse = the upper end of the loss change's 95% CI over 2 seeds below 0.01 nats" in sec
+    frailt = next(x for x in sec.splitlines() if x.startswith("- frailt:"))
+    assert "shown below +0.01 nats by a one-sided t over 2 seeds (non-inferiority p = " in frailt
+    assert "over the 2 cheaper settings of frailt" in frailt  # the family the setting was picked from
+    assert "shown to be below +0.01 nats by a one-sided t-test (non-inferiority, α = 0.05)" in sec
     assert "- relaxed: no cheaper setting is shown to be no worse than full depth" in sec
     assert "- three-part: no setting spends fewer FLOPs per generated token or holds fewer KV bytes" in sec
     assert "- control" not in sec  # the reference gets no sentence
@@ -133,9 +140,175 @@ def test_report_section_renders_on_a_fixture(tmp_path):
     assert "faster in 6 of 6, sign test p = 0.016" in line
     assert f"| {chosen} | 2 | " in sec and "| 1.10 |" in sec  # the table's × full b1 column
     one = report.build(build_fixture_db(tmp_path / "one.db", seeds=(0,), judge=False, evals=False, infer=True))
-    assert "one seed, so about that trained model only" in _section(one.markdown, "Inference cost")
+    one_sec = _section(one.markdown, "Inference cost")
+    assert "- frailt: one seed, so nothing is tested: `n=trained exit=0.001 rule=kl kv=last`" in one_sec
+    assert "needs two seeds or more" in one_sec and "is cheaper than full depth" not in one_sec
     empty = report.build(build_fixture_db(tmp_path / "none.db", seeds=(0,), judge=False, evals=False)).markdown
     assert "No inference rows" in _section(empty, "Inference cost")
+
+
+# Paired speed-ups for every setting but full depth (three repeats each, around a per-setting level), and one
+# contended row: frailt's seed 1 of one setting timed with the 2-core machine's load at 3.4.
+_LEVEL = {
+    "n=trained exit=0.001 rule=kl kv=last": 1.3,
+    "n=trained exit=0.01 rule=kl kv=first": 1.8,
+    "n=trained exit=0.01 rule=kl kv=last": 1.5,
+    "speculative draft n=1 k=4": 0.9,
+}
+_BUSY = ("frailt", 1, "n=trained exit=0.01 rule=kl kv=first")
+
+
+def _paired(arch: str, seed: int, setting: str) -> dict:
+    extra: dict = {}
+    if setting != "full depth":
+        level = _LEVEL[setting] * (1 + 0.01 * seed)
+        extra["speedups_json"] = json.dumps({"single": [level, level * 1.02, level * 0.99], "batch": [level] * 3})
+        extra["repeats"] = 3
+    if (arch, seed, setting) == _BUSY:
+        extra["load_avg"] = 3.4
+    return extra
+
+
+def test_frontier_draws_each_setting_against_full_depth_as_its_rows_say(tmp_path):
+    """Every point of a model's panels is one of its settings, where the rows put it: the median of the stored
+    paired speed-ups (full depth at 1), the KV bytes over full depth's, the loss change paired by seed; the labels
+    are exactly the settings present and cover no other text; the contended row is flagged on the figure and in the
+    table."""
+    from figcheck import outside_figure, overlapping_labels
+    from matplotlib.text import Annotation
+
+    from benchctl.stages.infer.report import paired_speedups
+
+    path = build_fixture_db(
+        tmp_path / "results.db", seeds=(0, 1), judge=False, evals=False, infer=True, infer_extra=_paired
+    )
+    built = report.build(path)
+    fig = built.figures["infer_frontier.png"]
+    rows = list(
+        sqlite_utils.Database(path).query(
+            "select r.arch, r.seed, i.* from inference_results i join runs r on r.id = i.run_id where r.status = 'done'"
+        )
+    )
+    panels = {}
+    for ax in fig.axes:
+        panels.setdefault(ax.get_title(), []).append(ax)
+    assert sorted(panels) == ["frailt", "relaxed", "three-part"]  # the control has nothing to set against
+    red = 0
+    for arch, (speed_ax, kv_ax) in panels.items():
+        mine = [r for r in rows if r["arch"] == arch]
+        settings = {r["setting"] for r in mine}
+        full = {r["seed"]: r for r in mine if r["setting"] == "full depth"}
+        for ax, value in ((speed_ax, "speed"), (kv_ax, "kv")):
+            shown = []
+            for ann in (t for t in ax.texts if isinstance(t, Annotation)):
+                x, y = ann.xy
+                for name in ann.get_text().split("\n"):
+                    shown.append(name)
+                    h = [r for r in mine if r["setting"] == name]
+                    change = np.mean([r["val_loss"] - full[r["seed"]]["val_loss"] for r in h])
+                    assert x == pytest.approx(change, abs=1e-12), (arch, name)
+                    if value == "kv":
+                        want = np.mean([r["kv_bytes_per_1k"] for r in h]) / np.mean(
+                            [r["kv_bytes_per_1k"] for r in full.values()]
+                        )
+                    else:
+                        want = 1.0 if name == "full depth" else float(np.median(paired_speedups(pd.DataFrame(h))))
+                    assert y == pytest.approx(want), (arch, name, value)
+            assert sorted(shown) == sorted(settings), (arch, value)
+            red += sum(line.get_markeredgecolor() == "#C00000" for line in ax.get_lines())
+    assert red == 1  # the contended setting's speed-up; its KV bytes are a count, not a timing
+    assert not overlapping_labels(fig) and not outside_figure(fig)
+    legend = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
+    assert any("contended" in t for t in legend)
+    sec = _section(built.markdown, "Inference cost")
+    assert "| n=trained exit=0.01 rule=kl kv=first † | 2 |" in sec
+    assert sum(" † |" in line for line in sec.splitlines()) == 1
+    assert (
+        "† frailt `n=trained exit=0.01 rule=kl kv=first` seed 1 was timed on a contended machine (mean load 3.4 on "
+        "2 cores; training runs are flagged by the same rule): its tokens/s are not a cost measure here." in sec
+    )
+    assert "Hollow speed-ups with a red edge were timed on a contended machine (†)." in sec
+    assert "control: full depth only, nothing to set against it." in sec
+
+
+def test_rows_without_load_still_report_and_gain_the_columns_when_opened_to_write(tmp_path):
+    """A database from before the load was recorded: the report shows neither the load columns nor a flag, and
+    the next writing command adds the columns (empty for the old rows)."""
+    from benchctl import stages
+
+    path = build_fixture_db(tmp_path / "results.db", seeds=(0, 1), judge=False, evals=False, infer=True)
+    conn = sqlite3.connect(path)
+    for col in ("load_avg", "cores", "cpu_share"):
+        conn.execute(f"alter table inference_results drop column {col}")
+    conn.commit()
+    conn.close()
+    sec = _section(report.build(path).markdown, "Inference cost")
+    assert "| agreement | acceptance |" in sec and "load avg" not in sec and "†" not in sec
+    assert "(figures/infer_frontier.png)" in sec
+    db = stages.connect(path)
+    cols = db["inference_results"].columns_dict
+    assert {"load_avg", "cores", "cpu_share"} <= set(cols)
+    assert next(iter(db.query("select count(*) as n from inference_results where load_avg is not null")))["n"] == 0
+    db.conn.close()
+
+
+def _settings_frame(changes: dict[str, list[float]]):
+    """inference rows of one frailt model: full depth and, per setting, a cheaper one (half the FLOPs, the same KV
+    bytes) whose loss differs from full depth's by the given change at each seed."""
+    import pandas as pd
+
+    rows = []
+    for i, (setting, deltas) in enumerate({FULL: None, **changes}.items()):
+        for seed in range(3):
+            rows.append(
+                {
+                    "model": "frailt",
+                    "seed": seed,
+                    "setting": setting,
+                    "kind": "plain",
+                    "warm_start": 0,
+                    "exit_threshold": 0.0 if deltas is None else 10.0**-i,
+                    "kv": "full",
+                    "draft_n_recur": 0,
+                    "flops_per_token": 4e6 if deltas is None else 4e6 / (1 + i),
+                    "kv_bytes_per_1k": 16e6,
+                    "val_loss": 3.3 + 0.05 * seed + (0.0 if deltas is None else deltas[seed]),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+FULL = "full depth"
+_FRAILT = type("Ctx", (), {"arch_of": {"frailt": "frailt"}})()
+
+
+def test_no_worse_is_corrected_for_the_choice_among_settings():
+    """Three cheaper settings, each non-inferior within 0.01 nats at p < 0.05 on its own: picking the cheapest of them
+    without a correction would call it no worse; Holm over the three does not."""
+    from scipy import stats as sps
+
+    from benchctl.stages.infer import report as infer_report
+
+    changes = {"a": [0.002, 0.006, 0.0035], "b": [0.001, 0.006, 0.003], "c": [0.0, 0.007, 0.003]}
+    raw = {k: sps.ttest_1samp(v, 0.01, alternative="less").pvalue for k, v in changes.items()}
+    assert all(p < 0.05 for p in raw.values()) and min(raw.values()) * 3 > 0.05
+    line = infer_report.verdict(_FRAILT, "frailt", _settings_frame(changes))
+    assert line.startswith("- frailt: no cheaper setting is shown to be no worse than full depth")
+    assert "Holm-adjusted over the 3 cheaper settings of frailt" in line
+    # one setting alone, the same numbers: the family is that one setting and the test passes
+    line = infer_report.verdict(_FRAILT, "frailt", _settings_frame({"a": changes["a"]}))
+    assert line.startswith("- frailt: `a` is cheaper than full depth")
+    assert f"non-inferiority p = {raw['a']:.3f}, Holm-adjusted p = {raw['a']:.3f} over the 1 cheaper setting of" in line
+
+
+def test_no_worse_needs_the_change_below_the_margin_not_a_ci_containing_zero():
+    from benchctl.stages.infer import report as infer_report
+
+    wide = {"a": [-0.03, 0.04, 0.002]}  # mean +0.004: its CI contains 0 and reaches far above the margin
+    line = infer_report.verdict(_FRAILT, "frailt", _settings_frame(wide))
+    assert line.startswith("- frailt: no cheaper setting is shown to be no worse")
+    better = {"a": [-0.02, -0.025, -0.018]}  # clearly lower loss: no worse by any margin
+    assert "`a` is cheaper than full depth" in infer_report.verdict(_FRAILT, "frailt", _settings_frame(better))
 
 
 # ---- the stage end to end --------------------------------------------------------------------------------------------
@@ -194,6 +367,7 @@ def test_infer_measures_every_setting_once_and_resumes(results):
         assert r["tokens_per_s_1_min"] <= r["tokens_per_s_1"] <= r["tokens_per_s_1_max"]
         assert r["tokens_per_s_batch_min"] <= r["tokens_per_s_batch"] <= r["tokens_per_s_batch_max"]
         assert 0 <= r["agreement"] <= 1
+        assert r["cores"] == os.cpu_count() and r["load_avg"] is not None and 0 < r["cpu_share"] < 1.5
         if r["setting"] == "full depth":  # the reference is not timed against itself
             assert r["speedup_1"] is None and r["speedups_json"] is None
         else:  # every other setting is timed beside full depth in each repeat
@@ -255,6 +429,9 @@ def test_paired_timing_alternates_and_keeps_each_repeats_ratio(monkeypatch):
     assert timed == [setting.label, engine.FULL, engine.FULL, setting.label, setting.label, engine.FULL]
     assert json.loads(row["speedups_json"]) == {"single": [2.0, 2.0, 2.0], "batch": [2.0, 2.0, 2.0]}
     assert row["speedup_1"] == row["speedup_batch"] == 2.0 and row["tokens_per_s_1"] == 8.0
+    # what the timings ran under, stored with them: the machine's load and cores, the process's share of the CPU
+    assert row["cores"] == os.cpu_count() and row["load_avg"] == pytest.approx(os.getloadavg()[0], abs=2.0)
+    assert row["cpu_share"] is not None and row["cpu_share"] >= 0
     calls.clear()
     alone = engine.measure(None, setting, [[1, 2]] * 3, sizes, torch.zeros(2, 3), cfg, torch.device("cpu"), None, 2)
     assert {label for label, _ in calls} == {setting.label} and alone["speedup_1"] is None
@@ -270,6 +447,11 @@ def test_cli_prints_the_rows_and_errors_are_one_line(results, capsys):
     assert exc.value.code == ConfigError.exit_code and "--kv: unknown strategy 'lastt'" in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     argv = ["infer", "--db", str(results), "--no-progress", "--archs", "control", "--batch", "2", "--single", "1"]
+    for too_long, says in ((["--prompt-tokens", "1000"], "at most half of it"), (["--new-tokens", "1000"], "at most")):
+        with pytest.raises(SystemExit) as exc:  # more than the context holds: refused, never measured shorter
+            cli.main([*argv, *too_long])
+        err = capsys.readouterr().err
+        assert exc.value.code == ConfigError.exit_code and too_long[0] in err and says in err, err
     with pytest.raises(SystemExit) as exc:
         cli.main([*argv, "--new-tokens", "3", "--windows", "2"])
     out = capsys.readouterr().out

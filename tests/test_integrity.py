@@ -313,6 +313,23 @@ def test_a_checkpoint_written_but_not_recorded_is_recorded_on_resume(tmp_path, t
 # Lifecycle: SIGTERM, two sweeps over one database, read-only files
 
 
+def test_a_second_sigterm_while_unwinding_from_the_first_is_ignored():
+    """The handler raises once: a SIGTERM arriving while the first one unwinds (recording the run, printing the
+    last line) would otherwise raise inside that code and end in a chain of tracebacks."""
+    import signal
+
+    from benchctl.core.errors import Terminated, raise_terminated
+
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        with pytest.raises(Terminated):
+            signal.raise_signal(signal.SIGTERM)
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+        signal.raise_signal(signal.SIGTERM)  # ignored: nothing raised
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @pytest.mark.slow  # a training process, signalled
 def test_sigterm_records_the_run_interrupted_like_ctrl_c(tmp_path, tinystories_dir):
     import os
@@ -339,9 +356,10 @@ def test_sigterm_records_the_run_interrupted_like_ctrl_c(tmp_path, tinystories_d
         time.sleep(0.05)
     assert p.poll() is None, "the run ended before it could be terminated"
     p.send_signal(signal.SIGTERM)
+    p.send_signal(signal.SIGTERM)  # a second one at once (a scheduler that signals twice): the same clean ending
     _, err = p.communicate(timeout=120)
     assert p.returncode == 128 + signal.SIGTERM, err
-    assert err.strip().splitlines()[-1] == "terminated; rerun the same command to resume"
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == "terminated; rerun the same command to resume"
     conn = sqlite3.connect(db_path)
     status, error, pid = conn.execute("select status, error, pid from runs").fetchone()
     conn.close()
@@ -545,3 +563,99 @@ def test_an_export_that_cannot_write_is_one_line_exit_8(exportable, capsys, tmp_
     code, err, _ = run_cli(capsys, ["export", rid, "-f", "hf", "-o", str(out), "--db", str(db_path)])
     assert code == 8 and words in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert not out.exists() and not list(tmp_path.glob(".out.partial-*"))
+
+
+def test_a_full_disk_under_results_db_is_one_line_and_keeps_the_database(exportable, capsys, monkeypatch, tmp_path):
+    """`sample` on a full disk: SQLite's own SQLITE_FULL (the database is held at its current size, as a full disk
+    would hold it) is one line with exit 8, and the database keeps its runs, consistent."""
+    db_path, rid = _copy_of(exportable, tmp_path)
+    real = stages.connect
+
+    def full(*a, **k):
+        db = real(*a, **k)
+        pages = db.conn.execute("pragma page_count").fetchone()[0]
+        db.conn.execute(f"pragma max_page_count = {pages}")
+        return db
+
+    monkeypatch.setattr(stages, "connect", full)
+    code, err, _ = run_cli(capsys, ["sample", "--db", str(db_path), "--n-prompts", "64", "--no-progress"])
+    assert code == 8 and "disk is full" in err and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1
+    conn = sqlite3.connect(db_path)
+    assert conn.execute("pragma integrity_check").fetchone() == ("ok",)
+    assert conn.execute("select id, status from runs").fetchall() == [(rid, "done")]
+    conn.close()
+
+
+def _copy_of(exportable, tmp_path: Path) -> tuple[Path, str]:
+    """The trained tiny control's database and runs directory copied into `tmp_path` (a test that writes to it
+    leaves the module's fixture as it was)."""
+    import shutil
+
+    db_src, rid = exportable
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    db_path = tmp_path / "results.db"
+    with sqlite3.connect(db_src) as a, sqlite3.connect(db_path) as b:
+        a.backup(b)  # with what is still in the source's WAL
+    shutil.copytree(db_src.parent / "runs", tmp_path / "runs")
+    if (db_src.parent / "cache").is_dir():
+        shutil.copytree(db_src.parent / "cache", tmp_path / "cache")
+    return db_path, rid
+
+
+def test_a_command_given_db_elsewhere_keeps_its_cache_beside_that_database(exportable, capsys, monkeypatch, tmp_path):
+    """`sample --db OTHER/results.db` run from another directory prepares (or finds) the data cache beside that
+    database, as its runs directory is, and writes nothing into the working directory."""
+    db_path, _ = _copy_of(exportable, tmp_path / "study")
+    here = tmp_path / "elsewhere"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    monkeypatch.delenv("BENCHCTL_CACHE", raising=False)
+    code, err, _ = run_cli(capsys, ["sample", "--db", str(db_path), "--n-prompts", "2", "--no-progress"])
+    assert code == 0, err
+    assert list(here.iterdir()) == []
+    assert any((db_path.parent / "cache").iterdir())
+
+
+def test_train_refuses_init_from_before_making_a_database_or_a_cache(tinystories_dir, capsys, monkeypatch, tmp_path):
+    """A run that starts from converted weights is `retrofit`'s to start: `train` says so before it creates
+    results.db or prepares the data."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("BENCHCTL_CACHE", raising=False)
+    db = tmp_path / "results" / "results.db"
+    argv = [*train_argv(tinystories_dir, db), "--set", "train.init_from=somewhere", "--db", str(db)]
+    code, err, _ = run_cli(capsys, argv)
+    assert code == 2 and "benchctl retrofit" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["study", "report"])
+def test_an_output_folder_that_cannot_be_written_is_refused_first(
+    tinystories_dir, capsys, monkeypatch, tmp_path, command
+):
+    """`study --out` where a file stands in the way (as a read-only folder would, which root cannot simulate): one
+    line, exit 8, before any data is prepared or a database made; the same for `report --out`."""
+    monkeypatch.chdir(tmp_path)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    db = tmp_path / "results.db"
+    extra = ["--preset", "tiny", "--seeds", "0", "--data", str(tinystories_dir), "-y"] if command == "study" else []
+    code, err, _ = run_cli(capsys, [command, "--out", str(blocker / "reports"), "--db", str(db), *extra])
+    assert code == 8 and "is a file, not a folder" in err and "Traceback" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+def test_the_folder_probe_reports_the_oses_reason(tmp_path, monkeypatch):
+    """A read-only folder (simulated at the probe: root writes anywhere) is named by its cause."""
+    import tempfile
+
+    from benchctl.core import files
+    from benchctl.core.errors import OutputError
+
+    def refuse(*a, **k):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    with pytest.raises(OutputError, match="read-only file system"):
+        files.check_writable_dir(tmp_path / "reports")
+    assert not (tmp_path / "reports").exists()

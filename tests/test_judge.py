@@ -12,6 +12,7 @@ import io
 import json
 import math
 import re
+import socket
 import threading
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ from scipy import stats as sps
 from typer.testing import CliRunner
 
 from benchctl import stages
+from benchctl.cli import main
 from benchctl.core.config import make_config
 from benchctl.core.errors import ConfigError, JudgeError
 from benchctl.stages import RunSelection
@@ -92,6 +94,65 @@ def make_db(path: Path, n_prompts: int = 3, archs=ARCHS):
                     }
                 )
     return db
+
+
+class SilentServer:
+    """A TCP server on 127.0.0.1 that accepts every connection and never answers: a hung judge server. It reads and
+    writes nothing until closed, so a client waits for as long as its read timeout lets it."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.sock.settimeout(0.1)
+        self.held: list[socket.socket] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    @property
+    def port(self) -> int:
+        return int(self.sock.getsockname()[1])
+
+    def _accept(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.held.append(self.sock.accept()[0])
+            except OSError:  # the 0.1 s poll, or the socket closed
+                continue
+
+    def __enter__(self) -> SilentServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join(timeout=5)
+        for c in [*self.held, self.sock]:
+            c.close()
+
+
+class UnacceptingServer:
+    """A port on 127.0.0.1 whose accept queue is full: a new connection is never accepted (Linux drops its SYN), as
+    with a host that is down behind a firewall. A client waits for as long as its connect timeout lets it."""
+
+    def __enter__(self) -> UnacceptingServer:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(0)
+        self.port = int(self.sock.getsockname()[1])
+        self.filler = socket.create_connection(("127.0.0.1", self.port))  # the one connection the queue holds
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.filler.close()
+        self.sock.close()
+
+
+def this_machine_by_name() -> tuple[str, str]:
+    """(this machine's host name, the address it resolves to): a URL with the name names no loopback address, so the
+    key check treats it as another machine, while a test server listening on the address still answers it."""
+    name = socket.gethostname()
+    return name, socket.gethostbyname(name)
 
 
 def grades(db, status=None):
@@ -279,17 +340,32 @@ def test_repeated_500s_are_recorded_as_a_failure(tmp_path):
 HTML_PAGE = "<html><head><title>502 Bad Gateway</title></head><body><h1>Bad Gateway</h1></body></html>"
 
 
-@pytest.mark.parametrize("status", [502, 200, 401, 500])
+@pytest.mark.parametrize("status", [502, 200, 500])
 def test_a_body_labelled_json_that_is_not_is_stored_as_a_failed_grade(tmp_path, status):
-    """A proxy's HTML error page sent as application/json: the client cannot parse it at all (not even its status);
-    it is retried, then stored as a failure, never a crash."""
+    """A proxy's HTML error page sent as application/json: an error status is read as any error's (a 5xx retried,
+    the page kept as its message), a 200 whose body is not JSON is retried too; then stored as a failure, never a
+    crash."""
     with fg.FakeGemini(script=lambda r: fg.Reply(status, HTML_PAGE)) as server:
         db = make_db(tmp_path / "r.db", n_prompts=1, archs=("control",))
         s = judge_all(db, base_url=server.url, max_attempts=3, **FAST)
         assert server.count == 3
     assert s.n_failed == 1 and s.n_ok == 0
     row = grades(db)[0]
-    assert row["status"] == "failed" and row["average"] is None and "not JSON" in row["error"]
+    assert row["status"] == "failed" and row["average"] is None
+    assert (
+        "not JSON" in row["error"]
+        if status == 200
+        else f"HTTP {status}" in row["error"] and "Bad Gateway" in row["error"]
+    )
+
+
+def test_an_html_401_refuses_the_job_as_a_json_one_does(tmp_path):
+    with fg.FakeGemini(script=lambda r: fg.Reply(401, HTML_PAGE)) as server:
+        db = make_db(tmp_path / "r.db", n_prompts=1, archs=("control",))
+        with pytest.raises(JudgeError, match=r"refused the job \(HTTP 401"):
+            judge_all(db, base_url=server.url, max_attempts=3, **FAST)
+        assert server.count == 1
+    assert grades(db)[0]["status"] == "failed"
 
 
 def test_a_non_json_body_then_an_answer_is_graded(tmp_path, server):
@@ -734,3 +810,62 @@ def test_per_model_rows_keep_a_plans_variants_of_one_architecture_apart():
     rows = per_arch(samples, grades, repeats=1)
     assert [(r.arch, r.label, r.n_samples) for r in rows] == [("control", "control", 2), ("control", "control-16", 2)]
     assert [r.stats["average"].mean for r in rows] == [5.0, 7.0]
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Where the key may go, and how long a call may wait.
+
+
+def test_the_key_goes_over_plain_http_to_another_host_only_with_the_flag(tmp_path, capsys, monkeypatch):
+    name, address = this_machine_by_name()
+    path = tmp_path / "r.db"
+    db = make_db(path, n_prompts=1)
+    with fg.FakeGemini(bind=address) as server:  # it checks the key: a grade means the key arrived
+        url = f"http://{name}:{server.port}"
+        with pytest.raises(SystemExit) as info:
+            main(["judge", "--db", str(path), "--base-url", url, "--no-progress"])
+        err = capsys.readouterr().err
+        assert info.value.code == JudgeError.exit_code == 6 and len(err.strip().splitlines()) == 1
+        assert "refusing to send GEMINI_API_KEY in clear text" in err and "--allow-insecure-key" in err
+        monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", url)  # the study's judge reads the variable: refused too
+        with pytest.raises(JudgeError, match="refusing to send GEMINI_API_KEY"):
+            judge_all(db, **FAST)
+        assert server.count == 0 and grades(db) == []
+        monkeypatch.delenv("GOOGLE_GEMINI_BASE_URL")
+        with pytest.raises(SystemExit) as info:
+            main(["judge", "--db", str(path), "--base-url", url, "--allow-insecure-key", "--no-progress"])
+        assert info.value.code == 0 and server.count == 2
+    assert [r["status"] for r in grades(db)] == ["ok", "ok"]
+
+
+def test_a_server_that_never_answers_costs_the_read_timeout_per_attempt(tmp_path):
+    db = make_db(tmp_path / "r.db", n_prompts=1)
+    with SilentServer() as silent:
+        started = time.monotonic()
+        s = judge_all(
+            db,
+            base_url=f"http://127.0.0.1:{silent.port}",
+            connect_timeout_s=5,
+            read_timeout_s=0.3,
+            max_attempts=2,
+            **FAST,
+        )
+        elapsed = time.monotonic() - started
+    assert s.n_failed == 2 and s.n_ok == 0 and elapsed < 15  # not 2 x 120 s
+    assert all("gave up after 2 attempts" in r["error"] and "Timeout" in r["error"] for r in grades(db))
+
+
+def test_a_host_that_never_accepts_costs_the_connect_timeout_not_the_read_timeout(tmp_path):
+    db = make_db(tmp_path / "r.db", n_prompts=1, archs=("control",))
+    with UnacceptingServer() as closed:
+        started = time.monotonic()
+        s = judge_all(
+            db,
+            base_url=f"http://127.0.0.1:{closed.port}",
+            connect_timeout_s=0.3,
+            read_timeout_s=600,
+            max_attempts=2,
+            **FAST,
+        )
+        elapsed = time.monotonic() - started
+    assert s.n_failed == 1 and elapsed < 15 and "ConnectTimeout" in grades(db)[0]["error"]

@@ -17,7 +17,7 @@ import fake_gemini as fg
 import fake_openai as fo
 import pytest
 from test_judge import FAST as _FAST
-from test_judge import grades, make_db, tokens
+from test_judge import SilentServer, UnacceptingServer, grades, make_db, this_machine_by_name, tokens
 from typer.testing import CliRunner
 
 from benchctl import stages
@@ -478,3 +478,175 @@ def test_study_stage_grades_with_an_openai_compatible_judge(tmp_path, server, mo
     stage.run(study)  # type: ignore[arg-type]
     assert said[0] == "grading with openai:fake-model" and "2 graded, 0 failed" in said[1]
     assert {r["judge_model"] for r in grades(db)} == {name_at(server)}
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Where the key may go, how long a call may wait, and a run that obtains no grade.
+
+
+def test_only_a_loopback_address_or_localhost_counts_as_this_machine():
+    for host in ("127.0.0.1", "127.8.9.10", "::1", "[::1]", "localhost", "LOCALHOST", "localhost.", "::ffff:127.0.0.1"):
+        assert judges.is_loopback(host), host
+    for host in ("10.0.0.1", "192.168.1.5", "128.0.0.1", "0.0.0.0", "example.com", "localhost.example.com", "::2", ""):
+        assert not judges.is_loopback(host), host
+
+
+def test_which_urls_a_key_may_travel_to(monkeypatch):
+    def refused(url: str, allow: bool = False) -> bool:
+        try:
+            judges.check_key_transport(judges.resolve("openai:m", url), "OPENAI_API_KEY", allow)
+        except JudgeError:
+            return True
+        return False
+
+    assert refused("http://10.0.0.7:8000/v1") and refused("http://gpu-box.example.com/v1")
+    assert not refused("https://gpu-box.example.com/v1") and not refused("https://10.0.0.7:8000/v1")
+    assert not refused("http://127.0.0.1:8000/v1") and not refused("http://[::1]:8000/v1")
+    assert not refused("http://localhost:11434/v1") and not refused("http://10.0.0.7:8000/v1", allow=True)
+    # no key set: the placeholder a local server ignores is no secret, and goes anywhere
+    assert judge.require_key(judges.resolve("openai:m", "http://10.0.0.7:8000/v1")) == "not-needed"
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    with pytest.raises(JudgeError, match="refusing to send OPENAI_API_KEY in clear text to http://10.0.0.7:8000/v1"):
+        judge.require_key(judges.resolve("openai:m", "http://10.0.0.7:8000/v1"))
+
+
+def test_a_key_goes_over_plain_http_to_this_machine(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    with fo.FakeOpenAI(api_key="sk-test") as server:  # it checks the bearer token: a grade means the key arrived
+        s = run(one(tmp_path), server.url)
+    assert s.n_ok == 1
+
+
+def test_the_key_goes_over_plain_http_to_another_host_only_with_the_flag(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    name, address = this_machine_by_name()
+    path = tmp_path / "r.db"
+    db = make_db(path, n_prompts=1)
+    with fo.FakeOpenAI(api_key="sk-test", bind=address) as server:
+        url = f"http://{name}:{server.port}/v1"
+        argv = ["judge", "--db", str(path), "--model", "openai:fake-model", "--base-url", url, "--no-progress"]
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        err = capsys.readouterr().err
+        assert info.value.code == JudgeError.exit_code == 6 and len(err.strip().splitlines()) == 1
+        assert f"refusing to send OPENAI_API_KEY in clear text to http://{name}:{server.port}/v1" in err
+        assert "--allow-insecure-key" in err and "sk-test" not in err
+        monkeypatch.setenv("OPENAI_BASE_URL", url)  # the study's judge reads the variable: refused too
+        with pytest.raises(JudgeError, match="refusing to send OPENAI_API_KEY"):
+            judge.judge_all(db, judge.JudgeOptions(judge_model="openai:fake-model", **FAST), progress=False)
+        assert server.count == 0 and grades(db) == []
+        monkeypatch.delenv("OPENAI_BASE_URL")
+        with pytest.raises(SystemExit) as info:
+            main([*argv, "--allow-insecure-key"])
+        assert info.value.code == 0 and server.count == 2
+    assert [r["status"] for r in grades(db)] == ["ok", "ok"]
+
+
+def test_a_server_that_never_answers_costs_the_read_timeout_per_attempt(tmp_path):
+    db = make_db(tmp_path / "r.db", n_prompts=1)
+    with SilentServer() as silent:
+        started = time.monotonic()
+        s = run(db, f"http://127.0.0.1:{silent.port}/v1", connect_timeout_s=5, read_timeout_s=0.3, max_attempts=2)
+        elapsed = time.monotonic() - started
+    assert s.n_failed == 2 and s.n_ok == 0 and elapsed < 15  # not 2 x 120 s
+    assert all("gave up after 2 attempts" in r["error"] and "timed out" in r["error"] for r in grades(db))
+
+
+def test_a_host_that_never_accepts_costs_the_connect_timeout_not_the_read_timeout(tmp_path):
+    with UnacceptingServer() as closed:
+        started = time.monotonic()
+        s = run(one(tmp_path), f"http://127.0.0.1:{closed.port}/v1", connect_timeout_s=0.3, read_timeout_s=600)
+        elapsed = time.monotonic() - started
+    assert s.n_failed == 1 and elapsed < 15
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
+def test_a_timeout_must_be_a_positive_number_of_seconds(tmp_path, capsys, value):
+    path = tmp_path / "r.db"
+    make_db(path)
+    for flag in ("--connect-timeout", "--read-timeout"):
+        with pytest.raises(SystemExit) as info:
+            main(["judge", "--db", str(path), "--model", "openai:m", flag, value])
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and f"{flag} must be a number of seconds above 0" in err
+
+
+def _judge_cli(path, url: str, *more: str) -> list[str]:
+    return ["judge", "--db", str(path), "--model", "openai:fake-model", "--base-url", url, "--no-progress", *more]
+
+
+@pytest.mark.parametrize("down", ["never answers", "refuses connections"])
+def test_judge_exits_6_when_the_server_could_not_be_reached_for_any_grade(tmp_path, capsys, down):
+    path = tmp_path / "r.db"
+    make_db(path, n_prompts=2)
+    quick = ("--connect-timeout", "0.3", "--read-timeout", "0.3", "--max-attempts", "2")
+    started = time.monotonic()
+    if down == "never answers":
+        with SilentServer() as silent, pytest.raises(SystemExit) as info:
+            main(_judge_cli(path, f"http://127.0.0.1:{silent.port}/v1", *quick))
+    else:
+        with pytest.raises(SystemExit) as info:
+            main(_judge_cli(path, f"http://127.0.0.1:{_closed_port()}/v1", *quick))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == JudgeError.exit_code == 6 and time.monotonic() - started < 30
+    assert err[-1].startswith("error: the judge service at 127.0.0.1:") and "could not be reached" in err[-1]
+    assert "no grade obtained, 4 grade(s) failed and were stored as failures" in err[-1]
+    rows = grades(stages.connect(path))
+    assert len(rows) == 4 and {r["status"] for r in rows} == {"failed"}  # stored as failures, as before
+
+
+def test_judge_exits_6_when_every_answer_failed_and_0_when_one_grade_was_obtained(tmp_path, capsys):
+    path = tmp_path / "r.db"
+    make_db(path, n_prompts=1)
+    too_long = fo.error(400, "This model's maximum context length is 512 tokens.", "BadRequestError")
+    with fo.FakeOpenAI(script=lambda r: too_long) as server:
+        with pytest.raises(SystemExit) as info:
+            main(_judge_cli(path, server.url))
+        err = capsys.readouterr().err.strip().splitlines()
+        assert info.value.code == 6 and err[-1].startswith("error: no grade obtained from the judge service at")
+        assert "HTTP 400: This model's maximum context length" in err[-1]
+    with fo.FakeOpenAI() as server:  # a rerun regrades the failures; then a run that grades one of two is a success
+        server.push(too_long)
+        with pytest.raises(SystemExit) as info:
+            main(_judge_cli(path, server.url, "--concurrency", "1"))
+        assert info.value.code == 0 and "1 graded, 1 failed" in capsys.readouterr().out
+
+
+def test_a_dead_server_stops_the_job_after_a_few_unanswered_calls_not_every_keys_attempts(tmp_path, capsys):
+    """With the default six attempts a key, a server that accepts and never answers would cost every key six read
+    timeouts; the job stops once its first calls have all gone unanswered, leaving the other keys unsent."""
+    path = tmp_path / "r.db"
+    make_db(path, n_prompts=6)
+    quick = ("--connect-timeout", "0.3", "--read-timeout", "0.3", "--max-attempts", "6")
+    started = time.monotonic()
+    with SilentServer() as silent, pytest.raises(SystemExit) as info:
+        main(_judge_cli(path, f"http://127.0.0.1:{silent.port}/v1", *quick))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 6 and time.monotonic() - started < 30
+    assert "the job stopped after" in err[-1] and "other samples were not sent" in err[-1]
+    rows = grades(stages.connect(path))
+    # the keys in flight when it stopped are stored as failures; the rest stay unsent
+    assert 0 < len(rows) < 12 and {r["status"] for r in rows} == {"failed"}
+    assert any("answered none of the job's" in r["error"] for r in rows)
+
+
+def test_calls_without_an_answer_stop_a_job_only_before_any_call_was_answered():
+    """One dropped connection after the service has answered is a passing fault, retried as usual."""
+    from benchctl.stages.judge.client import UNANSWERED_CALLS, CallFailed, Job
+
+    def dropped() -> CallFailed:
+        return CallFailed("connection error: ReadTimeout", retryable=True, unanswered=True)
+
+    fresh = Job.__new__(Job)
+    fresh.answered, fresh.n_unanswered, fresh.unreachable = False, 0, None
+    for _ in range(UNANSWERED_CALLS - 1):
+        fresh._count(dropped())
+    assert fresh.unreachable is None
+    fresh._count(dropped())
+    assert fresh.unreachable is not None
+    seen = Job.__new__(Job)
+    seen.answered, seen.n_unanswered, seen.unreachable = False, 0, None
+    seen._count(CallFailed("HTTP 503", http_status=503, retryable=True))  # an answer, though an error
+    for _ in range(10 * UNANSWERED_CALLS):
+        seen._count(dropped())
+    assert seen.unreachable is None

@@ -11,7 +11,7 @@ import pytest
 import architectures
 from benchctl import plans, report, stages
 from benchctl.cli import main
-from benchctl.core import accounting
+from benchctl.core import accounting, stats
 from benchctl.core.config import make_config, run_id
 from benchctl.core.errors import ConfigError
 from benchctl.stages.report import engine as report_engine
@@ -107,6 +107,16 @@ def test_a_bad_plan_is_one_line_naming_the_file_and_key(tmp_path, edit, says):
     assert "\n" not in msg and msg.startswith(str(path)) and says in msg, msg
 
 
+def _data_dir(tmp_path: Path) -> Path:
+    """A data directory of the right layout (a bad --data is refused as the options are parsed, before the plan is
+    read): the plan's error must come first, so nothing here is ever prepared."""
+    d = tmp_path / "data"
+    d.mkdir(exist_ok=True)
+    for split in ("train", "valid"):
+        (d / f"{split}.txt").write_text("Once upon a time there was a cat.<|endoftext|>")
+    return d
+
+
 @pytest.mark.parametrize(
     "edit",
     [
@@ -120,7 +130,7 @@ def test_study_with_a_bad_plan_exits_before_writing_anything(tmp_path, capsys, e
     path = write(tmp_path, GOOD.replace(old, new))
     db = tmp_path / "r.db"
     with pytest.raises(SystemExit) as e:
-        main(["study", "--plan", str(path), "--preset", "tiny", "--db", str(db), "--data", str(tmp_path / "none")])
+        main(["study", "--plan", str(path), "--preset", "tiny", "--db", str(db), "--data", str(_data_dir(tmp_path))])
     err = capsys.readouterr().err.strip()
     assert e.value.code != 0 and says in err and str(path) in err
     assert len(err.splitlines()) <= 2  # one line (the console may wrap a long one)
@@ -298,6 +308,12 @@ def test_report_sections_for_models_of_different_sizes(rendered):
     ):
         assert line in fair
     assert "Holm-adjusted" in fair
+    # the adjusted p names its family, and the paragraph says the same pairs are adjusted again in Comparisons
+    n = sum(1 for line in fair.splitlines() if line.startswith("| ") and "×" in line)
+    assert f"| p (Holm over these {n}) |" in fair
+    assert "Holm-adjusted p = " in fair and f"over the {n} fair comparisons of this table" in fair
+    assert "Comparisons adjusts the same pairs again over every pair of models" in fair
+    assert "| p (sign-flip) |" in fair
     depth = md[md.index("\n## Loss against training depth\n") : md.index("\n## Comparisons\n")]
     assert "| frailt | frailt-r1 | 2 | 4 | 1 |" in depth and "| three-part | three-part-r14 | 2 | 30 | 14 |" in depth
 
@@ -317,9 +333,15 @@ def test_no_significant_difference_is_said_when_holm_p_is_large():
         "hi": -0.01,
         "p": 0.03,
         "p_holm": 0.09,
+        "family": "the 9 fair comparisons of this table",
+        "test": stats.compare_seeds({0: 1.30, 1: 1.42, 2: 1.51}, {0: 1.42, 1: 1.49, 2: 1.63}),
     }
     assert sentence(r).startswith("No significant difference in final validation loss between frailt and control")
-    assert sentence({**r, "p_holm": 0.01}).startswith("frailt's final validation loss is lower than control's")
+    assert "Holm-adjusted p = 0.090 over the 9 fair comparisons of this table" in sentence(r)
+    low = sentence({**r, "p_holm": 0.01})
+    assert low.startswith("frailt's final validation loss is lower than control's")
+    # three seeds: the significance is the t-test's alone, and the sentence says what it assumes
+    assert "significant only under the t-test's assumption of normal differences: exact sign-flip p = 0.25" in low
 
 
 def test_plans_command_lists_the_builtins(capsys):
@@ -376,7 +398,9 @@ def test_train_all_with_a_bad_plan_writes_nothing(tmp_path, capsys):
     path = write(tmp_path, GOOD.replace("model.n_recur=2", "model.dimm=64"))
     db = tmp_path / "r.db"
     with pytest.raises(SystemExit) as e:
-        main(["train-all", "--plan", str(path), "--preset", "tiny", "--db", str(db), "--data", str(tmp_path / "x")])
+        main(
+            ["train-all", "--plan", str(path), "--preset", "tiny", "--db", str(db), "--data", str(_data_dir(tmp_path))]
+        )
     assert e.value.code == 2 and "unknown config key 'model.dimm'" in capsys.readouterr().err
     assert not db.exists()
 
@@ -385,6 +409,17 @@ def test_report_names_a_builtin_plan_file_by_its_place_in_the_package(rendered):
     section = rendered.markdown[rendered.markdown.index("\n## Plans\n") :]
     assert "built in: `benchctl/plans/controls.toml`" in section
     assert str(Path(plans.__file__).parent) not in section  # no local install directory
+
+
+def test_the_plans_table_says_how_many_seeds_and_which(rendered, tmp_path):
+    """A bare "0" in the seeds column read as zero seeds: the column gives the count and the seeds."""
+    section = rendered.markdown[rendered.markdown.index("\n## Plans\n") :]
+    rows = [line for line in section.splitlines() if line.startswith("| controls |") or line.startswith("| depth |")]
+    assert len(rows) == 2 and all("| 2 seeds (0, 1) |" in row for row in rows)
+    one = build_plan_fixture_db(tmp_path / "one.db", "controls", CONTROLS_VARIANTS[:2], seeds=(0,))
+    section = report_engine.build(one, plan="controls").markdown.split("\n## Plans\n", 1)[1]
+    row = next(line for line in section.splitlines() if line.startswith("| controls |"))
+    assert row.endswith("| 2 | 1 seed (0) | 2 |")
 
 
 def test_plans_show_says_a_match_against_an_adaptive_variant_is_its_upper_bound(tmp_path, capsys):

@@ -10,8 +10,16 @@ import sqlite3
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
-from fixtures_db import JUDGE_MODEL, PROMPT_HASH, STUDY_ARCHS, build_fixture_db
+from fixtures_db import (
+    CONTROLS_VARIANTS,
+    JUDGE_MODEL,
+    PROMPT_HASH,
+    STUDY_ARCHS,
+    build_fixture_db,
+    build_plan_fixture_db,
+)
 from scipy import stats as sps
 from typer.testing import CliRunner
 
@@ -19,6 +27,7 @@ from benchctl import report, stages
 from benchctl.cli import app, main
 from benchctl.core import paper
 from benchctl.core import stats as bstats
+from benchctl.core.config import make_config
 from benchctl.core.errors import ConfigError, DatabaseError, ForeignDatabaseError
 from benchctl.stages.report import engine as report_engine
 
@@ -155,6 +164,92 @@ def test_loss_table_matches_independent_computation(full):
         assert r["tokens/run"] == "15.4 k"  # 30 steps x 512 tokens
     assert "ln 512 = 6.238" in section(md, "Loss")
     assert "study initial" not in section(md, "Loss")  # the study's values sit beside ours only for `paper`
+
+
+def test_loss_section_states_what_the_intervals_cover_read_from_the_configs(full, tmp_path):
+    md, sec = full["md"], section(full["md"], "Loss")
+    cfg = make_config("tiny", "control")
+    n, t, seed = cfg.eval.val_windows, cfg.model.max_seq_len, cfg.eval.val_seed
+    assert "The 95% CIs in this report cover the variation between training seeds only." in sec
+    assert (
+        f"Every model is scored on one fixed validation sample: {n:,} windows × {t:,} tokens ({n * t:,} predicted "
+        f"tokens) of the validation split, eval.val_seed {seed}, drawn once" in sec
+    )
+    assert "cover that variation only: every run is scored on one fixed validation sample (see Loss)" in md
+    # a model evaluated on another sample is named with it
+    p = build_fixture_db(
+        tmp_path / "v.db", archs=("control",), judge=False, evals=False, failed_run=False, running_run=False
+    )
+    build_fixture_db(
+        p,
+        archs=("frailt",),
+        judge=False,
+        evals=False,
+        failed_run=False,
+        running_run=False,
+        overrides={"eval.val_seed": 7},
+    )
+    sec = section(report_engine.build(p).markdown, "Loss")
+    assert "the models are scored on fixed validation samples that differ" in sec.lower()
+    assert (
+        f"frailt: {n:,} windows × {t:,} tokens ({n * t:,} predicted tokens) of the validation split, eval.val_seed 7"
+        in sec
+    )
+
+
+def test_epochs_per_run_from_the_recorded_split_or_a_run_on_the_same_data(tmp_path):
+    kw = dict(archs=("control", "frailt"), judge=False, evals=False, failed_run=False, running_run=False)
+    old = section(report_engine.build(build_fixture_db(tmp_path / "old.db", **kw)).markdown, "Loss")
+    assert {r["epochs"] for r in tables(old)[0]} == {"-"}  # runs from before the split's size was stored
+    assert "'-': the split's size is not recorded for these runs, nor for any run on the same data" in old
+    tokens = 30 * make_config("tiny", "control").tokens_per_step  # every fixture run trains 30 steps
+    split = 10_000
+    rec = build_fixture_db(tmp_path / "rec.db", run_extra=lambda a, s: {"data_train_tokens": split}, **kw)
+    rows = by_model(tables(section(report_engine.build(rec).markdown, "Loss"))[0])
+    assert rows["control"]["epochs"] == rows["frailt"]["epochs"] == f"{tokens / split:.2f}"
+    # one run recorded it: the others, on the same prepared data (the same fingerprint), take its size
+    one = build_fixture_db(
+        tmp_path / "one.db",
+        run_extra=lambda a, s: {"data_train_tokens": split} if (a, s) == ("control", 0) else {},
+        **kw,
+    )
+    sec = section(report_engine.build(one).markdown, "Loss")
+    assert by_model(tables(sec)[0])["frailt"]["epochs"] == f"{tokens / split:.2f}"
+    assert "taken from a run on the same prepared data (same data fingerprint)" in sec
+
+
+def test_warm_up_share_is_shown_only_where_the_models_differ(full, tmp_path):
+    assert "warm-up" not in tables(section(full["md"], "Loss"))[0][0]  # one recipe: nothing to flag
+    p = build_plan_fixture_db(tmp_path / "c.db", "controls", CONTROLS_VARIANTS, seeds=(0, 1))
+    sec = section(report_engine.build(p, plan="controls").markdown, "Loss")
+    rows = by_model(tables(sec)[0])
+    cfg = make_config("tiny", "control")
+    assert rows["control"]["warm-up"] == f"{cfg.train.warmup_steps} of {cfg.train.max_steps} (16.7%)"
+    assert rows["control-iso-flops"]["warm-up"] == f"{cfg.train.warmup_steps} of 101 (5%)"
+    assert "it differs between the models here, so their learning-rate schedules differ" in sec
+    # the same share rounded to whole steps (a plan scaling warm-up with the steps) is no difference
+    from benchctl.stages.train import conditions
+
+    same = pd.DataFrame({"warmup": [318 / 1589, 636 / 3179, 0.2]})
+    assert not conditions.warmups_differ(same) and conditions.warmups_differ(same.assign(warmup=[0.2, 0.2, 0.08]))
+
+
+def test_runs_from_a_dirty_tree_are_flagged(full, tmp_path):
+    assert "uncommitted changes" not in section(full["md"], "Loss")
+    dirty = {("frailt", 1): "abc1234-dirty", ("control", 0): "abc1234-dirty", ("control", 2): "def5678"}
+    p = build_fixture_db(
+        tmp_path / "d.db",
+        judge=False,
+        evals=False,
+        run_extra=lambda a, s: {"git_commit": dirty[(a, s)]} if (a, s) in dirty else {},
+    )
+    sec = section(report_engine.build(p).markdown, "Loss")
+    rows = by_model(tables(sec)[0])
+    assert rows["frailt"]["uncommitted changes"] == "seed 1" and rows["control"]["uncommitted changes"] == "seed 0"
+    assert rows["relaxed"]["uncommitted changes"] == "-"
+    assert "Trained from a checkout with uncommitted changes" in sec and ": control seed 0; frailt seed 1." in sec
+    # control's seeds came from two commits (abc1234, with or without changes, and def5678)
+    assert "Seeds of one model trained from different commits: control (2 commits)" in sec
 
 
 def test_runs_section_lists_failed_and_running(full):
@@ -339,8 +434,13 @@ def test_comparisons_match_scipy(full):
         assert r["a − b"] == fnum(np.mean(xa) - np.mean(xb))
         assert r["95% CI"] == f"{fnum(lo)} to {fnum(hi)}"
         assert r["p"] == fpv(ref.pvalue) and r["p (Wilcoxon)"] == "-"  # fewer than 6 pairs
+        # up to 5 pairs the exact sign-flip p stands beside the t p: scipy's exact paired permutation test
+        exact = sps.permutation_test(
+            (np.array(xa), np.array(xb)), lambda u, v: np.mean(u - v), permutation_type="samples", n_resamples=np.inf
+        )
+        assert r["p (sign-flip)"] == fpv(exact.pvalue)
         ps.append(ref.pvalue)
-    assert [loss[p]["p (Holm)"] for p in expected_pairs] == [fpv(x) for x in _holm(ps)]
+    assert [loss[p]["p (Holm, per quantity)"] for p in expected_pairs] == [fpv(x) for x in _holm(ps)]
     # judge: per seed, the mean paired difference over shared prompts; then a t over the seeds
     _, _, psp = _judge_truth(db)
     jps = []
@@ -356,15 +456,20 @@ def test_comparisons_match_scipy(full):
         lo, hi = ref.confidence_interval(0.95)
         assert r["95% CI"] == f"{fnum(lo, 2)} to {fnum(hi, 2)}"
         jps.append(ref.pvalue)
-    assert [judge[p]["p (Holm)"] for p in expected_pairs] == [fpv(x) for x in _holm(jps)]
+    assert [judge[p]["p (Holm, per quantity)"] for p in expected_pairs] == [fpv(x) for x in _holm(jps)]
     # one verdict sentence per comparison, decided on the Holm-adjusted p and naming its family
     verdicts = [ln[2:] for ln in sec.splitlines() if ln.startswith("- ")]
     assert len(verdicts) == 12
     for r, v in zip(rows, verdicts):
         assert v.startswith(f"{r['a']}'s") or v.startswith(f"{r['a']} vs")
-        significant = r["p (Holm)"] == "< 0.001" or float(r["p (Holm)"]) < 0.05
+        significant = r["p (Holm, per quantity)"] == "< 0.001" or float(r["p (Holm, per quantity)"]) < 0.05
         assert ("not distinguishable" in v) != significant
         assert f"over the 6 pairwise comparisons of {r['quantity']}" in v
+        # 3 seeds: every sentence gives the exact sign-flip p, and a significant one says it rests on normality
+        assert "exact sign-flip p = " in v
+        assert ("significant only under the t-test's assumption of normal differences" in v) == significant
+    # the table's adjusted p names its families below it
+    assert "(the 6 pairwise comparisons of final validation loss; the 6 pairwise comparisons of judge average)" in sec
     assert f"judge `{JUDGE_MODEL}`, protocol `json`, prompt `{PROMPT_HASH}`" in sec
 
 
@@ -390,7 +495,7 @@ def test_raw_significance_that_holm_removes_is_not_called_a_difference(tmp_path)
     conn.close()
     cmp = section(report_engine.build(p).markdown, "Comparisons")
     row = next(r for r in tables(cmp)[0] if (r["a"], r["b"]) == ("frailt", "relaxed"))
-    assert float(row["p"]) < 0.05 < float(row["p (Holm)"])
+    assert float(row["p"]) < 0.05 < float(row["p (Holm, per quantity)"])
     v = next(ln for ln in cmp.splitlines() if ln.startswith("- frailt's and relaxed's final validation loss"))
     assert "not distinguishable once adjusted for multiple comparisons" in v
     assert "lower" not in v and "higher" not in v
@@ -887,3 +992,25 @@ def test_every_pair_of_judges_agreement_and_where_their_rankings_differ(tmp_path
     assert "The judges disagree about the rank of " in cmp and "holds for the primary judge only" in cmp
     for m in differ:
         assert f"{m}: " in cmp.split("The judges disagree about the rank of ")[1]
+
+
+def test_point_labels_never_cover_each_other_or_the_axes_text():
+    """Thirty labels on a tight cluster (ten of them on one spot) and a legend: every label finds a free spot."""
+    from figcheck import labels, outside_figure, overlapping_labels
+
+    from benchctl.report.figures import _figure, label_points
+
+    fig = _figure(6.0, 4.0)
+    ax = fig.subplots()
+    xs = [0.5] * 10 + [0.5 + 0.01 * i for i in range(20)]
+    ys = [0.5] * 10 + [0.5 + 0.005 * (i % 5) for i in range(20)]
+    ax.plot(xs, ys, "o", label="points")
+    ax.plot([0, 1], [0, 1], label="a line")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("x label")
+    ax.legend()
+    texts = [f"setting number {i}" for i in range(30)]
+    label_points(fig, [(ax, list(zip(xs, ys, texts)))])
+    assert labels(fig) == texts
+    assert not overlapping_labels(fig) and not outside_figure(fig)

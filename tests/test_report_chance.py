@@ -106,7 +106,8 @@ def test_a_task_at_chance_gets_the_sentence_instead_of_a_comparison(ladder):
     for task in ("tinystories_ending", "tinystories_order"):
         assert "cannot separate" not in lines[task]
         assert lines[task].endswith(f"above chance for {', '.join(STUDY_ARCHS)}.")
-    assert "Holm-adjusted across the 20 accuracy cells" in sec
+    assert "Holm-adjusted over the 20 tested accuracy cells of the table" in sec
+    assert "Holm-adjusted p over the 20 tested accuracy cells of the table):" in sec
 
 
 def test_some_models_above_chance_and_untested_cells(tmp_path):
@@ -140,6 +141,8 @@ def test_some_models_above_chance_and_untested_cells(tmp_path):
     assert rows["frailt"]["tinystories_order acc"].endswith(" (chance)")
     assert not rows["control"]["tinystories_ending acc_norm"].endswith((" ✓", "(chance)"))
     assert by_model(against)["control"]["tinystories_ending acc_norm"] == "not tested"
+    # the family the adjustment is over counts the tested cells only: 5 cells per model, one per model untested
+    assert "Holm-adjusted over the 8 tested accuracy cells of the table" in sec
 
     plain = build_fixture_db(
         tmp_path / "plain.db", archs=("control",), seeds=(0,), judge=False, failed_run=False, running_run=False

@@ -166,3 +166,96 @@ def test_the_command_prints_what_it_did_and_replaces_its_own_copy(source, tmp_pa
     text = capsys.readouterr().out
     assert "6 finished run(s) kept" in text
     assert "warning: the copy still names local paths: /srv/alice" in " ".join(text.split())
+
+
+@pytest.mark.parametrize(
+    "failure, words",
+    [
+        (sqlite3.OperationalError("database or disk is full"), "the disk is full"),
+        (OSError(30, "Read-only file system"), "read-only file system"),
+        (OSError(28, "No space left on device"), "the disk is full"),
+    ],
+    ids=["sqlite-full", "read-only", "os-full"],
+)
+def test_a_share_that_cannot_write_is_one_line_exit_8(source, tmp_path, capsys, monkeypatch, failure, words):
+    """SQLite's and the OS's words for a full disk or a read-only destination, raised half-way through the copy:
+    one line, exit 8, nothing left beside the destination."""
+    real = share._edit
+
+    def failing(conn, **kw):
+        real(conn, **kw)
+        raise failure
+
+    monkeypatch.setattr(share, "_edit", failing)
+    out = tmp_path / "copy.db"
+    assert _cli("share", str(out), "--db", str(source)) == 8
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not out.exists() and not list(tmp_path.glob(".copy.db*"))
+
+
+def test_a_share_into_a_directory_it_cannot_write_is_one_line(source, tmp_path, capsys, monkeypatch):
+    """SQLite cannot open its file in the destination directory (read-only: simulated, as root writes anyway): the
+    directory is asked in the OS's words, and the removal of the partial copy in a read-only directory (itself an
+    EROFS) does not hide it."""
+    import os as os_module
+
+    def connect(path, *a, **k):
+        if ".partial-" in str(path):
+            raise sqlite3.OperationalError("unable to open database file")
+        return real_connect(path, *a, **k)
+
+    def os_open(path, *a, **k):
+        raise OSError(30, "Read-only file system")
+
+    def unlink(self, missing_ok=False):
+        raise OSError(30, "Read-only file system")
+
+    real_connect = sqlite3.connect
+    monkeypatch.setattr(share.sqlite3, "connect", connect)
+    monkeypatch.setattr(os_module, "open", os_open)
+    monkeypatch.setattr(Path, "unlink", unlink)
+    assert _cli("share", str(tmp_path / "copy.db"), "--db", str(source)) == 8
+    err = capsys.readouterr().err
+    assert "read-only file system" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_a_share_killed_at_any_point_leaves_the_destination_absent_or_complete(source, tmp_path):
+    """kill -9 of a real `benchctl share` process at 20 random moments of its run: the destination is absent or a
+    complete shared copy every time, and a rerun without --force writes it and removes the killed runs' leftovers."""
+    import os
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "dest" / "copy.db"
+    out.parent.mkdir()
+    argv = [sys.executable, "-m", "benchctl", "share", str(out), "--db", str(source)]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    t0 = time.perf_counter()
+    subprocess.run(argv, env=env, check=True, capture_output=True)
+    full = time.perf_counter() - t0
+    expected = _rows(out, "select id from runs order by id")
+    rng = random.Random(0)
+    outcomes = {"absent": 0, "complete": 0}
+    for _ in range(20):
+        out.unlink(missing_ok=True)
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.0, full * 1.1))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if out.exists():
+            assert _rows(out, "pragma integrity_check") == [("ok",)]
+            assert _rows(out, "select id from runs order by id") == expected
+            assert _rows(out, "select count(*) from meta where key = 'shared_copy'") == [(1,)]
+            outcomes["complete"] += 1
+        else:
+            outcomes["absent"] += 1
+    assert outcomes["absent"] > 0  # the kills did land before the rename
+    out.unlink(missing_ok=True)
+    subprocess.run(argv, env=env, check=True, capture_output=True)
+    assert _rows(out, "select id from runs order by id") == expected
+    assert [p.name for p in out.parent.iterdir()] == ["copy.db"]

@@ -49,6 +49,37 @@ def test_mean_ci_empty_and_missing_values_are_dropped_not_imputed():
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# a fitted quantity's t-interval over seeds
+
+
+def test_seed_ci_of_a_mean_is_the_t_interval_of_the_mean():
+    """A plain mean's seed contributions are (x_s − x̄)/k: the interval is mean_ci's."""
+    x = {0: 3.21, 1: 3.18, 2: 3.25, 3: 3.19}
+    m = sum(x.values()) / 4
+    ci = stats.seed_ci(m, [(1.0, {s: (v - m) / 4 for s, v in x.items()})])
+    ref = stats.mean_ci(list(x.values()))
+    assert (ci.lo, ci.hi) == pytest.approx((ref.lo, ref.hi), rel=1e-12) and ci.df == 3 and ci.paired
+
+
+def test_seed_ci_pairs_parts_with_the_same_seeds_and_adds_parts_with_other_seeds():
+    """A difference of two means over the same seeds is the paired t; over different seeds the variances add and
+    the smaller seed count sets the degrees of freedom."""
+    a, b = {0: 3.0, 1: 3.4, 2: 3.1}, {0: 2.9, 1: 3.35, 2: 2.95}
+    ma, mb = sum(a.values()) / 3, sum(b.values()) / 3
+    terms_a = {s: (v - ma) / 3 for s, v in a.items()}
+    terms_b = {s: (v - mb) / 3 for s, v in b.items()}
+    paired = stats.seed_ci(ma - mb, [(1.0, terms_a), (-1.0, terms_b)])
+    ref = stats.mean_ci([a[s] - b[s] for s in a])
+    assert paired.paired and (paired.lo, paired.hi) == pytest.approx((ref.lo, ref.hi), rel=1e-12)
+    c = {5: 2.9, 6: 3.35}
+    mc = sum(c.values()) / 2
+    apart = stats.seed_ci(ma - mc, [(1.0, terms_a), (-1.0, {s: (v - mc) / 2 for s, v in c.items()})])
+    se = math.sqrt(np.var(list(a.values()), ddof=1) / 3 + np.var(list(c.values()), ddof=1) / 2)
+    assert not apart.paired and apart.df == 1 and apart.se == pytest.approx(se, rel=1e-12)
+    assert stats.seed_ci(1.0, [(1.0, {0: 0.0})]).lo is None  # one seed: no interval
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # Welch
 
 
@@ -123,6 +154,119 @@ def test_compare_seeds_adds_wilcoxon_from_six_pairs():
         sps.wilcoxon(list(a.values()), list(b.values())).pvalue
     )
     assert stats.compare_seeds({k: a[k] for k in range(5)}, {k: b[k] for k in range(5)}).p_wilcoxon is None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the exact sign-flip test beside a t over few pairs
+
+
+@pytest.mark.parametrize(
+    "d,want",
+    [
+        ([0.1, 0.2, 0.3], 0.25),  # all positive: only the observed pattern and its mirror reach |sum| = 0.6
+        ([-0.1, -0.2, -0.3], 0.25),
+        ([0.5, 0.5], 0.5),  # 2 pairs: the floor is 2/4
+        ([1.0, 2.0, 3.0, 4.0, 5.0], 0.0625),  # 5 pairs, all one sign: 2/32
+        ([0.3, -0.1, 0.2], 0.5),  # |sum| 0.4 is reached by + - +, - + -, + + +, - - -: 4 of 8
+        ([1.0, 1.0, -2.0], 1.0),  # sum 0: every pattern reaches it
+        ([0.0, 0.0, 1.0], 1.0),  # zeros flip to themselves: (0, 0, ±1) both reach |1| in all 8 patterns
+    ],
+)
+def test_sign_flip_exact_p_of_small_known_cases(d, want):
+    assert stats.sign_flip(d) == pytest.approx(want, abs=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_sign_flip_is_scipys_exact_paired_permutation_test(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 9))
+    x, y = rng.normal(0.1, 1.0, n), rng.normal(0.0, 1.0, n)
+    ref = sps.permutation_test(
+        (x, y), lambda a, b: np.mean(a - b), permutation_type="samples", n_resamples=np.inf, alternative="two-sided"
+    )
+    assert stats.sign_flip(x - y) == pytest.approx(ref.pvalue, rel=1e-12)
+
+
+def test_sign_flip_floor_and_limits():
+    assert [stats.sign_flip_floor(n) for n in (2, 3, 4, 5)] == [0.5, 0.25, 0.125, 0.0625]
+    assert stats.sign_flip([]) is None and stats.sign_flip([None, float("nan")]) is None
+    with pytest.raises(ValueError, match="2\\^n"):
+        stats.sign_flip(np.ones(stats.MAX_EXACT_PAIRS + 1))
+
+
+def test_a_paired_t_over_few_seeds_carries_the_exact_sign_flip_p():
+    a = {0: 1.40, 1: 1.45, 2: 1.38}
+    b = {0: 1.30, 1: 1.36, 2: 1.27}  # a is higher at every seed by about 0.1, with little spread
+    c = stats.compare_seeds(a, b)
+    assert c.method == "paired-t" and c.p < 0.01
+    assert c.p_sign_flip == pytest.approx(0.25)  # the least 3 pairs allow, however consistent the gap
+    six_a, six_b = {**a, 3: 1.41, 4: 1.42, 5: 1.39}, {**b, 3: 1.33, 4: 1.31, 5: 1.30}
+    assert stats.compare_seeds(six_a, six_b).p_sign_flip is None  # from 6 pairs the Wilcoxon p stands beside it
+    assert stats.compare_seeds(six_a, six_b).p_wilcoxon is not None
+    assert stats.welch([1.0, 1.1, 1.2], [1.3, 1.5]).p_sign_flip is None  # unpaired: nothing to flip
+
+
+def test_a_significant_verdict_from_three_seeds_says_it_rests_on_normality():
+    a = {0: 1.40, 1: 1.45, 2: 1.38}
+    b = {0: 1.30, 1: 1.36, 2: 1.27}
+    c = stats.compare_seeds(a, b)
+    v = stats.verdict("frailt", "control", "final validation loss", c)
+    assert "higher than control's" in v
+    assert "significant only under the t-test's assumption of normal differences" in v
+    assert "exact sign-flip p = 0.25, the least possible at 3 seeds" in v
+    # not significant: the same facts, without claiming anything rests on them
+    flat = stats.compare_seeds({0: 1.40, 1: 1.30, 2: 1.35}, {0: 1.35, 1: 1.36, 2: 1.33})
+    v = stats.verdict("frailt", "control", "final validation loss", flat)
+    assert "not distinguishable" in v and "the t assumes normal differences; exact sign-flip p = " in v
+    assert "significant only" not in v
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# margins: equivalence (TOST) and non-inferiority
+
+
+@pytest.mark.parametrize(
+    "x",
+    [[0.002, -0.001, 0.003], [0.004, 0.006, 0.005, 0.007], [-0.02, 0.03, 0.01], [0.011, 0.012, 0.0125]],
+)
+def test_tost_is_two_one_sided_scipy_t_tests(x):
+    m = 0.01
+    e = stats.tost(x, m)
+    lower = sps.ttest_1samp(x, -m, alternative="greater").pvalue
+    upper = sps.ttest_1samp(x, m, alternative="less").pvalue
+    assert e.p == pytest.approx(max(lower, upper), rel=1e-10)
+    lo, hi = sps.t.interval(0.90, len(x) - 1, loc=np.mean(x), scale=sps.sem(x))
+    assert (e.lo, e.hi) == pytest.approx((lo, hi), rel=1e-10) and e.level == pytest.approx(0.90)
+    assert e.shown == (-m < lo and hi < m)  # both one-sided tests reject exactly when the 90% interval is inside
+
+
+def test_a_wide_ci_containing_zero_is_not_equivalence_and_a_tight_one_is():
+    wide = [-0.05, 0.04, 0.02]  # mean 0.003: the 95% CI contains 0 by a mile, which shows no equivalence
+    assert stats.mean_ci(wide).lo < 0 < stats.mean_ci(wide).hi
+    assert not stats.tost(wide, 0.01).shown
+    tight = [0.001, 0.002, 0.0015, 0.0012]
+    assert stats.tost(tight, 0.01).shown
+    assert not stats.tost(tight, 0.001).shown  # the same values, a margin they are not inside
+
+
+def test_noninferiority_is_scipys_one_sided_t_below_the_margin():
+    x = [0.001, 0.004, -0.002]
+    r = stats.noninferiority(x, 0.01)
+    assert r.kind == "non-inferiority"
+    assert r.p == pytest.approx(sps.ttest_1samp(x, 0.01, alternative="less").pvalue, rel=1e-10)
+    assert r.shown and r.hi < 0.01
+    # a large improvement is non-inferior too; an increase near the margin is not shown
+    assert stats.noninferiority([-0.2, -0.3, -0.25], 0.01).shown
+    assert not stats.noninferiority([0.009, 0.012, 0.008], 0.01).shown
+
+
+def test_margin_tests_need_two_varying_values():
+    one = stats.tost([0.001], 0.01)
+    assert one.p is None and not one.shown and one.mean == 0.001 and "spread is unknown" in one.reason
+    assert stats.noninferiority([], 0.01).reason == "no values"
+    assert stats.tost([0.002, 0.002], 0.01).reason == "the values do not vary"
+    with pytest.raises(ValueError):
+        stats.tost([1.0, 2.0], 0.0)
 
 
 def test_compare_seeds_uses_welch_when_the_seeds_differ():

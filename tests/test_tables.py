@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import subprocess
 import sys
@@ -288,6 +289,8 @@ EXPECTED_SQL = {
         '   "git_commit" TEXT,\n'
         '   "hostname" TEXT,\n'
         '   "pid" INTEGER,\n'
+        '   "pid_started" REAL,\n'
+        '   "heartbeat_at" TEXT,\n'
         '   "error" TEXT,\n'
         '   "created_at" TEXT,\n'
         '   "started_at" TEXT,\n'
@@ -361,6 +364,9 @@ EXPECTED_SQL = {
         '   "speedup_batch_min" REAL,\n'
         '   "speedup_batch_max" REAL,\n'
         '   "speedups_json" TEXT,\n'
+        '   "load_avg" REAL,\n'
+        '   "cores" INTEGER,\n'
+        '   "cpu_share" REAL,\n'
         '   PRIMARY KEY ("run_id", "setting", "prompts", "single", "prompt_tokens", "new_tokens", "windows")\n'
         ")"
     ),
@@ -484,6 +490,33 @@ def test_migration_adds_a_missing_column_and_backfills_it(tmp_path):
     assert '"variant" TEXT' in _schema_sql(path)["runs"]
 
 
+def test_runs_from_before_heartbeats_are_read_as_they_are_and_migrated_when_written(tmp_path, capsys):
+    """A file whose runs table predates pid_started and heartbeat_at: `runs` (read-only) lists it unchanged, with
+    its running run judged by what the row has; the next writing connection adds both columns, empty."""
+    from benchctl.cli import main
+
+    path = tmp_path / "old.db"
+    stages.connect(path).conn.close()
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("alter table runs drop column pid_started")
+        conn.execute("alter table runs drop column heartbeat_at")
+        conn.execute(
+            "insert into runs (id, arch, preset, seed, status, config_json, hostname, started_at) "
+            "values ('r1', 'control', 'tiny', 0, 'running', '{}', 'elsewhere', '2025-06-02T00:00:00+00:00')"
+        )
+    conn.close()
+    try:
+        main(["runs", "--db", str(path), "--json"])
+    except SystemExit as e:
+        assert e.code == 0
+    assert [r["status"] for r in json.loads(capsys.readouterr().out)] == ["interrupted"]
+    assert "heartbeat_at" not in _schema_sql(path)["runs"]  # a reader changes nothing
+    db = stages.connect(path)
+    assert db.execute("select pid_started, heartbeat_at from runs").fetchone() == (None, None)
+    db.conn.close()
+
+
 def test_eval_results_from_before_the_cast_once_say_how_they_ran(tmp_path):
     path = tmp_path / "old.db"
     stages.connect(path).conn.close()
@@ -574,3 +607,18 @@ def test_the_report_reads_every_registered_table_by_name(tmp_path):
         frame = data[table.name]
         assert frame is getattr(data, table.name) and frame.empty
         assert list(frame.columns) == [c for c in table.column_names if c not in table.report_skip]
+
+
+def test_a_canned_query_shows_floats_rounded_and_keys_as_stored():
+    from benchctl.stages.depth.tables import DEPTH_RESULTS
+
+    present = ["run_id", "n_recur", "threshold", "val_loss", "mean_depth", "seconds", "depth_hist", "newer_column"]
+    assert DEPTH_RESULTS.browse_select("d", present, exact=("seconds",)) == (
+        "d.run_id, d.n_recur, d.threshold, round(d.val_loss, 4) as val_loss, round(d.mean_depth, 4) as mean_depth, "
+        "d.seconds, d.depth_hist, d.newer_column"
+    )
+    conn = sqlite3.connect(":memory:")
+    conn.execute("create table depth_results (val_loss real, threshold real)")
+    conn.execute("insert into depth_results values (3.141592653589793, 0.123456789)")
+    select = DEPTH_RESULTS.browse_select("d", ["val_loss", "threshold"])
+    assert conn.execute(f"select {select} from depth_results d").fetchone() == (3.1416, 0.123456789)

@@ -17,7 +17,7 @@ app = typer.Typer()
 _LOCAL = ("127.0.0.1", "localhost", "::1")
 
 
-@app.command()
+@app.command(short_help="Browse results.db in Datasette (read-only).")
 def browse(
     db: DbOpt = None,
     port: Annotated[int, typer.Option("--port", help="TCP port to listen on.")] = 8001,

@@ -15,9 +15,9 @@ from benchctl.stages.depth.options import check_test_depth
 app = typer.Typer()
 
 
-@app.command()
+@app.command(short_help="A finished run as a Hugging Face folder or llama2.c files.")
 def export(
-    run: Annotated[str, typer.Argument(help="The finished run's id ('benchctl runs' lists them).")],
+    run: Annotated[str, typer.Argument(help="The finished run's id ('benchctl runs --wide' lists them whole).")],
     fmt: Annotated[
         str,
         typer.Option(

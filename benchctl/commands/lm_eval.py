@@ -17,6 +17,7 @@ app = typer.Typer()
 
 @app.command(
     "lm-eval",
+    short_help="lm-eval's own command line, with benchctl's models and tasks.",
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
 )
 def lm_eval_(

@@ -15,7 +15,7 @@ from benchctl.stages.cli import JsonOpt, PresetOpt, SetOpt, console, split_list
 app = typer.Typer()
 
 
-@app.command()
+@app.command(short_help="Parameters and FLOPs per architecture, beside the paper's.")
 def params(
     preset: PresetOpt = "paper",
     arch: Annotated[str | None, typer.Option("--arch", "-a", help="One architecture, or a comma list.")] = None,

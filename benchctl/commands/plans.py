@@ -45,7 +45,7 @@ def plans(ctx: typer.Context) -> None:
     )
 
 
-@plans_app.command("show")
+@plans_app.command("show", short_help="A plan at a preset: its variants, parameters and FLOPs.")
 def show(
     name: Annotated[str, typer.Argument(help="A built-in plan's name or a plan file's path.")],
     preset: Annotated[str | None, PresetOpt.__metadata__[0]] = None,

@@ -14,7 +14,7 @@ from benchctl.stages.cli import DbOpt, JsonOpt, console, db_path_of
 app = typer.Typer()
 
 
-@app.command()
+@app.command(short_help="Copy results.db for sharing, local paths removed.")
 def share(
     out: Annotated[Path, typer.Argument(help="The copy to write (a new file; --force replaces a benchctl database).")],
     db: DbOpt = None,

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from typer.core import TyperCommand
 
 from benchctl import stages
 from benchctl.core.errors import ConfigError
+from benchctl.core.files import check_writable_dir
 from benchctl.stages import StudyOptions
 from benchctl.stages.cli import (
     DataOpt,
@@ -29,6 +32,29 @@ from benchctl.stages.train.cli import ExecutorOpt, RayAddressOpt, RunsDirOpt
 
 app = typer.Typer()
 
+
+def stages_paragraph() -> str:
+    """The study's stages as its help lists them, from the stage registry (read without importing the stages)."""
+    found = stages.declared()
+    skippable = [d.name for d in found if d.skippable]
+    return f"Stages, in order: {', '.join(d.name for d in found)}." + (
+        f" --skip takes {', '.join(skippable)}." if skippable else ""
+    )
+
+
+class StudyCommand(TyperCommand):
+    """`benchctl study`: its help ends with the registered stages, listed when the help is read (for --help and the
+    reference page), never written out by hand, and never when the command line is merely built."""
+
+    @property
+    def help(self) -> str | None:
+        return f"{inspect.cleandoc(self._own_help or '')}\n\n{stages_paragraph()}"
+
+    @help.setter
+    def help(self, value: str | None) -> None:
+        self._own_help = value
+
+
 PlanOpt = Annotated[str, typer.Option("--plan", help="A built-in plan (see 'benchctl plans') or a plan file's path.")]
 PlanPresetOpt = Annotated[
     str | None,
@@ -36,7 +62,7 @@ PlanPresetOpt = Annotated[
 ]
 
 
-@app.command()
+@app.command(cls=StudyCommand, short_help="A whole comparison: train, evaluate and report a plan's models.")
 def study(
     plan: PlanOpt = "study",
     preset: PlanPresetOpt = None,
@@ -60,14 +86,11 @@ def study(
     ] = "gemini-2.5-flash",
     n_prompts: Annotated[int | None, typer.Option("--n-prompts", help="Story beginnings to complete.")] = None,
     tasks: Annotated[str | None, typer.Option("--tasks", help="lm-eval tasks (default: the bundled ones).")] = None,
-    # written out, not built from the stage registry: listing the registry imports every stage (torch, pandas), and
-    # help must stay light; a test checks the built-in names against stages.skippable()
     skip: Annotated[
         str | None,
         typer.Option(
             "--skip",
-            help="Stages to skip (comma list): sample, judge, eval, depth, infer, and any added stage marked "
-            "skippable (a wrong name lists them all).",
+            help="Stages to leave out (comma list): any the list above names as skippable (a wrong name lists them).",
         ),
     ] = None,
     out: Annotated[Path, typer.Option("--out", help="Report folder.")] = Path("reports"),
@@ -110,8 +133,9 @@ def study(
         typer.Option("--export-dir", help="Where --export writes (default: export/ in the report folder)."),
     ] = None,
 ) -> None:
-    """prepare -> train-all -> sample -> judge (with an API key) -> eval -> report (-> export, with --export), for
-    every variant × seed of a plan (default: the study's four models). Rerun to resume any stage."""
+    """Run every stage of the study, in order, for every variant × seed of a plan (default: the study's four
+    models): prepare the data, train, then measure, grade and report. Rerun the same command to resume where it
+    stopped: each stage skips what results.db already holds."""
     # torch: kept out of 'benchctl --help'
     from benchctl.core.runtime import Dist
     from benchctl.study import run_study
@@ -121,6 +145,9 @@ def study(
     if bad:
         raise ConfigError(f"--skip accepts {', '.join(stages.skippable())}; got {', '.join(bad)}")
     formats = parse_formats(export)
+    for folder in (out, export_dir):
+        if folder is not None:
+            check_writable_dir(folder)  # the report is the study's last step: a folder it cannot write is said now
     opts = StudyOptions(
         preset=preset,
         plan=plan,

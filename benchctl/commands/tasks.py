@@ -74,7 +74,7 @@ def tasks_(ctx: typer.Context) -> None:
     )
 
 
-@tasks_app.command("show")
+@tasks_app.command("show", short_help="Example problems of one level of a task, and its knobs.")
 def show(
     name: Annotated[str, typer.Argument(help="A task's name ('benchctl tasks' lists them).")],
     level: Annotated[
@@ -107,7 +107,7 @@ def show(
     console.print(t)
 
 
-@tasks_app.command("export")
+@tasks_app.command("export", short_help="Write a range of a task's problems to .jsonl or .parquet.")
 def export(
     name: Annotated[str, typer.Argument(help="A task's name ('benchctl tasks' lists them).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="The file to write: .jsonl or .parquet.")],

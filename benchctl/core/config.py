@@ -815,3 +815,33 @@ def run_id(cfg: RunConfig, data_fingerprint: str) -> str:
     digest = hashlib.sha256(blob.encode()).hexdigest()[:10]
     task = "" if cfg.task.is_stories else f"{cfg.task.name}-"
     return f"{cfg.arch}-{task}{cfg.preset}-s{cfg.seed}-{digest}"
+
+
+# the hash that ends a run id (`run_id`): what tells apart runs of one name (architecture, task, preset, seed) whose
+# configs or data differ
+_ID_DIGEST = 10
+_SHORT_DIGEST = 4  # the fewest hash characters a short id keeps, when it needs any
+
+
+def short_run_ids(ids: typing.Iterable[str]) -> dict[str, str]:
+    """id -> the shortest form of it that still tells it apart from every other id given: its name without the hash
+    (`control-tiny-s0`) where no other id has that name, else the name and the shortest prefix of the hash (at least
+    4 characters) no other id of that name shares. An id not of `run_id`'s form is kept whole. What a table that has
+    no room for whole ids shows."""
+    ids = list(dict.fromkeys(ids))
+    by_name: dict[str, list[str]] = {}
+    for i in ids:
+        name, sep, digest = i.rpartition("-")
+        if sep and len(digest) == _ID_DIGEST and all(c in "0123456789abcdef" for c in digest):
+            by_name.setdefault(name, []).append(i)
+    out = {i: i for i in ids}
+    for name, same in by_name.items():
+        if len(same) == 1 and name not in out:  # an id could be exactly another id's name: then keep the hash
+            out[same[0]] = name
+            continue
+        for n in range(_SHORT_DIGEST, _ID_DIGEST + 1):
+            if len({i[-_ID_DIGEST:][:n] for i in same}) == len(same):
+                break
+        for i in same:
+            out[i] = f"{name}-{i[-_ID_DIGEST:][:n]}"
+    return out

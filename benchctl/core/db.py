@@ -22,6 +22,7 @@ version as it is.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sqlite3
 import time
@@ -29,11 +30,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-
-import sqlite_utils
+from typing import TYPE_CHECKING
 
 from benchctl.core.errors import DatabaseError, ForeignDatabaseError
 from benchctl.core.tables import Column, Table
+
+if TYPE_CHECKING:
+    # sqlite_utils imports pandas and numpy whenever they are installed: loaded only when a connection is made, so
+    # a command that merely reads rows (`benchctl runs`, through `read_only`) never pays for them
+    import sqlite_utils
 
 SCHEMA_VERSION = 2
 # ASCII "bctl": SQLite's application_id header field (offset 68), written into every file benchctl creates, so that
@@ -43,7 +48,8 @@ APPLICATION_ID = 0x6263746C
 # Columns a `runs` table has had since the first benchctl: with schema version 1 in `meta`, how a database written
 # before the marker existed is recognised.
 LEGACY_RUNS_COLUMNS = frozenset({"id", "arch", "preset", "seed", "status", "config_json"})
-Database = sqlite_utils.Database  # what `connect` returns; the stages name the type through this module
+if TYPE_CHECKING:
+    Database = sqlite_utils.Database  # what `connect` returns; the stages name the type through this module
 DEFAULT_DB = Path("results") / "results.db"
 
 META = Table(
@@ -148,6 +154,35 @@ def check_target(path: str | os.PathLike) -> None:
         check_file(p)
 
 
+def read_only(path: str | os.PathLike | None = None) -> sqlite3.Connection:
+    """Open an existing results database read-only (`path`, else $BENCHCTL_DB, else results/results.db), refusing
+    one benchctl must not read (foreign, newer) or that holds nothing yet. Nothing is created or migrated: a reader of
+    an older file reads it as it is. A plain sqlite3 connection, for readers that only run queries: it needs neither
+    the stages' tables nor sqlite_utils, so `benchctl runs` imports neither (nor pandas, which sqlite_utils loads)."""
+    p = Path(path) if path is not None else default_path()
+    if not p.exists():
+        raise DatabaseError(
+            f"no results database at {p}; run 'benchctl train-all' first, or pass --db PATH (or set BENCHCTL_DB)"
+        )
+    if p.is_dir():
+        raise DatabaseError(f"{p} is a directory, not a results database; pass the path of a .db file")
+    try:
+        conn = _open(p, readonly=True)
+        ident = identify(conn)
+        if ident.kind == "foreign" or (ident.version or 0) > SCHEMA_VERSION:
+            conn.close()
+            _refuse(p, ident)
+        if ident.kind == "new":  # nothing to read, and a reader creates nothing
+            conn.close()
+            raise DatabaseError(
+                f"{p} is empty, not a results database yet; run 'benchctl train-all' first, or pass --db PATH"
+            )
+        conn.execute("PRAGMA foreign_keys = ON")
+    except sqlite3.DatabaseError as e:
+        raise DatabaseError(f"cannot open results database {p}: {e}") from None
+    return conn
+
+
 def connect(
     path: str | os.PathLike | None = None,
     *,
@@ -162,31 +197,25 @@ def connect(
     the file's rollback journal instead (a file that processes on different machines share: WAL needs shared
     memory); either way the journal mode is only changed when it differs, since changing it needs the file to
     itself. A file that is not benchctl's is refused (ForeignDatabaseError) before anything is written.
-    `readonly=True` opens an existing file read-only and changes nothing: no table created, no migration."""
+    `readonly=True` opens an existing file read-only and changes nothing (`read_only`): `tables` go unused."""
+    if readonly:
+        return _database_class()(read_only(path))
     p = Path(path) if path is not None else default_path()
-    if (readonly or not create) and not p.exists():
+    if not create and not p.exists():
         raise DatabaseError(
             f"no results database at {p}; run 'benchctl train-all' first, or pass --db PATH (or set BENCHCTL_DB)"
         )
     if p.is_dir():
         raise DatabaseError(f"{p} is a directory, not a results database; pass the path of a .db file")
     try:
-        if not readonly:
-            p.parent.mkdir(parents=True, exist_ok=True)
-        conn = _open(p, readonly=readonly)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        conn = _open(p, readonly=False)
         ident = identify(conn)  # before any write: a foreign file must keep every byte
         if ident.kind == "foreign" or (ident.version or 0) > SCHEMA_VERSION:
             conn.close()
             _refuse(p, ident)
         conn.execute("PRAGMA foreign_keys = ON")
-        db = _ImmediateDatabase(conn)
-        if readonly:
-            if ident.kind == "new":  # nothing to read, and a reader creates nothing
-                conn.close()
-                raise DatabaseError(
-                    f"{p} is empty, not a results database yet; run 'benchctl train-all' first, or pass --db PATH"
-                )
-            return db
+        db = _database_class()(conn)
         if wal and db.journal_mode != "wal":
             db.enable_wal()
         elif not wal and db.journal_mode == "wal":
@@ -276,26 +305,33 @@ def retry_locked(fn, *args, attempts: int = 5, **kwargs):
     return None  # pragma: no cover
 
 
-class _ImmediateDatabase(sqlite_utils.Database):
-    """Transactions that take the write lock when they begin (BEGIN IMMEDIATE), waiting for it up to the busy
-    timeout. sqlite-utils begins them deferred: a transaction that reads first (sqlite-utils looks up a table's
-    columns before it writes) and only then writes fails at once with "database is locked" if another process wrote
-    in between, whatever the timeout, which parallel training processes sharing results.db hit."""
+@functools.cache
+def _database_class() -> type[sqlite_utils.Database]:
+    """The Database class `connect` returns, made on first use: defining it needs sqlite_utils (and so pandas)."""
+    import sqlite_utils
 
-    @contextlib.contextmanager
-    def atomic(self):
-        if self.conn.in_transaction:  # nested: a savepoint, as sqlite-utils does
-            with super().atomic():
+    class _ImmediateDatabase(sqlite_utils.Database):
+        """Transactions that take the write lock when they begin (BEGIN IMMEDIATE), waiting for it up to the busy
+        timeout. sqlite-utils begins them deferred: a transaction that reads first (sqlite-utils looks up a table's
+        columns before it writes) and only then writes fails at once with "database is locked" if another process wrote
+        in between, whatever the timeout, which parallel training processes sharing results.db hit."""
+
+        @contextlib.contextmanager
+        def atomic(self):
+            if self.conn.in_transaction:  # nested: a savepoint, as sqlite-utils does
+                with super().atomic():
+                    yield self
+                return
+            self.conn.execute("BEGIN IMMEDIATE")
+            try:
                 yield self
-            return
-        self.conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield self
-        except BaseException:
-            self.rollback()
-            raise
-        try:
-            self.conn.execute("COMMIT")
-        except BaseException:
-            self.rollback()
-            raise
+            except BaseException:
+                self.rollback()
+                raise
+            try:
+                self.conn.execute("COMMIT")
+            except BaseException:
+                self.rollback()
+                raise
+
+    return _ImmediateDatabase

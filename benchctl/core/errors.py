@@ -66,8 +66,9 @@ class OutputError(BenchctlError):
     exit_code = 8
 
 
-def output_error(path: object, e: OSError) -> OutputError:
-    """One line for an OSError while writing `path`, by its cause."""
+def output_error(path: object, e: OSError, *, staged: bool = True) -> OutputError:
+    """One line for an OSError while writing `path`, by its cause. `staged`: the writer staged its output beside
+    `path` and removed it, so the line can say nothing partial is left."""
     import errno
 
     why = {
@@ -77,7 +78,8 @@ def output_error(path: object, e: OSError) -> OutputError:
         errno.EACCES: "permission denied",
         errno.EPERM: "permission denied",
     }.get(e.errno or 0, e.strerror or str(e))
-    return OutputError(f"cannot write {path}: {why}; nothing partial was left there")
+    left = "; nothing partial was left there" if staged else ""
+    return OutputError(f"cannot write {path}: {why}{left}")
 
 
 class Aborted(BenchctlError):
@@ -92,7 +94,12 @@ class Terminated(KeyboardInterrupt):
 
 
 def raise_terminated(signum: int, frame: object) -> None:
-    """A SIGTERM handler: raise Terminated in the main thread, wherever it is."""
+    """A SIGTERM handler: raise Terminated in the main thread, wherever it is, once. Further SIGTERMs are ignored:
+    the process is already unwinding, and one raised inside that unwinding (recording a run as interrupted, printing
+    the last line) would cut it short with a chain of tracebacks. SIGKILL still ends it at once."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise Terminated(f"signal {signum}")
 
 

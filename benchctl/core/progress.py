@@ -26,7 +26,6 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 from rich.progress import Progress as RichProgress
-from tqdm import std
 
 from benchctl.core.errors import Aborted
 
@@ -202,6 +201,8 @@ class Progress:
         rich bar on a terminal, a plain line every `interval` seconds otherwise), so a download shows how far it
         is while the many sub-second bars of a library's bookkeeping (lm-eval builds each task's contexts under
         one) show nothing. Disabled, every bar is hidden. tqdm is restored afterwards."""
+        from tqdm import std  # only what runs a library's bars needs it: `benchctl runs` and `--help` never do
+
         wait = LIBRARY_BAR_AFTER if after is None else after
         saved = {name: std.tqdm.__dict__[name] for name in ("__init__", "display", "close")}  # descriptors as stored
         original_init, original_close = std.tqdm.__init__, std.tqdm.close

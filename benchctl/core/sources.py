@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 from huggingface_hub import HfApi
 from huggingface_hub import errors as hf_errors
 
+from benchctl.core.datadir import _HINT_LOCAL, SPLITS, _local_splits, _SplitFiles
 from benchctl.core.errors import ConfigError, DataError
 from benchctl.core.files import atomic_write, cache_root
 from benchctl.core.progress import Progress, as_progress
@@ -29,27 +30,10 @@ from benchctl.core.progress import Progress, as_progress
 HUB_REPO = "roneneldan/TinyStories"
 HUB_SPLITS = {"train": "train", "valid": "validation"}
 EOT = "<|endoftext|>"
-SPLITS = ("train", "valid")
 TXT_CHUNK = 1 << 22  # characters per read of a .txt source: a 2 GB file is streamed, never loaded whole
-
-# File names accepted for each split in a data directory, in order of preference.
-SPLIT_NAMES = {"train": ("train", "TinyStories-train"), "valid": ("valid", "validation", "TinyStories-valid")}
-FORMATS = ("txt", "jsonl", "parquet")
-
-_HINT_LOCAL = (
-    "pass --data DIR or set BENCHCTL_DATA=DIR to a directory holding train.txt + valid.txt "
-    "(<|endoftext|>-separated), train.jsonl + valid.jsonl or train.parquet + valid.parquet"
-)
-
 
 # --------------------------------------------------------------------------------------------------------------------
 # Sources -> stories
-
-
-@dataclass(frozen=True)
-class _SplitFiles:
-    fmt: str  # txt | jsonl | parquet
-    files: tuple[Path, ...]  # several only for parquet shards
 
 
 @dataclass(frozen=True)
@@ -57,33 +41,6 @@ class _Source:
     description: str  # absolute directory or "hub:roneneldan/TinyStories"
     fingerprint: str  # of the content, not of the path
     splits: dict[str, Any]  # split -> _SplitFiles (local) or the hub revision (hub)
-
-
-def _find_split(root: Path, split: str) -> _SplitFiles:
-    for base in (root, root / "data"):  # data/: the hub repository's layout (data/train-00000-of-00004-*.parquet)
-        found: list[_SplitFiles] = []
-        for name in SPLIT_NAMES[split]:
-            for fmt in FORMATS:
-                if (base / f"{name}.{fmt}").is_file():
-                    found.append(_SplitFiles(fmt, (base / f"{name}.{fmt}",)))
-            shards = sorted(p for p in base.glob(f"{name}-*.parquet") if p.is_file())
-            if shards:
-                found.append(_SplitFiles("parquet", tuple(shards)))
-        if len(found) > 1:
-            names = ", ".join(str(s.files[0].name) + (" (+ shards)" if len(s.files) > 1 else "") for s in found)
-            raise DataError(f"{base} holds several {split} files ({names}); keep one so the choice is explicit")
-        if found:
-            return found[0]
-    expected = ", ".join(f"{n}.{{txt,jsonl,parquet}}" for n in SPLIT_NAMES[split])
-    raise DataError(f"no {split} split in {root}: expected one of {expected}")
-
-
-def _local_splits(path: Path) -> dict[str, _SplitFiles]:
-    if not path.exists():
-        raise DataError(f"data source {path} does not exist; {_HINT_LOCAL}, or use --data hub")
-    if not path.is_dir():
-        raise DataError(f"data source {path} is a file; {_HINT_LOCAL}")
-    return {s: _find_split(path, s) for s in SPLITS}
 
 
 def _local_source(path: Path) -> _Source:

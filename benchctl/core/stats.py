@@ -6,13 +6,18 @@ Pure functions over plain sequences and mappings (numpy/scipy), no I/O. Entry po
     mean_ci(values) -> MeanCI                  mean ± t_{1-α/2, n-1} · s/√n
     compare_seeds(a, b) -> Comparison          two models' per-seed values, a: {seed: value}
     compare_judge(a, b) -> Comparison          two models' grades, a: {(seed, prompt): grade}
+    sign_flip(differences) -> p                exact paired permutation (sign-flip) test, all 2^n sign patterns
+    tost(values, margin) -> MarginTest         equivalence: the mean is within ±margin (two one-sided t-tests)
+    noninferiority(values, margin) -> MarginTest   the mean is below +margin (one one-sided t-test)
     holm(pvalues) -> adjusted p-values         Holm's step-down correction for one family
+    seed_ci(estimate, parts) -> SeedCI         a fitted quantity's t-interval with the seed as the unit (delta method)
     verdict(a, b, quantity, c, p_adj=..., family=...) -> one sentence, decided on the adjusted p
     krippendorff_alpha(units) / alpha_ci(...)  agreement of repeated or competing grades (interval metric)
     length_bias(...) / failure_rates(...)      the judge's length bias and failure-rate homogeneity
 
 `Comparison` is the stable result type of every two-model test (fields: method, n_a, n_b, mean_a, mean_b, diff,
-lo, hi, p, level, df, t, p_wilcoxon, n_prompts, scope, reason); `diff` is a − b, `lo`/`hi` its (unadjusted) CI.
+lo, hi, p, level, df, t, p_wilcoxon, p_sign_flip, n_prompts, scope, reason); `diff` is a − b, `lo`/`hi` its
+(unadjusted) CI.
 
 Which test, when:
 - per-seed values (final validation loss): at a given seed every architecture trains on the same data stream, so
@@ -20,6 +25,12 @@ Which test, when:
   Wilcoxon signed-rank test (`scipy.stats.wilcoxon`) reported beside it from 6 pairs on (below 6 pairs its smallest
   two-sided p is 2/2^5 = 0.0625, so it could never reject); when the seeds differ, Welch's unequal-variance t
   (`scipy.stats.ttest_ind(equal_var=False)`).
+- few pairs (at most MAX_SIGN_FLIP_PAIRS): a t-test over 3 seeds has 2 degrees of freedom, and its p is only as good
+  as the assumption that the 3 differences are normal, which 3 values cannot check. Beside it stands the exact
+  paired permutation test (`sign_flip`): under "no difference" each pair's difference is as likely to have either
+  sign, so the p is the share of all 2^n sign patterns whose |sum| reaches the observed one. It assumes nothing
+  about the differences' distribution but symmetry, and it cannot go below 2/2^n (0.25 at 3 seeds, 0.0625 at 5):
+  a t p below that is significant only through the normality assumption, and `verdict` says so.
 - judge grades: a claim about architectures must count seeds, not prompts, as the independent units: each seed's
   paired difference is averaged over its shared prompts, and the test is a one-sample t over those per-seed means
   (df = seeds − 1). With one seed the only resampling unit is the prompt: a paired t over prompts, whose verdict is
@@ -29,8 +40,20 @@ Which test, when:
   prompts with one seed and 13% at 50 prompts with 3 seeds (three seeds give the bootstrap only 10 distinct seed
   sets, so it underestimates the seed-level spread), while the t over per-seed means stayed at 4–6%. The bootstrap
   is therefore not used; tests/test_stats.py keeps the simulation for the tests that are.
+- a quantity fitted across runs (the IsoFLOP optimum, its exponents, differences between architectures): the seed is
+  the unit, because a seed's runs share its data stream at every size and budget. Each seed's linearised
+  contribution to the estimate (its cluster's term of the least-squares sandwich, carried through the delta method)
+  gives the variance, k/(k−1) times their sum of squares over k seeds, and the interval is a t with k − 1 degrees of
+  freedom (`seed_ci`). A bootstrap over 2 to 5 seeds has 3 to 126 distinct resamples and a percentile interval that
+  covers too little; resampling runs instead of seeds treats a seed's runs as independent and shrinks with their
+  number.
 - a family of comparisons (all pairs of models for one quantity) is adjusted with Holm's step-down method; a verdict
   calls a difference real only when the adjusted p is below α, and names the family it was adjusted over.
+- "no change" and "no worse" are claims of their own, never read off a difference test that failed to reject (a
+  wide CI containing 0 is absence of evidence, not evidence of absence): `tost` shows that a mean lies within a
+  stated ±margin by rejecting both "mean <= −margin" and "mean >= +margin" with one-sided t-tests at α (TOST;
+  equivalently the (1 − 2α) t interval lies inside the margin), and `noninferiority` rejects "mean >= +margin"
+  alone. Both need at least 2 values with some spread; with fewer they carry p None and a reason.
 
 Nothing here invents a number: with too few observations a result carries `None` and a `reason`, and the verdict
 says the comparison cannot be tested.
@@ -49,6 +72,11 @@ from scipy import stats as sps
 
 LEVEL = 0.95
 MIN_WILCOXON_PAIRS = 6
+# Up to this many pairs the exact sign-flip p stands beside the paired t (from MIN_WILCOXON_PAIRS on the Wilcoxon p
+# does): below 6 pairs no rank or sign test can reach 0.05, which is exactly what a reader of a t p must be told.
+MAX_SIGN_FLIP_PAIRS = 5
+# The most pairs `sign_flip` enumerates (2^n patterns of n values each); more would be a sampled test, not this one.
+MAX_EXACT_PAIRS = 20
 
 
 def _finite(values: Iterable[float | None]) -> np.ndarray:
@@ -118,6 +146,7 @@ class Comparison:
     df: float | None = None
     t: float | None = None
     p_wilcoxon: float | None = None  # beside a paired t with at least MIN_WILCOXON_PAIRS pairs
+    p_sign_flip: float | None = None  # beside a paired t with at most MAX_SIGN_FLIP_PAIRS pairs: exact, no normality
     n_prompts: int | None = None  # judge comparisons: distinct prompts both models were graded on
     scope: str = "architectures"
     reason: str | None = None  # why p is None
@@ -128,6 +157,95 @@ class Comparison:
 
 
 Diff = Comparison  # the earlier name of the same result type
+
+
+def sign_flip(differences: Iterable[float | None]) -> float | None:
+    """Exact two-sided p of the paired permutation (sign-flip) test that the differences are centred on 0.
+
+    Under that null each difference is as likely to carry either sign, so every one of the 2^n sign patterns is
+    equally likely; p is the share of them whose |sum| is at least the observed |sum| (the observed pattern and its
+    mirror always count, so p >= 2/2^n). A zero difference flips to itself and stays in. Enumerated, not sampled:
+    the same values give the same p. None without any value; more than MAX_EXACT_PAIRS values is a ValueError."""
+    x = _finite(differences)
+    n = len(x)
+    if n == 0:
+        return None
+    if n > MAX_EXACT_PAIRS:
+        raise ValueError(f"sign_flip enumerates 2^n sign patterns; {n} values is more than {MAX_EXACT_PAIRS}")
+    bits = (np.arange(2**n)[:, None] >> np.arange(n)[None, :]) & 1  # (2^n, n): every sign pattern once
+    sums = (1 - 2 * bits) @ x  # (2^n,)
+    observed = abs(float(x.sum()))
+    tol = 1e-12 * max(1.0, float(np.abs(x).sum()))  # a mirror's sum equals the observed one up to rounding only
+    return float(np.mean(np.abs(sums) >= observed - tol))
+
+
+def sign_flip_floor(n: int) -> float:
+    """The smallest two-sided p the exact sign-flip test can give from n pairs: 2/2^n."""
+    return 2.0 ** (1 - n)
+
+
+@dataclass(frozen=True)
+class MarginTest:
+    """A one-sample t-test against a margin: `kind` "equivalence" (TOST: −margin < mean < +margin) or
+    "non-inferiority" (mean < +margin). `lo`/`hi` is the (1 − 2·alpha) t interval of the mean, the interval whose
+    ends the one-sided tests compare with the margin; `p` the decisive one-sided p (for TOST the larger of the two),
+    None with a `reason` when untestable."""
+
+    kind: str
+    n: int
+    mean: float | None
+    lo: float | None
+    hi: float | None
+    p: float | None
+    margin: float
+    alpha: float = 0.05
+    reason: str | None = None
+
+    @property
+    def shown(self) -> bool:
+        """Whether the claim (within the margin, or below it) is shown at level alpha."""
+        return self.p is not None and self.p < self.alpha
+
+    @property
+    def level(self) -> float:
+        """The coverage of lo/hi: 1 − 2·alpha (0.90 at alpha 0.05)."""
+        return 1 - 2 * self.alpha
+
+
+def _margin_test(kind: str, values: Iterable[float | None], margin: float, alpha: float) -> MarginTest:
+    if not margin > 0 or not 0 < alpha < 0.5:
+        raise ValueError(f"{kind} needs a margin > 0 and 0 < alpha < 0.5, got margin {margin}, alpha {alpha}")
+    x = _finite(values)
+    n = len(x)
+    mean = float(x.mean()) if n else None
+    base = MarginTest(kind, n, mean, None, None, None, float(margin), alpha)
+    if n < 2:
+        return replace(base, reason="one value: its spread is unknown, so nothing can be tested" if n else "no values")
+    sd = float(x.std(ddof=1))
+    if sd <= 1e-12 * max(1.0, float(np.abs(x).max())):  # no spread: t would be ±∞, a test of nothing
+        return replace(base, reason="the values do not vary")
+    assert mean is not None
+    se, df = sd / math.sqrt(n), n - 1
+    h = float(sps.t.ppf(1 - alpha, df)) * se
+    below = float(sps.t.cdf((mean - margin) / se, df))  # H0: mean >= +margin
+    if kind == "equivalence":
+        above = float(sps.t.sf((mean + margin) / se, df))  # H0: mean <= −margin
+        p = max(below, above)
+    else:
+        p = below
+    return replace(base, lo=mean - h, hi=mean + h, p=p)
+
+
+def tost(values: Iterable[float | None], margin: float, alpha: float = 0.05) -> MarginTest:
+    """Equivalence by two one-sided t-tests: p < alpha shows −margin < mean < +margin (the (1 − 2α) t interval lies
+    inside the margin). A CI that merely contains 0 shows nothing of the kind: this is the test of "no change"."""
+    return _margin_test("equivalence", values, margin, alpha)
+
+
+def noninferiority(values: Iterable[float | None], margin: float, alpha: float = 0.05) -> MarginTest:
+    """One-sided t-test of H0 "mean >= margin": p < alpha shows the mean is below +margin ("no worse by more than the
+    margin", for values where higher is worse; the upper end of the (1 − 2α) t interval is then below it)."""
+    return _margin_test("non-inferiority", values, margin, alpha)
 
 
 def welch(a: Iterable[float | None], b: Iterable[float | None], level: float = LEVEL) -> Comparison:
@@ -181,8 +299,9 @@ def _sorted_keys(keys: Iterable[K]) -> list[K]:
 def compare_seeds(a: Mapping[int, float | None], b: Mapping[int, float | None], level: float = LEVEL) -> Comparison:
     """Compare two models' per-seed values ({seed: value}; None/NaN = the run has no value and is left out).
 
-    Same seeds on both sides: paired t over the seeds (each seed is one data stream both models saw), plus a
-    Wilcoxon signed-rank p from MIN_WILCOXON_PAIRS pairs on. Different seeds: Welch over every value.
+    Same seeds on both sides: paired t over the seeds (each seed is one data stream both models saw), plus the exact
+    sign-flip p up to MAX_SIGN_FLIP_PAIRS pairs and a Wilcoxon signed-rank p from MIN_WILCOXON_PAIRS pairs on.
+    Different seeds: Welch over every value.
     """
     fa = {k: float(v) for k, v in a.items() if _is_num(v)}
     fb = {k: float(v) for k, v in b.items() if _is_num(v)}
@@ -205,8 +324,9 @@ def _paired_t(
     n_prompts: int | None = None,
     scope: str = "architectures",
 ) -> Comparison:
-    """Paired t-test of xa − xb (scipy.stats.ttest_rel) with its t interval; untestable below 2 pairs or without
-    any spread in the differences (t would be 0/0 or ±∞)."""
+    """Paired t-test of xa − xb (scipy.stats.ttest_rel) with its t interval, and the exact sign-flip p beside it up
+    to MAX_SIGN_FLIP_PAIRS pairs; untestable below 2 pairs or without any spread in the differences (t would be 0/0
+    or ±∞)."""
     n = len(xa)
     ma = float(xa.mean()) if n else None
     mb = float(xb.mean()) if n else None
@@ -224,6 +344,7 @@ def _paired_t(
         with warnings.catch_warnings():  # ties and zeros switch scipy to the normal approximation; fine here
             warnings.simplefilter("ignore")
             p_w = float(sps.wilcoxon(xa, xb).pvalue)
+    p_sf = sign_flip(d) if n <= MAX_SIGN_FLIP_PAIRS else None
     return replace(
         base,
         lo=float(ci.low),
@@ -232,6 +353,7 @@ def _paired_t(
         df=float(res.df),
         t=float(res.statistic),
         p_wilcoxon=p_w,
+        p_sign_flip=p_sf,
     )
 
 
@@ -280,6 +402,49 @@ def holm(pvalues: Sequence[float | None]) -> list[float | None]:
     return out
 
 
+@dataclass(frozen=True)
+class SeedCI:
+    """`estimate` with its t-interval over seeds: `lo`/`hi` are None below two seeds. `paired`: every part had the
+    same seeds, so their contributions were combined seed by seed."""
+
+    estimate: float
+    lo: float | None
+    hi: float | None
+    df: int | None
+    se: float | None
+    paired: bool
+    level: float = LEVEL
+
+
+def seed_ci(estimate: float, parts: Sequence[tuple[float, Mapping[int, float]]], level: float = LEVEL) -> SeedCI:
+    """The t-interval of a weighted sum of fitted quantities whose spread is over seeds.
+
+    Each part is (weight, {seed: that seed's linearised contribution to the quantity}), the contributions of one part
+    summing to zero (a least-squares sandwich's cluster terms, through the delta method). Parts with the same seeds
+    are combined seed by seed, so what a seed does to all of them alike (its data stream) cancels in a difference:
+    variance = k/(k−1) · Σ_s (Σ_parts weight · contribution_s)², df = k − 1, which for a plain mean is s²/k. Parts
+    whose seeds differ are taken as independent: their variances add and the smallest seed count sets df."""
+    seed_sets = {tuple(sorted(c)) for _, c in parts}
+    paired = len(seed_sets) == 1
+    if not parts or min(len(s) for s in seed_sets) < 2:
+        return SeedCI(estimate, None, None, None, None, paired, level)
+    if paired:
+        seeds = next(iter(seed_sets))
+        k = len(seeds)
+        u = np.array([sum(w * float(c[s]) for w, c in parts) for s in seeds])
+        var = k / (k - 1) * float(u @ u)
+        df = k - 1
+    else:
+        var = 0.0
+        for w, c in parts:
+            v = np.array([float(x) for x in c.values()])
+            var += w * w * len(v) / (len(v) - 1) * float(v @ v)
+        df = min(len(s) for s in seed_sets) - 1
+    se = math.sqrt(max(var, 0.0))
+    h = float(sps.t.ppf((1 + level) / 2, df)) * se
+    return SeedCI(estimate, estimate - h, estimate + h, df, se, paired, level)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Words
 
@@ -313,6 +478,27 @@ def method_phrase(c: Comparison) -> str:
     return c.method
 
 
+def normality_note(c: Comparison, *, significant: bool = False, alpha: float = 0.05) -> str:
+    """What a t p from few pairs rests on, in words; '' when no exact sign-flip p stands beside it.
+
+    'paired t ... p = 0.004' from 3 seeds reads as strong evidence, but with 2 degrees of freedom it holds only if
+    the 3 differences are normal, and the exact sign-flip test, which needs no such assumption, cannot go below
+    0.25. A significant verdict says its significance rests on that assumption; any other names it plainly."""
+    if c.p_sign_flip is None:
+        return ""
+    unit = "prompts" if c.method == "prompt-t" else "seeds"
+    floor = sign_flip_floor(c.n_a)
+    at = f"at {c.n_a} {unit}"
+    least = c.p_sign_flip <= floor * (1 + 1e-9)
+    where = f"the least possible {at}" if least else f"never below {fmt_p(floor).removeprefix('p = ')} {at}"
+    if significant and c.p_sign_flip >= alpha:
+        return (
+            f"significant only under the t-test's assumption of normal differences: exact sign-flip "
+            f"{fmt_p(c.p_sign_flip)}, {where}"
+        )
+    return f"the t assumes normal differences; exact sign-flip {fmt_p(c.p_sign_flip)}, {where}"
+
+
 def verdict(
     a: str,
     b: str,
@@ -330,7 +516,8 @@ def verdict(
     loss"); without it the raw p decides. A raw p below alpha whose adjusted p is not is reported as not
     distinguishable once adjusted, never as a difference. Significant: "three-part's final validation loss is
     0.041 lower than control's (95% CI 0.012 to 0.070; paired t over 3 shared seeds, p = 0.004, Holm-adjusted
-    p = 0.024 over the 6 pairwise comparisons of final validation loss)."
+    p = 0.024 over the 6 pairwise comparisons of final validation loss; significant only under the t-test's
+    assumption of normal differences: exact sign-flip p = 0.25, the least possible at 3 seeds)." (`normality_note`)
     """
     if not c.testable or c.diff is None or c.lo is None or c.hi is None:
         return f"{a} vs {b}, {quantity}: cannot be tested: {c.reason or 'not enough data'}."
@@ -347,7 +534,11 @@ def verdict(
     )
     decisive = p_adj if p_adj is not None else c.p
     assert decisive is not None and c.p is not None
-    if decisive < alpha and (c.lo > 0 or c.hi < 0):
+    significant = decisive < alpha and (c.lo > 0 or c.hi < 0)
+    note = normality_note(c, significant=significant, alpha=alpha)
+    if note:
+        detail += f"; {note}"
+    if significant:
         if c.diff < 0:
             word, mag, lo, hi = "lower", -c.diff, -c.hi, -c.lo
         else:

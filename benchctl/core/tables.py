@@ -12,7 +12,7 @@ opened. Table and column names, types, keys and NOT NULL constraints are the sto
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 
@@ -88,3 +88,20 @@ class Table:
 
     def column(self, name: str) -> Column | None:
         return next((c for c in self.columns if c.name == name), None)
+
+    def browse_select(self, alias: str, present: Iterable[str], *, exact: Iterable[str] = (), digits: int = 4) -> str:
+        """The select list of a canned query that shows the columns `present` (those of the served file, in its
+        order) of this table, aliased `alias`: each REAL column rounded to `digits` decimals under its own name,
+        since Datasette prints a float with all of its 15-17 significant digits. Key columns, and those named in
+        `exact` (a threshold that names a setting), are shown as stored; so is a column this description does not
+        know (a newer file's)."""
+        keys = {self.pk} if isinstance(self.pk, str) else set(self.pk)
+        keep = keys | set(exact)
+        parts = []
+        for name in present:
+            col = self.column(name)
+            if col is not None and col.type is float and name not in keep:
+                parts.append(f"round({alias}.{name}, {digits}) as {name}")
+            else:
+                parts.append(f"{alias}.{name}")
+        return ", ".join(parts)

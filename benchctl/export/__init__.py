@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchctl.core.files import partial_path, stale_partials
+
 FORMATS = ("hf", "llama2c")
 # The packages a format writes with beyond benchctl's own dependencies: its `export` extra.
 NEEDS = {"hf": ("transformers", "safetensors")}
@@ -131,26 +133,6 @@ def export_run(
     )
 
 
-PARTIAL = ".partial-"  # the staging folder of an export in progress: .<out name>.partial-<pid>
-
-
-def _stale_partials(out: Path) -> list[Path]:
-    """Staging folders of exports to `out` whose process is gone (killed): safe to remove."""
-    found = []
-    for p in out.parent.glob(f".{out.name}{PARTIAL}*"):
-        pid = p.name.rsplit(PARTIAL, 1)[-1]
-        alive = True
-        try:
-            os.kill(int(pid), 0)
-        except (ValueError, ProcessLookupError):
-            alive = False
-        except PermissionError:  # someone else's live process
-            pass
-        if not alive:
-            found.append(p)
-    return found
-
-
 def write_folder(out: Path, write: Callable[[Path], list[str]]) -> list[str]:
     """Write a folder whole or not at all: `write` fills a staging folder beside `out` (same file system), which is
     then renamed to `out` in one step (into an existing `out`, under --force, file by file, each one atomic). A
@@ -158,9 +140,9 @@ def write_folder(out: Path, write: Callable[[Path], list[str]]) -> list[str]:
     Disk-full and read-only destinations are one line (`OutputError`)."""
     from benchctl.core.errors import output_error
 
-    for stale in _stale_partials(out):
+    for stale in stale_partials(out):
         shutil.rmtree(stale, ignore_errors=True)
-    stage = out.parent / f".{out.name}{PARTIAL}{os.getpid()}"
+    stage = partial_path(out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         if stage.exists():

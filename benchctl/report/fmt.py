@@ -20,6 +20,13 @@ def missing(x: Any) -> bool:
     return x is None or x is pd.NA or (isinstance(x, (float, np.floating)) and math.isnan(x))
 
 
+def fseeds(seeds: Iterable[Any]) -> str:
+    """How many seeds and which, '1 seed (0)' or '3 seeds (0, 1, 2)': a bare '0' under a 'seeds' header reads as
+    no seeds at all."""
+    ids = sorted({int(s) for s in seeds})
+    return f"{len(ids)} seed{'' if len(ids) == 1 else 's'} ({', '.join(map(str, ids))})"
+
+
 def fnum(x: Any, digits: int = 3) -> str:
     """Fixed-point with thousands separators; '-' for a missing value; never '-0.000'."""
     if missing(x):

@@ -31,18 +31,22 @@ def ci_cols(prefix: str, ci: stats.MeanCI) -> dict[str, Any]:
     return {f"{prefix}_n": ci.n, f"{prefix}_mean": ci.mean, f"{prefix}_lo": ci.lo, f"{prefix}_hi": ci.hi}
 
 
+# every status a run can show: the stored ones and `interrupted` (a running run whose process is gone)
+STATUSES = ("done", "running", "interrupted", "pending", "failed")
+
+
 def status_frame(ctx: Context) -> pd.DataFrame:
     """Runs per model and status, with the seeds that are done."""
     rows = []
     for m in ctx.models:
         g = ctx.runs[ctx.runs["model"] == m]
         row: dict[str, Any] = {"model": m}
-        for s in ("done", "running", "pending", "failed"):
+        for s in STATUSES:
             row[s] = int((g["status"] == s).sum())
-        row["other"] = int((~g["status"].isin(["done", "running", "pending", "failed"])).sum())
+        row["other"] = int((~g["status"].isin(STATUSES)).sum())
         row["seeds_done"] = sorted(int(x) for x in g.loc[g["status"] == "done", "seed"])
         rows.append(row)
-    return pd.DataFrame(rows, columns=["model", "done", "running", "pending", "failed", "other", "seeds_done"])
+    return pd.DataFrame(rows, columns=["model", *STATUSES, "other", "seeds_done"])
 
 
 def accounting_frame(ctx: Context) -> pd.DataFrame:

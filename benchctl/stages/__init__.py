@@ -18,6 +18,8 @@ command builds from the command line, its `stage.py` from the study's options, a
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import functools
 import importlib
 import os
@@ -52,7 +54,9 @@ class Stage:
     results.db the stage owns, from its `tables.py` (`TABLES`), which alone writes them: every connection creates
     and migrates them (`connect` below). `queries` gives the Datasette canned queries `benchctl browse` offers over
     them: from the columns of the file being served (table -> columns), the queries its tables can answer, by URL
-    name (a file written by an older benchctl may lack a table or a column the query needs)."""
+    name (a file written by an older benchctl may lack a table or a column the query needs). Beside Datasette's keys a
+    query may carry two of browse's own: `link_column`, a column (and parameter) name whose values, in the results of
+    any query, link to this query with the parameter filled in; and `summarises`, a table whose page points to it."""
 
     name: str
     order: int
@@ -221,6 +225,85 @@ def registered() -> tuple[Stage, ...]:
     return tuple(sorted(found, key=lambda s: s.order))
 
 
+@dataclass(frozen=True)
+class Declared:
+    """What the command line's help says of a stage (`benchctl --help`, `study --help`): its name, its place in the
+    study, whether `--skip` takes it, and the folder it lives in."""
+
+    name: str
+    order: int
+    skippable: bool
+    folder: str
+
+
+@functools.lru_cache(maxsize=1)
+def declared() -> tuple[Declared, ...]:
+    """Every stage's name, order and `skippable`, as `registered()` has them, in study order, read from the source
+    of each folder's `stage.py` without running it: importing a stage imports its engine and report (torch,
+    pandas), and the help that lists the stages must stay light. A `STAGE = Stage(...)` that gives these as
+    literals, or as constants assigned at the top of its module, is read as written; any other stage is imported
+    (correct, only slower)."""
+    found = []
+    for mod in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if not mod.ispkg:
+            continue
+        source = Path(__path__[0]) / mod.name / "stage.py"
+        info = _read_declaration(source, mod.name) if source.is_file() else None
+        if info is None:
+            stage = getattr(importlib.import_module(f"{__name__}.{mod.name}.stage"), "STAGE", None)
+            if not isinstance(stage, Stage):
+                continue
+            info = Declared(stage.name, stage.order, stage.skippable, mod.name)
+        found.append(info)
+    return tuple(sorted(found, key=lambda d: d.order))
+
+
+class _Unreadable(Exception):
+    """A declaration's value that only running the module can tell."""
+
+
+def _read_declaration(path: Path, folder: str) -> Declared | None:
+    """The name, order and `skippable` of the `STAGE = Stage(...)` in `path`, or None when they are not written
+    out (then the caller imports the module)."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    constants: dict[str, Any] = {}
+    call: ast.Call | None = None
+    for node in tree.body:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            continue
+        target, value = node.targets[0].id, node.value
+        if target == "STAGE":
+            named = isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "Stage"
+            call = value if named and isinstance(value, ast.Call) else None
+        elif isinstance(value, ast.Constant):
+            constants[target] = value.value
+    if call is None or call.args:
+        return None
+    given = {k.arg: k.value for k in call.keywords if k.arg is not None}
+    defaults = {f.name: f.default for f in dataclasses.fields(Stage)}
+
+    def read(key: str) -> Any:
+        if key not in given:
+            return defaults[key]
+        node = given[key]
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.Name) and node.id in constants:
+            return constants[node.id]
+        raise _Unreadable(key)
+
+    try:
+        name, order, skippable = read("name"), read("order"), read("skippable")
+    except _Unreadable:
+        return None
+    if not (isinstance(name, str) and type(order) is int and isinstance(skippable, bool)):
+        return None
+    return Declared(name, order, skippable, folder)
+
+
 def names() -> list[str]:
     return [s.name for s in registered()]
 
@@ -265,4 +348,6 @@ def connect(path: str | os.PathLike | None = None, **kw: Any) -> Database:
     # sqlite_utils loads pandas: kept out of 'benchctl --help', which imports this package
     from benchctl.core import db as dbm
 
-    return dbm.connect(path, tables=tables(), **kw)
+    # a read-only connection creates and migrates nothing, so it needs no table, nor the stages that declare them
+    # (importing every stage imports torch)
+    return dbm.connect(path, tables=() if kw.get("readonly") else tables(), **kw)

@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.cells import cell_len
 from rich.console import Console
+from rich.measure import Measurement
+from rich.table import Table
 
 from benchctl.core.config import parse_set
-from benchctl.core.errors import ConfigError
+from benchctl.core.datadir import check_source
+from benchctl.core.errors import ConfigError, DataError
 from benchctl.core.progress import Progress
 
 console = Console()
@@ -35,12 +39,28 @@ DbOpt = Annotated[
     Path | None,
     typer.Option("--db", help="results database [env BENCHCTL_DB; default results/results.db]."),
 ]
+
+
+def _check_data(value: str | None) -> str | None:
+    """--data (else $BENCHCTL_DATA) checked as the options are parsed: a wrong path is one line at once, before the
+    command loads torch and the data readers, not when it comes to prepare the data."""
+    source = data_source(value)
+    if source is not None:
+        try:
+            check_source(source)
+        except DataError as e:
+            given = "--data" if value else "$BENCHCTL_DATA"
+            raise DataError(f"{given}: {e}") from None
+    return value
+
+
 DataOpt = Annotated[
     str | None,
     typer.Option(
         "--data",
         help="Data source: 'hub' (roneneldan/TinyStories) or a path (directory with train.txt/valid.txt, .jsonl, "
         ".parquet) [env BENCHCTL_DATA].",
+        callback=_check_data,
     ),
 ]
 TaskOpt = Annotated[
@@ -62,13 +82,20 @@ def data_source(data: str | None) -> str | None:
 
 
 def db_path_of(db: Path | None) -> Path:
-    """--db, else $BENCHCTL_DB, else results/results.db."""
-    if db is not None:
-        return Path(db)
-    # sqlite_utils loads pandas: kept out of 'benchctl --help'
-    from benchctl.core import db as dbm
+    """--db, else $BENCHCTL_DB, else results/results.db. The data cache is the `cache` folder beside it (unless
+    $BENCHCTL_CACHE names one), as the runs directory is: a command given --db elsewhere uses and fills that
+    database's cache, not a new one in the working directory."""
+    from benchctl.core.files import use_cache_beside
 
-    return dbm.default_path()
+    if db is not None:
+        path = Path(db)
+    else:
+        # sqlite_utils loads pandas: kept out of 'benchctl --help'
+        from benchctl.core import db as dbm
+
+        path = dbm.default_path()
+    use_cache_beside(path)
+    return path
 
 
 def overrides_with_data(set_: list[str] | None, data: str | None, task: str | None = None) -> dict[str, Any]:
@@ -136,3 +163,51 @@ def terminal_confirm() -> Callable[[str], bool] | None:
     if not sys.stdin.isatty():
         return None
     return lambda question: typer.confirm(question, default=False)
+
+
+def fitted_table(
+    heads: Sequence[str],
+    rows: Sequence[dict[str, str]],
+    optional: Sequence[str],
+    *,
+    right: Sequence[str] = (),
+    wide: bool = False,
+    **table_args: Any,
+) -> tuple[Table, list[str]]:
+    """A table of `rows` (head -> cell) with every column of `heads` that fits the console's width, and the columns
+    left out. No cell is ever cut: rich shortens every column of a table wider than the terminal, numbers and
+    headers included ("loa" for "load"), so a column that does not fit is dropped whole instead, and the caller says
+    which. `optional` are the columns that may go, least needed first; the others always stay. `wide` keeps every
+    column (print the table with `print_wide`). `right` are the right-aligned columns; `table_args` go to `Table`."""
+    # a cell's own width: rich measures a cell's minimum as its longest word ("final" of "final loss"), so without
+    # it a table would seem to fit that does not
+    widths = {h: max(cell_len(text) for text in (h, *(r[h] for r in rows))) for h in heads}
+
+    def build(shown: Sequence[str], body: Sequence[dict[str, str]]) -> Table:
+        table = Table(**table_args)
+        for h in shown:
+            table.add_column(h, no_wrap=True, min_width=widths[h], justify="right" if h in right else "left")
+        for r in body:
+            table.add_row(*(r[h] for h in shown))
+        return table
+
+    shown, dropped = list(heads), []
+    for head in () if wide else [h for h in optional if h in heads]:
+        # measured without its rows (the widths above stand for them): measuring every cell again is what costs
+        if Measurement.get(console, console.options.update_width(10_000), build(shown, ())).minimum <= console.width:
+            break
+        shown.remove(head)
+        dropped.append(head)
+    return build(shown, rows), dropped
+
+
+def print_wide(table: Table) -> None:
+    """Print a table at its natural width, however wide the terminal: nothing is cut or folded (the terminal wraps
+    long lines itself), so a pipe or a file gets every cell whole."""
+    width = Measurement.get(console, console.options.update_width(10_000), table).maximum
+    narrow = console.width
+    console.width = max(width, narrow)  # the console's own width: print(width=...) never goes beyond it
+    try:
+        console.print(table, crop=False)
+    finally:
+        console.width = narrow

@@ -19,7 +19,7 @@ from benchctl.stages.cli import DbOpt, YesOpt, console, db_path_of, split_list
 app = typer.Typer()
 
 
-@app.command()
+@app.command(short_help="Exact-match accuracy of reasoning-task runs.")
 def accuracy(
     runs: Annotated[str | None, typer.Option("--runs", help="Only these run ids (comma list).")] = None,
     archs: Annotated[str | None, typer.Option("--archs", help="Only these architectures (comma list).")] = None,

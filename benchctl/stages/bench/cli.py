@@ -17,7 +17,7 @@ from benchctl.stages.cli import DbOpt, JsonOpt, PresetOpt, SetOpt, console, db_p
 app = typer.Typer()
 
 
-@app.command()
+@app.command(short_help="Time each architecture's training step, or generation.")
 def bench(
     preset: PresetOpt = "paper",
     archs: Annotated[str | None, typer.Option("--archs", help="Comma list (default: all registered).")] = None,

@@ -107,7 +107,8 @@ def browse_queries(columns: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
             "description": "Every `benchctl bench` measurement, newest first: throughput (tokens/s), step time "
             "(s), MFU and peak memory (bytes), with the commit and device they were measured on.",
             "sql": """select b.created_at, b.bench_id, b.arch, b.preset, b.impl, b.compiled, b.device_name,
-  b.tokens_per_s, b.step_seconds, b.mfu, b.peak_mem_bytes, b.threads, b.load_avg, b.git_commit, b.torch_version
+  round(b.tokens_per_s, 1) as tokens_per_s, round(b.step_seconds, 4) as step_seconds, round(b.mfu, 4) as mfu,
+  b.peak_mem_bytes, b.threads, round(b.load_avg, 2) as load_avg, b.git_commit, b.torch_version
 from bench b order by b.created_at desc, b.bench_id, b.arch, b.impl""",
         }
     }

@@ -20,7 +20,7 @@ from benchctl.stages.depth.options import DepthOptions
 app = typer.Typer()
 
 
-@app.command()
+@app.command(short_help="Loss against test-time depth, and the adaptive exit.")
 def depth(
     runs: Annotated[str | None, typer.Option("--runs", help="Only these run ids (comma list).")] = None,
     archs: Annotated[str | None, typer.Option("--archs", help="Only these architectures (comma list).")] = None,

@@ -19,12 +19,16 @@ from matplotlib.ticker import ScalarFormatter
 
 import architectures
 from benchctl.core import stats
-from benchctl.report.figures import _figure, _style, tick
+from benchctl.report.figures import _figure, _style, label_points, tick
 from benchctl.report.fmt import fnum, md_table, need
 from benchctl.report.frames import Frames
 
 FIGURES = ("depth_loss.png", "depth_frontier.png", "depth_exit_hist.png")
-SATURATION_ONE_SEED = 0.01  # nats: with one seed (no CI) a change smaller than this is called saturation
+# nats: "saturates" claims the loss at 2x the trained depth is the same as at it, which needs a margin to be a claim
+# at all: the change must be shown to lie within ±SATURATION_MARGIN by two one-sided t-tests over seeds (stats.tost).
+# 0.01 nats is about 1% in perplexity, below the seed-to-seed spread of final losses at the presets benchctl ships.
+SATURATION_MARGIN = 0.01
+ALPHA = 0.05
 
 
 def depth_frame(frames: Frames) -> pd.DataFrame:
@@ -79,7 +83,12 @@ def _curve(g: pd.DataFrame, by: str = "n_recur") -> pd.DataFrame:
 
 
 def verdicts(ctx: Any, df: pd.DataFrame) -> list[str]:
-    """One sentence per recurrent model: improves / saturates / degrades at 2x its trained depth."""
+    """One sentence per recurrent model on the change in loss from its trained depth T to 2T, per seed.
+
+    improves / degrades: the 95% CI over seeds of the change lies below / above 0. saturates: the change is shown to
+    lie within ±SATURATION_MARGIN (TOST at ALPHA, stats.tost), whatever the CI says of 0. A CI that contains 0
+    without the TOST shows neither, and the sentence says so rather than calling it saturation. With one seed
+    nothing is tested: the sentence gives the change of that one trained model and what would test it."""
     out = []
     fixed = df[df["exit_rule"] == ""]
     for line, g in fixed.groupby("line", sort=False):
@@ -104,27 +113,66 @@ def verdicts(ctx: Any, df: pd.DataFrame) -> list[str]:
                 f"--depths {T},{2 * T}`."
             )
             continue
-        diff = (per_seed[2 * T] - per_seed[T]).dropna()
-        ci = stats.mean_ci(diff.astype(float))
-        base = float(per_seed[T].mean())
-        what = (
-            f"loss {fnum(base, 4)} at its trained depth {T} and {fnum(float(per_seed[2 * T].mean()), 4)} at "
-            f"depth {2 * T} (change {ci.mean:+.4f}"
+        diff = (per_seed[2 * T] - per_seed[T]).dropna().astype(float)
+        ci = stats.mean_ci(diff)
+        losses = (
+            f"loss {fnum(float(per_seed[T].mean()), 4)} at its trained depth {T} and "
+            f"{fnum(float(per_seed[2 * T].mean()), 4)} at depth {2 * T}"
         )
-        if ci.n >= 2:
-            verdict = "improves" if ci.hi < 0 else "degrades" if ci.lo > 0 else "saturates"
-            what += f", 95% CI [{ci.lo:+.4f}, {ci.hi:+.4f}] over {ci.n} seeds)"
-        else:
-            verdict = "saturates" if abs(ci.mean) < SATURATION_ONE_SEED else "improves" if ci.mean < 0 else "degrades"
-            what += (
-                f"; one seed, so this is about that trained model only; 'saturates' = within "
-                f"{SATURATION_ONE_SEED} nats)"
-            )
         ext = g["extrapolate"].iloc[0]
-        out.append(
-            f"- {line} {verdict} past its trained depth: {what}" + (f", extrapolation rule `{ext}`." if ext else ".")
-        )
+        rule = f", extrapolation rule `{ext}`" if ext else ""
+        out.append(f"- {line} {_past_trained(ci, stats.tost(diff, SATURATION_MARGIN, ALPHA), losses)}{rule}.")
     return out
+
+
+def _past_trained(ci: stats.MeanCI, eq: stats.MarginTest, losses: str) -> str:
+    """The verdict and its evidence, after the model's name: "saturates past its trained depth: ...". `ci` is the
+    95% CI of the per-seed change from T to 2T, `eq` its equivalence test against ±SATURATION_MARGIN."""
+    margin = f"±{SATURATION_MARGIN:g} nats"
+    assert ci.mean is not None
+    if ci.n < 2:
+        if abs(ci.mean) < SATURATION_MARGIN:
+            what = f"within {margin}; whether the architecture saturates needs two seeds or more, to test it"
+        else:
+            word = "improves" if ci.mean < 0 else "degrades"
+            what = f"outside {margin}; one seed has no CI, so whether the architecture {word} needs two seeds or more"
+        return (
+            f"has one seed, so nothing is tested past its trained depth: {losses} (change {_signed(ci.mean)} for "
+            f"this one trained model, {what})"
+        )
+    assert ci.lo is not None and ci.hi is not None
+    change = f"change {_signed(ci.mean)}, 95% CI [{_signed(ci.lo)}, {_signed(ci.hi)}] over {ci.n} seeds"
+    if eq.shown:
+        assert eq.lo is not None and eq.hi is not None and eq.p is not None
+        real = (
+            "; the 95% CI excludes 0, so the change is real but smaller than the margin"
+            if ci.lo > 0 or ci.hi < 0
+            else ""
+        )
+        return (
+            f"saturates past its trained depth: {losses} ({change}; within {margin} by two one-sided t-tests, "
+            f"{round(100 * eq.level)}% CI [{_signed(eq.lo)}, {_signed(eq.hi)}], {stats.fmt_p(eq.p)}{real})"
+        )
+    if ci.hi < 0:
+        return f"improves past its trained depth: {losses} ({change})"
+    if ci.lo > 0:
+        return f"degrades past its trained depth: {losses} ({change})"
+    tested = (
+        f"its {round(100 * eq.level)}% CI [{_signed(eq.lo)}, {_signed(eq.hi)}] is not inside {margin} "
+        f"(two one-sided t-tests, {stats.fmt_p(eq.p)})"
+        if eq.p is not None and eq.lo is not None and eq.hi is not None
+        else f"the equivalence test within {margin} cannot be run ({eq.reason})"
+    )
+    return (
+        f"is not shown to improve, degrade or saturate past its trained depth: {losses} ({change} contains 0, "
+        f"which is no evidence of saturation: {tested}; more seeds would narrow it)"
+    )
+
+
+def _signed(x: float) -> str:
+    """'+0.0012', '-0.0480'; a change that rounds to zero is '+0.0000', never '-0.0000'."""
+    s = f"{x:+.4f}"
+    return "+0.0000" if s == "-0.0000" else s
 
 
 def fig_depth_loss(ctx: Any, df: pd.DataFrame) -> Any:
@@ -167,6 +215,17 @@ def fig_depth_loss(ctx: Any, df: pd.DataFrame) -> Any:
     return fig
 
 
+def _threshold_labels(points: list[tuple[float, float, float]]) -> list[tuple[float, float, str]]:
+    """One label per distinct point: exit points of several lines (or thresholds) that land on the same spot share
+    one label listing their thresholds, instead of one label each printed over the others."""
+    at: dict[tuple[float, float], list[float]] = {}
+    for x, y, thr in points:
+        key = (round(x, 9), round(y, 9))
+        if thr not in at.setdefault(key, []):
+            at[key].append(thr)
+    return [(x, y, ", ".join(f"{t:g}" for t in sorted(thrs))) for (x, y), thrs in at.items()]
+
+
 def fig_frontier(ctx: Any, df: pd.DataFrame) -> Any:
     ex = df[df["exit_rule"] != ""]
     if ex.empty:
@@ -174,6 +233,7 @@ def fig_frontier(ctx: Any, df: pd.DataFrame) -> Any:
     with _style():
         fig = _figure(8.5, 5.2)
         ax = fig.subplots()
+        exits: list[tuple[float, float, float]] = []
         for line, g in df.groupby("line", sort=False):
             colour = ctx.colours.get(g["model"].iloc[0])
             fixed = _curve(g[g["exit_rule"] == ""])
@@ -199,20 +259,14 @@ def fig_frontier(ctx: Any, df: pd.DataFrame) -> Any:
                     linewidth=1.2,
                     label=f"{tick(line)}: exit {rule}",
                 )
-                for r in c.itertuples():
-                    ax.annotate(
-                        f"{r.threshold:g}",
-                        (r.mean_depth, r.mean),
-                        fontsize=7,
-                        xytext=(4, 4),
-                        textcoords="offset points",
-                    )
+                exits += [(float(r.mean_depth), float(r.mean), float(r.threshold)) for r in c.itertuples()]
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_formatter(ScalarFormatter())
         ax.set_xlabel("mean depth per token (iterations; exit: what skipping exited tokens would compute)")
         ax.set_ylabel("validation loss (nats/token)")
         ax.set_title("Compute/quality frontier: adaptive exit (labels = thresholds) vs fixed depth", fontsize=11)
         ax.legend(fontsize=8, frameon=True)
+        label_points(fig, [(ax, _threshold_labels(exits))])
     return fig
 
 
@@ -328,7 +382,14 @@ def depth_section(frames: Frames) -> list[str]:
     out += _tables(df)
     sentences = verdicts(frames.ctx, df)
     if sentences:
-        out += ["Past the trained depth (loss at 2× the trained depth minus loss at it, per seed):", ""]
+        out += [
+            "Past the trained depth (loss at 2× the trained depth minus loss at it, per seed): improves / degrades "
+            f"= its 95% CI over seeds lies below / above 0; saturates = the change is shown to lie within "
+            f"±{SATURATION_MARGIN:g} nats by two one-sided t-tests at α = {ALPHA} (TOST: its "
+            f"{round(100 * (1 - 2 * ALPHA))}% CI inside the margin); a CI that merely contains 0 shows none of the "
+            "three. Over training seeds only, on the same validation windows for every depth:",
+            "",
+        ]
         out += sentences + [""]
     ctx = frames.ctx
     hist, what = fig_exit_hist(df)

@@ -46,16 +46,17 @@ TABLES = (DEPTH_RESULTS,)
 
 def browse_queries(columns: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
     """`benchctl browse`'s query: every depth_results row, labelled with its run's model and seed when the file's
-    table is keyed by run."""
+    table is keyed by run, its measurements rounded."""
     if "depth_results" not in columns:
         return {}
+    cols = DEPTH_RESULTS.browse_select("d", columns["depth_results"])
     if "run_id" in columns["depth_results"]:
         sql = (
-            f"select {model_label(columns)} as model, r.preset, r.seed, d.* from depth_results d "
+            f"select {model_label(columns)} as model, r.preset, r.seed, {cols} from depth_results d "
             "left join runs r on r.id = d.run_id order by model, r.preset, r.seed"
         )
     else:
-        sql = "select d.* from depth_results d"
+        sql = f"select {cols} from depth_results d"
     return {
         "depth_results": {
             "title": "Depth results",

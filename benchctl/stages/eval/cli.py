@@ -21,7 +21,7 @@ from benchctl.stages.eval.options import EvalOptions
 app = typer.Typer()
 
 
-@app.command("eval")
+@app.command("eval", short_help="lm-eval tasks on every finished run.")
 def eval_(
     tasks: Annotated[
         str | None,

@@ -98,6 +98,13 @@ def _results_table(ev: pd.DataFrame, chance: pd.DataFrame) -> list[str]:
     return md_table(headers, rows, right=range(1, len(headers)))
 
 
+def chance_family(chance: pd.DataFrame) -> str:
+    """The family the cells' p-values are Holm-adjusted over, in words: the tested cells only (a cell without a
+    document count has no p and is no member)."""
+    n = int(chance["p"].notna().sum())
+    return f"the {n} tested accuracy cell{'s' if n != 1 else ''} of the table"
+
+
 def _chance_table(ev: pd.DataFrame, chance: pd.DataFrame) -> list[str]:
     """Correct answers / documents over all seeds, the binomial p-value and its Holm adjustment, per tested cell."""
     cells = sorted({(t, m) for t, m in zip(chance["task"], chance["metric"])})
@@ -140,12 +147,15 @@ def eval_section(frames: Frames) -> list[str]:
     out.append(
         f"{ABOVE} = above chance, {AT_CHANCE} = not distinguishable from chance: one-sided exact binomial "
         "test of the correct answers of all seeds against the task's chance level (a model that ignores what "
-        f"the task tests scores exactly that: {levels}), Holm-adjusted across the {len(chance)} accuracy "
-        f"cells of the table, α = {ALPHA}."
+        f"the task tests scores exactly that: {levels}), Holm-adjusted over {chance_family(chance)}, "
+        f"α = {ALPHA}."
     )
     out.append("")
     out += task_verdicts(chance, ctx.preset) + [""]
-    out.append("Against chance (correct answers / documents over all seeds, one-sided binomial p, Holm-adjusted p):")
+    out.append(
+        "Against chance (correct answers / documents over all seeds, one-sided binomial p, Holm-adjusted p over "
+        f"{chance_family(chance)}):"
+    )
     out.append("")
     out += _chance_table(ev, chance) + [""]
     return out

@@ -64,7 +64,8 @@ def browse_queries(columns: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
             "description": "Mean over seeds of every lm-eval metric per model, task, test-time recurrence and "
             "document limit (0 = all), with the mean standard error.",
             "sql": f"""select {model_label(columns)} as model, r.preset, e.task, e.metric, e.n_recur, e.limit_n,
-  count(*) as n_runs, avg(e.value) as mean_value, avg(e.stderr) as mean_stderr, max(e.n_samples) as n_samples
+  count(*) as n_runs, round(avg(e.value), 4) as mean_value, round(avg(e.stderr), 4) as mean_stderr,
+  max(e.n_samples) as n_samples
 from eval_results e join runs r on r.id = e.run_id
 group by model, r.preset, e.task, e.metric, e.n_recur, e.limit_n
 order by e.task, e.metric, r.preset, model, e.n_recur""",

@@ -20,7 +20,7 @@ from benchctl.stages.infer.options import InferOptions
 app = typer.Typer()
 
 
-@app.command()
+@app.command(short_help="Generation cost per inference setting.")
 def infer(
     runs: Annotated[str | None, typer.Option("--runs", help="Only these run ids (comma list).")] = None,
     archs: Annotated[str | None, typer.Option("--archs", help="Only these architectures (comma list).")] = None,

@@ -13,6 +13,9 @@ prompts) it measures, with `architectures.inference`:
   right beside the setting (in alternating order), and the ratio of the two decode rates is kept per repeat, so the
   machine's drift between settings measured minutes apart does not enter it; the median ratio is stored with its
   range and every repeat's ratio;
+- what the timings were measured under: the machine's mean 1-minute load average and logical cores, and the
+  process's CPU share of the timed generations (CPU time over wall time times threads), so the report can flag
+  rows timed on a contended machine as it flags contended training runs;
 - the KV-cache bytes the batched generation holds, per 1,000 cached tokens; its peak memory (CUDA: torch's peak
   allocation; CPU: the process's peak RSS, since reset where Linux allows it);
 - FLOPs spent per generated token and the mean depth, as the engine counts them (tokens that exited are not
@@ -39,6 +42,7 @@ Rows go to `inference_results` (one per run, setting and measurement sizes, writ
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -52,7 +56,7 @@ import architectures
 from architectures import inference as inf
 from benchctl.core import checkpoint, data, telemetry
 from benchctl.core.config import RunConfig
-from benchctl.core.errors import EvalError
+from benchctl.core.errors import ConfigError, EvalError
 from benchctl.core.progress import Progress, as_progress, silent
 from benchctl.core.runtime import resolve_device
 from benchctl.stages.infer import tables as infer_tables
@@ -132,15 +136,26 @@ class _RunPlan:
     paired: bool  # time full depth beside every other setting and store the ratio
 
 
-def _sizes(cfg: Any, opts: InferOptions) -> dict[str, int]:
-    """Measurement sizes for one run: the prompt takes at most half the context, the generation the rest."""
+def _sizes(cfg: Any, opts: InferOptions, run: str = "") -> dict[str, int]:
+    """Measurement sizes for one run: the prompt takes at most half the context, the generation the rest; a size
+    the run's context cannot hold is refused (measuring a shorter one under the asked-for name would mislabel it)."""
     ctx = int(cfg.model.max_seq_len)
-    prompt = min(opts.prompt_tokens, max(1, ctx // 2))
+    half = max(1, ctx // 2)
+    if opts.prompt_tokens > half:
+        raise ConfigError(
+            f"--prompt-tokens {opts.prompt_tokens}: {run or 'the run'} has a context of {ctx} tokens, and a prompt "
+            f"takes at most half of it ({half})"
+        )
+    if opts.new_tokens > ctx - opts.prompt_tokens:
+        raise ConfigError(
+            f"--new-tokens {opts.new_tokens}: {run or 'the run'} has a context of {ctx} tokens, "
+            f"{opts.prompt_tokens} of them the prompt; at most {ctx - opts.prompt_tokens} new tokens"
+        )
     return {
         "prompts": opts.batch,
         "single": opts.single,
-        "prompt_tokens": prompt,
-        "new_tokens": min(opts.new_tokens, ctx - prompt),
+        "prompt_tokens": opts.prompt_tokens,
+        "new_tokens": opts.new_tokens,
         "windows": min(opts.windows, int(cfg.eval.val_windows)),
     }
 
@@ -158,7 +173,7 @@ def plan(
     for row in rows:
         cfg = RunConfig.from_json(row["config_json"])
         cls = architectures.get(cfg.arch)
-        sizes = _sizes(cfg, opts)
+        sizes = _sizes(cfg, opts, row["id"])
         have = infer_tables.result_keys(db, row["id"])
         settings = settings_for(cls, opts)
         todo = [m for m in settings if _key(m, sizes) not in have]
@@ -271,24 +286,35 @@ def measure(
     rates = {which: {"single": [], "batch": []} for which in ("setting", "paired")}
     prefill: dict[str, list[float]] = {"single": [], "batch": []}
     outs, peaks = [], []
-    for rep in range(repeats):
-        order = [("setting", m), ("paired", paired)] if rep % 2 == 0 else [("paired", paired), ("setting", m)]
-        for which, mm in order:
-            if mm is None:
-                continue
-            singles = [_generate(model, mm, [p], new, seed) for p in prompts[: sizes["single"]]]
-            phase = _peak_start(device)
-            batched = _generate(model, mm, prompts, new, seed)
-            if which == "setting":
-                outs.append(batched)
-                peaks.append(_peak(device, phase))
-            for size, gens, prompt_tokens in (
-                ("single", singles, sum(len(p) for p in prompts[: len(singles)])),
-                ("batch", [batched], sum(len(p) for p in prompts)),
-            ):
-                rates[which][size].append(_rate(sum(o.new_tokens for o in gens), sum(o.decode_seconds for o in gens)))
+    # What the timings were measured under, as training records it: the machine's load, and the share of the
+    # timed span the process's threads really ran (a process waiting for a core accrues no CPU time).
+    load = telemetry.LoadSampler().start()
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    try:
+        for rep in range(repeats):
+            order = [("setting", m), ("paired", paired)] if rep % 2 == 0 else [("paired", paired), ("setting", m)]
+            for which, mm in order:
+                if mm is None:
+                    continue
+                singles = [_generate(model, mm, [p], new, seed) for p in prompts[: sizes["single"]]]
+                phase = _peak_start(device)
+                batched = _generate(model, mm, prompts, new, seed)
                 if which == "setting":
-                    prefill[size].append(_rate(prompt_tokens, sum(o.prefill_seconds for o in gens)))
+                    outs.append(batched)
+                    peaks.append(_peak(device, phase))
+                for size, gens, prompt_tokens in (
+                    ("single", singles, sum(len(p) for p in prompts[: len(singles)])),
+                    ("batch", [batched], sum(len(p) for p in prompts)),
+                ):
+                    rates[which][size].append(
+                        _rate(sum(o.new_tokens for o in gens), sum(o.decode_seconds for o in gens))
+                    )
+                    if which == "setting":
+                        prefill[size].append(_rate(prompt_tokens, sum(o.prefill_seconds for o in gens)))
+        cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    finally:
+        load.stop()
+    threads = torch.get_num_threads()
     speedups = {
         size: [s / f for s, f in zip(rates["setting"][size], rates["paired"][size]) if s is not None and f]
         for size in ("single", "batch")
@@ -305,7 +331,7 @@ def measure(
         "draft_n_recur": int(m.draft.n_recur) if m.speculative else 0,
         "spec_k": m.k,
         "device": device.type,
-        "threads": torch.get_num_threads(),
+        "threads": threads,
         "repeats": repeats,
         **_summary("tokens_per_s_1", rates["setting"]["single"]),
         "prefill_tokens_per_s_1": _median(prefill["single"]),
@@ -329,6 +355,9 @@ def measure(
         **_summary("speedup_1", speedups["single"]),
         **_summary("speedup_batch", speedups["batch"]),
         "speedups_json": json.dumps(speedups) if paired is not None else None,
+        "load_avg": load.total / load.n if load.n else None,
+        "cores": os.cpu_count(),
+        "cpu_share": cpu / (wall * threads) if wall > 0 else None,
     }
     row["seconds"] = time.perf_counter() - t0
     return row

@@ -1,8 +1,11 @@
 """Report section of the infer stage, "Inference cost": per model and inference setting the decode speed at batch 1
 and at a batch, KV-cache megabytes per 1,000 tokens, FLOPs spent per generated token, the teacher-forced loss and the
-agreement with full depth; a frontier figure (decode speed and KV bytes against loss, the control marked); one
-sentence per recurrent model on which setting, if any, is both cheaper and no worse than its full depth; and the
-latent view: per-position convergence across iterations as a heatmap and 2-D PCA trajectories of a few tokens' states.
+agreement with full depth, and the machine's load and the process's CPU share while it was timed, rows timed on a
+contended machine flagged as contended training runs are; a frontier figure (per recurrent model, each setting's
+paired decode speed-up and KV bytes against full depth's, against its loss change, every point labelled); one
+sentence per recurrent model on which setting, if any, is both cheaper and shown no worse than its full depth
+(non-inferiority within MARGIN, Holm-adjusted over the settings it picks from); and the latent view: per-position
+convergence across iterations as a heatmap and 2-D PCA trajectories of a few tokens' states.
 
 Rows come from `inference_results` and `inference_latents` (`benchctl infer`), only for runs that are done in the
 report's preset. Means over seeds carry 95% t-intervals (benchctl.core.stats); the loss change against full depth is
@@ -12,20 +15,27 @@ paired by seed.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
+from matplotlib.lines import Line2D
 
 import architectures
 from benchctl.core import stats
-from benchctl.report.figures import _figure, _style, tick
+from benchctl.report.figures import _figure, _style, label_points, tick
 from benchctl.report.fmt import fnum, md_table, need
 from benchctl.report.frames import Frames
+from benchctl.stages.train.cost import contention
 
 FIGURES = ("infer_frontier.png", "infer_convergence.png", "infer_trajectories.png")
 FULL = "full depth"  # the label `benchctl infer` stores for the full-depth setting
-MARGIN = 0.01  # nats: a setting is "no worse" when its loss rises by less than this (the CI's upper end, with seeds)
+# nats: a setting is "no worse" than full depth when its loss is shown to rise by less than this: a one-sided t over
+# the seeds' paired changes (non-inferiority, stats.noninferiority) at ALPHA. The sentence names one setting out of
+# every cheaper one it looked at, so the p-values are Holm-adjusted over those settings before any is chosen.
+MARGIN = 0.01
+ALPHA = 0.05
 _SIZES = ("prompts", "single", "prompt_tokens", "new_tokens", "windows")
 
 
@@ -65,12 +75,17 @@ def _mean(h: pd.DataFrame, col: str) -> float | None:
     return float(v.mean()) if len(v) else None
 
 
-def _loss_change(g: pd.DataFrame, setting: str) -> stats.MeanCI:
-    """Loss under `setting` minus loss at full depth, paired by seed."""
+def _changes(g: pd.DataFrame, setting: str) -> list[float]:
+    """Loss under `setting` minus loss at full depth, one per seed that has both."""
     per_seed = g.pivot_table(index="seed", columns="setting", values="val_loss", aggfunc="first")
     if FULL not in per_seed.columns or setting not in per_seed.columns:
-        return stats.mean_ci([])
-    return stats.mean_ci((per_seed[setting] - per_seed[FULL]).dropna().astype(float))
+        return []
+    return [float(v) for v in (per_seed[setting] - per_seed[FULL]).dropna()]
+
+
+def _loss_change(g: pd.DataFrame, setting: str) -> stats.MeanCI:
+    """Loss under `setting` minus loss at full depth, paired by seed: mean and 95% CI."""
+    return stats.mean_ci(_changes(g, setting))
 
 
 def _ci_text(ci: stats.MeanCI, digits: int = 4) -> str:
@@ -121,7 +136,53 @@ def speed_text(h: pd.DataFrame) -> str | None:
     )
 
 
-def _table(ctx: Any, model: str, g: pd.DataFrame) -> list[str]:
+def row_contention(r: dict[str, Any]) -> str | None:
+    """Why one inference_results row's timings are not a cost measure, by the rule training runs are read with
+    (benchctl.stages.train.cost.contention): the machine's load above its cores. None when nothing says so, also
+    for rows measured before the load was recorded."""
+    return contention({"load_avg": r.get("load_avg"), "cores": r.get("cores")})
+
+
+def _contended(h: pd.DataFrame) -> bool:
+    return any(row_contention(r) for r in h.to_dict("records"))
+
+
+def _has_load(df: pd.DataFrame) -> bool:
+    return any(c in df and pd.to_numeric(df[c], errors="coerce").notna().any() for c in ("load_avg", "cpu_share"))
+
+
+def contention_note(ctx: Any, df: pd.DataFrame) -> list[str]:
+    """One paragraph naming the rows (model, setting, seeds) timed on a contended machine, the mark † explains."""
+    flagged = [(r, why) for r in df.to_dict("records") if (why := row_contention(r))]
+    if not flagged:
+        return []
+    loads = [float(r["load_avg"]) for r, _ in flagged]
+    cores = sorted({int(r["cores"]) for r, _ in flagged})
+    span = fnum(min(loads), 1) if min(loads) == max(loads) else f"{fnum(min(loads), 1)}–{fnum(max(loads), 1)}"
+    under = f"mean load {span} on {'/'.join(map(str, cores))} cores"
+    if len(flagged) == len(df):
+        who = f"All {len(df)} rows were"
+    else:
+        seeds: dict[tuple[str, str], list[int]] = {}
+        for r, _ in flagged:
+            seeds.setdefault((r["model"], r["setting"]), []).append(int(r["seed"]))
+        order = {m: i for i, m in enumerate(ctx.models)}
+        parts = [
+            f"{m} `{s}` seed{'s' if len(v) > 1 else ''} {', '.join(map(str, sorted(v)))}"
+            for (m, s), v in sorted(seeds.items(), key=lambda kv: (order.get(kv[0][0], len(order)), kv[0][1]))
+        ]
+        who = "; ".join(parts) + (" were" if len(flagged) > 1 else " was")
+    their = "their" if len(flagged) > 1 else "its"
+    return [
+        f"† {who} timed on a contended machine ({under}; training runs are flagged by the same rule): {their} "
+        "tokens/s are not a cost measure here. A paired ratio (× full b1, and the figure's speed-ups) is timed "
+        "beside full depth in each repeat, so the load falls on both of its sides alike.",
+        "",
+    ]
+
+
+def _table(ctx: Any, model: str, g: pd.DataFrame, load: bool) -> list[str]:
+    """One model's settings; `load`: with the load and CPU share columns (rows of an older benchctl have none)."""
     batch = int(g["prompts"].iloc[0])
     rows = []
     for setting in _order(g):
@@ -131,7 +192,7 @@ def _table(ctx: Any, model: str, g: pd.DataFrame) -> list[str]:
         flops = _mean(h, "flops_per_token")
         rows.append(
             [
-                setting,
+                setting + (" †" if _contended(h) else ""),
                 int(h["seed"].nunique()),
                 fnum(_mean(h, "tokens_per_s_1"), 0),
                 fnum(float(np.median(r)), 2) if (r := paired_speedups(h)) else "-",
@@ -144,6 +205,7 @@ def _table(ctx: Any, model: str, g: pd.DataFrame) -> list[str]:
                 fnum(_mean(h, "agreement"), 3),
                 fnum(_mean(h, "acceptance_rate"), 3),
             ]
+            + ([fnum(_mean(h, "load_avg"), 1), fnum(_mean(h, "cpu_share"), 2)] if load else [])
         )
     heads = [
         "setting",
@@ -158,7 +220,7 @@ def _table(ctx: Any, model: str, g: pd.DataFrame) -> list[str]:
         "Δ loss vs full [95% CI]",
         "agreement",
         "acceptance",
-    ]
+    ] + (["load avg", "CPU share"] if load else [])
     return (
         [f"**{model}**" + (" (reference)" if not _iterable(ctx, model) else ""), ""]
         + md_table(heads, rows, right=range(1, len(heads)))
@@ -168,8 +230,12 @@ def _table(ctx: Any, model: str, g: pd.DataFrame) -> list[str]:
 
 def verdict(ctx: Any, model: str, g: pd.DataFrame) -> str | None:
     """One sentence: the cheapest setting that is cheaper than full depth (no more FLOPs spent per generated token
-    and no more KV bytes, less of one) and no worse (its loss change's upper 95% bound below MARGIN; with one seed,
-    its change), or that none is."""
+    and no more KV bytes, less of one) and no worse, or that none is shown to be.
+
+    No worse = non-inferior: the loss change against full depth, paired by seed, shown below +MARGIN by a one-sided
+    t-test at ALPHA, its p Holm-adjusted over every cheaper setting of the model (the family the sentence picks
+    from). With one seed nothing is tested: the sentence names the cheapest setting whose change is below MARGIN
+    for that one trained model and says it is not a test."""
     if not _iterable(ctx, model):
         return None
     full = g[g["setting"] == FULL]
@@ -182,37 +248,63 @@ def verdict(ctx: Any, model: str, g: pd.DataFrame) -> str | None:
             continue
         h = g[g["setting"] == setting]
         flops, kv = _mean(h, "flops_per_token"), _mean(h, "kv_bytes_per_1k")
-        if None in (flops, kv, f_flops, f_kv):
+        if flops is None or kv is None or f_flops is None or f_kv is None:
             continue
         if flops <= f_flops and kv <= f_kv and (flops < f_flops or kv < f_kv):
             cheaper.append((flops, kv, setting, _loss_change(g, setting)))
-    if not cheaper:
+    if not cheaper or f_flops is None or f_kv is None:
         return f"- {model}: no setting spends fewer FLOPs per generated token or holds fewer KV bytes than full depth."
     cheaper.sort(key=lambda c: (c[0], c[1]))
 
-    def no_worse(ci: stats.MeanCI) -> bool:
-        bound = ci.hi if ci.hi is not None else ci.mean
-        return bound is not None and bound < MARGIN
+    def cost(flops: float, kv: float) -> str:
+        return (
+            f"{fnum(flops / 1e6, 3)} against {fnum(f_flops / 1e6, 3)} MFLOP per generated token, "
+            f"{fnum(kv / 1e6, 3)} against {fnum(f_kv / 1e6, 3)} KV MB per 1,000 tokens"
+        )
 
-    good = [c for c in cheaper if no_worse(c[3])]
     seeds = int(full["seed"].nunique())
-    basis = (
-        f"no worse = the upper end of the loss change's 95% CI over {seeds} seeds below {MARGIN} nats"
-        if seeds >= 2
-        else f"one seed, so about that trained model only: no worse = a loss change below {MARGIN} nats"
-    )
+    if seeds < 2:
+        below = [c for c in cheaper if c[3].mean is not None and c[3].mean < MARGIN]
+        flops, kv, setting, ci = (below or cheaper)[0]
+        if below:
+            what = (
+                f"`{setting}`, the cheapest setting whose loss change is below +{MARGIN:g} nats for this one "
+                f"trained model, spends {cost(flops, kv)} with loss change {_ci_text(ci)}"
+            )
+        else:
+            what = (
+                f"no cheaper setting changes the loss by less than +{MARGIN:g} nats for this one trained model; the "
+                f"cheapest, `{setting}`, spends {cost(flops, kv)} with loss change {_ci_text(ci)}"
+            )
+        return (
+            f"- {model}: one seed, so nothing is tested: {what}; showing a setting no worse for the architecture "
+            f"needs two seeds or more{_speed_clause(g, setting)}."
+        )
+    tests = [stats.noninferiority(_changes(g, c[2]), MARGIN, ALPHA) for c in cheaper]
+    adjusted = stats.holm([t.p for t in tests])
+    k = sum(1 for t in tests if t.p is not None)
+    family = f"the {k} cheaper setting{'s' if k != 1 else ''} of {model}"
+    test = f"a one-sided t over {seeds} seeds"
+
+    def evidence(i: int) -> str:
+        t, p_adj = tests[i], adjusted[i]
+        if t.p is None or p_adj is None:
+            return f"not testable: {t.reason}"
+        return f"non-inferiority {stats.fmt_p(t.p)}, Holm-adjusted {stats.fmt_p(p_adj)} over {family}"
+
+    good = [i for i, p in enumerate(adjusted) if p is not None and p < ALPHA]
     if not good:
         flops, kv, setting, ci = cheaper[0]
         return (
-            f"- {model}: no cheaper setting is shown to be no worse than full depth ({basis}); the cheapest, "
-            f"`{setting}`, spends {fnum(flops / 1e6, 3)} MFLOP/token against {fnum(f_flops / 1e6, 3)} with loss "
-            f"change {_ci_text(ci)}{_speed_clause(g, setting)}."
+            f"- {model}: no cheaper setting is shown to be no worse than full depth (its loss change below "
+            f"+{MARGIN:g} nats by {test}, Holm-adjusted over {family}); the cheapest, `{setting}`, spends "
+            f"{cost(flops, kv)} with loss change {_ci_text(ci)} ({evidence(0)}){_speed_clause(g, setting)}."
         )
-    flops, kv, setting, ci = good[0]
+    flops, kv, setting, ci = cheaper[good[0]]
     return (
-        f"- {model}: `{setting}` is cheaper than full depth ({fnum(flops / 1e6, 3)} against {fnum(f_flops / 1e6, 3)} "
-        f"MFLOP per generated token, {fnum(kv / 1e6, 3)} against {fnum(f_kv / 1e6, 3)} KV MB per 1,000 tokens) and "
-        f"no worse: loss change {_ci_text(ci)} ({basis}){_speed_clause(g, setting)}."
+        f"- {model}: `{setting}` is cheaper than full depth ({cost(flops, kv)}) and no worse: loss change "
+        f"{_ci_text(ci)}, shown below +{MARGIN:g} nats by {test} ({evidence(good[0])})"
+        f"{_speed_clause(g, setting)}."
     )
 
 
@@ -223,58 +315,170 @@ def _speed_clause(g: pd.DataFrame, setting: str) -> str:
     return "" if text is None else f"; {text}"
 
 
+@dataclass(frozen=True)
+class _Point:
+    """One setting of one model against its full depth: what the frontier figure draws."""
+
+    setting: str
+    loss_change: float  # nats/token, paired by seed (0 for full depth)
+    speedup: float | None  # batch-1 decode rate over full depth's
+    paired: bool  # speedup from timings beside full depth (else a ratio of medians timed apart)
+    kv: float | None  # KV bytes per token over full depth's
+    contended: bool
+
+
+def _unpaired_speedup(g: pd.DataFrame, setting: str) -> float | None:
+    """Median over seeds of a setting's batch-1 rate over full depth's of the same run: for rows measured without
+    paired timings, whose rates were taken minutes apart."""
+    per_seed = g.pivot_table(index="seed", columns="setting", values="tokens_per_s_1", aggfunc="first")
+    if FULL not in per_seed.columns or setting not in per_seed.columns:
+        return None
+    ratios = (per_seed[setting] / per_seed[FULL]).replace([np.inf, -np.inf], np.nan).dropna()
+    return float(ratios.median()) if len(ratios) else None
+
+
+def frontier_points(g: pd.DataFrame) -> list[_Point]:
+    """Every setting of one model's rows against its full depth (none without a full-depth row): the loss change
+    paired by seed, the stored paired speed-up (a ratio of medians only where a row has none) and the KV ratio."""
+    full = g[g["setting"] == FULL]
+    if full.empty:
+        return []
+    f_kv = _mean(full, "kv_bytes_per_1k")
+    out = []
+    for setting in _order(g):
+        h = g[g["setting"] == setting]
+        kv = _mean(h, "kv_bytes_per_1k")
+        if setting == FULL:
+            change, speed, paired = 0.0, 1.0, True
+        else:
+            change = _loss_change(g, setting).mean
+            ratios = paired_speedups(h)
+            paired = bool(ratios)
+            speed = float(np.median(ratios)) if ratios else _unpaired_speedup(g, setting)
+        if change is None:
+            continue
+        out.append(
+            _Point(
+                setting,
+                float(change),
+                speed,
+                paired,
+                None if kv is None or not f_kv else kv / f_kv,
+                _contended(h),
+            )
+        )
+    return out
+
+
+_CONTENDED_EDGE = "#C00000"
+
+
+def _draw_points(ax: Any, pts: list[_Point], colour: Any, value: str) -> list[tuple[float, float, str]]:
+    """Plot one panel's points (`value`: "speedup" or "kv") and return the labels: points on the same spot share one,
+    their settings one per line. Only a timing is flagged as contended or unpaired: the KV bytes are a count."""
+    at: dict[tuple[float, float], list[str]] = {}
+    for p in pts:
+        y = getattr(p, value)
+        if y is None:
+            continue
+        timing = value == "speedup"
+        busy = timing and p.contended
+        ax.plot(
+            [p.loss_change],
+            [y],
+            marker="D" if p.setting == FULL else "o" if p.paired or not timing else "^",
+            markersize=8 if p.setting == FULL else 6.5,
+            linestyle="none",
+            color=colour,
+            markerfacecolor="white" if busy else colour,
+            markeredgecolor=_CONTENDED_EDGE if busy else "black",
+            markeredgewidth=1.6 if busy else 0.6,
+            zorder=3,
+        )
+        at.setdefault((round(p.loss_change, 12), round(y, 12)), []).append(p.setting)
+    return [(x, y, "\n".join(names)) for (x, y), names in at.items()]
+
+
+_FRONTIER_COLUMNS = 3  # models side by side; more wrap to further rows, so the figure keeps a page's width
+
+
 def fig_frontier(ctx: Any, df: pd.DataFrame) -> Any:
+    """Per recurrent model, each setting against the model's own full depth: the paired batch-1 decode speed-up
+    (top) and the KV cache (below it) against the loss change, every point labelled with its setting. Raw tokens/s
+    of different rows were measured minutes apart, under whatever load the machine had then; a ratio timed beside
+    full depth in each repeat is not (see the table's × full b1). None without a model that has settings to set
+    against its full depth."""
+    models = [m for m in ctx.models if m in set(df["model"]) and _iterable(ctx, m)]
+    panels = [(m, pts) for m in models if len(pts := frontier_points(df[df["model"] == m])) > 1]
+    if not panels:
+        return None
+    cols = min(len(panels), _FRONTIER_COLUMNS)
+    blocks = -(-len(panels) // cols)
     with _style():
-        fig = _figure(11.5, 4.8)
-        axes = fig.subplots(1, 2)
-        for model, g in df.groupby("model", sort=False):
+        fig = _figure(max(7.0, 0.6 + 4.6 * cols), 1.0 + 8.0 * blocks)  # one model: wide enough for the legend
+        axes = fig.subplots(2 * blocks, cols, squeeze=False)
+        for ax in axes.flat[2 * len(panels) :]:
+            ax.set_visible(False)
+        placed = []
+        for i, (model, pts) in enumerate(panels):
             colour = ctx.colours.get(model)
-            ref = not _iterable(ctx, model)
-            for ax, col, scale in ((axes[0], "tokens_per_s_1", 1.0), (axes[1], "kv_bytes_per_1k", 1e-6)):
-                pts = []
-                for setting in _order(g):
-                    h = g[g["setting"] == setting]
-                    y = _mean(h, col)
-                    if y is not None:
-                        pts.append((setting, float(h["val_loss"].mean()), y * scale))
-                if not pts:
-                    continue
-                xs = [p[1] for p in pts]
-                ys = [p[2] for p in pts]
-                if ref:
-                    ax.plot(
-                        xs,
-                        ys,
-                        marker="*",
-                        markersize=16,
-                        color=colour,
-                        markeredgecolor="black",
-                        linestyle="none",
-                        label=f"{tick(model)} (reference)",
-                    )
-                    continue
-                ax.plot(xs, ys, marker="o", markersize=5, color=colour, linestyle="none", alpha=0.8, label=tick(model))
-                full = [p for p in pts if p[0] == FULL]
-                if full:
-                    ax.plot(
-                        [full[0][1]],
-                        [full[0][2]],
-                        marker="D",
-                        markersize=9,
-                        color=colour,
-                        markeredgecolor="black",
-                        linestyle="none",
-                    )
-        axes[0].set_ylabel("decode tokens/s, batch 1")
-        axes[1].set_ylabel("KV cache, MB per 1,000 tokens")
-        for ax in axes:
-            ax.set_xlabel("teacher-forced validation loss (nats/token)")
-        axes[0].legend(fontsize=8, frameon=True)
+            block, col = divmod(i, cols)
+            for ax, value, ylabel in (
+                (axes[2 * block, col], "speedup", "decode speed-up over full depth, batch 1 (×)"),
+                (axes[2 * block + 1, col], "kv", "KV cache per token ÷ full depth's"),
+            ):
+                ax.axhline(1.0, color="#888888", linewidth=0.8, linestyle="--", zorder=1)
+                ax.axvline(0.0, color="#888888", linewidth=0.8, linestyle="--", zorder=1)
+                placed.append((ax, _draw_points(ax, pts, colour, value)))
+                ax.margins(x=0.25, y=0.25)  # room around the outermost points for their labels
+                ax.set_ylabel(ylabel, fontsize=9.5)
+                ax.set_xlabel("loss change vs full depth (nats/token)", fontsize=9.5)
+                ax.set_title(tick(model), fontsize=11)
+        handles = [
+            Line2D([], [], marker="D", linestyle="none", color="#555555", markeredgecolor="black", label="full depth"),
+            Line2D(
+                [],
+                [],
+                marker="o",
+                linestyle="none",
+                color="#555555",
+                markeredgecolor="black",
+                label="paired: median ratio of the timings beside full depth",
+            ),
+        ]
+        if any(not p.paired and p.speedup is not None for _, pts in panels for p in pts):
+            handles.append(
+                Line2D(
+                    [],
+                    [],
+                    marker="^",
+                    linestyle="none",
+                    color="#555555",
+                    markeredgecolor="black",
+                    label="unpaired: ratio of medians timed apart",
+                )
+            )
+        if any(p.contended for _, pts in panels for p in pts):
+            handles.append(
+                Line2D(
+                    [],
+                    [],
+                    marker="o",
+                    linestyle="none",
+                    color="#555555",
+                    markerfacecolor="white",
+                    markeredgecolor=_CONTENDED_EDGE,
+                    markeredgewidth=1.6,
+                    label="hollow, red edge: a speed-up timed on a contended machine (†)",
+                )
+            )
+        fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 2), fontsize=9, frameon=True)
         fig.suptitle(
-            "Inference cost against loss, per setting · ◆ = full depth · ★ = reference (mean over seeds)",
-            fontsize=11,
+            "Each setting against its model's full depth (mean over seeds)",
+            fontsize=11.5,
             fontweight="bold",
         )
+        label_points(fig, placed)
     return fig
 
 
@@ -358,21 +562,44 @@ def inference_section(frames: Frames) -> list[str]:
         "acceptance = speculative drafts' accepted share; × full b1 = the median ratio of the batch-1 decode rate to "
         "full depth's timed right beside it in each repeat (over repeats and seeds). Speeds are as measured on the "
         f"machine that ran `benchctl infer`{_repeats_note(df)}."
+        + (
+            " Load avg = the machine's 1-minute load average while the row was timed; CPU share = the process's "
+            "CPU time over the timed generations' wall time times its threads (near 1: every thread ran "
+            "throughout); both mean over seeds."
+            if _has_load(df)
+            else ""
+        )
     )
     out.append("")
+    load = _has_load(df)
     for model in [m for m in ctx.models if m in set(df["model"])]:
-        out += _table(ctx, model, df[df["model"] == model])
+        out += _table(ctx, model, df[df["model"] == model], load)
+    out += contention_note(ctx, df)
     sentences = [s for m in ctx.models if m in set(df["model"]) if (s := verdict(ctx, m, df[df["model"] == m]))]
     if sentences:
         out += [
             "Cheaper than full depth (no more FLOPs per generated token and KV bytes, less of one; the counts, not "
-            "the timings, which vary with the machine's load) and no worse in loss:",
+            f"the timings, which vary with the machine's load) and no worse in loss: the loss change against full "
+            f"depth, paired by seed, shown to be below +{MARGIN:g} nats by a one-sided t-test (non-inferiority, "
+            f"α = {ALPHA}), each p Holm-adjusted over the model's cheaper settings, since the sentence picks one of "
+            "them. Over training seeds only, on the same validation windows for every setting:",
             "",
             *sentences,
             "",
         ]
-    frames.figures["infer_frontier.png"] = fig_frontier(ctx, df)
-    out += ["![Decode speed and KV cache against loss](figures/infer_frontier.png)", ""]
+    frontier = fig_frontier(ctx, df)
+    alone = [m for m in ctx.models if m in set(df["model"]) and len(set(df[df["model"] == m]["setting"])) == 1]
+    if frontier is not None:
+        frames.figures["infer_frontier.png"] = frontier
+        out += [
+            "Each setting against its model's full depth: the batch-1 decode speed-up (the paired ratio, as in "
+            "× full b1) and the KV cache per token, against the loss change paired by seed; ◆ = full depth itself."
+            + (f" {', '.join(alone)}: full depth only, nothing to set against it." if alone else "")
+            + (" Hollow speed-ups with a red edge were timed on a contended machine (†)." if _contended(df) else ""),
+            "",
+            "![Decode speed-up and KV cache against the loss change, per setting](figures/infer_frontier.png)",
+            "",
+        ]
     lat = _latent_runs(ctx, frames)
     if lat.empty:
         return out + need("No latent traces: `benchctl infer --latent-sequences N` stores them for recurrent runs.")

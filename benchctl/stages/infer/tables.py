@@ -112,6 +112,16 @@ INFERENCE_RESULTS = Table(
         Column("speedup_batch_min", float, "smallest repeat's speedup_batch", "ratio"),
         Column("speedup_batch_max", float, "largest repeat's speedup_batch", "ratio"),
         Column("speedups_json", str, 'JSON {"single": [...], "batch": [...]}: every repeat\'s speed-up ratio'),
+        # What the timings were measured under (empty in rows measured before they were recorded)
+        Column("load_avg", float, "mean 1-minute load average of the machine while the row's generations were timed"),
+        Column("cores", int, "logical CPU cores of the machine that measured the row (what load_avg is read against)"),
+        Column(
+            "cpu_share",
+            float,
+            "process CPU time of the timed generations over their wall time times `threads`: near 1 when every "
+            "thread ran the whole time, lower when the process waited for a core (or for the GPU)",
+            "share",
+        ),
     ),
     pk=("run_id", "setting", "prompts", "single", "prompt_tokens", "new_tokens", "windows"),
     foreign_keys=(("run_id", "runs", "id"),),
@@ -157,10 +167,11 @@ _LATENT_PK = INFERENCE_LATENTS.pk
 
 def browse_queries(columns: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
     """`benchctl browse`'s query: every inference_results row with its run's model and seed, the generated tokens
-    left out."""
+    left out and the measurements rounded (the exit threshold, which names a setting, as stored)."""
     if "inference_results" not in columns or "run_id" not in columns["inference_results"]:
         return {}
-    cols = ", ".join(f"i.{c}" for c in columns["inference_results"] if c != "tokens_json")
+    shown = [c for c in columns["inference_results"] if c != "tokens_json"]
+    cols = INFERENCE_RESULTS.browse_select("i", shown, exact=("exit_threshold",))
     return {
         "inference_results": {
             "title": "Inference cost",

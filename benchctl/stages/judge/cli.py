@@ -11,15 +11,21 @@ from rich import box
 from rich.table import Table
 
 from benchctl.core import paper
+from benchctl.core.errors import JudgeError
 from benchctl.core.progress import Progress
 from benchctl.stages import RunSelection
 from benchctl.stages.cli import DbOpt, JsonOpt, ProgressOpt, console, err_console, split_list
-from benchctl.stages.judge.options import AUTO, JudgeOptions
+from benchctl.stages.judge.options import (
+    AUTO,
+    DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_READ_TIMEOUT_S,
+    JudgeOptions,
+)
 
 app = typer.Typer()
 
 
-@app.command()
+@app.command(short_help="Grade the stories with a judge model.")
 def judge(
     model: Annotated[
         str,
@@ -86,6 +92,29 @@ def judge(
     skip_failed: Annotated[
         bool, typer.Option("--skip-failed", help="Keep stored failures instead of regrading them.")
     ] = False,
+    connect_timeout: Annotated[
+        float,
+        typer.Option(
+            "--connect-timeout",
+            help="Seconds a call waits for the connection (a host that is down costs this per attempt).",
+        ),
+    ] = DEFAULT_CONNECT_TIMEOUT_S,
+    read_timeout: Annotated[
+        float,
+        typer.Option(
+            "--read-timeout",
+            help="Seconds a call waits for the answer, which comes whole: raise it for a slow server (a large "
+            "model that reasons), lower it to give up sooner on one that accepts and never answers.",
+        ),
+    ] = DEFAULT_READ_TIMEOUT_S,
+    allow_insecure_key: Annotated[
+        bool,
+        typer.Option(
+            "--allow-insecure-key",
+            help="Send the API key over plain http to another machine (refused otherwise: only https or this "
+            "machine's loopback addresses get it). For a network you trust end to end.",
+        ),
+    ] = False,
     db: DbOpt = None,
     as_json: JsonOpt = False,
     progress: ProgressOpt = True,
@@ -100,7 +129,9 @@ def judge(
     unparseable...), so after an interruption just run the same command again. Answers that are not valid scores are
     stored as failures, never as scores. `--protocol assess` (default) has the judge write its general assessment of
     the story before the grades, as the study's grading text asks; `--repeats 2`, a second `--model` or the other
-    `--protocol` on the same samples feed the report's judge reliability section.
+    `--protocol` on the same samples feed the report's judge reliability section. A key is sent over https or to
+    this machine only (--allow-insecure-key to send it over plain http elsewhere). When not a single grade could be
+    obtained (a server that is down or never answers), the failures are stored and the command exits with code 6.
     """
     opts = JudgeOptions(
         select=RunSelection(run_ids=split_list(runs)),
@@ -117,13 +148,16 @@ def judge(
         max_attempts=max_attempts,
         retry_failed=not skip_failed,
         protocol=protocol,
+        connect_timeout_s=connect_timeout,
+        read_timeout_s=read_timeout,
+        allow_insecure_key=allow_insecure_key,
     )
     # google.genai, and sqlite_utils with pandas: kept out of 'benchctl --help'
     from benchctl import stages
     from benchctl.stages.judge import api as engine
 
-    if not dry_run:
-        engine.require_key(engine.resolve(model, base_url))  # before opening anything: a missing key costs nothing
+    if not dry_run:  # before opening anything: a missing key, or one that must not travel there, costs nothing
+        engine.require_key(engine.resolve(model, base_url), allow_insecure_key)
     database = stages.connect(db, create=False, readonly=dry_run)  # a dry run changes nothing, not even the schema
     summary = engine.judge_all(
         database,
@@ -132,8 +166,11 @@ def judge(
     )
     if as_json:
         print(json.dumps(summary.to_dict(), indent=2, default=str))
-        return
-    print_summary(summary)
+    else:
+        print_summary(summary)
+    failed = summary.nothing_graded()
+    if failed is not None:
+        raise JudgeError(failed)
 
 
 def _money(x: float | None) -> str:

@@ -298,6 +298,15 @@ class Settings:
         return None if self.seed is None else self.seed + repeat
 
 
+@dataclass(frozen=True)
+class Timeouts:
+    """How long one call waits to connect, then for each read of the answer (seconds); the backends hand both to
+    their HTTP client, so neither phase falls back to the other's limit."""
+
+    connect_s: float
+    read_s: float
+
+
 @dataclass
 class Answer:
     """What a backend read from one answered call (HTTP 200): the stored response, the answer's text, the finish
@@ -328,6 +337,7 @@ class CallFailed(Exception):
         retryable: bool,
         refuses_job: bool = False,
         retry_delay: float | None = None,
+        unanswered: bool = False,
     ):
         super().__init__(error)
         self.error = error
@@ -336,6 +346,7 @@ class CallFailed(Exception):
         self.retryable = retryable
         self.refuses_job = refuses_job
         self.retry_delay = retry_delay
+        self.unanswered = unanswered  # no HTTP response at all: refused, dropped or timed out on the wire
 
 
 class Backend(Protocol):
@@ -356,6 +367,12 @@ class Backend(Protocol):
 # Grading one key, with retries.
 
 
+# Calls without any answer, before the first answered one, after which a job stops (see Job._count): enough that one
+# dropped connection on a flaky network does not end a job, few enough that a dead service costs a few timeouts in
+# all rather than every key's attempts.
+UNANSWERED_CALLS = 3
+
+
 class Job:
     """Grades keys through one backend with a concurrency limit, retry policy and jitter RNG; counts the calls."""
 
@@ -364,6 +381,9 @@ class Job:
         self.s = s
         self.sem = asyncio.Semaphore(concurrency)
         self.refused: str | None = None  # set when the service refuses the whole job
+        self.unreachable: str | None = None  # set when no call of the job has had any answer, UNANSWERED_CALLS times
+        self.answered = False  # some call got an HTTP response (any status): the service is there
+        self.n_unanswered = 0
         self.n_requests = 0
         self.rng = random.Random(seed)
 
@@ -373,7 +393,7 @@ class Job:
             out = Outcome(item, None, None, request=self.backend.request_record(item))
             started = time.monotonic()
             while True:
-                if self.refused is not None:
+                if self.refused is not None or self.unreachable is not None:
                     return out if out.attempts else None
                 out.attempts += 1
                 self.n_requests += 1
@@ -382,6 +402,13 @@ class Job:
                     answer = await self.backend.send(item)
                 except CallFailed as f:
                     out.http_status, out.response_json, out.error = f.http_status, f.response_json, f.error
+                    self._count(f)
+                    if self.unreachable is not None:
+                        out.error = (
+                            f"gave up after {out.attempts} attempts: the service answered none of the job's "
+                            f"{self.n_unanswered} calls; last: {out.error}"
+                        )
+                        break
                     if not f.retryable:
                         if f.refuses_job:
                             self.refused = out.error
@@ -390,6 +417,7 @@ class Job:
                     if delay is not None:
                         delay += self.rng.uniform(0, 0.1 * delay)  # spread the herd a little beyond the hint
                 else:
+                    self.answered = True
                     _read_answer(out, answer, self.s.protocol)
                     break
                 if out.attempts >= self.s.max_attempts:
@@ -400,6 +428,18 @@ class Job:
                 await asyncio.sleep(delay)
             out.latency_s = time.monotonic() - started
             return out
+
+    def _count(self, f: CallFailed) -> None:
+        """A service that has not answered one call of this job, UNANSWERED_CALLS times over (a dead host, one that
+        accepts and never answers, a wrong --base-url), stops the job: retrying every key against it would cost
+        each key all its attempts of connect or read timeout. Once any call was answered, the service is there and
+        a call without an answer is a passing fault, retried as usual."""
+        if not f.unanswered:
+            self.answered = True
+            return
+        self.n_unanswered += 1
+        if not self.answered and self.n_unanswered >= UNANSWERED_CALLS:
+            self.unreachable = f.error
 
 
 def _read_answer(out: Outcome, answer: Answer, protocol: str) -> None:

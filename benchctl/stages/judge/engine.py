@@ -24,6 +24,7 @@ from benchctl.stages.judge.client import (
     OUTPUT_TOKENS_ESTIMATE,
     Job,
     Settings,
+    Timeouts,
     WorkItem,
     estimate_cost,
 )
@@ -51,9 +52,10 @@ def backend_module(backend: str) -> Any:
     return openai_chat
 
 
-def require_key(spec: JudgeSpec) -> str:
-    """The key a judge's requests carry; a JudgeError naming the variable to set when it needs one and none is set."""
-    return str(backend_module(spec.backend).require_key(spec))
+def require_key(spec: JudgeSpec, allow_insecure_key: bool = False) -> str:
+    """The key a judge's requests carry; a JudgeError naming the variable to set when it needs one and none is set,
+    or the variable whose key would go to another machine over plain http (unless `allow_insecure_key`)."""
+    return str(backend_module(spec.backend).require_key(spec, allow_insecure_key))
 
 
 def has_key(spec: JudgeSpec) -> bool:
@@ -73,7 +75,8 @@ def max_output_tokens(opts: JudgeOptions, budget: int | None) -> int:
 async def judge_all_async(db: Database, opts: JudgeOptions, *, progress: bool | Progress = True) -> JudgeSummary:
     """Async form of `judge_all` (same arguments), for callers that already run an event loop."""
     spec = judges.resolve(opts.judge_model, opts.base_url)
-    key = None if opts.dry_run else require_key(spec)  # before any work, so a missing key never costs a thing
+    # before any work, so a missing key, or one that must not travel there, never costs a thing
+    key = None if opts.dry_run else require_key(spec, opts.allow_insecure_key)
     t0 = time.monotonic()
     template = load_template(opts.prompt_path, opts.protocol)
     budget = _thinking_budget(spec, opts)
@@ -127,7 +130,7 @@ async def judge_all_async(db: Database, opts: JudgeOptions, *, progress: bool | 
             summary,
             spec=spec,
             key=key,
-            timeout_s=opts.timeout_s,
+            timeouts=Timeouts(opts.connect_timeout_s, opts.read_timeout_s),
             concurrency=opts.concurrency,
             seed=opts.seed,
             progress=reporter(progress),
@@ -199,14 +202,14 @@ async def _run(
     *,
     spec: JudgeSpec,
     key: str,
-    timeout_s: float,
+    timeouts: Timeouts,
     concurrency: int,
     seed: int | None,
     progress: Progress,
 ) -> None:
     """Grade every key of `todo`, storing each outcome as it completes; raise JudgeError if the service refused."""
     module = backend_module(spec.backend)
-    backend = module.make_backend(spec, key, s, timeout_s)
+    backend = module.make_backend(spec, key, s, timeouts)
     job = Job(backend, s, concurrency, seed)
     bar = progress.task(f"{s.judge_model} judging", total=len(todo), ok=0, failed=0)
     tasks = [asyncio.create_task(job.grade(it)) for it in todo]
@@ -231,6 +234,8 @@ async def _run(
         bar.close()
         await backend.aclose()
     summary.n_requests = job.n_requests
+    if job.unreachable is not None:
+        summary.stopped_unanswered = job.n_unanswered
     if job.refused is not None:
         raise JudgeError(
             f"the judge service refused the job ({job.refused}); {module.refused_hint(spec)}. "

@@ -2,6 +2,9 @@
 
 - google-genai's async client (`client.aio.models.generate_content`) with structured output (the answer's pydantic
   schema as `response_schema`), temperature, the sampling seed, and a thinking budget where the model allows one.
+- Requests go through an httpx client of benchctl's own, not the stack the SDK would pick (aiohttp where it is
+  installed, else httpx): its transport sets the connect and read timeouts apart, which the SDK's single timeout
+  cannot, and every install reads errors the same way (an HTML error page keeps its HTTP status).
 - The SDK's own retries are switched off (`HttpRetryOptions(attempts=1)` also disables its implicit retry on
   connection errors); the shared job (client.Job) retries, honouring the server's RetryInfo `retryDelay` (which the
   SDK does not). An invalid key, a refused permission or an unknown model refuse the whole job.
@@ -19,6 +22,7 @@ import os
 import re
 from typing import Any
 
+import httpx
 from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types
@@ -28,6 +32,7 @@ from benchctl.stages.judge.client import (
     Answer,
     CallFailed,
     Settings,
+    Timeouts,
     Usage,
     WorkItem,
     answer_schema,
@@ -35,7 +40,7 @@ from benchctl.stages.judge.client import (
     retry_after,
     retryable,
 )
-from benchctl.stages.judge.judges import GEMINI_KEY_VARS, JudgeSpec
+from benchctl.stages.judge.judges import GEMINI_KEY_VARS, JudgeSpec, check_key_transport
 
 API_KEY_VARS = GEMINI_KEY_VARS
 
@@ -67,12 +72,21 @@ def require_api_key() -> str:
     return key
 
 
+def _key_var() -> str:
+    """The variable the key was read from, as the refusal to send it names it."""
+    return next((var for var in API_KEY_VARS if os.environ.get(var, "").strip()), API_KEY_VARS[0])
+
+
 def has_key(spec: JudgeSpec) -> bool:
     return has_api_key()
 
 
-def require_key(spec: JudgeSpec) -> str:
-    return require_api_key()
+def require_key(spec: JudgeSpec, allow_insecure_key: bool = False) -> str:
+    """The key, sent with every request (whatever the base URL: a proxy or gateway gets it too), so over https or to
+    this machine only unless the user allows otherwise."""
+    key = require_api_key()
+    check_key_transport(spec, _key_var(), allow_insecure_key)
+    return key
 
 
 def refused_hint(spec: JudgeSpec) -> str:
@@ -206,13 +220,32 @@ def _gen_config(s: Settings, item: WorkItem) -> Any:
     )
 
 
-def make_client(key: str, base_url: str | None, timeout_s: float) -> Any:
+class _Timeouts(httpx.AsyncBaseTransport):
+    """An HTTP transport that gives every request benchctl's connect and read timeouts. google-genai gives a request
+    one number for every phase (its `timeout`), so without this a host that never accepts would hold each attempt as
+    long as the slowest answer may take."""
+
+    def __init__(self, timeouts: Timeouts):
+        self.inner = httpx.AsyncHTTPTransport()
+        self.timeout = httpx.Timeout(timeouts.read_s, connect=timeouts.connect_s).as_dict()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        request.extensions = {**request.extensions, "timeout": self.timeout}
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def make_client(key: str, base_url: str | None, http: httpx.AsyncClient, timeouts: Timeouts) -> Any:
     http_options = types.HttpOptions(
         base_url=base_url,  # None -> the SDK uses $GOOGLE_GEMINI_BASE_URL, else the public endpoint
-        timeout=int(timeout_s * 1000),  # milliseconds
+        # milliseconds; the SDK also tells the server (X-Server-Timeout) how long the client waits for the answer
+        timeout=int(timeouts.read_s * 1000),
         # attempts=1: no SDK retries at all (with retry_options unset the SDK still retries connection errors
         # once after a 1–10 s sleep); benchctl owns the retry policy.
         retry_options=types.HttpRetryOptions(attempts=1),
+        httpx_async_client=http,  # ours: its transport sets the connect and read timeouts apart
     )
     return genai.Client(api_key=key, http_options=http_options)
 
@@ -220,9 +253,10 @@ def make_client(key: str, base_url: str | None, timeout_s: float) -> Any:
 class GeminiBackend:
     """The Gemini API behind google-genai's async client (one per job)."""
 
-    def __init__(self, spec: JudgeSpec, key: str, s: Settings, timeout_s: float):
+    def __init__(self, spec: JudgeSpec, key: str, s: Settings, timeouts: Timeouts):
         self.s = s
-        self.client = make_client(key, spec.base_url, timeout_s)
+        self.http = httpx.AsyncClient(transport=_Timeouts(timeouts))
+        self.client = make_client(key, spec.base_url, self.http, timeouts)
         self.transport_errors = _transport_errors()
 
     def request_record(self, item: WorkItem) -> dict[str, Any]:
@@ -245,7 +279,9 @@ class GeminiBackend:
                 retry_delay=server_retry_delay(e) if ok_to_retry else None,
             ) from None
         except self.transport_errors as e:
-            raise CallFailed(f"connection error: {type(e).__name__}: {e}".strip(), retryable=True) from None
+            raise CallFailed(
+                f"connection error: {type(e).__name__}: {e}".strip(), retryable=True, unanswered=True
+            ) from None
         except json.JSONDecodeError as e:
             # a body labelled JSON that is not (a proxy's or gateway's HTML error page, whatever its status): the
             # client cannot even read the status out of it; a passing fault, retried, else a failed grade
@@ -256,7 +292,8 @@ class GeminiBackend:
 
     async def aclose(self) -> None:
         await self.client.aio.aclose()
+        await self.http.aclose()  # the SDK leaves a client it was given to its owner
 
 
-def make_backend(spec: JudgeSpec, key: str, s: Settings, timeout_s: float) -> GeminiBackend:
-    return GeminiBackend(spec, key, s, timeout_s)
+def make_backend(spec: JudgeSpec, key: str, s: Settings, timeouts: Timeouts) -> GeminiBackend:
+    return GeminiBackend(spec, key, s, timeouts)

@@ -14,15 +14,20 @@ Two backends, chosen by the model name's prefix:
 
 The stored name carries the base URL's host, port and path only: never a scheme's credentials, query or fragment,
 and never the key (which goes in a header).
+
+A key travels only where nobody between can read it: over https, or over plain http to this machine (a loopback
+address: 127.0.0.0/8, ::1, localhost). Any other http URL is refused before a request is sent
+(`check_key_transport`) unless the user says the network between is trusted (`--allow-insecure-key`).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from benchctl.core.errors import ConfigError
+from benchctl.core.errors import ConfigError, JudgeError
 
 GEMINI, OPENAI = "gemini", "openai"
 BACKENDS = (GEMINI, OPENAI)
@@ -42,13 +47,15 @@ _THINKING_OFF_MODELS = ("gemini-2.5-flash", "gemini-2.5-flash-lite")
 class JudgeSpec:
     """One judge: `backend` ("gemini" or "openai"), `model` (the name sent to the service), `base_url` (where requests
     go; None = google-genai's own choice), `endpoint` (host[:port][/path] of the base URL, for the tables and the
-    report) and `name` (what its grades and requests are stored and cached under: `judge_model`)."""
+    report), `name` (what its grades and requests are stored and cached under: `judge_model`) and `url` (the URL
+    requests really go to, scheme included: the base URL, else the backend's variable, else its service)."""
 
     backend: str
     model: str
     base_url: str | None
     endpoint: str
     name: str
+    url: str = ""
 
     @property
     def official(self) -> bool:
@@ -119,9 +126,36 @@ def resolve(model: str, base_url: str | None = None) -> JudgeSpec:
     endpoint = endpoint_of(url or default)
     if backend == GEMINI:
         # google-genai reads the variable itself when given no base URL: pass only what the user passed
-        return JudgeSpec(GEMINI, name, base_url, endpoint, name)
+        return JudgeSpec(GEMINI, name, base_url, endpoint, name, url or default)
     stored = f"openai:{name}" if endpoint == endpoint_of(OPENAI_DEFAULT_URL) else f"openai:{name}@{endpoint}"
-    return JudgeSpec(OPENAI, name, url or OPENAI_DEFAULT_URL, endpoint, stored)
+    return JudgeSpec(OPENAI, name, url or OPENAI_DEFAULT_URL, endpoint, stored, url or default)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (a URL's hostname) names this machine: localhost, or an address in 127.0.0.0/8 or ::1 (an
+    IPv4-mapped one included). Any other name may resolve anywhere, so it is not."""
+    name = host.strip().strip("[]").lower().rstrip(".")
+    if name == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def check_key_transport(spec: JudgeSpec, key_var: str, allow_insecure: bool) -> None:
+    """A JudgeError, before anything is sent, when a key (from `key_var`) would cross the network in clear text: a
+    plain-http URL to another machine. A bearer token or an x-goog-api-key header on such a URL can be read, and
+    reused, by anyone on the path; `allow_insecure` is the user saying that path is trusted."""
+    parts = urlsplit(spec.url)
+    if allow_insecure or parts.scheme != "http" or is_loopback(parts.hostname or ""):
+        return
+    raise JudgeError(
+        f"refusing to send {key_var} in clear text to http://{spec.endpoint}: use an https:// URL, a server on this "
+        "machine (localhost, 127.0.0.1, ::1), or pass --allow-insecure-key if the network between is trusted"
+    )
 
 
 def default_thinking_budget(model: str) -> int | None:

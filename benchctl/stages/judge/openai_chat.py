@@ -18,7 +18,8 @@ for the same JSON: its text goes through the same strict parser.
   thinking tokens (both billed as output). `system_fingerprint` is stored where the server reports one.
 
 The key is OPENAI_API_KEY: required for OpenAI's own service; for another base URL it is sent if set (a hosted
-provider needs its key there) and a placeholder otherwise (a local server checks none; the SDK insists on one).
+provider needs its key there) and a placeholder otherwise (a local server checks none; the SDK insists on one). A
+real key is sent over https or to this machine only, unless the user allows otherwise (`judges.check_key_transport`).
 """
 
 from __future__ import annotations
@@ -35,13 +36,14 @@ from benchctl.stages.judge.client import (
     Answer,
     CallFailed,
     Settings,
+    Timeouts,
     Usage,
     WorkItem,
     answer_schema,
     retry_after,
     retryable,
 )
-from benchctl.stages.judge.judges import OPENAI_KEY_VAR, JudgeSpec
+from benchctl.stages.judge.judges import OPENAI_KEY_VAR, JudgeSpec, check_key_transport
 
 NO_KEY = "not-needed"  # sent to a server at another base URL when OPENAI_API_KEY is not set
 # Request fields that are the same in every request: a 400 naming one of them would fail every other request too.
@@ -70,9 +72,10 @@ def has_key(spec: JudgeSpec) -> bool:
     return api_key() is not None or not spec.official
 
 
-def require_key(spec: JudgeSpec) -> str:
+def require_key(spec: JudgeSpec, allow_insecure_key: bool = False) -> str:
     key = api_key()
     if key is not None:
+        check_key_transport(spec, OPENAI_KEY_VAR, allow_insecure_key)
         return key
     if not spec.official:
         return NO_KEY
@@ -189,11 +192,14 @@ def read_answer(resp: Any) -> Answer:
 class OpenAIBackend:
     """A chat-completions server behind the openai SDK's async client (one per job)."""
 
-    def __init__(self, spec: JudgeSpec, key: str, s: Settings, timeout_s: float):
+    def __init__(self, spec: JudgeSpec, key: str, s: Settings, timeouts: Timeouts):
         self.s = s
         self.official = spec.official
+        # read (and write, and waiting for a pooled connection) limited by read_s, connecting by connect_s; the
+        # SDK's own Timeout, which is httpx's or its fork's, whichever HTTP library this openai release is built on
+        timeout = openai.Timeout(timeouts.read_s, connect=timeouts.connect_s)
         # max_retries=0: benchctl owns the retry policy (the SDK's own would retry behind its back and hide calls)
-        self.client = openai.AsyncOpenAI(api_key=key, base_url=spec.base_url, timeout=timeout_s, max_retries=0)
+        self.client = openai.AsyncOpenAI(api_key=key, base_url=spec.base_url, timeout=timeout, max_retries=0)
 
     def request_record(self, item: WorkItem) -> dict[str, Any]:
         return request_body(item, self.s, self.official)
@@ -205,7 +211,9 @@ class OpenAIBackend:
             raise _failed(e) from None
         except openai.APIConnectionError as e:  # refused, dropped, timed out
             cause = f" ({type(e.__cause__).__name__}: {e.__cause__})" if e.__cause__ is not None else ""
-            raise CallFailed(f"connection error: {type(e).__name__}: {e}{cause}", retryable=True) from None
+            raise CallFailed(
+                f"connection error: {type(e).__name__}: {e}{cause}", retryable=True, unanswered=True
+            ) from None
         except json.JSONDecodeError as e:
             # a body that is not JSON on a success status (a proxy's page, a server that crashed mid-answer): no
             # answer was read; a passing fault, retried, else a failed grade
@@ -218,5 +226,5 @@ class OpenAIBackend:
         await self.client.close()
 
 
-def make_backend(spec: JudgeSpec, key: str, s: Settings, timeout_s: float) -> OpenAIBackend:
-    return OpenAIBackend(spec, key, s, timeout_s)
+def make_backend(spec: JudgeSpec, key: str, s: Settings, timeouts: Timeouts) -> OpenAIBackend:
+    return OpenAIBackend(spec, key, s, timeouts)

@@ -6,6 +6,7 @@ Cheap to import: the command line is built from it (`benchctl --help`); the Gemi
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -26,6 +27,15 @@ DEFAULT_PROTOCOL = "assess"
 # The judge's sampling seed, sent with every request (repeat k of a sample gets DEFAULT_SEED + k) and stored: a rerun
 # asks for the same grades, and services that honour a seed (vLLM, Ollama, OpenAI on a best-effort basis) give them.
 DEFAULT_SEED = 0
+# How long one call may wait. Connecting: a server that is up accepts within a second even across the world, so a
+# connection not made in 10 s is a host that is down or unreachable, and each attempt on it costs 10 s, not the whole
+# answer's time. Reading: the answer comes in one piece (no streaming), so the read timeout must cover the slowest
+# answer the judge may write: up to 8192 tokens when it may think (MAX_OUTPUT_THINKING), which takes under 2 minutes
+# at the ~70 tokens/s a hosted model or a GPU-served 8B model decodes; 120 s is also what every call had before the
+# two were told apart. A slower server (a large model on one GPU, a CPU) needs --read-timeout raised; a server that
+# accepts and never answers is found out after --read-timeout, so lower it to find one sooner.
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
+DEFAULT_READ_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,7 +50,9 @@ class JudgeOptions:
     stored grade failed (True) or keep them (False). max_attempts / base_delay / max_delay (seconds): the retry
     policy for 429, 5xx and connection errors. base_url: the service root (default: $GOOGLE_GEMINI_BASE_URL or
     $OPENAI_BASE_URL, else the backend's own service). judge_seed: the sampling seed sent (repeat k: judge_seed + k;
-    None: none sent). seed: the retry jitter's RNG.
+    None: none sent). seed: the retry jitter's RNG. connect_timeout_s / read_timeout_s: how long one call waits for
+    the connection, and then for the answer, before it fails (a transport error, retried). allow_insecure_key: send
+    the key over plain http to another machine (refused otherwise, before any request).
     protocol: "assess" (the judge writes its general assessment, stored in judge_grades.assessment, then the grades;
     output limit 2048 with thinking off) or "json" (grades only). Each protocol is its own prompt version (hash), so
     a grade cached under one is never reused for the other. dry_run: count the requests and estimate their tokens
@@ -63,7 +75,9 @@ class JudgeOptions:
     # the retry delays and the prompt file: the command line leaves them at these defaults
     base_delay: float = 1.0
     max_delay: float = 60.0
-    timeout_s: float = 120.0
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
+    allow_insecure_key: bool = False
     prompt_path: str | os.PathLike | None = None
     seed: int | None = None
 
@@ -95,3 +109,6 @@ class JudgeOptions:
             raise ConfigError(f"--max-output-tokens must be at least 1, got {self.max_output_tokens}")
         if self.judge_seed is not None and self.judge_seed < 0:
             raise ConfigError(f"--seed must be 0 or more, got {self.judge_seed}")
+        for flag, value in (("--connect-timeout", self.connect_timeout_s), ("--read-timeout", self.read_timeout_s)):
+            if not 0 < value < math.inf:  # NaN fails this too
+                raise ConfigError(f"{flag} must be a number of seconds above 0, got {value:g}")

@@ -73,10 +73,34 @@ class JudgeSummary:
     backend: str = "gemini"  # gemini or openai (an OpenAI-compatible server)
     model: str = ""  # the model name sent (judge_model is the name grades are stored under)
     endpoint: str | None = None  # host (and path) of the base URL
+    stopped_unanswered: int = 0  # calls without any answer after which the job stopped (0: it did not stop)
     seed: int | None = None  # the judge's sampling seed (repeat k: seed + k); None: none sent
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def nothing_graded(self) -> str | None:
+        """Why this invocation obtained no grade at all although it tried (one line), or None when it obtained one
+        or had nothing to send. Its failures are stored like any other; this only says the run as a whole failed,
+        which a command must not report as success: a judge server that is down fails every grade."""
+        if self.dry_run or self.n_ok or not self.n_failed:
+            return None
+        errors = [" ".join(str(f["error"]).split()) for f in self.failures]
+        last = errors[-1] if errors else "no error recorded"
+        last = last if len(last) <= 300 else last[:300] + "..."
+        where = f"the judge service at {self.endpoint}" if self.endpoint else "the judge service"
+        stored = f"{self.n_failed} grade(s) failed and were stored as failures; rerun to retry"
+        if self.stopped_unanswered:
+            stored += (
+                f" (the job stopped after {self.stopped_unanswered} calls had no answer at all: the other samples "
+                "were not sent)"
+            )
+        if errors and all("connection error" in e for e in errors):
+            return (
+                f"{where} could not be reached: no grade obtained, {stored} (last error: {last}); check that it is "
+                "running and its --base-url, or raise --connect-timeout / --read-timeout"
+            )
+        return f"no grade obtained from {where}: {stored} (last error: {last})"
 
 
 def summarize(db: Database, samples: list[dict[str, Any]], s: Settings, repeats: int, summary: JudgeSummary) -> None:

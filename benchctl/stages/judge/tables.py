@@ -135,10 +135,10 @@ def browse_queries(columns: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
             "gradings are counted, never scored.",
             "sql": f"""select {model_label(columns)} as model, r.preset, g.judge_model, g.prompt_hash,
   count(distinct r.seed) as n_seeds, sum(g.status = 'ok') as n_graded, sum(g.status != 'ok') as n_failed,
-  avg(g.grammar) as grammar, avg(g.creativity) as creativity, avg(g.consistency) as consistency,
-  avg(g.plot) as plot, avg(g.average) as average
+  round(avg(g.grammar), 2) as grammar, round(avg(g.creativity), 2) as creativity,
+  round(avg(g.consistency), 2) as consistency, round(avg(g.plot), 2) as plot, round(avg(g.average), 2) as average
 from judge_grades g join samples s on s.id = g.sample_id join runs r on r.id = s.run_id
-group by model, r.preset, g.judge_model, g.prompt_hash order by g.judge_model, r.preset, average desc""",
+group by model, r.preset, g.judge_model, g.prompt_hash order by g.judge_model, r.preset, avg(g.average) desc""",
         }
     }
 

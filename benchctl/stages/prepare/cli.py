@@ -18,7 +18,7 @@ from benchctl.stages.prepare.options import PrepareOptions
 app = typer.Typer()
 
 
-@app.command()
+@app.command(short_help="Read and tokenize the data for a preset (cached).")
 def prepare(
     data: DataOpt = None,
     preset: PresetOpt = "paper",

@@ -7,13 +7,14 @@ from typing import Annotated
 
 import typer
 
+from benchctl.core.files import check_writable_dir
 from benchctl.stages.cli import DbOpt, console, db_path_of
 from benchctl.stages.report.options import ReportOptions
 
 app = typer.Typer()
 
 
-@app.command()
+@app.command(short_help="reports/report.md and its figures, from results.db alone.")
 def report(
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder for report.md and figures/.")] = Path(
         "reports"
@@ -33,6 +34,7 @@ def report(
 ) -> None:
     """The study's tables and figures, with seeds and statistics, beside the published numbers."""
     opts = ReportOptions(out_dir=out, preset=preset, plan=plan, only_plan=True, format=fmt)
+    check_writable_dir(out)
     from benchctl.stages.report import engine as reporting  # pandas, matplotlib: kept out of 'benchctl --help'
 
     rendered, path = reporting.run(db_path_of(db), opts)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from benchctl import stages
+from benchctl.core import liveness
 from benchctl.core.errors import ConfigError
 from benchctl.report.context import Context, build_context
 from benchctl.report.figures import save_figure
@@ -40,7 +41,8 @@ def header(ctx: Context) -> list[str]:
     out = [title, ""]
     out.append(
         "Every number below is computed from results.db by `benchctl report`; only runs with status `done` "
-        "enter the statistics. 95% CIs are t-intervals over seeds unless a table says otherwise."
+        "enter the statistics. 95% CIs are t-intervals over training seeds unless a table says otherwise, and "
+        "cover that variation only: every run is scored on one fixed validation sample (see Loss)."
     )
     out.append("")
     if ctx.preset is None:
@@ -59,7 +61,7 @@ def header(ctx: Context) -> list[str]:
 
 
 def _status_rank(s: str) -> tuple[int, str]:
-    order = ["done", "running", "pending", "failed"]
+    order = ["done", "running", liveness.INTERRUPTED, "pending", "failed"]
     return (order.index(s), s) if s in order else (len(order), s)
 
 
@@ -82,10 +84,22 @@ def build(
 ) -> Rendered:
     """Read results.db (a path, opened read-only, or an open connection) and render the report in memory.
     `only_plan` keeps just the runs `plan` reached (a database often holds several plans' runs of one preset)."""
-    data = read(db, stages.tables())
+    data = with_run_states(read(db, stages.tables()))
     if only_plan and plan is not None:
         data = plan_only(data, plan)
     return render(data, preset, plan)
+
+
+def with_run_states(data: Data) -> Data:
+    """The runs as they stand now: a running run whose process is gone shows as interrupted (benchctl.core.liveness).
+    A fact of this machine and this moment, not of the database, so it is settled here, where the file is read, and
+    `render` stays a function of the data alone."""
+    runs = data.runs
+    if runs.empty or "status" not in runs:
+        return data
+    runs = runs.copy()
+    runs["status"] = [liveness.run_state(r) for r in runs.to_dict("records")]
+    return data.replace(runs=runs)
 
 
 def plan_only(data: Data, plan: str) -> Data:

@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 
 from benchctl.core import stats
-from benchctl.report.fmt import fnum, fp, md_table, missing
+from benchctl.report.fmt import fnum, fp, fseeds, md_table, missing
 from benchctl.report.frames import Frames
 from benchctl.stages.train.report_compute import is_control_family, model_frame, run_frame, spans_sizes
 from benchctl.stages.train.report_scaling import only_isoflop
@@ -66,7 +66,8 @@ def closest(per: pd.DataFrame, model: str, col: str, family: list[str], tie: str
 
 def fair_frame(frames: Frames) -> pd.DataFrame:
     """One row per (recurrent model, matched control-family model): the criteria it is matched on, the ratio of
-    each quantity, the difference in final loss with its CI, p and Holm-adjusted p over the rows."""
+    each quantity, the difference in final loss with its CI, p, the exact sign-flip p beside a t over few seeds,
+    Holm-adjusted p over the rows and that family in words, and the test's result itself (`test`)."""
     cols = [
         "a",
         "b",
@@ -80,7 +81,10 @@ def fair_frame(frames: Frames) -> pd.DataFrame:
         "lo",
         "hi",
         "p",
+        "p_sign_flip",
         "p_holm",
+        "family",
+        "test",
     ]
     ctx = frames.ctx
     runs = run_frame(frames)
@@ -112,13 +116,23 @@ def fair_frame(frames: Frames) -> pd.DataFrame:
                     "lo": d.lo,
                     "hi": d.hi,
                     "p": d.p,
+                    "p_sign_flip": d.p_sign_flip,
                     "p_holm": None,
+                    "family": None,
+                    "test": d,
                 }
             )
     df = pd.DataFrame(rows, columns=cols)
     if not df.empty:
         df["p_holm"] = pd.Series(stats.holm([None if missing(p) else float(p) for p in df["p"]]), dtype=object)
+        df["family"] = family_words(int(df["p"].map(lambda p: not missing(p)).sum()))
     return df
+
+
+def family_words(n: int) -> str:
+    """The family every adjusted p of the fair table is adjusted over, as its sentences name it. The same pairs also
+    appear in the Comparisons section, adjusted there over every pair of models: two families, two adjusted p."""
+    return f"the {n} fair comparison{'s' if n != 1 else ''} of this table"
 
 
 def _ratio(a: Any, b: Any) -> float | None:
@@ -133,8 +147,15 @@ def sentence(r: dict[str, Any]) -> str:
     if missing(r["p_holm"]) or missing(r["diff"]):
         return f"{a} against {b}: cannot be tested (needs at least two finished seeds of each); {match}."
     ci = f"95% CI {fnum(r['lo'])} to {fnum(r['hi'])}"
-    detail = f"a − b = {fnum(r['diff'])}, {ci}, Holm-adjusted {fp(r['p_holm'])}"
-    if r["p_holm"] < ALPHA and (r["lo"] > 0 or r["hi"] < 0):
+    significant = r["p_holm"] < ALPHA and (r["lo"] > 0 or r["hi"] < 0)
+    detail = (
+        f"a − b = {fnum(r['diff'])}, {ci}, {stats.method_phrase(r['test'])}, {stats.fmt_p(r['p'])}, "
+        f"Holm-adjusted {stats.fmt_p(r['p_holm'])} over {r['family']}"
+    )
+    note = stats.normality_note(r["test"], significant=significant, alpha=ALPHA)
+    if note:
+        detail += f"; {note}"
+    if significant:
         word = "lower" if r["diff"] < 0 else "higher"
         return f"{a}'s final validation loss is {word} than {b}'s ({detail}); {match}."
     return f"No significant difference in final validation loss between {a} and {b} ({detail}); {match}."
@@ -151,6 +172,7 @@ def fair_section(frames: Frames) -> list[str]:
             "(`benchctl study --plan controls` trains controls matched in parameters and compute).",
             "",
         ]
+    n_tested = int(df["p"].map(lambda p: not missing(p)).sum())
     headers = [
         "a (recurrent)",
         "b (control family)",
@@ -162,7 +184,8 @@ def fair_section(frames: Frames) -> list[str]:
         "a − b",
         "95% CI",
         "p",
-        "p (Holm)",
+        "p (sign-flip)",
+        f"p (Holm over these {n_tested})",
     ]
     rows = [
         [
@@ -176,6 +199,7 @@ def fair_section(frames: Frames) -> list[str]:
             fnum(r["diff"]),
             "-" if missing(r["lo"]) else f"{fnum(r['lo'])} to {fnum(r['hi'])}",
             fp(r["p"]),
+            fp(r["p_sign_flip"]),
             fp(r["p_holm"]),
         ]
         for r in df.to_dict("records")
@@ -188,9 +212,12 @@ def fair_section(frames: Frames) -> list[str]:
         f"training FLOPs (within {NEAR_TIE:.0%} counts as a tie: for training FLOPs the tie goes to the "
         f"control closest in parameters, otherwise to the one closest in tokens); a control closest on "
         f"several criteria is one row. a − b is the difference in final "
-        f"validation loss (negative: the recurrent model is better). Test: {fair_test_name()}; p (Holm) "
-        f"adjusts over the rows of this table. Ratios a/b near 1 mean a close match; a plan such as "
-        f"`controls` trains controls that match each criterion."
+        f"validation loss (negative: the recurrent model is better). Test: {fair_test_name()}, with the exact "
+        f"sign-flip p beside a t over at most {stats.MAX_SIGN_FLIP_PAIRS} seeds (see Comparisons). The Holm "
+        f"adjustment here is over {family_words(n_tested)} only; Comparisons adjusts the same pairs again over "
+        f"every pair of models, a larger family, so a pair's two adjusted p differ and each holds for its own "
+        f"family. Ratios a/b near 1 mean a close match; a plan such as `controls` trains controls that match each "
+        f"criterion."
     )
     out.append("")
     return out
@@ -232,7 +259,7 @@ def plan_section(frames: Frames) -> list[str]:
                 _plan_file(path),
                 f"`{str(sha)[:12]}`",
                 g["variant"].nunique(),
-                ", ".join(str(s) for s in sorted({int(x) for x in g["seed"]})),
+                fseeds(g["seed"]),
                 g["run_id"].nunique(),
             ]
         )

@@ -25,7 +25,8 @@ JUDGE_AVERAGE = "judge average"
 def comparison_frame(ctx: Context, judge: JudgeGroup | None = None) -> pd.DataFrame:
     """Differences a − b in final validation loss (benchctl.core.stats.compare_seeds: paired t over shared seeds, Welch
     when the seeds differ) and judge average (stats.compare_judge: t over per-seed mean differences, or over prompts
-    with one seed), with 95% CI, p, Holm-adjusted p per quantity, and a verdict sentence decided on the adjusted p."""
+    with one seed), with 95% CI, p, the exact sign-flip p beside a t over few pairs, Holm-adjusted p per quantity
+    and the family it was adjusted over (in words), and a verdict sentence decided on the adjusted p."""
     cols = [
         "a",
         "b",
@@ -39,8 +40,10 @@ def comparison_frame(ctx: Context, judge: JudgeGroup | None = None) -> pd.DataFr
         "lo",
         "hi",
         "p",
+        "p_sign_flip",
         "p_wilcoxon",
         "p_holm",
+        "family",
         "verdict",
     ]
     found: list[tuple[str, str, str, stats.Comparison]] = []
@@ -75,8 +78,10 @@ def comparison_frame(ctx: Context, judge: JudgeGroup | None = None) -> pd.DataFr
                 "lo": c.lo,
                 "hi": c.hi,
                 "p": c.p,
+                "p_sign_flip": c.p_sign_flip,
                 "p_wilcoxon": c.p_wilcoxon,
                 "p_holm": p_adj,
+                "family": family,
                 "verdict": stats.verdict(a, b, q, c, p_adj=p_adj, family=family, digits=3 if q == LOSS else 2),
             }
         )

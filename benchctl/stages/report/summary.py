@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from benchctl.core import stats
 from benchctl.report.context import CONTROL
 from benchctl.report.fmt import counts, date, fnum, fp, max_str, md_table, min_str, missing, need, py, scaled
 from benchctl.report.frames import Frames
@@ -33,7 +34,19 @@ def comparisons_section(frames: Frames) -> list[str]:
             "architectures are compared at their compute-optimal sizes in the Scaling section, not pairwise."
         )
     cmp = comparison_frame(ctx, primary)
-    headers = ["a", "b", "quantity", "test", "n (a, b)", "a − b", "95% CI", "p", "p (Holm)", "p (Wilcoxon)"]
+    headers = [
+        "a",
+        "b",
+        "quantity",
+        "test",
+        "n (a, b)",
+        "a − b",
+        "95% CI",
+        "p",
+        "p (sign-flip)",
+        "p (Holm, per quantity)",
+        "p (Wilcoxon)",
+    ]
     rows = []
     for r in cmp.to_dict("records"):
         digits = 3 if r["quantity"] == LOSS else 2
@@ -52,22 +65,28 @@ def comparisons_section(frames: Frames) -> list[str]:
                 fnum(r["diff"], digits),
                 ci,
                 fp(r["p"]),
+                fp(r["p_sign_flip"]),
                 fp(r["p_holm"]),
                 fp(r["p_wilcoxon"]),
             ]
         )
     out += md_table(headers, rows, right=range(4, len(headers))) + [""]
     out += [f"- {v}" for v in cmp["verdict"]] + [""]
+    families = "; ".join(dict.fromkeys(f for f in cmp["family"] if isinstance(f, str)))
     out.append(
         "a − b: negative means a has the lower value (lower loss is better; a higher judge grade is better). "
         "Loss: at a given seed every model trains on the same data stream, so models with the same seeds are "
-        "compared by a paired t-test over those seeds (from 6 pairs on a Wilcoxon signed-rank p is shown "
-        "beside it); models with different seeds by Welch's t-test. Judge: each sample's repeats are "
-        "averaged, each seed's paired difference is averaged over the prompts both models were graded on, "
-        "and a t-test over those per-seed means decides, so the verdict is about the architectures; with "
-        "one seed a paired t over prompts decides, and the verdict is about the two trained models only. "
-        "p (Holm) adjusts each quantity's family of pairwise comparisons for multiple testing; a verdict "
-        "calls a difference real only when its Holm-adjusted p is below 0.05. The CI is unadjusted."
+        "compared by a paired t-test over those seeds; models with different seeds by Welch's t-test. Judge: "
+        "each sample's repeats are averaged, each seed's paired difference is averaged over the prompts both "
+        "models were graded on, and a t-test over those per-seed means decides, so the verdict is about the "
+        "architectures; with one seed a paired t over prompts decides, and the verdict is about the two trained "
+        f"models only. p (sign-flip): up to {stats.MAX_SIGN_FLIP_PAIRS} pairs, the exact paired permutation "
+        "test over every sign pattern of the differences, which needs no normality but cannot go below 2/2^n "
+        f"({stats.sign_flip_floor(3):g} at 3 seeds): a t p below that is significant only if the differences "
+        f"are normal, which so few cannot show. p (Wilcoxon): the signed-rank test, from "
+        f"{stats.MIN_WILCOXON_PAIRS} pairs on. p (Holm, per quantity) adjusts each quantity's pairwise "
+        f"comparisons as one family ({families}); a verdict calls a difference real only when its Holm-adjusted "
+        "p is below 0.05. The CI is unadjusted."
     )
     out.append("")
     if primary is None:

@@ -25,7 +25,7 @@ from benchctl.stages.train.cli import prepare_for, summarize
 app = typer.Typer()
 
 
-@app.command()
+@app.command(short_help="A recurrent model from a trained control's weights.")
 def retrofit(
     from_: Annotated[str, typer.Option("--from", help="The finished parent run: its id, or its name when unique.")],
     to: Annotated[

@@ -21,7 +21,7 @@ from benchctl.stages.sample import options as opt
 app = typer.Typer()
 
 
-@app.command()
+@app.command(short_help="Complete the same story beginnings with every run.")
 def sample(
     n_prompts: Annotated[int, typer.Option("--n-prompts", help="Story beginnings per model.")] = opt.DEFAULT_N_PROMPTS,
     temperature: Annotated[

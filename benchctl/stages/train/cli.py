@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Annotated, Any
@@ -11,7 +12,7 @@ from rich import box
 from rich.table import Table
 
 from benchctl import plans
-from benchctl.core.config import make_config, run_id
+from benchctl.core.config import make_config, run_id, short_run_ids
 from benchctl.core.errors import BenchctlError, ConfigError
 from benchctl.stages.cli import (
     DataOpt,
@@ -23,9 +24,11 @@ from benchctl.stages.cli import (
     YesOpt,
     console,
     db_path_of,
+    fitted_table,
     make_progress,
     overrides_with_data,
     parse_seeds,
+    print_wide,
     split_list,
     terminal_confirm,
 )
@@ -82,7 +85,25 @@ def prepare_for(cfg, progress: bool):
     )
 
 
-@app.command()
+def _retrofit_to_resume(path: Path, cfg: Any) -> bool:
+    """Whether `path` holds an unfinished run of this architecture and seed that `retrofit` started from converted
+    weights (what `train` may resume; the engine checks the exact run)."""
+    import sqlite3
+
+    if not path.is_file():
+        return False
+    try:
+        with contextlib.closing(sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)) as conn:
+            row = conn.execute(
+                "select 1 from runs where parent_run_id is not null and status != 'done' and arch = ? and seed = ?",
+                (cfg.arch, cfg.seed),
+            ).fetchone()
+    except sqlite3.Error:
+        return True  # an old or odd database: the engine's exact check decides
+    return row is not None
+
+
+@app.command(short_help="Train one architecture (resumes; skips a finished run).")
 def train(
     arch: Annotated[
         str,
@@ -112,6 +133,12 @@ def train(
     dist_info = Dist.from_env()
     path = db_path_of(db)
     dbm.check_target(path)  # a file that is not benchctl's is refused before the data is prepared
+    if cfg.train.init_from and not _retrofit_to_resume(path, cfg):
+        # `train` only resumes a run started from converted weights; refused before a database or cache is made
+        raise ConfigError(
+            f"train.init_from={cfg.train.init_from!r}: this run starts from converted weights; start it with "
+            "'benchctl retrofit'"
+        )
     prepared = prepare_for(cfg, progress)
     handle = stages.connect(path) if dist_info.is_main else None
     log = console.print if dist_info.is_main else (lambda *_: None)
@@ -131,7 +158,7 @@ def train(
     summarize([train_tables.get_run(handle, result.run_id)])
 
 
-@app.command("train-all")
+@app.command("train-all", short_help="Train every architecture, or plan variant, × seed.")
 def train_all(
     preset: Annotated[
         str | None,
@@ -213,15 +240,17 @@ def _fmt_bytes(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**20:,.0f}M"
 
 
+SUMMARY_HEADS = ("variant", "seed", "params", "initial", "final", "time", "tok/s", "step mem", "peak mem")
+SUMMARY_OPTIONAL = ("step mem", "tok/s", "peak mem", "initial", "params")  # left out first on a narrow terminal
+
+
 def summarize(rows: list[dict[str, Any] | None]) -> None:
     """The comparison table: params, initial and final validation loss, train time, tokens/s, peak memory."""
     rows = [r for r in rows if r]
     if not rows:
         return
-    t = Table(title="runs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for head in ("variant", "seed", "params", "initial", "final", "time", "tok/s", "step mem", "peak mem"):
-        t.add_column(head, justify="left" if head == "variant" else "right", no_wrap=True)
     kinds = set()
+    cells = []
     for r in rows:
         if r.get("peak_gpu_mem_bytes"):
             mem, kinds = _fmt_bytes(r["peak_gpu_mem_bytes"]), kinds | {"GPU: torch peak allocated"}
@@ -229,7 +258,7 @@ def summarize(rows: list[dict[str, Any] | None]) -> None:
             mem, kinds = _fmt_bytes(r["peak_rss_bytes"]), kinds | {"CPU: the process's peak RSS, not the model's"}
         else:
             mem = "-"
-        t.add_row(
+        values = (
             r.get("variant") or r["arch"],
             str(r["seed"]),
             f"{r['n_params']:,}" if r.get("n_params") else "-",
@@ -240,13 +269,26 @@ def summarize(rows: list[dict[str, Any] | None]) -> None:
             _fmt_bytes(r["step_mem_bytes"]) if r.get("step_mem_bytes") else "-",
             mem,
         )
-    console.print(t)
+        cells.append(dict(zip(SUMMARY_HEADS, values)))
+
+    table, dropped = fitted_table(
+        SUMMARY_HEADS,
+        cells,
+        SUMMARY_OPTIONAL,
+        right=SUMMARY_HEADS[1:],
+        title="runs",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    console.print(table)
     devs = sorted({r.get("device_name") or "?" for r in rows})
     console.print(
         f"initial/final: validation loss (nats/token); time: training only (no warm-up, evaluation or checkpoints); "
         "step mem: parameters + optimizer state + the peak of torch's allocations in one optimizer step (as "
         f"'benchctl bench' measures it); peak mem: {'; '.join(sorted(kinds)) or '-'}. device: {', '.join(devs)}. "
         f"precision: {', '.join(sorted({_dtype(r) for r in rows}))}.{_compiled(rows)}"
+        + (f" Left out at this width: {', '.join(dropped)}." if dropped else "")
     )
 
 
@@ -271,94 +313,170 @@ def _f(x: float | None) -> str:
     return "-" if x is None else f"{x:.4f}"
 
 
-RUN_STATUSES = ("pending", "running", "done", "failed")
+RUN_STATUSES = ("pending", "running", "interrupted", "done", "failed")
+RUN_KEYS = (
+    "id",
+    "arch",
+    "variant",
+    "preset",
+    "seed",
+    "status",
+    "step",
+    "max_steps",
+    "initial_val_loss",
+    "final_val_loss",
+    "train_seconds",
+    "cpu_seconds",
+    "cuda_seconds",
+    "threads",
+    "concurrent_jobs",
+    "load_avg",
+    "gpu_util",
+    "tokens_per_s",
+    "peak_rss_bytes",
+    "baseline_rss_bytes",
+    "step_mem_bytes",
+    "device",
+    "dtype",
+    "precision_reason",
+    "compiled",
+    "compile_reason",
+    "error",
+)
+# The columns `runs` may leave out on a narrow terminal, the first to go first: what explains a timing (the jobs run
+# beside it, the threads, the machine's load) goes before the timings, and the id, status, step and loss always stay.
+RUNS_OPTIONAL = ("jobs", "thr", "variant", "dtype", "load", "CPU", "wall")
+TIMING_HEADS = ("wall", "CPU", "thr", "jobs", "load")
 
 
-@app.command()
+@app.command(short_help="What was trained: each run's status, loss and timings.")
 def runs(
     db: DbOpt = None,
     preset: Annotated[str | None, typer.Option("--preset", "-p", help="Only this preset.")] = None,
-    status: Annotated[str | None, typer.Option("--status", help="pending, running, done or failed.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    status: Annotated[
+        str | None,
+        typer.Option(
+            "--status",
+            help="pending, running, interrupted (recorded as running, but its process is gone), done or failed.",
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (whole run ids, every column).")] = False,
+    wide: Annotated[
+        bool,
+        typer.Option(
+            "--wide",
+            help="Whole run ids and every column, however wide the terminal (the table shortens ids to what tells "
+            "them apart, and leaves out what does not fit).",
+        ),
+    ] = False,
 ) -> None:
     """List the runs in results.db."""
-    # sqlite_utils loads pandas: kept out of 'benchctl --help'
-    from benchctl import stages
+    # a plain read-only connection: a listing migrates and creates nothing, and so needs neither the stages' tables
+    # (importing every stage imports torch) nor sqlite_utils (which imports pandas)
+    from benchctl.core import db as dbm
+    from benchctl.core import liveness
     from benchctl.stages.train import tables as train_tables
 
     if status is not None and status not in RUN_STATUSES:
         raise ConfigError(f"--status must be one of {', '.join(RUN_STATUSES)}, got {status!r}")
-    handle = stages.connect(db_path_of(db), readonly=True)  # a listing never migrates or creates anything
-    rows = train_tables.runs(handle, status=status, preset=preset)
+    conn = dbm.read_only(db_path_of(db))
+    try:
+        # an interrupted run is stored as running: which running rows are is decided below, row by row
+        stored = "running" if status == liveness.INTERRUPTED else status
+        rows = [{**r, "status": liveness.run_state(r)} for r in train_tables.runs(conn, status=stored, preset=preset)]
+        rows = [r for r in rows if status is None or r["status"] == status]
+        # short ids tell a run apart from every run in the file, not only from those listed: the same run keeps the
+        # same short id whatever the filter
+        every_id = [r["id"] for r in rows] if status is None and preset is None else train_tables.run_ids(conn)
+    finally:
+        conn.close()
     if as_json:
-        keep = (
-            "id",
-            "arch",
-            "variant",
-            "preset",
-            "seed",
-            "status",
-            "step",
-            "max_steps",
-            "initial_val_loss",
-            "final_val_loss",
-            "train_seconds",
-            "cpu_seconds",
-            "cuda_seconds",
-            "threads",
-            "concurrent_jobs",
-            "load_avg",
-            "gpu_util",
-            "tokens_per_s",
-            "peak_rss_bytes",
-            "baseline_rss_bytes",
-            "step_mem_bytes",
-            "device",
-            "dtype",
-            "precision_reason",
-            "compiled",
-            "compile_reason",
-            "error",
-        )
-        print(json.dumps([{k: r.get(k) for k in keep} for r in rows], indent=2))
+        print(json.dumps([{k: r.get(k) for k in RUN_KEYS} for r in rows], indent=2))
         return
     if not rows:
         console.print("no runs yet; start with 'benchctl train-all --preset small'")
         return
-    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    timing = ("wall", "CPU", "thr", "jobs", "load")
-    errors = any(r.get("error") for r in rows)
+    _print_runs(rows, every_id, wide=wide)
+
+
+def _print_runs(rows: list[dict[str, Any]], every_id: list[str], *, wide: bool) -> None:
+    """The runs table, every number whole: at the terminal's width, with short ids and the least needed columns
+    left out where they do not fit (said below the table); with `wide`, whole ids and every column."""
+    ids = {i: i for i in every_id} if wide else short_run_ids(every_id)
     precisions = sorted({_dtype(r) for r in rows})  # one precision for all: said once below the table
-    extra = (("dtype",) if len(precisions) > 1 else ()) + (("error",) if errors else ())
-    for head in ("id", "variant", "status", "step", "final loss", *timing, *extra):
-        # the id (and an error) fold onto more lines before any number is cut short on a narrow terminal
-        t.add_column(
-            head,
-            no_wrap=head not in ("id", "error"),
-            overflow="fold",
-            min_width=12 if head == "id" else None,
-            justify="right" if head in ("step", "final loss", *timing) else "left",
+    # the variant is the name a plan gave the run; without a plan it is the architecture, which the id starts with
+    named = any((r.get("variant") or r["arch"]) != r["arch"] for r in rows)
+    heads = (
+        ("id",)
+        + (("variant",) if named or wide else ())
+        + ("status", "step", "final loss", *TIMING_HEADS)
+        + (("dtype",) if len(precisions) > 1 else ())
+    )
+    cells = [_run_cells(r, ids.get(r["id"], r["id"])) for r in rows]
+
+    table, dropped = fitted_table(
+        heads,
+        cells,
+        RUNS_OPTIONAL,
+        right=("step", "final loss", *TIMING_HEADS),
+        wide=wide,
+        box=box.SIMPLE_HEAD,
+        # one space between columns and none at the edges: the room goes to the numbers
+        padding=(0, 0),
+        show_edge=False,
+    )
+    if wide:
+        print_wide(table)
+    else:
+        console.print(table)
+    console.print()  # the table has no bottom edge: a blank line parts it from the notes
+    explained = {
+        "wall": "wall: seconds of the timed training steps",
+        "CPU": "CPU: their process CPU time in seconds (all threads)",
+        "thr": "thr: threads",
+        "jobs": "jobs: benchctl jobs run side by side",
+        "load": "load: the machine's mean 1-minute load average during training",
+    }
+    notes = [text for head, text in explained.items() if _shown(table, head)]
+    if _shown(table, "wall"):
+        notes.append("above the core count, wall time is no cost measure: see the report")
+    if any(r["status"] == "interrupted" for r in rows):
+        notes.append(
+            "interrupted: recorded as running, but the process that trained it is gone (killed, or its machine "
+            "lost); the command that trained it resumes it"
         )
-    for r in rows:
-        dtype = {"bfloat16": "bf16", "float32": "fp32"}.get(r.get("dtype") or "", r.get("dtype") or "-")
-        t.add_row(
-            r["id"],
-            r.get("variant") or r["arch"],
-            r["status"],
-            f"{r.get('step') or 0}/{r.get('max_steps') or '?'}",
-            _f(r.get("final_val_loss")),
-            *_timing(r),
-            *([dtype] if len(precisions) > 1 else []),
-            *([(r.get("error") or "")[:60]] if errors else []),
-        )
-    console.print(t)
+    shortened = not wide and any(ids[i] != i for i in every_id)
     console.print(
-        "wall, CPU: seconds of the timed training steps in wall time and in process CPU time (all threads); "
-        "thr: threads; jobs: benchctl jobs run side by side; load: the machine's mean 1-minute load "
-        "average during training. Above the core count, wall time is no cost measure: see the report."
-        + (f" precision: {precisions[0]}." if len(precisions) == 1 else ""),
+        "; ".join(notes)
+        + "."
+        + (f" precision: {precisions[0]}." if len(precisions) == 1 else "")
+        + (" id: the run id shortened to what tells it apart." if shortened else "")
+        + (f" Left out at this width: {', '.join(dropped)}." if dropped else "")
+        + (" --wide shows whole ids and every column; --json every field." if shortened or dropped else ""),
         highlight=False,
     )
+    # errors under the table, whole: a column would take the room of the numbers, and cut the errors short
+    for r in rows:
+        if r.get("error"):
+            console.print(f"{ids.get(r['id'], r['id'])} ({r['status']}): {r['error']}", highlight=False, markup=False)
+
+
+def _shown(table: Table, head: str) -> bool:
+    return any(c.header == head for c in table.columns)
+
+
+def _run_cells(r: dict[str, Any], short_id: str) -> dict[str, str]:
+    """One run's cells, by column head."""
+    dtype = {"bfloat16": "bf16", "float32": "fp32"}.get(r.get("dtype") or "", r.get("dtype") or "-")
+    return {
+        "id": short_id,
+        "variant": r.get("variant") or r["arch"],
+        "status": r["status"],
+        "step": f"{r.get('step') or 0}/{r.get('max_steps') or '?'}",
+        "final loss": _f(r.get("final_val_loss")),
+        **dict(zip(TIMING_HEADS, _timing(r))),
+        "dtype": dtype,
+    }
 
 
 def _timing(r: dict[str, Any]) -> tuple[str, ...]:

@@ -53,8 +53,9 @@ def contention(run: dict[str, Any]) -> str | None:
     """Why this run's wall time is not a cost measure, or None when nothing says it is contended.
 
     The rule, with J = runs.concurrent_jobs (benchctl jobs the executor ran side by side, 1 when alone), C = the
-    machine's logical cores (from runs.device_name, CPU runs only) and L = runs.load_avg (mean of the 1-minute load
-    average sampled during training, which counts every runnable thread on the machine, the run's own included):
+    machine's logical cores (a row's own `cores` where it records them, as inference_results does; else from
+    runs.device_name, CPU runs only) and L = runs.load_avg (mean of the 1-minute load average sampled during
+    training, which counts every runnable thread on the machine, the run's own included):
 
     - J > 1: the run shared the machine with J - 1 other benchctl jobs on purpose. Each job's share is C / J cores,
       and memory bandwidth and caches are shared too, so its wall time is the cost of running beside them, not its
@@ -68,7 +69,8 @@ def contention(run: dict[str, Any]) -> str | None:
     jobs = _num(run.get("concurrent_jobs"))
     if jobs is not None and jobs > 1:
         return f"trained beside {int(jobs) - 1} other job(s) ({int(jobs)} at once)"
-    cores, load = cores_of(run.get("device_name")), _num(run.get("load_avg"))
+    own = _num(run.get("cores"))
+    cores, load = int(own) if own else cores_of(run.get("device_name")), _num(run.get("load_avg"))
     if cores is not None and load is not None and load > cores + LOAD_SLACK:
         return f"mean load {load:.1f} on {cores} cores"
     return None

@@ -39,7 +39,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import architectures
 from architectures.kernels import IGNORE_INDEX
-from benchctl.core import accounting, taskdata, telemetry
+from benchctl.core import accounting, liveness, taskdata, telemetry
 from benchctl.core import checkpoint as ckpt
 from benchctl.core import db as dbm
 from benchctl.core.config import RunConfig, run_id
@@ -218,14 +218,9 @@ class RunResult:
     row: dict[str, Any] = field(default_factory=dict)
 
 
-def _is_alive(pid: int | None) -> bool:
-    if not pid or pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    return True
+def _is_alive(pid: int | None, started: float | None = None) -> bool:
+    """Whether another process of this machine, the one that started at `started` when known, holds a run."""
+    return bool(pid) and pid != os.getpid() and liveness.alive(pid, started)
 
 
 RESTART_HINT = "delete it to restart the run from scratch"
@@ -241,7 +236,12 @@ class RunBusy(BenchctlError):
 
 def _still_training(db: dbm.Database, rid: str, pid: int) -> bool:
     row = train_tables.get_run(db, rid)
-    return row is not None and row["status"] == "running" and row.get("pid") == pid and _is_alive(pid)
+    return (
+        row is not None
+        and row["status"] == "running"
+        and row.get("pid") == pid
+        and _is_alive(pid, row.get("pid_started"))
+    )
 
 
 def train_run_when_free(
@@ -284,7 +284,7 @@ def _verdict(
         return "skip", existing
     if existing is not None and existing["status"] == "running" and existing.get("hostname") == _hostname():
         pid = existing.get("pid")
-        if _is_alive(pid) and not dist_info.enabled:
+        if _is_alive(pid, existing.get("pid_started")) and not dist_info.enabled:
             raise RunBusy(rid, pid)
     return ("resume" if ckpt_path.exists() else "train"), existing
 
@@ -523,6 +523,8 @@ class _Trainer:
             "world_size": self.dist.world_size,
             "error": None,
             "pid": os.getpid(),
+            "pid_started": liveness.process_start_time(os.getpid()),
+            "heartbeat_at": dbm.now(),
             "hostname": _hostname(),
             "threads": telemetry.threads_used(),
             "concurrent_jobs": telemetry.concurrent_jobs(),
@@ -573,9 +575,11 @@ class _Trainer:
         task = progress.task(
             f"{cfg.arch} s{cfg.seed}", total=t.max_steps, completed=self.start_step, loss="-", **{"tok/s": "-"}
         )
+        heartbeat = self._heartbeat()
         try:
             self.nvml.start()
             self.load.start()
+            heartbeat.start()
             if self.start_step == 0:
                 self._initial_eval(task)
             last_val = None
@@ -593,10 +597,23 @@ class _Trainer:
                 train_tables.fail_run(self.db, self.rid, msg)
             raise
         finally:
+            heartbeat.stop()
             task.close()
             self.mirror.close()
             self.nvml.stop()
             self.load.stop()
+
+    def _heartbeat(self) -> liveness.Heartbeat:
+        """The thread that stamps the run's row while this process trains it (rank 0, which alone writes): what tells
+        another machine reading the database that the run is alive (`liveness.run_state`)."""
+        path = self.db.conn.execute("PRAGMA database_list").fetchone()[2] if self.writes else ""
+        rid, pid = self.rid, os.getpid()
+
+        def beat() -> None:
+            if path:  # an in-memory database has no file another process could read
+                train_tables.heartbeat(path, rid, pid)
+
+        return liveness.Heartbeat(beat)
 
     def _initial_eval(self, task: Any) -> None:
         v0 = self._eval_at(0)

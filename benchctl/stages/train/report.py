@@ -4,22 +4,27 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from typing import Any
 
 import numpy as np
 import pandas as pd
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 
 from benchctl.core import paper
 from benchctl.report.context import CONTROL, Context, model_keys, study_order
 from benchctl.report.figures import (
-    _bar_width,
     _figure,
     _style,
     _title,
     _x_labels,
+    _y_labels,
+    bar_layout,
     fig_final_loss,
     fig_loss_curves,
     hardware_line,
+    legend_groups,
 )
 from benchctl.report.fmt import (
     bytes_unit,
@@ -42,9 +47,9 @@ from benchctl.report.frames import (
     loss_frame,
     paper_accounting_frame,
     status_frame,
-    vals,
 )
-from benchctl.stages.train.cost import benched_models, cost_frame, headline, timing_frame, warnings
+from benchctl.stages.train import conditions
+from benchctl.stages.train.cost import benched_models, contention, cost_frame, headline, timing_frame, warnings
 
 # Short column headers for the components the study's architectures have; any other component is shown by name.
 _COMPONENT_NAMES = {
@@ -57,7 +62,8 @@ _COMPONENT_NAMES = {
 
 def fig_cost_bars(ctx: Context, cost: pd.DataFrame, what: str) -> Any:
     """Figures 1–2 of the study: training time or peak memory per model; bar = mean, one dot per seed, labelled
-    with the mean and its ratio to the control."""
+    with the mean and its ratio to the control (a time ratio only where neither side has a contended run: a wall
+    time measured beside other work is no cost measure, so neither is a ratio of two)."""
     q = "time" if what == "time" else "mem"
     df = cost[cost[f"{q}_mean"].notna()]
     if df.empty:
@@ -74,33 +80,92 @@ def fig_cost_bars(ctx: Context, cost: pd.DataFrame, what: str) -> Any:
         col = "peak_gpu_mem_bytes" if gpu else "step_mem_bytes"
         ylabel = f"{'peak GPU memory allocated' if gpu else 'memory of one training step'} ({unit})"
         title = "Peak GPU memory per model" if gpu else "Memory of one training step per model (torch allocations)"
+    # A wall time is flagged where the timing table's notes flag it (benchctl.stages.train.cost.contention): the
+    # bar of a model with a contended run is hatched, and where only some of its seeds were, their dots are red.
+    per_seed: dict[str, list[tuple[float, bool]]] = {}
+    for m in models:
+        runs = ctx.done[ctx.done["model"] == m].to_dict("records")
+        per_seed[m] = [
+            (float(v), q == "time" and contention(r) is not None)
+            for r in runs
+            if pd.notna(v := pd.to_numeric(r[col], errors="coerce"))
+        ]
+    flagged = sum(b for pts in per_seed.values() for _, b in pts)
+    control_busy = any(b for _, b in per_seed.get(CONTROL, []))
+    partly = False
+    horizontal, width, height = bar_layout(len(models))
+    colour, _ = legend_groups(ctx, models)
     with _style():
-        fig = _figure(_bar_width(len(models)), 4.6)
+        fig = _figure(width, height + (0.6 if flagged else 0.0))
         ax = fig.add_subplot()
         for i, row in enumerate(df.itertuples()):
             m = row.model
             mean = getattr(row, f"{q}_mean") / scale
-            ax.bar(i, mean, width=0.65, color=ctx.colours[m], edgecolor="black", linewidth=0.6, zorder=2)
-            seeds = vals(ctx.done[ctx.done["model"] == m], col)
-            if len(seeds) > 1:
-                offs = np.linspace(-0.18, 0.18, len(seeds))
-                ax.scatter(
-                    i + offs, np.array(seeds) / scale, s=18, color="white", edgecolor="black", linewidth=0.8, zorder=4
-                )
+            busy = [b for _, b in per_seed[m]]
+            seeds = [v for v, _ in per_seed[m]]
             ratio = getattr(row, f"{q}_ratio")
             top = max([mean] + [v / scale for v in seeds])
             label = f"{mean:.{1 if mean < 100 else 0}f} {unit}"
-            if not missing(ratio) and m != CONTROL:
-                label += f"\n{ratio:.2f}× control"
-            ax.annotate(
-                label, (i, top), xytext=(0, 4), textcoords="offset points", ha="center", va="bottom", fontsize=9
-            )
-        _x_labels(ax, models)
-        ax.set_ylabel(ylabel)
-        ax.set_xlabel("model")
-        ax.set_ylim(0, ax.get_ylim()[1] * 1.18)
+            if not missing(ratio) and m != CONTROL and not (any(busy) or control_busy):
+                label += f"{' · ' if horizontal else chr(10)}{ratio:.2f}× control"
+            hatch = "///" if any(busy) else None
+            mixed = any(busy) and not all(busy)
+            partly |= mixed and len(seeds) > 1
+            offs = np.linspace(-0.18, 0.18, len(seeds)) if len(seeds) > 1 else None
+            dots = {
+                "s": 18,
+                "color": ["#C00000" if b else "white" for b in busy] if mixed else "white",
+                "edgecolors": "black",
+                "linewidth": 0.8,
+                "zorder": 4,
+            }
+            bar = {"color": colour[m], "edgecolor": "black", "linewidth": 0.6, "zorder": 2, "hatch": hatch}
+            if horizontal:  # a row per model, its numbers at the end of its bar
+                ax.barh(i, mean, height=0.65, **bar)
+                if offs is not None:
+                    ax.scatter(np.array(seeds) / scale, i + offs, **dots)
+                ax.annotate(label, (top, i), xytext=(4, 0), textcoords="offset points", va="center", fontsize=8)
+            else:
+                ax.bar(i, mean, width=0.65, **bar)
+                if offs is not None:
+                    ax.scatter(i + offs, np.array(seeds) / scale, **dots)
+                ax.annotate(
+                    label, (i, top), xytext=(0, 4), textcoords="offset points", ha="center", va="bottom", fontsize=9
+                )
+        if horizontal:
+            _y_labels(ax, models)
+            ax.set_xlabel(ylabel)
+            ax.set_ylabel("model")
+            ax.set_xlim(0, ax.get_xlim()[1] * 1.3)  # room for the numbers right of the longest bar
+            ax.grid(axis="y", visible=False)
+        else:
+            _x_labels(ax, models)
+            ax.set_ylabel(ylabel)
+            ax.set_xlabel("model")
+            ax.set_ylim(0, ax.get_ylim()[1] * 1.18)
+            ax.grid(axis="x", visible=False)
         _title(ax, title, [hardware_line(ctx), f"preset {ctx.preset} · {_seed_line(df)}"])
-        ax.grid(axis="x", visible=False)
+        if flagged:
+            total = sum(len(pts) for pts in per_seed.values())
+            what = (
+                f"hatched: contended runs ({flagged} of {total}; see the notes under the timing table), "
+                "wall time not a cost measure, no ratio to the control"
+            )
+            wrap = max(30, int(fig.get_size_inches()[0] * 11))  # the legend stays inside a narrow figure
+            handles = [Patch(facecolor="white", edgecolor="black", hatch="///", label=textwrap.fill(what, wrap))]
+            if partly:
+                handles.append(
+                    Line2D(
+                        [],
+                        [],
+                        marker="o",
+                        linestyle="none",
+                        color="#C00000",
+                        markeredgecolor="black",
+                        label="red dot: a contended seed",
+                    )
+                )
+            fig.legend(handles=handles, loc="outside lower center", fontsize=8.5, frameon=True)
     return fig
 
 
@@ -116,15 +181,19 @@ def runs_section(frames: Frames) -> list[str]:
     if ctx.runs.empty:
         return out + need("No runs for this preset: `benchctl train-all` produces them.")
     sf = status_frame(ctx)
-    show_other = bool(sf["other"].sum())
-    headers = ["model", "done", "running", "pending", "failed"] + (["other"] if show_other else []) + ["seeds done"]
+    always = ("done", "running", "pending", "failed")  # interrupted, and a status benchctl does not know: when met
+    shown = [s for s in ("done", "running", "interrupted", "pending", "failed", "other") if s in always or sf[s].sum()]
+    headers = ["model", *shown, "seeds done"]
     rows = [
-        [r.model, r.done, r.running, r.pending, r.failed]
-        + ([r.other] if show_other else [])
-        + [", ".join(map(str, r.seeds_done)) or "-"]
-        for r in sf.itertuples()
+        [r.model, *(getattr(r, s) for s in shown)] + [", ".join(map(str, r.seeds_done)) or "-"] for r in sf.itertuples()
     ]
     out += md_table(headers, rows, right=range(1, len(headers) - 1)) + [""]
+    if sf["interrupted"].sum():
+        out += [
+            "Interrupted: recorded as running, but the process that trained the run is gone (killed, or its machine "
+            "lost); the command that trained it resumes it.",
+            "",
+        ]
     variants = [m for m in ctx.models if ctx.overrides.get(m)]
     if variants:
         out.append(
@@ -422,15 +491,20 @@ def loss_section(frames: Frames) -> list[str]:
     loss = loss_frame(ctx)
     if loss.empty:
         return out + need("No finished runs: `benchctl train-all` records initial and final validation loss.")
-    headers = ["model", "seeds", "tokens/run", "initial val loss", "95% CI", "final val loss", "95% CI"]
+    rf = conditions.run_frame(frames)
+    warmup, dirty = conditions.warmups_differ(rf), bool(rf["dirty"].any())
+    headers = ["model", "seeds", "tokens/run", "epochs"] + (["warm-up"] if warmup else [])
+    headers += ["initial val loss", "95% CI", "final val loss", "95% CI"]
     if ctx.is_paper:
         headers += ["study initial", "study final"]
+    if dirty:
+        headers += ["uncommitted changes"]
     rows = []
     for r in loss.to_dict("records"):
-        row = [
-            r["model"],
-            r["seeds"],
-            ftokens(r["tokens"]),
+        g = rf[rf["model"] == r["model"]]
+        row = [r["model"], r["seeds"], ftokens(r["tokens"]), conditions.epochs_cell(g)]
+        row += [conditions.warmup_cell(g)] if warmup else []
+        row += [
             fnum(r["initial_mean"]),
             fci(r["initial_lo"], r["initial_hi"], r["initial_n"]),
             fnum(r["final_mean"]),
@@ -439,8 +513,10 @@ def loss_section(frames: Frames) -> list[str]:
         if ctx.is_paper:
             flag = " (Table 5: 1.492)" if r["model"] == CONTROL and not missing(r["study_final"]) else ""
             row += [fnum(r["study_initial"]), fnum(r["study_final"]) + flag]
+        row += [conditions.dirty_cell(g)] if dirty else []
         rows.append(row)
-    out += md_table(headers, rows, right=range(1, len(headers))) + [""]
+    out += md_table(headers, rows, right=range(1, len(headers) - (1 if dirty else 0))) + [""]
+    out += conditions.lines(frames, list(loss["model"]))
     vocab = sorted({model_keys(c).get("model.vocab_size") for c in ctx.done["config_json"]} - {None})
     if len(vocab) == 1:
         out.append(

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from benchctl.report.figures import _figure, _style, tick
+from benchctl.report.figures import MAX_LEGEND, _figure, _style, legend_groups
 from benchctl.report.fmt import fnum, md_table
 from benchctl.report.frames import Frames
 
@@ -118,6 +118,7 @@ def fig_adaptive(ctx: Any, df: pd.DataFrame, models: list[str], names: list[str]
         return None
     cols = min(len(shown), 3)
     rows = math.ceil(len(shown) / cols)
+    colour, entry = legend_groups(ctx, models)
     with _style():
         fig = _figure(4.2 * cols + 0.6, 3.3 * rows + 1.2)
         axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
@@ -125,22 +126,23 @@ def fig_adaptive(ctx: Any, df: pd.DataFrame, models: list[str], names: list[str]
             for m in models:
                 g = df[(df["model"] == m) & (df["name"] == name)].groupby("step")["value"].mean()
                 if not g.empty:
-                    ax.plot(g.index.to_numpy(float), g.to_numpy(float), color=ctx.colours[m], linewidth=1.5, label=m)
+                    ax.plot(g.index.to_numpy(float), g.to_numpy(float), color=colour[m], linewidth=1.5, label=entry[m])
             ax.set_title(name, fontsize=10)
             ax.set_xlabel("step")
         for ax in axes[len(shown) :]:
             ax.set_visible(False)
-        seen: dict[str, Any] = {}  # every model drawn in any panel, once, in model order
+        seen: dict[str, Any] = {}  # every entry drawn in any panel, once, in model order
         for ax in axes[: len(shown)]:
             for handle, label in zip(*ax.get_legend_handles_labels()):
                 seen.setdefault(label, handle)
-        labels = [m for m in models if m in seen]
+        labels = list(dict.fromkeys(entry[m] for m in models if entry[m] in seen))
         if labels:
             fig.legend(
-                [seen[m] for m in labels],
-                [tick(m) for m in labels],
+                [seen[lab] for lab in labels],
+                labels,
                 loc="outside lower center",
                 ncols=min(len(labels), 4),
+                title=None if len(models) <= MAX_LEGEND else f"architecture ({len(models)} models)",
             )
         fig.suptitle(
             f"Auxiliary losses and architecture metrics during training · preset {ctx.preset}",

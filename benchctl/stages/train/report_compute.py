@@ -21,7 +21,7 @@ from matplotlib.ticker import EngFormatter, LogLocator, NullFormatter
 
 from benchctl.core import stats
 from benchctl.report.context import ARCH_COLOURS, CONTROL, Context, model_keys
-from benchctl.report.figures import _figure, _style, _title, tick
+from benchctl.report.figures import MAX_LEGEND, _figure, _style, _title, legend_groups, unique_entries
 from benchctl.report.fmt import fint, fnum, md_table, missing
 from benchctl.report.frames import Frames, accounting_frame, curve_frame, vals
 
@@ -314,21 +314,22 @@ def _ci(r: dict[str, Any]) -> str:
 
 def _scatter_panel(ax: Any, ctx: Context, runs: pd.DataFrame, per: pd.DataFrame, x: str, xlabel: str) -> None:
     """Final loss against `x` (log scale): a dot per seed, a diamond per model mean, the control family joined."""
+    colour, entry = legend_groups(ctx, list(per["model"]))
     for m in per["model"]:
         g, r = runs[runs["model"] == m], per[per["model"] == m].iloc[0]
         if missing(r[x]) or missing(r["final"]):
             continue
-        ax.scatter(g[x], g["final"], s=18, color=ctx.colours[m], alpha=0.55, edgecolor="none", zorder=2)
+        ax.scatter(g[x], g["final"], s=18, color=colour[m], alpha=0.55, edgecolor="none", zorder=2)
         ax.scatter(
             [r[x]],
             [r["final"]],
             s=60,
             marker="D",
-            color=ctx.colours[m],
+            color=colour[m],
             edgecolor="black",
             linewidth=0.7,
             zorder=3,
-            label=m,
+            label=entry[m],
         )
     fam = per[[is_control_family(ctx, m) for m in per["model"]]].dropna(subset=[x, "final"]).sort_values(x)
     if len(fam) > 1:
@@ -355,12 +356,14 @@ def _log_x(ax: Any) -> None:
     ax.xaxis.set_minor_formatter(NullFormatter())
 
 
-def _legend(fig: Any, ax: Any) -> None:
-    handles, labels = ax.get_legend_handles_labels()
+def _legend(fig: Any, ax: Any, n_models: int) -> None:
+    """Below the panels (never over a point): a model per entry, or an architecture per entry past MAX_LEGEND."""
+    handles, labels = unique_entries(*ax.get_legend_handles_labels())
+    what = "model" if n_models <= MAX_LEGEND else f"architecture, {n_models} models"
     fig.legend(
         handles,
-        [tick(lab) for lab in labels],
-        title="model (diamond = mean over seeds, dot = seed)",
+        labels,
+        title=f"{what} (diamond = mean over seeds, dot = seed)",
         frameon=True,
         fontsize=8.5,
         title_fontsize=9,
@@ -391,6 +394,7 @@ def fig_loss_vs_compute(
     if per.empty or per["train_flops"].isna().all():
         return None
     fpt = dict(zip(per["model"], per["fpt"]))
+    colour, _ = legend_groups(ctx, list(per["model"]))
     with _style():
         fig = _figure(12.0, 5.8)
         left, right = fig.subplots(1, 2)
@@ -401,12 +405,12 @@ def fig_loss_vs_compute(
             x = None if c.empty else _curve_flops(frames, m, c, fpt.get(m))
             if x is None:
                 continue
-            right.plot(x, c["mean"], color=ctx.colours[m], linewidth=1.6)
+            right.plot(x, c["mean"], color=colour.get(m, ctx.colours[m]), linewidth=1.6)
         _log_x(right)
         right.set_xlabel("cumulative training FLOPs (log scale)")
         right.set_ylabel("validation loss (nats/token), mean over seeds")
         right.set_title("validation loss during training", fontsize=11)
-        _legend(fig, left)
+        _legend(fig, left, len(per))
         fig.suptitle(f"Loss against training compute · preset {ctx.preset}", fontsize=12.5, fontweight="bold")
     return fig
 
@@ -421,7 +425,7 @@ def fig_loss_vs_params(ctx: Context, runs: pd.DataFrame, per: pd.DataFrame) -> A
         left.set_title("against unique parameters", fontsize=11)
         _scatter_panel(right, ctx, runs, per, "effective", "effective parameters (log scale)")
         right.set_title("against effective (unrolled) parameters", fontsize=11)
-        _legend(fig, left)
+        _legend(fig, left, len(per))
         fig.suptitle(f"Loss against parameters · preset {ctx.preset}", fontsize=12.5, fontweight="bold")
     return fig
 

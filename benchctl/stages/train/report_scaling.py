@@ -1,17 +1,27 @@
 """Report section "Scaling": IsoFLOP curves from an IsoFLOP plan's runs (benchctl.plans, kind = "isoflop").
 
 At each training-compute budget C every architecture is trained at several widths, each on the tokens C buys. Per
-(architecture, budget) the final validation loss is fitted with a parabola in log N (N: unique parameters); its
-vertex is the compute-optimal size N*(C) and loss L*(C) (Hoffmann et al. 2022, approach 2). A fit whose parabola
-opens downward, or whose vertex lies outside the measured widths (the minimum at the edge), has no optimum inside
-the grid: it is reported as degenerate and enters nothing else. CIs come from a stratified bootstrap over the runs
-(each width's seeds resampled with replacement, the fit redone). Where an architecture has non-degenerate optima at
-three budgets or more, L*(C) = E + A·C^(−α) is fitted to them; two architectures' fits are compared only within the
-budgets both were measured at, so nothing is said about a budget no run was trained at.
+(architecture, budget) the final validation loss is fitted with a parabola in ln N (N: unique parameters); its
+vertex is the compute-optimal size N*(C) and loss L*(C) (Hoffmann et al. 2022, approach 2).
+
+Each fit is classified (`optimum`): degenerate (no minimum inside the widths), edge (a minimum the grid does not pin
+down: it lies in the outermost interval of widths, or leaving out one width makes the fit degenerate), misfit (L*
+lies above the lowest width mean by more than the seeds' noise allows) or ok. Only ok fits anchor anything further:
+the exponents of N* ∝ C^a and L* ∝ C^b, the saturating L*(C) = E + A·C^(−α) (from four budgets: through three it is
+exact) and the differences from the control; the others are listed with what they give.
+
+The seed is the statistical unit: at one seed every width, budget and architecture trains on the same data stream,
+so runs of one seed are not independent. Intervals are delta-method t-intervals with seeds − 1 degrees of freedom
+from the least-squares sandwich clustered by seed (`benchctl.core.stats.seed_ci`); a difference between two
+architectures with the same seeds is paired seed by seed.
+
+An adaptive architecture (halting, routing) spends less than the budget its steps were set from: the x of each
+optimum in the fits against compute is the training FLOPs the runs spent at N* (interpolated between the widths),
+not the nominal budget.
 
 Everything comes from the database: the grid point of each run (plan_runs.isoflop_*), its final loss, unique and
-effective parameters and tokens (runs), the training split's size (runs.data_train_tokens) for its epochs, and the
-training FLOPs it spent (the train_flops metric).
+effective parameters and tokens (runs), the training split's size (runs.data_train_tokens) for its epochs, the
+training FLOPs it spent (the train_flops metric) and its configuration, rebuilt for the embedding's share.
 """
 
 from __future__ import annotations
@@ -19,48 +29,75 @@ from __future__ import annotations
 import math
 import textwrap
 import warnings
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
-from matplotlib.ticker import EngFormatter, NullFormatter
+from matplotlib.ticker import EngFormatter, LogLocator, NullFormatter
 
+from benchctl.core import stats
 from benchctl.report.context import ARCH_COLOURS, CONTROL, EXTRA_COLOURS
-from benchctl.report.figures import _figure, _style
+from benchctl.report.figures import MAX_FIG_WIDTH, _figure, _style
 from benchctl.report.fmt import fint, fnum, md_table, missing
 from benchctl.report.frames import Frames
-from benchctl.stages.train.report_compute import spent_flops
+from benchctl.stages.train.report_compute import _accounting, spent_flops
 
-BOOTSTRAP = 1000  # resamples per (architecture, budget): percentile CIs to about ±1 percentile point
-BOOTSTRAP_SEED = 0  # fixed: the same database gives the same report
 FIGURE = "isoflop.png"
 NO_FIT = "fewer than 3 widths"  # a parabola needs three sizes
 OFF_BUDGET = 0.10  # a run whose analytic training FLOPs miss its budget by more (too few steps) is not fitted
+MIN_SLOPE_BUDGETS = 3  # a line in ln C needs three points to leave one to judge it by
+MIN_SATURATING_BUDGETS = 4  # E + A·C^(−α) has three parameters: through three budgets it is exact
+SPENT_NOTE = 0.02  # an optimum whose spent FLOPs miss the budget by more is said to have spent less
+
+# A fit's class, from best to worst; only OK enters the fits against compute and the comparisons.
+OK, MISFIT, EDGE, DEGENERATE, NONE = "ok", "misfit", "edge", "degenerate", "no fit"
 
 
 @dataclass(frozen=True)
 class Fit:
-    """A parabola L = a·x² + b·x + c in x = ln N and its vertex; `problem` says why it gives no optimum (else
-    None)."""
+    """A parabola L = a·u² + b·u + c in u = ln N − x0 and its vertex; `problem` says why it gives no minimum inside
+    the widths (else None). Centring on x0, the middle of the measured ln N, keeps the least squares well
+    conditioned and makes the coefficients of different grids comparable."""
 
     a: float
     b: float
     c: float
+    x0: float
     x_lo: float  # the measured range of ln N
     x_hi: float
     problem: str | None
 
     @property
+    def vertex(self) -> float:
+        """ln N*."""
+        return self.x0 - self.b / (2 * self.a)
+
+    @property
     def n_star(self) -> float:
-        return math.exp(-self.b / (2 * self.a))
+        return math.exp(self.vertex)
 
     @property
     def l_star(self) -> float:
         return self.c - self.b * self.b / (4 * self.a)
 
     def loss(self, x: np.ndarray) -> np.ndarray:
-        return self.a * x * x + self.b * x + self.c
+        u = np.asarray(x, dtype=float) - self.x0
+        return self.a * u * u + self.b * u + self.c
+
+    def grad_vertex(self) -> np.ndarray:
+        """d ln N* / d(a, b, c)."""
+        return np.array([self.b / (2 * self.a**2), -1 / (2 * self.a), 0.0])
+
+    def grad_l_star(self) -> np.ndarray:
+        """d L* / d(a, b, c)."""
+        return np.array([self.b**2 / (4 * self.a**2), -self.b / (2 * self.a), 1.0])
+
+
+def _design(x: np.ndarray, x0: float) -> np.ndarray:
+    u = x - x0
+    return np.column_stack([u * u, u, np.ones_like(u)])
 
 
 def fit_parabola(params: np.ndarray, loss: np.ndarray) -> Fit | None:
@@ -68,64 +105,146 @@ def fit_parabola(params: np.ndarray, loss: np.ndarray) -> Fit | None:
     needs three). Degenerate (see `Fit.problem`) when it opens downward or has its vertex outside the sizes."""
     x = np.log(np.asarray(params, dtype=float))
     y = np.asarray(loss, dtype=float)
-    if len(np.unique(x)) < 3:
+    sizes = np.unique(x)
+    if len(sizes) < 3:
         return None
-    a, b, c = (float(v) for v in np.polyfit(x, y, 2))
-    lo, hi = float(x.min()), float(x.max())
+    x0 = float(sizes.mean())
+    a, b, c = (float(v) for v in np.linalg.lstsq(_design(x, x0), y, rcond=None)[0])
+    lo, hi = float(sizes[0]), float(sizes[-1])
     problem = None
     if a <= 0:
         problem = "the parabola opens downward (no minimum)"
     else:
-        v = -b / (2 * a)
+        v = x0 - b / (2 * a)
         if v <= lo:
             problem = "the minimum is at the smallest width or below it"
         elif v >= hi:
             problem = "the minimum is at the largest width or above it"
-    return Fit(a, b, c, lo, hi, problem)
+    return Fit(a, b, c, x0, lo, hi, problem)
+
+
+def seed_terms(points: pd.DataFrame, fit: Fit) -> tuple[dict[int, float], dict[int, float]]:
+    """Each seed's linearised contribution to ln N* and to L*: its cluster's term of the least-squares sandwich,
+    (XᵀX)⁻¹·X_sᵀ·e_s, through the gradient of the vertex (the delta method). Over seeds each sums to zero;
+    `stats.seed_ci` turns them into an interval. With the same seed at every width this is exactly the spread of
+    the parabolas fitted to each seed alone."""
+    x = np.log(points["params"].to_numpy(float))
+    y = points["final"].to_numpy(float)
+    seed = points["seed"].to_numpy()
+    design = _design(x, fit.x0)
+    gram = design.T @ design
+    resid = y - design @ np.array([fit.a, fit.b, fit.c])
+    gv, gl = fit.grad_vertex(), fit.grad_l_star()
+    log_n, l_star = {}, {}
+    for s in sorted(set(seed.tolist())):
+        mine = seed == s
+        psi = np.linalg.solve(gram, design[mine].T @ resid[mine])
+        log_n[int(s)], l_star[int(s)] = float(gv @ psi), float(gl @ psi)
+    return log_n, l_star
+
+
+def _mean_terms(points: pd.DataFrame) -> dict[int, float]:
+    """Each seed's contribution to the mean of these runs (their residuals over the run count)."""
+    y = points["final"].to_numpy(float)
+    resid = y - y.mean()
+    seed = points["seed"].to_numpy()
+    return {int(s): float(resid[seed == s].sum()) / len(y) for s in sorted(set(seed.tolist()))}
 
 
 @dataclass(frozen=True)
 class Optimum:
-    """The compute-optimal point of one (architecture, budget) with its bootstrap: percentile CIs over the resamples
-    whose fit had a minimum inside the widths, and the share that did not."""
+    """The compute-optimal point of one (architecture, budget): its parabola, its class (`status`: OK, MISFIT, EDGE,
+    DEGENERATE or NONE) with the reasons, each seed's contribution to ln N* and L*, and the t-intervals over seeds
+    (None below two seeds, or without a vertex inside the widths)."""
 
     fit: Fit | None
-    n_lo: float | None
-    n_hi: float | None
-    l_lo: float | None
-    l_hi: float | None
-    boot_l: np.ndarray  # L* of each resample (NaN where the resample's fit was degenerate)
-    degenerate_share: float | None  # of the resamples (None: no bootstrap, one seed per width)
+    status: str
+    reasons: tuple[str, ...]
+    seeds_log_n: Mapping[int, float] = field(default_factory=dict)
+    seeds_l: Mapping[int, float] = field(default_factory=dict)
+    n_lo: float | None = None
+    n_hi: float | None = None
+    l_lo: float | None = None
+    l_hi: float | None = None
 
     @property
     def ok(self) -> bool:
-        return self.fit is not None and self.fit.problem is None
+        return self.status == OK
+
+    @property
+    def has_vertex(self) -> bool:
+        """A minimum inside the widths (ok, misfit or edge): N* and L* can be stated, if not relied on."""
+        return self.status in (OK, MISFIT, EDGE)
 
 
-def optimum(points: pd.DataFrame, n_boot: int = BOOTSTRAP, seed: int = BOOTSTRAP_SEED) -> Optimum:
-    """Fit one (architecture, budget)'s points (columns params, final, width) and bootstrap it: each width's runs
-    resampled with replacement, as many as it has. Without two runs at every width there is no bootstrap."""
+def optimum(points: pd.DataFrame) -> Optimum:
+    """Fit one (architecture, budget)'s runs (columns params, final, width, seed), classify the fit and give N* and
+    L* their t-intervals over seeds.
+
+    Edge, when the grid does not pin the minimum down: it lies in the outermost interval of widths (one width or
+    none beyond it on that side, so where the loss turns is set by that one width and the curvature the other side
+    gives), or leaving out any one width makes the fit degenerate. Misfit, when L* lies above the lowest width mean
+    and the seeds' noise cannot account for it (the 95% interval of the difference, paired by seed, lies above 0;
+    with one seed, any excess): the parabola does not describe the bottom of the curve, and the smallest loss a
+    size reached at this budget is below the "optimum". The bare comparison is not used: the lowest of several
+    noisy means lies below the curve it samples, so it would flag about half of the fits whose minimum sits at a
+    measured width."""
     fit = fit_parabola(points["params"].to_numpy(float), points["final"].to_numpy(float))
-    empty = np.full(0, np.nan)
-    groups = [g for _, g in points.groupby("width", sort=True)]
-    if fit is None or fit.problem is not None or min(len(g) for g in groups) < 2:
-        return Optimum(fit, None, None, None, None, empty, None)
-    rng = np.random.default_rng(seed)
-    ns, ls = np.full(n_boot, np.nan), np.full(n_boot, np.nan)
-    for i in range(n_boot):
-        idx = [rng.integers(0, len(g), len(g)) for g in groups]
-        p = np.concatenate([g["params"].to_numpy(float)[j] for g, j in zip(groups, idx)])
-        y = np.concatenate([g["final"].to_numpy(float)[j] for g, j in zip(groups, idx)])
-        f = fit_parabola(p, y)
-        if f is not None and f.problem is None:
-            ns[i], ls[i] = f.n_star, f.l_star
-    good = ~np.isnan(ns)
-    share = 1.0 - float(good.mean())
-    if good.sum() < 2:
-        return Optimum(fit, None, None, None, None, ls, share)
-    n_lo, n_hi = np.percentile(ns[good], [2.5, 97.5])
-    l_lo, l_hi = np.percentile(ls[good], [2.5, 97.5])
-    return Optimum(fit, float(n_lo), float(n_hi), float(l_lo), float(l_hi), ls, share)
+    if fit is None:
+        return Optimum(None, NONE, (NO_FIT,))
+    if fit.problem is not None:
+        return Optimum(fit, DEGENERATE, (fit.problem,))
+    log_n, l_terms = seed_terms(points, fit)
+    edge: list[str] = []
+    sizes = sorted(set(np.log(points["params"].to_numpy(float)).tolist()))
+    if fit.vertex < sizes[1]:
+        edge.append("the minimum lies between the two smallest widths")
+    elif fit.vertex > sizes[-2]:
+        edge.append("the minimum lies between the two largest widths")
+    fragile = []
+    widths = sorted(set(points["width"]))
+    for w in widths:
+        rest = points[points["width"] != w]
+        if rest["width"].nunique() < 3:
+            continue
+        f = fit_parabola(rest["params"].to_numpy(float), rest["final"].to_numpy(float))
+        if f is not None and f.problem is not None:
+            fragile.append(str(w))
+    if fragile:
+        which = fragile[0] if len(fragile) == 1 else ", ".join(fragile[:-1]) + " or " + fragile[-1]
+        edge.append(f"leaving out width {which} makes it degenerate")
+    means = points.groupby("width")["final"].mean()
+    best = means.idxmin()
+    excess = stats.seed_ci(
+        fit.l_star - float(means[best]), [(1.0, l_terms), (-1.0, _mean_terms(points[points["width"] == best]))]
+    )
+    misfit = excess.estimate > 0 and (excess.lo is None or excess.lo > 0)
+    reasons = list(edge)
+    if misfit:
+        beyond = "" if excess.lo is None else " beyond the seeds' noise"
+        reasons.append(f"L* {fnum(fit.l_star)} lies above the width-{best} mean {fnum(means[best])}{beyond}")
+    status = EDGE if edge else MISFIT if misfit else OK
+    n_ci = stats.seed_ci(fit.vertex, [(1.0, log_n)])
+    l_ci = stats.seed_ci(fit.l_star, [(1.0, l_terms)])
+    return Optimum(
+        fit,
+        status,
+        tuple(reasons),
+        log_n,
+        l_terms,
+        None if n_ci.lo is None else math.exp(n_ci.lo),
+        None if n_ci.hi is None else math.exp(n_ci.hi),
+        l_ci.lo,
+        l_ci.hi,
+    )
+
+
+class Curve(Protocol):
+    """A fitted loss against compute over the budgets it was fitted to."""
+
+    budgets: tuple[float, ...]
+
+    def loss(self, c: np.ndarray) -> np.ndarray: ...
 
 
 @dataclass(frozen=True)
@@ -142,8 +261,9 @@ class PowerLaw:
 
 def fit_power_law(budgets: list[float], losses: list[float]) -> PowerLaw | None:
     """L*(C) = E + A·C^(−α) through the compute-optimal losses (E ≥ 0, A ≥ 0, 0 ≤ α ≤ 5), or None with fewer than
-    three budgets or when the fit does not converge."""
-    if len(budgets) < 3:
+    four budgets (three parameters pass exactly through three points, leaving nothing to judge them by) or when the
+    fit does not converge."""
+    if len(budgets) < MIN_SATURATING_BUDGETS:
         return None
     from scipy.optimize import curve_fit  # scipy: loaded only when there is a curve to fit
 
@@ -164,7 +284,38 @@ def fit_power_law(budgets: list[float], losses: list[float]) -> PowerLaw | None:
     return PowerLaw(float(popt[0]), float(popt[1]), float(popt[2]), c0, tuple(float(b) for b in budgets))
 
 
-def crossing(p: PowerLaw, q: PowerLaw) -> tuple[float, float, list[float]]:
+@dataclass(frozen=True)
+class Slope:
+    """ln y = intercept + slope·ln C, least squares over the budgets, with the slope's t-interval over seeds: each
+    seed's contributions to the budgets' ln y, weighted as the slope weighs them, paired across budgets (a seed's
+    data stream is the same at every budget)."""
+
+    slope: float
+    intercept: float
+    lo: float | None
+    hi: float | None
+    budgets: tuple[float, ...]  # the compute C of each point (FLOPs spent at N*)
+
+    def loss(self, c: np.ndarray) -> np.ndarray:
+        """y at C (named for the `Curve` protocol, which the crossing of two L* fits reads)."""
+        return np.exp(self.intercept + self.slope * np.log(np.asarray(c, dtype=float)))
+
+
+def fit_slope(cs: Sequence[float], ys: Sequence[float], terms: Sequence[Mapping[int, float]]) -> Slope | None:
+    """The line through (ln C, ln y) with `terms[i]` each seed's contribution to ln y at C = cs[i]; None with fewer
+    than three points (through two a line is exact)."""
+    if len(cs) < MIN_SLOPE_BUDGETS:
+        return None
+    u = np.log(np.asarray(cs, dtype=float))
+    y = np.asarray(ys, dtype=float)
+    d = u - u.mean()
+    w = d / float(d @ d)
+    slope = float(w @ y)
+    ci = stats.seed_ci(slope, [(float(wi), t) for wi, t in zip(w, terms)])
+    return Slope(slope, float(y.mean() - slope * u.mean()), ci.lo, ci.hi, tuple(float(c) for c in cs))
+
+
+def crossing(p: Curve, q: Curve) -> tuple[float, float, list[float]]:
     """(lo, hi, budgets) where the two fits cross inside the budgets both were measured at, [lo, hi]."""
     lo, hi = max(min(p.budgets), min(q.budgets)), min(max(p.budgets), max(q.budgets))
     if hi <= lo:
@@ -175,16 +326,31 @@ def crossing(p: PowerLaw, q: PowerLaw) -> tuple[float, float, list[float]]:
     return lo, hi, [float(math.sqrt(grid[i] * grid[i + 1])) for i in flips]
 
 
+def interp_loglog(x: Sequence[float], y: Sequence[float], at: float) -> tuple[float, float] | None:
+    """(y, d ln y / d ln x) at x = `at` on the broken line through the points in log-log, its end segments extended;
+    None with fewer than two distinct positive x. Piecewise rather than one straight line: non-embedding parameters
+    are not a power law of all parameters (the embedding grows with the width, the blocks with its square)."""
+    pts = sorted({float(a): float(b) for a, b in zip(x, y) if a > 0 and b > 0}.items())
+    if len(pts) < 2 or not at > 0:
+        return None
+    lx = np.log([p[0] for p in pts])
+    ly = np.log([p[1] for p in pts])
+    t = math.log(at)
+    i = int(np.clip(np.searchsorted(lx, t) - 1, 0, len(lx) - 2))
+    k = float((ly[i + 1] - ly[i]) / (lx[i + 1] - lx[i]))
+    return float(math.exp(ly[i] + k * (t - lx[i]))), k
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Frames
 
 
 def points_frame(frames: Frames) -> pd.DataFrame:
     """One row per done run an IsoFLOP plan reached at this preset: its grid point (architecture entry, width,
-    budget), seed, final loss, unique and effective parameters, tokens, epochs and the training FLOPs it spent. The
-    reported plan's runs when it is an IsoFLOP plan, else every IsoFLOP plan's."""
-    cols = ["plan", "name", "arch", "width", "budget", "seed", "run_id", "final", "params", "effective", "tokens"]
-    cols += ["epochs", "spent", "on_budget"]
+    budget), seed, final loss, unique, non-embedding and effective parameters, tokens, epochs and the training FLOPs
+    it spent. The reported plan's runs when it is an IsoFLOP plan, else every IsoFLOP plan's."""
+    cols = ["plan", "name", "arch", "width", "budget", "seed", "run_id", "final", "params", "non_embedding"]
+    cols += ["effective", "tokens", "epochs", "spent", "on_budget"]
     ctx, pr = frames.ctx, frames.data.plan_runs
     if pr is None or pr.empty or ctx.done.empty or "isoflop_budget" not in pr:
         return pd.DataFrame(columns=cols)
@@ -197,6 +363,7 @@ def points_frame(frames: Frames) -> pd.DataFrame:
     pr = pr[pr["plan"] == chosen]
     done = ctx.done.set_index("id")
     spent = spent_flops(frames)
+    acc = _accounting(frames)  # each model's parameters by component, from its config
     rows = []
     seen: set[tuple[str, float]] = set()
     for r in pr.to_dict("records"):
@@ -205,6 +372,8 @@ def points_frame(frames: Frames) -> pd.DataFrame:
             continue
         seen.add((rid, float(r["isoflop_budget"])))
         d = done.loc[rid]
+        parts = acc.get(d["model"], {})
+        total, emb = _num(parts.get("total_params")), _num(parts.get("embedding"))
         tokens = _num(d.get("tokens_seen"))
         split = _num(d.get("data_train_tokens"))
         fpt = _num(d.get("flops_per_token"))
@@ -220,6 +389,8 @@ def points_frame(frames: Frames) -> pd.DataFrame:
                 "run_id": rid,
                 "final": _num(d.get("final_val_loss")),
                 "params": _num(d.get("n_params")),
+                # without a rebuilt config (another benchctl's) the embedding's share is unknown
+                "non_embedding": total - emb if total is not None and emb is not None else None,
                 "effective": _num(d.get("effective_params")),
                 "tokens": tokens,
                 "epochs": tokens / split if tokens and split else None,
@@ -256,15 +427,30 @@ def names_in_order(pts: pd.DataFrame) -> list[str]:
     return sorted(names, key=lambda n: (n != CONTROL, names.index(n)))
 
 
-OPTIMA_COLUMNS = ["name", "budget", "widths", "runs", "max_epochs", "n_star", "l_star", "n_lo", "n_hi", "l_lo", "l_hi"]
-OPTIMA_COLUMNS += ["tok_per_param", "tok_per_eff", "degenerate_share", "problem"]
+OPTIMA_COLUMNS = ["name", "budget", "widths", "runs", "seeds", "max_epochs", "status", "problem", "n_star", "n_lo"]
+OPTIMA_COLUMNS += ["n_hi", "ne_star", "ne_lo", "ne_hi", "l_star", "l_lo", "l_hi", "c_spent", "tok_per_param"]
+OPTIMA_COLUMNS += ["tok_per_eff"]
 
 
-def optima_frame(pts: pd.DataFrame) -> tuple[pd.DataFrame, dict[tuple[str, float], Optimum]]:
-    """One row per (architecture entry, budget): the widths fitted, N* and L* with their CIs, tokens per unique and
-    per effective parameter at N*, the most epochs of its runs and why the fit is degenerate (if it is)."""
+@dataclass(frozen=True)
+class Point:
+    """One (architecture, budget)'s optimum with what the fits against compute read besides it: the FLOPs its runs
+    spent at N* (the budget where a run recorded none), and ln N* (non-embedding) with each seed's contribution to
+    it (those to ln N* and L* are the optimum's)."""
+
+    opt: Optimum
+    c_spent: float
+    log_ne: float | None
+    seeds_log_ne: Mapping[int, float]
+
+
+def optima_frame(pts: pd.DataFrame) -> tuple[pd.DataFrame, dict[tuple[str, float], Point]]:
+    """One row per (architecture entry, budget): the widths fitted, the class of the fit and why, N* (unique and
+    non-embedding) and L* with their CIs, the FLOPs spent at N*, tokens per unique and per effective parameter at
+    N* and the most epochs of its runs. N* and L* are given for every fit with a minimum inside the widths, ok or
+    not; only ok ones enter anything else."""
     rows = []
-    opts: dict[tuple[str, float], Optimum] = {}
+    points: dict[tuple[str, float], Point] = {}
     order = names_in_order(pts)
     for budget in sorted(set(pts["budget"])):
         for name in order:
@@ -272,33 +458,51 @@ def optima_frame(pts: pd.DataFrame) -> tuple[pd.DataFrame, dict[tuple[str, float
             if g.empty:
                 continue
             o = optimum(g)
-            opts[(name, budget)] = o
-            row: dict[str, Any] = {
-                "name": name,
-                "budget": budget,
-                "widths": g["width"].nunique(),
-                "runs": len(g),
-                "max_epochs": g["epochs"].max() if g["epochs"].notna().any() else None,
-                "n_star": None,
-                "l_star": None,
-                "n_lo": o.n_lo,
-                "n_hi": o.n_hi,
-                "l_lo": o.l_lo,
-                "l_hi": o.l_hi,
-                "tok_per_param": None,
-                "tok_per_eff": None,
-                "degenerate_share": o.degenerate_share,
-                "problem": NO_FIT if o.fit is None else o.fit.problem,
-            }
-            if o.ok and o.fit is not None:
+            row: dict[str, Any] = dict.fromkeys(OPTIMA_COLUMNS)
+            row.update(
+                {
+                    "name": name,
+                    "budget": budget,
+                    "widths": g["width"].nunique(),
+                    "runs": len(g),
+                    "seeds": g["seed"].nunique(),
+                    "max_epochs": g["epochs"].max() if g["epochs"].notna().any() else None,
+                    "status": o.status,
+                    "problem": "; ".join(o.reasons) if o.reasons else None,
+                    "c_spent": budget,
+                }
+            )
+            log_ne, seeds_ne = None, {}
+            if o.has_vertex and o.fit is not None:
                 n = o.fit.n_star
-                row["n_star"], row["l_star"] = n, o.fit.l_star
+                row.update({"n_star": n, "n_lo": o.n_lo, "n_hi": o.n_hi, "l_star": o.fit.l_star})
+                row.update({"l_lo": o.l_lo, "l_hi": o.l_hi})
+                per_width = g[["width", "params", "non_embedding", "spent"]].apply(pd.to_numeric, errors="coerce")
+                per_width = per_width.groupby("width").mean()
+                ne = _at_size(per_width, "non_embedding", n)
+                if ne is not None:
+                    log_ne, seeds_ne = math.log(ne[0]), {s: ne[1] * v for s, v in o.seeds_log_n.items()}
+                    row["ne_star"] = ne[0]
+                    for end in ("lo", "hi"):  # a monotone map: the interval's ends map to the interval
+                        got = _at_size(per_width, "non_embedding", row[f"n_{end}"])
+                        row[f"ne_{end}"] = None if got is None else got[0]
+                spent = _at_size(per_width, "spent", n)
+                row["c_spent"] = budget if spent is None else spent[0]
                 tokens = _loglog(g["params"], g["tokens"], n)
                 eff = _loglog(g["params"], g["effective"], n)
                 row["tok_per_param"] = tokens / n if tokens else None
                 row["tok_per_eff"] = tokens / eff if tokens and eff else None
+            points[(name, budget)] = Point(o, float(row["c_spent"]), log_ne, seeds_ne)
             rows.append(row)
-    return pd.DataFrame(rows, columns=OPTIMA_COLUMNS), opts
+    return pd.DataFrame(rows, columns=OPTIMA_COLUMNS), points
+
+
+def _at_size(per_width: pd.DataFrame, col: str, n: Any) -> tuple[float, float] | None:
+    """`interp_loglog` of a per-width column at size n; None when n is missing or a width lacks the column (a run
+    that recorded no spent FLOPs, a config another benchctl wrote)."""
+    if missing(n) or not per_width[col].notna().all():
+        return None
+    return interp_loglog(per_width["params"].tolist(), per_width[col].tolist(), float(n))
 
 
 def _loglog(x: pd.Series, y: pd.Series, at: float) -> float | None:
@@ -312,14 +516,39 @@ def _loglog(x: pd.Series, y: pd.Series, at: float) -> float | None:
     return float(math.exp(k * math.log(at) + m))
 
 
-def power_laws(opt: pd.DataFrame, order: list[str]) -> dict[str, PowerLaw | None]:
-    """Per architecture entry, in `order`: the power law through its usable optima (None with fewer than 3)."""
-    out: dict[str, PowerLaw | None] = {}
+@dataclass(frozen=True)
+class Laws:
+    """An architecture's fits against compute through its ok optima: N* ∝ C^a (unique and non-embedding
+    parameters), L* ∝ C^b, and L* = E + A·C^(−α) from four budgets."""
+
+    budgets: int  # ok optima
+    n: Slope | None
+    ne: Slope | None
+    loss: Slope | None
+    saturating: PowerLaw | None
+
+
+def power_laws(points: dict[tuple[str, float], Point], order: list[str]) -> dict[str, Laws]:
+    """Per architecture entry with any point, in `order`: its fits against compute, C the FLOPs spent at N*."""
+    out: dict[str, Laws] = {}
     for name in order:
-        if name not in set(opt["name"]):  # no run of it near a budget
+        mine = [p for (n, _), p in sorted(points.items(), key=lambda kv: kv[0][1]) if n == name]
+        if not mine:  # no run of it near a budget
             continue
-        g = opt[(opt["name"] == name) & opt["l_star"].notna()]
-        out[str(name)] = fit_power_law(list(g["budget"]), list(g["l_star"]))
+        ok = [p for p in mine if p.opt.ok and p.opt.fit is not None]
+        cs = [p.c_spent for p in ok]
+        fits = [p.opt.fit for p in ok if p.opt.fit is not None]
+        n = fit_slope(cs, [f.vertex for f in fits], [p.opt.seeds_log_n for p in ok])
+        with_ne = [p for p in ok if p.log_ne is not None]
+        ne = (
+            fit_slope(cs, [p.log_ne for p in ok if p.log_ne is not None], [p.seeds_log_ne for p in ok])
+            if len(with_ne) == len(ok)
+            else None
+        )
+        l_terms = [{s: v / f.l_star for s, v in p.opt.seeds_l.items()} for p, f in zip(ok, fits)]
+        lo = fit_slope(cs, [math.log(f.l_star) for f in fits], l_terms) if all(f.l_star > 0 for f in fits) else None
+        sat = fit_power_law(cs, [f.l_star for f in fits])
+        out[str(name)] = Laws(len(ok), n, ne, lo, sat)
     return out
 
 
@@ -340,6 +569,8 @@ def _ci(lo: Any, hi: Any, fmt: Any) -> str:
 def _params(x: Any) -> str:
     if missing(x):
         return "-"
+    if float(x) < 1e3:  # an interval's end extended below the widths can be this small
+        return f"{float(x):,.0f}"
     return f"{float(x) / 1e6:,.2f} M" if float(x) >= 1e6 else f"{float(x) / 1e3:,.1f} k"
 
 
@@ -359,30 +590,36 @@ def scaling_section(frames: Frames) -> list[str]:
         "training-compute budget C every architecture was trained at several widths, each on the tokens C buys "
         "(steps set from benchctl's analytic FLOP count; an architecture whose depth depends on the data spends at "
         "most that). The final validation loss is fitted with a parabola in ln N (N: unique parameters); its "
-        "minimum is the compute-optimal size N*(C) and loss L*(C). 95% CIs are percentile intervals of a bootstrap "
-        f"over the runs ({BOOTSTRAP} resamples, each width's seeds drawn with replacement); with one seed per width "
-        "there is none. A fit whose parabola opens downward or whose minimum lies at or beyond the smallest or "
-        "largest width is degenerate: it is listed, and used nowhere else."
+        "minimum is the compute-optimal size N*(C) and loss L*(C). 95% CIs are delta-method t-intervals over seeds "
+        "(k − 1 degrees of freedom for k seeds): at one seed every width, budget and architecture trains on the "
+        "same data stream, so the seed, not the run, is the independent unit; with one seed there is none. Each "
+        "fit is classed degenerate (the parabola opens downward, or its minimum lies at or beyond the smallest or "
+        "largest width), edge (its minimum lies between the two smallest or the two largest widths, or leaving out "
+        "one width makes the fit degenerate: the grid does not pin it down), misfit (L* lies above the lowest width "
+        "mean beyond the seeds' noise) or ok. Only ok fits enter the fits against compute and the comparisons with "
+        "the control; the others are listed. The fits against compute place each optimum at the training FLOPs its "
+        "runs spent at N*, not at the nominal budget: less than the budget for an architecture whose depth depends "
+        "on the data."
     )
     out.append("")
     out += _points_table(pts)
     out += _time_lines(frames, pts)
-    opt, opts = optima_frame(pts)
+    opt, points = optima_frame(pts)
     # one order of the architectures in every table and sentence (opt is budget-major, and a budget that only some
     # have reached yet would put those first)
     order = names_in_order(pts)
-    laws = power_laws(opt, order)
-    frames.figures[FIGURE] = _figure_isoflop(frames, pts, opt, opts, laws)
+    laws = power_laws(points, order)
+    frames.figures[FIGURE] = _figure_isoflop(frames, pts, opt, points, laws)
     out += [f"![IsoFLOP curves and compute-optimal loss](figures/{FIGURE})", ""]
-    out += _optima_table(opt)
-    out += _law_table(opt, laws)
-    out += _sentences(opt, opts, laws, order)
+    out += _optima_table(opt, pts)
+    out += _law_table(laws)
+    out += _sentences(opt, points, laws, order)
     return out
 
 
 def _points_table(pts: pd.DataFrame) -> list[str]:
-    headers = ["budget (FLOPs)", "architecture", "width", "unique params", "effective params", "tokens", "epochs"]
-    headers += ["spent / budget", "seeds", "final val loss (mean)", "min to max"]
+    headers = ["budget (FLOPs)", "architecture", "width", "unique params", "non-embedding", "effective params"]
+    headers += ["tokens", "epochs", "spent / budget", "seeds", "final val loss (mean)", "min to max"]
     rows = []
     for (budget, name, width), g in pts.groupby(["budget", "name", "width"], sort=False):
         spent = g["spent"].dropna()
@@ -396,6 +633,7 @@ def _points_table(pts: pd.DataFrame) -> list[str]:
                     name,
                     width,
                     fint(g["params"].iloc[0]),
+                    fint(g["non_embedding"].iloc[0]),
                     fint(g["effective"].iloc[0]),
                     fint(g["tokens"].mean()),
                     "-" if g["epochs"].isna().all() else fnum(g["epochs"].max(), 2),
@@ -415,7 +653,8 @@ def _points_table(pts: pd.DataFrame) -> list[str]:
         "before benchctl recorded the split's size). Spent / budget is the training FLOPs the runs recorded over the "
         "budget their steps were set for: 1 up to the rounding of the steps, below 1 for an architecture whose "
         f"depth depends on the data; a run whose analytic FLOPs miss the budget by more than {OFF_BUDGET:.0%} "
-        "(too few steps) is listed but not fitted. Effective parameters count every use of a shared block."
+        "(too few steps) is listed but not fitted. Non-embedding parameters are the unique ones outside the token "
+        "embedding (which the output head shares); effective parameters count every use of a shared block."
     )
     lines.append("")
     return lines
@@ -468,68 +707,99 @@ def _time_lines(frames: Frames, pts: pd.DataFrame) -> list[str]:
     )
 
 
-def _optima_table(opt: pd.DataFrame) -> list[str]:
-    headers = ["budget (FLOPs)", "architecture", "widths", "N* (unique)", "95% CI", "L*", "95% CI"]
-    headers += ["tokens / N*", "tokens / effective N*", "max epochs", "fit"]
+def _fit_note(r: dict[str, Any]) -> str:
+    problem = "" if missing(r["problem"]) else str(r["problem"])
+    return str(r["status"]) + (f": {problem}" if problem else "")
+
+
+def _optima_table(opt: pd.DataFrame, pts: pd.DataFrame) -> list[str]:
+    headers = ["budget (FLOPs)", "architecture", "widths", "seeds", "N* (unique)", "95% CI", "N* (non-embedding)"]
+    headers += ["95% CI", "L*", "95% CI", "C spent at N*", "tokens / N*", "tokens / effective N*", "max epochs", "fit"]
     rows = []
     for r in opt.to_dict("records"):
-        # pandas stores a text column's None as NaN once any row has a text: `missing`, not `is None`
-        problem = None if missing(r["problem"]) else str(r["problem"])
-        note = "ok" if problem is None else f"degenerate: {problem}"
-        if problem == NO_FIT:
-            note = f"no fit: {NO_FIT}"
-        if problem is None and not missing(r["degenerate_share"]) and r["degenerate_share"] > 0:
-            note += f" ({r['degenerate_share']:.0%} of resamples degenerate, left out of the CIs)"
         rows.append(
             [
                 flops(r["budget"]),
                 r["name"],
                 r["widths"],
+                r["seeds"],
                 _params(r["n_star"]),
                 _ci(r["n_lo"], r["n_hi"], _params),
+                _params(r["ne_star"]),
+                _ci(r["ne_lo"], r["ne_hi"], _params),
                 fnum(r["l_star"]),
                 _ci(r["l_lo"], r["l_hi"], fnum),
+                "-" if missing(r["n_star"]) else f"{flops(r['c_spent'])} ({r['c_spent'] / r['budget']:.2f})",
                 _sig(r["tok_per_param"]),
                 _sig(r["tok_per_eff"]),
                 fnum(r["max_epochs"], 2),
-                note,
+                _fit_note(r),
             ]
         )
     lines = ["### Compute-optimal size and loss", ""]
     lines += md_table(headers, rows, right=[0, *range(2, len(headers) - 1)]) + [""]
+    share = (1 - pd.to_numeric(pts["non_embedding"], errors="coerce") / pts["params"]).dropna()
+    embedding = (
+        f" The embedding is {share.min():.0%} to {share.max():.0%} of the unique parameters across this grid, so N* "
+        "mostly follows the embedding's width; the non-embedding column shows what the blocks hold."
+        if not share.empty
+        else ""
+    )
     lines.append(
-        "N* and L* are the vertex of the parabola through the budget's runs; tokens / N* and tokens / effective N* "
-        "are the tokens a run of size N* trains on at that budget (interpolated in log-log between the widths) per "
-        "unique and per effective parameter. Max epochs is the most passes over the training split among the "
-        "point's runs."
+        "N* and L* are the vertex of the parabola through the budget's runs, given for edge and misfit fits too (the "
+        "grid does not support them); N* (non-embedding) is the parameters outside the embedding of a model of "
+        "size N*, interpolated in log-log between the widths, its CI the ends of N*'s mapped the same way."
+        + embedding
+        + " C spent at N* is the training FLOPs of a run of size N* (interpolated between the widths' runs; in "
+        "brackets over the budget): the budget within the rounding of the steps for a fixed-depth architecture, "
+        "less for one whose depth depends on the data, whose runs are compared at their nominal budget but placed "
+        "at what they spent in the fits against compute. Tokens / N* and tokens / effective N* are the tokens a "
+        "run of size N* trains on at that budget (a straight line in log-log through the widths) per unique and "
+        "per effective parameter. Max epochs is the most passes over the training split among the point's runs."
     )
     lines.append("")
     return lines
 
 
-def _law_table(opt: pd.DataFrame, laws: dict[str, PowerLaw | None]) -> list[str]:
-    lines = ["### L*(C) = E + A·C^(−α)", ""]
+def _slope_cells(fit: Slope | None) -> list[str]:
+    if fit is None:
+        return ["-", "-"]
+    return [fnum(fit.slope), _ci(fit.lo, fit.hi, fnum)]
+
+
+def _law_table(laws: dict[str, Laws]) -> list[str]:
+    lines = ["### Scaling with compute", ""]
     rows = []
     for name, law in laws.items():
-        n_ok = int(opt[(opt["name"] == name)]["l_star"].notna().sum())
-        if law is None:
-            why = "fewer than 3 budgets with an optimum" if n_ok < 3 else "the fit did not converge"
-            rows.append([name, n_ok, "-", "-", "-", why])
-            continue
-        exact = " (3 points, 3 parameters: an exact fit, nothing left to judge it by)" if n_ok == 3 else ""
-        rows.append([name, n_ok, fnum(law.e), f"{law.a:.3f} at C = {flops(law.c0)}", fnum(law.alpha), f"fitted{exact}"])
-    lines += md_table(["architecture", "budgets", "E", "A", "α", "fit"], rows, right=range(1, 5)) + [""]
+        if law.saturating is None and law.budgets >= MIN_SATURATING_BUDGETS:
+            sat = "did not converge"
+        elif law.saturating is None:
+            sat = f"needs {MIN_SATURATING_BUDGETS} budgets with an ok fit"
+            if law.budgets == MIN_SATURATING_BUDGETS - 1:
+                sat += f" (through {law.budgets} its 3 parameters are exact)"
+        else:
+            p = law.saturating
+            sat = f"E = {fnum(p.e)}, A = {p.a:.3f} at C = {flops(p.c0)}, α = {fnum(p.alpha)}"
+        rows.append([name, law.budgets, *_slope_cells(law.n), *_slope_cells(law.ne), *_slope_cells(law.loss), sat])
+    headers = ["architecture", "ok budgets", "a: N* ∝ C^a", "95% CI", "a (non-embedding N*)", "95% CI"]
+    headers += ["b: L* ∝ C^b", "95% CI", "L* = E + A·C^(−α)"]
+    lines += md_table(headers, rows, right=range(1, 8)) + [""]
     lines.append(
-        "Fitted by least squares to the compute-optimal losses of the budgets whose fit is not degenerate, with "
-        "C in units of the smallest such budget (A is the excess over E there); E and α are point estimates "
-        "without CIs, and describe only the measured budgets."
+        "Least squares of ln N*, ln N* (non-embedding) and ln L* on ln C over the budgets whose fit is ok (from "
+        f"{MIN_SLOPE_BUDGETS} of them), with C the training FLOPs spent at N*. The 95% CIs are t-intervals over "
+        "seeds: each seed's contribution to every budget's optimum, weighted as the slope weighs the budgets, summed "
+        "seed by seed (a seed's data stream is the same at every budget). They cover the seeds' noise in the optima, "
+        "not how far N*(C) is from a power law, and describe only the measured budgets. L* ∝ C^b is a local slope, "
+        "since loss has a floor; E + A·C^(−α) models it, fitted by least squares from "
+        f"{MIN_SATURATING_BUDGETS} ok budgets (E ≥ 0, 0 ≤ α ≤ 5, C in units of the smallest, A the excess over E "
+        "there), as point estimates without CIs."
     )
     lines.append("")
     return lines
 
 
 def _sentences(
-    opt: pd.DataFrame, opts: dict[tuple[str, float], Optimum], laws: dict[str, PowerLaw | None], order: list[str]
+    opt: pd.DataFrame, points: dict[tuple[str, float], Point], laws: dict[str, Laws], order: list[str]
 ) -> list[str]:
     names = [n for n in order if n in set(opt["name"])]
     if CONTROL not in names or len(names) < 2:
@@ -540,68 +810,80 @@ def _sentences(
             continue
         parts = []
         for budget in sorted(set(opt["budget"])):
-            a, c = opts.get((name, budget)), opts.get((CONTROL, budget))
+            a, c = points.get((name, budget)), points.get((CONTROL, budget))
             if a is None or c is None:
                 continue
             parts.append(_at_budget(name, budget, a, c))
-        law, base = laws.get(name), laws.get(CONTROL)
+        law = laws[name].loss if name in laws else None
+        base = laws[CONTROL].loss if CONTROL in laws else None
         if law is None or base is None:
             parts.append(
-                f"Whether the L*(C) fits of {name} and the control cross cannot be said: {_which_fit(name, law, base)}."
+                f"Whether the L* ∝ C^b fits of {name} and the control cross cannot be said: "
+                f"{_which_fit(name, law, base)}."
             )
         else:
             lo, hi, at = crossing(law, base)
             if hi <= lo:
-                parts.append(f"{name} and the control share no measured budget range to compare their fits over.")
+                parts.append(f"{name} and the control share no measured compute range to compare their fits over.")
             elif at:
                 where = ", ".join(f"C ≈ {flops(c)}" for c in at)
                 parts.append(
-                    f"The L*(C) fits of {name} and the control cross within the measured budgets ({flops(lo)} to "
-                    f"{flops(hi)}) at {where}."
+                    f"The L* ∝ C^b fits of {name} and the control cross within the compute both spent ({flops(lo)} "
+                    f"to {flops(hi)}) at {where}."
                 )
             else:
                 better = (
                     "below" if float(law.loss(np.array([lo]))[0]) < float(base.loss(np.array([lo]))[0]) else "above"
                 )
                 parts.append(
-                    f"The L*(C) fits of {name} and the control do not cross within the measured budgets "
-                    f"({flops(lo)} to {flops(hi)}): {name}'s stays {better} the control's there; beyond them the fits "
+                    f"The L* ∝ C^b fits of {name} and the control do not cross within the compute both spent "
+                    f"({flops(lo)} to {flops(hi)}): {name}'s stays {better} the control's there; beyond it the fits "
                     "say nothing."
                 )
         lines.append(f"- **{name}**: " + " ".join(parts))
     lines.append("")
     lines.append(
-        "Each difference is the recurrent architecture's compute-optimal loss minus the control's at the same "
-        "budget (negative: the recurrent one is better), with a 95% percentile CI from resampling both "
-        "architectures' runs independently; a difference is called one only when its CI excludes 0. These are "
-        "separate intervals, not corrected for their number."
+        "Each difference is the other architecture's compute-optimal loss minus the control's at the same budget "
+        "(negative: the other is better), with a 95% t-interval over seeds. At one seed both trained on the same "
+        "data stream, so each seed's contributions to the two L* are paired, and what the seed does to both cancels "
+        "(where the seeds differ the two are taken as independent). A difference is called one only when its CI "
+        "excludes 0; these are separate intervals, not corrected for their number. An architecture whose depth "
+        "depends on the data spent less than the budget it is compared at, as the sentence says."
     )
     lines.append("")
     return lines
 
 
-def _at_budget(name: str, budget: float, a: Optimum, c: Optimum) -> str:
+_NOT_OK = {DEGENERATE: "degenerate", EDGE: "at the edge of its widths", MISFIT: "a misfit"}
+
+
+def _at_budget(name: str, budget: float, a: Point, c: Point) -> str:
     at = f"At C = {flops(budget)}"
-    if not a.ok or not c.ok:
-        if a.fit is None and c.fit is None:
+    oa, oc = a.opt, c.opt
+    if not oa.ok or not oc.ok:
+        if oa.fit is None and oc.fit is None:
             return f"{at} there is no comparison: neither {name} nor the control has a fit ({NO_FIT})."
         why = [
-            f"{n} has no fit ({NO_FIT})" if o.fit is None else f"the fit of {n} is degenerate"
-            for n, o in ((name, a), ("the control", c))
+            f"{n} has no fit ({NO_FIT})" if o.fit is None else f"the fit of {n} is {_NOT_OK[o.status]}"
+            for n, o in ((name, oa), ("the control", oc))
             if not o.ok
         ]
         return f"{at} there is no comparison: {' and '.join(why)}."
-    assert a.fit is not None and c.fit is not None
-    diff = a.fit.l_star - c.fit.l_star
-    both = ~np.isnan(a.boot_l) & ~np.isnan(c.boot_l) if len(a.boot_l) and len(c.boot_l) else np.zeros(0, bool)
-    if both.sum() < 2:
-        return f"{at}, L* − L*(control) = {fnum(diff)} (no CI: needs two seeds at every width of both)."
-    lo, hi = np.percentile(a.boot_l[both] - c.boot_l[both], [2.5, 97.5])
-    ci = f"95% CI {fnum(lo)} to {fnum(hi)}"
-    if lo > 0 or hi < 0:
+    assert oa.fit is not None and oc.fit is not None
+    diff = oa.fit.l_star - oc.fit.l_star
+    spent = ""
+    ra, rc = a.c_spent / budget, c.c_spent / budget
+    if abs(ra - 1) > SPENT_NOTE or abs(rc - 1) > SPENT_NOTE:
+        spent = f"; {name} spent {ra:.2f} of the budget at its N*, the control {rc:.2f}"
+    ci = stats.seed_ci(diff, [(1.0, oa.seeds_l), (-1.0, oc.seeds_l)])
+    if ci.lo is None or ci.hi is None:
+        return f"{at}, L* − L*(control) = {fnum(diff)} (no CI: needs two seeds of each{spent})."
+    how = "" if ci.paired else ", seeds not paired"
+    text = f"95% CI {fnum(ci.lo)} to {fnum(ci.hi)}{how}{spent}"
+    if ci.lo > 0 or ci.hi < 0:
         word = "lower" if diff < 0 else "higher"
-        return f"{at} its compute-optimal loss is {word} than the control's by {fnum(abs(diff))} ({ci})."
-    return f"{at} its compute-optimal loss is not distinguishable from the control's (difference {fnum(diff)}, {ci})."
+        return f"{at} its compute-optimal loss is {word} than the control's by {fnum(abs(diff))} ({text})."
+    return f"{at} its compute-optimal loss is not distinguishable from the control's (difference {fnum(diff)}, {text})."
 
 
 def _colour(name: str, arch: str, order: list[str]) -> str:
@@ -614,20 +896,21 @@ def _figure_isoflop(
     frames: Frames,
     pts: pd.DataFrame,
     opt: pd.DataFrame,
-    opts: dict[tuple[str, float], Optimum],
-    laws: dict[str, PowerLaw | None],
+    points: dict[tuple[str, float], Point],
+    laws: dict[str, Laws],
 ) -> Any:
     """One panel per budget (loss against unique parameters, log axis, seeds as dots, fitted parabola, optimum as a
-    star) and a last panel with L*(C), its CIs and the power-law fits."""
+    star), then L*(C) and N*(C) at the compute spent with their CIs and the fits through the ok optima."""
     budgets = sorted(set(pts["budget"]))
     names = names_in_order(pts)
     arch_of = dict(zip(pts["name"], pts["arch"]))
     colour = {n: _colour(n, str(arch_of[n]), names) for n in names}
-    n_panels = len(budgets) + 1
+    n_panels = len(budgets) + 2
     cols = min(3, n_panels)
     rows_ = math.ceil(n_panels / cols)
+    line_style = {OK: "-", EDGE: "--", MISFIT: "--", DEGENERATE: ":"}
     with _style():
-        fig = _figure(4.6 * cols, 3.9 * rows_ + 0.8)
+        fig = _figure(min(4.4 * cols, MAX_FIG_WIDTH), 3.7 * rows_ + 0.9)
         axes = np.atleast_1d(fig.subplots(rows_, cols)).ravel()
         for ax, budget in zip(axes, budgets):
             for name in names:
@@ -638,68 +921,87 @@ def _figure_isoflop(
                 ax.scatter(g.loc[on, "params"], g.loc[on, "final"], s=14, color=colour[name], alpha=0.75, label=name)
                 if (~on).any():  # too few steps to reach the budget: drawn hollow, not fitted
                     ax.scatter(g.loc[~on, "params"], g.loc[~on, "final"], s=14, facecolors="none", color=colour[name])
-                o = opts.get((name, budget))
-                if o is not None and o.fit is not None:
-                    x = np.linspace(o.fit.x_lo, o.fit.x_hi, 100)
-                    style = "-" if o.ok else ":"
-                    ax.plot(np.exp(x), o.fit.loss(x), style, color=colour[name], linewidth=1.4)
-                    if o.ok:
-                        ax.plot(
-                            o.fit.n_star,
-                            o.fit.l_star,
-                            "*",
-                            color=colour[name],
-                            markersize=11,
-                            zorder=4,
-                            markeredgecolor="black",
-                            markeredgewidth=0.5,
-                        )
+                p = points.get((name, budget))
+                if p is None or p.opt.fit is None:
+                    continue
+                f = p.opt.fit
+                x = np.linspace(f.x_lo, f.x_hi, 100)
+                ax.plot(np.exp(x), f.loss(x), line_style[p.opt.status], color=colour[name], linewidth=1.4)
+                if p.opt.has_vertex:  # a filled star only where the optimum is relied on
+                    ax.plot(
+                        f.n_star,
+                        f.l_star,
+                        "*",
+                        markersize=11,
+                        zorder=4,
+                        markeredgecolor="black" if p.opt.ok else colour[name],
+                        markerfacecolor=colour[name] if p.opt.ok else "none",
+                        markeredgewidth=0.5 if p.opt.ok else 1.2,
+                    )
             ax.set_xscale("log")
             ax.xaxis.set_major_formatter(EngFormatter())
             ax.xaxis.set_minor_formatter(NullFormatter())
             ax.set_xlabel("unique parameters")
             ax.set_ylabel("final validation loss")
             ax.set_title(f"C = {flops(budget)} FLOPs", fontsize=11)
-        ax = axes[len(budgets)]
-        if not opt["l_star"].notna().any():
-            ax.text(
-                0.5,
-                0.5,
-                "no budget has a usable optimum\n(every fit is degenerate)",
-                ha="center",
-                va="center",
-                transform=ax.transAxes,
-                fontsize=10,
-                color="#555555",
-            )
-            ax.set_yticks([])
-            ax.set_xticks([])
-        for name in names:
-            g = opt[(opt["name"] == name) & opt["l_star"].notna()]
-            if g.empty:
+        ok = opt[opt["status"] == OK]
+        for ax, col, lo_col, hi_col, title in (
+            (axes[len(budgets)], "l_star", "l_lo", "l_hi", "L*(C) ± 95% CI, L* ∝ C^b"),
+            (axes[len(budgets) + 1], "n_star", "n_lo", "n_hi", "N*(C) ± 95% CI, N* ∝ C^a"),
+        ):
+            if ok.empty:
+                ax.text(
+                    0.5,
+                    0.5,
+                    "no budget has an ok optimum",
+                    ha="center",
+                    va="center",
+                    transform=ax.transAxes,
+                    fontsize=10,
+                    color="#555555",
+                )
+            for name in names:
+                g = ok[ok["name"] == name]
+                if g.empty:
+                    continue
+                y = g[col].astype(float)
+                lo = (y - g[lo_col].astype(float)).fillna(0).clip(lower=0)
+                hi = (g[hi_col].astype(float) - y).fillna(0).clip(lower=0)
+                ax.errorbar(g["c_spent"], y, yerr=[lo, hi], fmt="o", color=colour[name], capsize=3)
+                law = laws.get(name)
+                fit = None if law is None else (law.loss if col == "l_star" else law.n)
+                if fit is not None:
+                    c = np.geomspace(min(fit.budgets), max(fit.budgets), 100)
+                    ax.plot(c, fit.loss(c), "-", color=colour[name], linewidth=1.2)
+            ax.set_xscale("log")
+            ax.set_xlabel("training FLOPs spent at N*")
+            ax.set_ylabel("compute-optimal loss L*" if col == "l_star" else "compute-optimal size N*")
+            ax.set_title(title, fontsize=11)
+            if ok.empty:  # after the scale, which would bring its own ticks back
+                ax.set_xticks([])
+                ax.set_yticks([])
                 continue
-            lo = (g["l_star"] - g["l_lo"].astype(float)).fillna(0).clip(lower=0)
-            hi = (g["l_hi"].astype(float) - g["l_star"]).fillna(0).clip(lower=0)
-            ax.errorbar(g["budget"], g["l_star"], yerr=[lo, hi], fmt="o", color=colour[name], capsize=3, label=name)
-            law = laws.get(name)
-            if law is not None:
-                c = np.geomspace(min(law.budgets), max(law.budgets), 100)
-                ax.plot(c, law.loss(c), "-", color=colour[name], linewidth=1.2)
-        ax.set_xscale("log")
-        ax.set_xlabel("training FLOPs C")
-        ax.set_ylabel("compute-optimal loss L*")
-        ax.set_title("L*(C) ± 95% CI, power-law fit", fontsize=11)
+            # ticks at the budgets (the points of an architecture that spent less sit left of theirs): a log axis
+            # narrower than a decade would otherwise label its minor ticks over each other
+            ax.set_xticks(budgets, [flops(b) for b in budgets])
+            ax.xaxis.set_minor_formatter(NullFormatter())
+            if col == "n_star":
+                ax.set_yscale("log")
+                ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+                ax.yaxis.set_major_formatter(EngFormatter())
+                ax.yaxis.set_minor_formatter(NullFormatter())
         for extra in axes[n_panels:]:
             extra.set_visible(False)
         handles, labels = axes[0].get_legend_handles_labels()
+        # below the panels, never over a curve
         fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 6), fontsize=9, frameon=True)
         fig.suptitle(
             f"IsoFLOP curves · preset {frames.ctx.preset}\n"
             # wrapped to the figure's width (about 9 bold characters to the inch at this size)
             + textwrap.fill(
-                "dots = runs (hollow: off budget, not fitted), line = parabola in ln N (dotted: degenerate), "
-                "star = optimum",
-                width=int(9 * 4.6 * cols),
+                "dots = runs (hollow: off budget, not fitted), line = parabola in ln N (dashed: edge or misfit, "
+                "dotted: degenerate), star = optimum (hollow: not ok)",
+                width=int(9 * fig.get_size_inches()[0]),
             ),
             fontsize=12,
             fontweight="bold",

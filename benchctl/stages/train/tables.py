@@ -8,15 +8,17 @@ here as well, since a retrofitted run is trained and stored like any other.
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Iterable
-from typing import Any
-
-import sqlite_utils
+from typing import TYPE_CHECKING, Any
 
 from benchctl.core.config import STORIES
 from benchctl.core.db import now, retry_locked
 from benchctl.core.errors import BenchctlError, CheckpointError, ConfigError, DatabaseError
 from benchctl.core.tables import Column, Table
+
+if TYPE_CHECKING:
+    import sqlite_utils
 
 _ENV = "as recorded from the training process"
 LOSS = "nats/token"
@@ -103,6 +105,19 @@ RUNS = Table(
         Column("git_commit", str, "commit of the benchctl checkout that trained the run"),
         Column("hostname", str, "machine that trained the run"),
         Column("pid", int, "process id of the trainer while the run is running"),
+        Column(
+            "pid_started",
+            float,
+            "when that process started (seconds since the epoch, as its machine's kernel records it; empty where "
+            "unknown): a later process given the same id is not the trainer",
+            "s",
+        ),
+        Column(
+            "heartbeat_at",
+            str,
+            "the trainer's last sign of life (UTC), stamped every 30 s while it trains: a running run without a "
+            "recent one, or whose process is gone from its machine, is shown as interrupted",
+        ),
         Column("error", str, "why the run failed (empty otherwise)"),
         Column("created_at", str, "when the run was first registered (UTC)"),
         Column("started_at", str, "when training last started or resumed (UTC)"),
@@ -253,28 +268,50 @@ def model_label(columns: dict[str, list[str]]) -> str:
 
 
 def browse_queries(columns: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
-    """Queries over the runs and metrics tables, which every results database has."""
+    """Queries over the runs and metrics tables, which every results database has. Numbers are rounded: Datasette
+    prints a float with all of its digits."""
     if "runs" not in columns:
         return {}
     label = model_label(columns)
     return {
+        "runs_overview": {
+            "title": "Runs at a glance",
+            "summarises": "runs",  # the runs table's page points here (benchctl.browse.SUMMARY_KEY)
+            "hide_sql": True,  # the rows are the first screen; "show" unfolds the SQL
+            "description": "One row per run, the columns people read first: model, run id (a link to its validation "
+            "curve), architecture, preset, seed, status, steps, final and initial validation loss (nats/token), "
+            "MFLOP per token, training TFLOP (spent, as recorded, else FLOPs/token x tokens seen), training time "
+            "(s) and throughput (tokens/s); the resolved config last, written without spaces so that it stays on one "
+            "line to the right instead of making every row a screen tall. Every column is in the runs table.",
+            "sql": f"""select {label} as model, r.id as run_id, r.arch, r.preset, r.seed, r.status, r.step, r.max_steps,
+  round(r.final_val_loss, 4) as final_val_loss, round(r.initial_val_loss, 4) as initial_val_loss,
+  round(r.flops_per_token / 1e6, 3) as mflop_per_token,
+  round(coalesce((select m.value from metrics m where m.run_id = r.id and m.name = 'train_flops'
+    order by m.step desc limit 1), r.flops_per_token * r.tokens_seen) / 1e12, 4) as train_tflop,
+  round(r.train_seconds, 1) as train_seconds, round(r.tokens_per_s, 1) as tokens_per_s,
+  replace(replace(r.config_json, ': ', ':'), ', ', ',') as config_json
+from runs r order by r.preset, model, r.seed, r.id""",
+        },
         "final_losses": {
             "title": "Final validation loss by model",
             "description": "Finished runs grouped by model and preset: seeds, mean, best and worst final "
             "validation loss (nats/token), and each seed's loss.",
             "sql": f"""select {label} as model, r.preset, count(*) as n_seeds,
   group_concat(r.seed, ',') as seeds,
-  avg(r.final_val_loss) as mean_final_val_loss, min(r.final_val_loss) as best_final_val_loss,
-  max(r.final_val_loss) as worst_final_val_loss, avg(r.initial_val_loss) as mean_initial_val_loss,
+  round(avg(r.final_val_loss), 4) as mean_final_val_loss, round(min(r.final_val_loss), 4) as best_final_val_loss,
+  round(max(r.final_val_loss), 4) as worst_final_val_loss,
+  round(avg(r.initial_val_loss), 4) as mean_initial_val_loss,
   group_concat(r.seed || ': ' || printf('%.4f', r.final_val_loss), '; ') as final_val_loss_per_seed
 from runs r where r.status = 'done'
-group by model, r.preset order by r.preset, mean_final_val_loss""",
+group by model, r.preset order by r.preset, avg(r.final_val_loss)""",
         },
         "validation_curve": {
             "title": "Validation curve of one run",
-            "description": "val_loss (nats/token) of one run by step, with tokens seen and training time: one row "
-            "per point, ready to chart. Run ids are in the runs table.",
-            "sql": """select m.step, m.tokens, m.wall_seconds, m.value as val_loss
+            "link_column": "run_id",  # a run id in any query's results links here (benchctl.browse.LINK_KEY)
+            "description": "val_loss (nats/token) of one run by step, with tokens seen and training time (s): one "
+            "row per point, ready to chart. Every run id in the results of a query (Runs at a glance lists them "
+            "all) links here with the id filled in.",
+            "sql": """select m.step, m.tokens, round(m.wall_seconds, 2) as wall_seconds, round(m.value, 4) as val_loss
 from metrics m where m.run_id = :run_id and m.name = 'val_loss' order by m.step""",
         },
         "cost_per_model": {
@@ -282,19 +319,19 @@ from metrics m where m.run_id = :run_id and m.name = 'val_loss' order by m.step"
             "description": "Finished runs grouped by model and preset: training time (s), throughput (tokens/s), "
             "peak memory (bytes), parameters and training FLOPs/token.",
             "sql": f"""select {label} as model, r.preset, count(*) as n_runs,
-  avg(r.train_seconds) as mean_train_seconds, avg(r.tokens_per_s) as mean_tokens_per_s,
-  avg(r.step_seconds) as mean_step_seconds, max(r.peak_rss_bytes) as max_peak_rss_bytes,
+  round(avg(r.train_seconds), 1) as mean_train_seconds, round(avg(r.tokens_per_s), 1) as mean_tokens_per_s,
+  round(avg(r.step_seconds), 4) as mean_step_seconds, max(r.peak_rss_bytes) as max_peak_rss_bytes,
   max(r.peak_gpu_mem_bytes) as max_peak_gpu_mem_bytes, max(r.n_params) as n_params,
-  max(r.effective_params) as effective_params, max(r.flops_per_token) as flops_per_token,
+  max(r.effective_params) as effective_params, cast(round(max(r.flops_per_token)) as integer) as flops_per_token,
   group_concat(distinct r.device_name) as devices
 from runs r where r.status = 'done'
-group by model, r.preset order by r.preset, mean_train_seconds""",
+group by model, r.preset order by r.preset, avg(r.train_seconds)""",
         },
         "unfinished_runs": {
             "title": "Runs not finished",
             "description": "Runs still running, pending or failed, with their progress and error.",
-            "sql": """select r.id, r.arch, r.preset, r.seed, r.status, r.step, r.max_steps, r.error, r.hostname,
-  r.updated_at from runs r where r.status != 'done' order by r.status, r.updated_at desc""",
+            "sql": """select r.id as run_id, r.arch, r.preset, r.seed, r.status, r.step, r.max_steps, r.error,
+  r.hostname, r.updated_at from runs r where r.status != 'done' order by r.status, r.updated_at desc""",
         },
     }
 
@@ -344,7 +381,7 @@ def finished_runs(
         found = {r["id"]: r for r in runs(db, ids=run_ids)}
         unknown = [r for r in run_ids if r not in found]
         if unknown:
-            raise bad_selection(f"unknown run id(s): {', '.join(unknown)}; list them with 'benchctl runs'")
+            raise bad_selection(f"unknown run id(s): {', '.join(unknown)}; list them with 'benchctl runs --wide'")
         unfinished = [f"{i} ({found[i]['status']})" for i in run_ids if found[i]["status"] != "done"]
         if unfinished:
             raise bad_selection(
@@ -378,8 +415,14 @@ def run_task(row: dict[str, Any]) -> str:
 
 
 def runs(
-    db: sqlite_utils.Database, *, status: str | None = None, preset: str | None = None, ids: Iterable[str] | None = None
+    db: sqlite_utils.Database | sqlite3.Connection,
+    *,
+    status: str | None = None,
+    preset: str | None = None,
+    ids: Iterable[str] | None = None,
 ) -> list[dict[str, Any]]:
+    """Runs rows, oldest first. `db` may be a plain read-only connection (`benchctl.core.db.read_only`): a listing
+    needs nothing sqlite_utils adds."""
     where, params = [], []
     if status:
         where.append("status = ?")
@@ -392,7 +435,14 @@ def runs(
         where.append(f"id in ({','.join('?' * len(ids))})")
         params += ids
     sql = "select * from runs" + (" where " + " and ".join(where) if where else "") + " order by created_at, id"
-    return list(db.query(sql, params))
+    cur = db.execute(sql, params)
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row)) for row in cur]
+
+
+def run_ids(db: sqlite_utils.Database | sqlite3.Connection) -> list[str]:
+    """Every run's id, oldest first."""
+    return [row[0] for row in db.execute("select id from runs order by created_at, id")]
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -509,6 +559,20 @@ def finish_run(
         )
 
 
+def heartbeat(path: str, run_id: str, pid: int) -> None:
+    """The trainer `pid` of a running run is alive: its `heartbeat_at` set to now. A connection of its own, made and
+    closed here: the heartbeat thread calls this, and an SQLite connection belongs to the thread that made it.
+    A row another process has taken over, or that is no longer running, is left as it is."""
+    conn = sqlite3.connect(path, timeout=10.0)
+    try:
+        with conn:
+            conn.execute(
+                "update runs set heartbeat_at = ? where id = ? and pid = ? and status = 'running'", [now(), run_id, pid]
+            )
+    finally:
+        conn.close()
+
+
 def fail_run(db: sqlite_utils.Database, run_id: str, error: str) -> None:
     """The run stopped with an error (or was interrupted): it is no longer owned by a live process."""
     update_run(db, run_id, status="failed", error=error[:2000], pid=None)
@@ -539,7 +603,7 @@ def retrofit_parent(db: sqlite_utils.Database, ref: str, preset: str | None = No
             raise ConfigError(
                 f"--from {ref!r}: no run with that id and no finished run of that name"
                 + (f" at preset '{preset}'" if preset else "")
-                + "; list them with 'benchctl runs'"
+                + "; list them with 'benchctl runs --wide'"
             )
         if len(rows) > 1:
             raise ConfigError(
