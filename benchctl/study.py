@@ -17,11 +17,10 @@ from typing import Any
 
 import architectures
 from benchctl import plans, stages
-from benchctl.core.config import RunConfig, run_id
+from benchctl.core.config import RunConfig
 from benchctl.core.errors import BenchctlError
 from benchctl.core.progress import format_duration
 from benchctl.core.runtime import Dist, init_distributed, resolve_device
-from benchctl.core.stats import mean_ci
 from benchctl.stages import StudyOptions, StudyRun
 
 
@@ -69,7 +68,7 @@ def run_study(
         study.times.append((stage.name, after[0] - before[0], after[1] - before[1]))
     study.eta = None
     end = _clock()
-    for line in summary(study, end[0] - start[0], end[1] - start[1]):
+    for line in summary(study, todo, end[0] - start[0], end[1] - start[1]):
         log(line)
     failed = study.trained.failed if study.trained is not None else []
     if failed:
@@ -105,38 +104,16 @@ def _estimates(study: StudyRun, todo: list[stages.Stage]) -> dict[str, float]:
     return {name: secs for name, (secs, _) in found.items()}
 
 
-def summary(study: StudyRun, wall: float, cpu: float) -> list[str]:
-    """The study's closing lines: each model's final validation loss (the mean over its seeds, with a 95% CI from two
-    seeds on) and training time, the time taken (in all and per stage), where the report and results.db are, and the
-    commands that go on from here."""
+def summary(study: StudyRun, todo: list[stages.Stage], wall: float, cpu: float) -> list[str]:
+    """The study's closing lines: what its stages say of their results (training: each model's final validation loss
+    and training time), the time taken (in all and per stage), where the report and results.db are, and the commands
+    that go on from here."""
     from benchctl.core import db as dbm
-    from benchctl.stages.train import tables as train_tables
 
     opts = study.opts
     out = ["== summary"]
-    names = study.variants or [c.arch for c in study.cfgs]
-    fingerprint = getattr(study.prepared, "fingerprint", None)
-    done = set(study.run_ids)
-    per: dict[str, list[dict[str, Any]]] = {}
-    for name, cfg in zip(names, study.cfgs):
-        rid = run_id(cfg, fingerprint) if fingerprint is not None else None
-        row = train_tables.get_run(study.db, rid) if rid in done else None
-        per.setdefault(name, []).append(row or {})
-    width = max(len(n) for n in per) if per else 5
-    out.append(f"   {'model':<{width}}  seeds  final val loss (95% CI)     training time (per run)")
-    for name, rows in per.items():
-        ok = [r for r in rows if r.get("final_val_loss") is not None]
-        ci = mean_ci(r["final_val_loss"] for r in ok)
-        if ci.mean is None:
-            loss = "not trained"
-        elif ci.lo is None or ci.hi is None:
-            loss = f"{ci.mean:.3f}"
-        else:
-            loss = f"{ci.mean:.3f} ({ci.lo:.3f} to {ci.hi:.3f})"
-        secs = [sum(float(r.get(k) or 0.0) for k in ("train_seconds", "warmup_seconds", "eval_seconds")) for r in ok]
-        train = format_duration(sum(secs) / len(secs)) if secs else "-"
-        seeds = f"{len(ok)}/{len(rows)}"
-        out.append(f"   {name:<{width}}  {seeds:>5}  {loss:<26}  {train}")
+    for stage in todo:
+        out += [f"   {line}" for line in (stage.summary(study) if stage.summary is not None else [])]
     out.append(f"   time: {format_duration(wall)} wall, {format_duration(cpu)} CPU")
     # the stages that did something; CPU time is what a shared machine's load does not change
     stage_times = "; ".join(f"{n} {format_duration(w)}, {format_duration(c)}" for n, w, c in study.times if w >= 0.5)

@@ -221,7 +221,7 @@ def test_study_end_to_end_on_tiny_data(tmp_path, tinystories_dir, monkeypatch, c
     assert set(rows) == {"control", "frailt"} and all(r[1] == "1/1" for r in rows.values())
     assert all(float(r[2]) > 0 for r in rows.values())  # one seed: the loss alone, no interval
     assert summary[4].startswith("time: ") and summary[4].endswith(" CPU") and " wall, " in summary[4]
-    assert summary[5].startswith("stages (wall, CPU): prepare ") and "; train " in summary[5]
+    assert summary[5].startswith("stages (wall, CPU): ") and "train " in summary[5] and "eval " in summary[5]
     assert summary[6:8] == [f"report: {out / 'report.md'}", f"database: {db}"]
     assert summary[-3:] == [
         f"benchctl runs --db {db} (the runs, their timings and status)",

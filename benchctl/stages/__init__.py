@@ -73,6 +73,8 @@ class Stage:
     # how long the stage's work in this study takes on this machine, asked before the study's first stage runs:
     # (seconds, how that was worked out), or None when there is nothing to do or it cannot tell before the runs exist
     estimate: Callable[[StudyRun], tuple[float, str] | None] | None = None
+    # the lines the stage adds to the summary that closes the study (what it found, in a few lines)
+    summary: Callable[[StudyRun], list[str]] | None = None
 
 
 def unless_skipped(name: str) -> Callable[[StudyRun], bool]:
