@@ -460,14 +460,14 @@ def test_study_bench_runs_once_per_preset_device_and_config(tmp_path, monkeypatc
         return [{"arch": r["arch"], "cost_ratio": 1.0} for r in rows]
 
     monkeypatch.setattr(bench, "run", fake_run)
-    study, lines = _study(tmp_path)
+    study, lines = _study(tmp_path, bench=True)
     stage.run(study)
     assert len(calls) == 1 and calls[0].archs == ["control", "frailt"] and calls[0].reference is False
     assert re.match(r"   benchmarked in \d+ s; cost ratios control 1.00, frailt 1.00", lines[-1])
-    study, lines = _study(tmp_path)
+    study, lines = _study(tmp_path, bench=True)
     stage.run(study)
     assert len(calls) == 1 and "already benchmarked" in lines[-1]
-    study, lines = _study(tmp_path, overrides={"model.n_layers": 2})  # another config: measured again
+    study, lines = _study(tmp_path, bench=True, overrides={"model.n_layers": 2})  # another config: measured again
     stage.run(study)
     assert len(calls) == 2
 
@@ -475,7 +475,9 @@ def test_study_bench_runs_once_per_preset_device_and_config(tmp_path, monkeypatc
 def test_study_bench_defaults(tmp_path):
     from benchctl.stages.bench.stage import enabled
 
-    study, _ = _study(tmp_path)
+    study, _ = _study(tmp_path)  # tiny: a smoke run, not timed unless asked
+    assert enabled(study, "cpu") == (False, "on by default only on a CPU at small; --bench runs it")
+    study.opts.preset = "small"
     assert enabled(study, "cpu") == (True, "")
     assert enabled(study, "cuda")[0] is False
     study.opts.preset = "paper"

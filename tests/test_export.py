@@ -412,3 +412,23 @@ def test_study_export_names_its_formats(tmp_path, capsys):
     assert e.value.code == 2
     assert capsys.readouterr().err.strip().endswith("--export accepts hf, llama2c (a comma list); got onnx")
     assert not (tmp_path / "r.db").exists()
+
+
+@pytest.mark.parametrize(
+    "argv", [["study", "--preset", "tiny", "--export", "hf"], ["export", "some-run", "--format", "hf", "--out", "x"]]
+)
+def test_hf_export_without_the_export_extra_names_it_in_one_line(tmp_path, capsys, monkeypatch, argv):
+    """A plain `pip install -e .` has no transformers: asking for an hf export says which extra to install, before
+    anything is trained or written."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a, **kw: None if name == "transformers" else real(name, *a, **kw)
+    )
+    with pytest.raises(SystemExit) as e:
+        main([*argv, "--db", str(tmp_path / "r.db")])
+    err = " ".join(capsys.readouterr().err.split())
+    assert e.value.code == 2, err
+    assert err.endswith("hf writes with transformers, not installed here: pip install 'benchctl[export]'"), err
+    assert not (tmp_path / "r.db").exists()

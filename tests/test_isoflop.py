@@ -181,8 +181,9 @@ def test_plans_show_isoflop_lists_every_run(tmp_path, capsys, tinystories_dir, m
 def test_recorded_step_seconds_are_per_shape_medians(tmp_path):
     """What a finished run's shape trained at: (train + eval seconds) / steps, the median over its runs, keyed by
     architecture, model settings and tokens per step."""
-    from benchctl.commands.plans import _recorded_step_seconds, _shape
     from benchctl.core.config import RunConfig
+    from benchctl.stages.train.estimate import recorded_step_seconds as _recorded_step_seconds
+    from benchctl.stages.train.estimate import shape as _shape
     from tests.fixtures_db import build_fixture_db
 
     db = build_fixture_db(tmp_path / "r.db", archs=["control", "frailt"], seeds=[0, 1, 2], judge=False, evals=False)

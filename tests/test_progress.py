@@ -1,5 +1,5 @@
 """The progress reporter: bounded plain lines off a terminal, nothing drawn when disabled, libraries' tqdm bars
-turned into lines (and tqdm restored afterwards)."""
+drawing nothing of their own, the lasting ones reported as the reporter's own tasks (and tqdm restored afterwards)."""
 
 from __future__ import annotations
 
@@ -47,31 +47,50 @@ def test_disabled_draws_no_bars_but_prints_messages():
     assert out.getvalue().strip() == "resuming from step 5"
 
 
-def test_library_bars_turn_carriage_returns_into_lines_and_restore_tqdm():
+def _tqdm_methods():
     from tqdm import std
+
+    return {name: std.tqdm.__dict__[name] for name in ("__init__", "display", "close")}
+
+
+def test_a_lasting_library_bar_is_reported_as_the_reporters_own_task_and_tqdm_restored():
     from tqdm.auto import tqdm
 
-    before = std.tqdm.__dict__["__init__"]
+    before = _tqdm_methods()
     progress, out = _plain(interval=0.0)
-    with progress.library_bars():
-        for _ in tqdm(range(5), desc="downloading", mininterval=0.0):
+    err = io.StringIO()
+    with progress.library_bars(after=0.0):  # every bar counts as lasting
+        for _ in tqdm(range(5), desc="downloading: ", mininterval=0.0, file=err):
             pass
-    assert std.tqdm.__dict__["__init__"] is before
+    assert _tqdm_methods() == before
     text = out.getvalue()
     lines = [ln for ln in text.splitlines() if ln]
-    assert "\r" not in text and lines and all("downloading" in ln for ln in lines)
-    assert "5/5" in lines[-1]
+    assert all(ln.startswith("downloading: ") for ln in lines) and lines[-1].startswith("downloading: 5/5 (100%)")
+    assert "\r" not in text and "it/s]" not in text and "%|" not in text and err.getvalue() == ""
+
+
+def test_instant_library_bars_show_nothing():
+    """lm-eval builds each task's contexts under a bar of its own that is over in a fraction of a second."""
+    from tqdm.auto import tqdm
+
+    progress, out = _plain(interval=0.0)
+    with progress.library_bars(after=3600.0):
+        for _ in tqdm(range(200), mininterval=0.0):
+            pass
+        bar = tqdm(total=176, desc="Building contexts")
+        bar.update(176)
+        bar.close()
+    assert out.getvalue() == ""
 
 
 def test_library_bars_hidden_when_disabled():
-    from tqdm import std
     from tqdm.auto import tqdm
 
-    before = std.tqdm.__dict__["__init__"]
+    before = _tqdm_methods()
     progress, out = _plain(enabled=False)
     err = io.StringIO()
-    with progress.library_bars():
+    with progress.library_bars(after=0.0):
         for _ in tqdm(range(5), desc="downloading", file=err):
             pass
-    assert std.tqdm.__dict__["__init__"] is before
+    assert _tqdm_methods() == before
     assert out.getvalue() == "" and err.getvalue() == ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import types
 
 import pytest
@@ -97,7 +98,8 @@ def test_a_new_stage_runs_in_order_and_adds_its_section(tmp_path, monkeypatch):
         "report",
         "export",
     ]
-    assert lines == [f"== {i}/13 {n}: {n} ran" for i, n in enumerate(seen, 1)]
+    assert lines[: len(seen)] == [f"== {i}/13 {n}: {n} ran" for i, n in enumerate(seen, 1)]
+    assert lines[len(seen)] == "== summary"  # the study ends with its summary
 
     db = build_fixture_db(tmp_path / "fixture.db", judge=False, evals=False)
     md = report.build(db).markdown
@@ -179,43 +181,57 @@ def test_skip_accepts_only_skippable_stages(tmp_path, capsys):
     assert f"--skip accepts {', '.join(stages.skippable())}; got train" in capsys.readouterr().err
 
 
-def test_study_end_to_end_on_tiny_data(tmp_path, tinystories_dir, monkeypatch):
-    """The real stages: prepare, train one small run, skip the rest, write the report."""
+def test_study_end_to_end_on_tiny_data(tmp_path, tinystories_dir, monkeypatch, capsys):
+    """The real stages from the command line, as a user sees them with output going to a file: prepare, train two
+    small runs, evaluate them with lm-eval (the tiny preset's few documents, one task), skip the rest, write the
+    report. No library's own progress bar reaches the output, and it ends with the summary naming every model."""
     monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
-    opts = StudyOptions(
-        preset="tiny",
-        archs=["control"],
-        seeds=[0],
-        db_path=tmp_path / "r.db",
-        out_dir=tmp_path / "reports",
-        overrides={
-            "data.source": str(tinystories_dir),
-            "train.max_steps": 2,
-            "train.eval_interval": 1,
-            "train.warmup_steps": 1,
-        },
-        skip=("sample", "judge", "eval", "depth", "infer"),
-        progress=False,
-        bench=False,
-    )
-    lines: list[str] = []
-    path = run_study(opts, log=lines.append)
+    db, out = tmp_path / "r.db", tmp_path / "reports"
+    args = ["study", "--preset", "tiny", "--archs", "control,frailt", "--seeds", "0", "--db", str(db)]
+    args += ["--out", str(out), "--data", str(tinystories_dir), "--tasks", "tinystories_ending", "--yes"]
+    args += ["--skip", "sample,judge,depth,infer"]
+    for key, value in (("train.max_steps", 2), ("train.eval_interval", 1), ("train.warmup_steps", 1)):
+        args += ["--set", f"{key}={value}"]
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    captured = capsys.readouterr()
+    assert e.value.code == 0, captured.err
+    text = captured.out + captured.err
+    assert "it/s]" not in text and "%|" not in text  # lm-eval's bars (and any other library's) draw nothing
+    lines = [" ".join(ln.split()) for ln in captured.out.splitlines()]
     heads = [ln for ln in lines if ln.startswith("== ")]
     ran = [s.name for s in stages.registered() if s.run is not None]
-    assert [h.split(":")[0] for h in heads] == [f"== {i}/{len(ran)} {n}" for i, n in enumerate(ran, 1)]
-    said = {h.split(":")[0].split()[-1]: h.split(" ", 2)[2] for h in heads}  # stage -> "bench: skipped (...)"
-    assert [said[n] for n in ("bench", "retrofit", "sample", "judge", "eval", "depth", "infer", "export")] == [
-        "bench: skipped (--no-bench)",
+    assert [h.split(":")[0] for h in heads] == [f"== {i}/{len(ran)} {n}" for i, n in enumerate(ran, 1)] + ["== summary"]
+    said = {h.split(":")[0].split()[-1]: h.split(" ", 2)[2] for h in heads[:-1]}  # stage -> "bench: skipped (...)"
+    assert said["train"].startswith("train: plan study: 2 run(s) — control, frailt × seeds [0] (about ")
+    assert [said[n] for n in ("bench", "retrofit", "sample", "judge", "depth", "infer", "export")] == [
+        "bench: skipped (on by default only on a CPU at small; --bench runs it)",
         "retrofit: no conversions in this plan",
         "sample: skipped",
         "judge: skipped",
-        "eval: skipped",
         "depth: skipped",
         "infer: skipped",
         "export: off (--export hf writes every finished run as a Hugging Face folder)",
     ]
-    assert path == tmp_path / "reports" / "report.md"
-    assert "| control | 1 | 0 | 0 | 0 | 0 |" in path.read_text()
+    assert lines[0].startswith("estimate: train about ") and lines[0].endswith(
+        " (2 run(s); 2 model shape(s), each from steps timed here now); the later stages show their progress as they go"
+    )
+    summary = lines[lines.index("== summary") :]
+    rows = {ln.split()[0]: ln.split() for ln in summary[2:4]}
+    assert set(rows) == {"control", "frailt"} and all(r[1] == "1/1" for r in rows.values())
+    assert all(float(r[2]) > 0 for r in rows.values())  # one seed: the loss alone, no interval
+    assert summary[4].startswith("time: ") and summary[4].endswith(" CPU") and " wall, " in summary[4]
+    assert summary[5].startswith("stages (wall, CPU): ") and "train " in summary[5] and "eval " in summary[5]
+    assert summary[6:8] == [f"report: {out / 'report.md'}", f"database: {db}"]
+    assert summary[-3:] == [
+        f"benchctl runs --db {db} (the runs, their timings and status)",
+        f"benchctl report --db {db} --out {out} --preset tiny --plan study (the report again, e.g. after "
+        "'benchctl judge')",
+        f"benchctl browse --db {db} (results.db in Datasette, every table and query)",
+    ]
+    assert "| control | 1 | 0 | 0 | 0 | 0 |" in (out / "report.md").read_text()
+    evals = sqlite3.connect(db).execute("select distinct task, limit_n from eval_results").fetchall()
+    assert evals == [("tinystories_ending", 10)]  # the smoke preset's few documents
 
 
 @pytest.mark.parametrize(
@@ -236,3 +252,49 @@ def test_training_knows_whether_a_later_stage_loads_the_weights(plan, skip, expo
     opts = StudyOptions(preset="tiny", plan=plan, seeds=[0], skip=skip, export=export)
     study = StudyRun(opts=opts, cfgs=[], archs=[], plan=plans.load(plan))
     assert weights_read_after(study, ORDER) is needed
+
+
+def test_the_smoke_preset_runs_each_stage_on_less_work_and_small_measures_in_full():
+    """At tiny a study is a smoke run: each stage's options declare a short version of its work (every path still
+    runs); at small and paper the stages keep their full defaults."""
+    import architectures
+    from benchctl.stages.depth import engine as depth_engine
+    from benchctl.stages.depth.options import for_study as depth_options
+    from benchctl.stages.eval.options import study_limit
+    from benchctl.stages.infer import engine as infer_engine
+    from benchctl.stages.infer.options import InferOptions
+    from benchctl.stages.infer.options import for_study as infer_options
+    from benchctl.stages.sample.options import study_n_prompts
+
+    sel = stages.RunSelection(run_ids=["r"])
+    frailt, control = architectures.get("frailt"), architectures.get("control")
+
+    def infer_settings(preset, cls):
+        return [m.label for m in infer_engine.settings_for(cls, infer_options(preset, sel))]
+
+    assert infer_settings("tiny", frailt) == ["full depth", "n=trained exit=0.01 rule=kl", "speculative draft n=1 k=4"]
+    assert infer_settings("tiny", control) == ["full depth"]
+    full = [m.label for m in infer_engine.settings_for(frailt, InferOptions(select=sel))]
+    assert infer_settings("small", frailt) == infer_settings("paper", frailt) == full and len(full) == 14
+    smoke = infer_options("tiny", sel)
+    assert smoke.repeats == 1 and (smoke.batch, smoke.windows) < (InferOptions().batch, InferOptions().windows)
+
+    def depths(preset, exit_rule=None):
+        o = depth_options(preset, sel, exit_rule)
+        settings = depth_engine.settings_for(
+            frailt,
+            4,
+            depths=o.depths or o.sweep,
+            exit_rule=exit_rule,
+            thresholds=o.thresholds,
+            max_depth=None,
+            extrapolate=None,
+            with_trained=o.depths is None,
+        )
+        return [(s.n_recur, s.threshold) for s in settings]
+
+    assert depths("tiny") == [(1, 0.0), (4, 0.0), (8, 0.0)]  # depth 1, the trained depth and twice it
+    assert [d for d, _ in depths("small")] == [1, 2, 4, 8, 16, 32]
+    assert depths("tiny", "kl") == [(4, 1e-2)] and len(depths("small", "kl")) == 3
+    assert (study_limit("tiny"), study_limit("small"), study_limit("paper")) == (10, None, None)
+    assert (study_n_prompts("tiny"), study_n_prompts("small"), study_n_prompts("tiny", 7)) == (4, 50, 7)

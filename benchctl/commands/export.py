@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from benchctl.core.errors import ConfigError
+from benchctl.export import FORMATS, check_installed
 from benchctl.stages.cli import DbOpt, JsonOpt, console, db_path_of
 from benchctl.stages.depth.options import check_test_depth
 
@@ -43,6 +44,8 @@ def export(
         if n_recur < 1:
             raise ConfigError(f"--n-recur must be >= 1, got {n_recur}")
         check_test_depth(n_recur, "--n-recur")
+    if fmt in FORMATS:
+        check_installed(fmt)  # the extra a format needs, before the database is opened
     # torch, transformers: kept out of 'benchctl --help'
     from benchctl import stages
     from benchctl.export import as_json as result_json

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import json
-import os
-import sqlite3
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich import box
@@ -131,49 +128,11 @@ def show(
 OFF_BUDGET = 0.05  # an IsoFLOP run whose training FLOPs differ from its budget by more is flagged
 
 
-def _shape(cfg: Any) -> tuple[str, str, int]:
-    """What sets a run's step time: its architecture, its model settings (the width among them) and its tokens per
-    step."""
-    return cfg.arch, json.dumps(cfg.to_dict()["model"], sort_keys=True), int(cfg.tokens_per_step)
-
-
-def _recorded_step_seconds(db_path: Path, preset: str) -> dict[tuple[str, str, int], float]:
-    """Median seconds per optimizer step (evaluations included) of the finished runs of `preset` in results.db, per
-    shape (`_shape`): what a shape trained at under the load it ran with."""
-    if not db_path.is_file():
-        return {}
-    from benchctl.core.config import RunConfig
-    from benchctl.core.errors import ConfigError
-    from benchctl.report.load import open_db  # pandas: kept out of 'benchctl plans'
-
-    conn = open_db(db_path)
-    try:
-        rows = conn.execute(
-            "select config_json, (train_seconds + coalesce(eval_seconds, 0)) / max_steps from runs "
-            "where status = 'done' and preset = ? and train_seconds > 0 and max_steps > 0",
-            [preset],
-        ).fetchall()
-    except sqlite3.DatabaseError:  # an older file without these columns: time the steps instead
-        return {}
-    finally:
-        conn.close()
-    per: dict[tuple[str, str, int], list[float]] = {}
-    for text, secs in rows:
-        try:
-            cfg = RunConfig.from_json(text)
-        except ConfigError:  # a run stored by another version: its speed is not needed
-            continue
-        per.setdefault(_shape(cfg), []).append(float(secs))
-    return {k: sorted(v)[len(v) // 2] for k, v in per.items()}
-
-
 def _show_isoflop(plan: pl.Plan, preset: str, runs: list[pl.PlannedRun], db_path: Path) -> None:
     """An IsoFLOP plan: one row per (architecture, width, budget) with what it trains on and how long it takes."""
-    import torch  # the steps timed below
-
     from benchctl.core import accounting, data
     from benchctl.core.progress import format_duration
-    from benchctl.stages.train import engine
+    from benchctl.stages.train import estimate
 
     iso = plan.isoflop
     assert iso is not None
@@ -187,26 +146,9 @@ def _show_isoflop(plan: pl.Plan, preset: str, runs: list[pl.PlannedRun], db_path
         else data.prepare(cfg0.data, cfg0.model.vocab_size, progress=False)
     )
     split = prepared.n_train_tokens if prepared is not None else None
-    # each shape at the speed its finished runs trained at, else a few steps of it timed here now
-    recorded = _recorded_step_seconds(db_path, preset)
-    per_step: dict[tuple[str, str, int], float] = {}
-    timed = 0
-    # timed with the threads each of two jobs gets (what the wall-time line assumes): a step timed with every core
-    # while other work holds them waits on its own threads, and reads many times slower than a job runs
-    threads = max(1, (os.cpu_count() or 2) // 2)
-    saved = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        for r in first:
-            key = _shape(r.cfg)
-            if key not in per_step:
-                if key in recorded:
-                    per_step[key] = recorded[key]
-                else:
-                    per_step[key] = engine.step_seconds(r.cfg)
-                    timed += 1
-    finally:
-        torch.set_num_threads(saved)
+    # each shape at the speed its finished runs trained at, else a few steps of it timed here now, with the threads
+    # each of two jobs gets (what the wall-time line assumes)
+    est = estimate.estimate([r.cfg for r in first], db_path, preset, estimate.half_the_cores())
     console.print(f"plan {plan.name} ({plan.path}, sha256 {plan.sha256[:12]}): {plan.description}")
     console.print(
         f"preset {preset}, seeds {', '.join(map(str, seeds_))}; IsoFLOP grid: {len(iso.archs)} architecture(s) x "
@@ -229,7 +171,7 @@ def _show_isoflop(plan: pl.Plan, preset: str, runs: list[pl.PlannedRun], db_path
         most = max(most, ep or 0.0)
         if ep is not None and ep > iso.max_epochs:
             over.append(r.variant)
-        secs = per_step[_shape(cfg)] * cfg.train.max_steps
+        secs = est.run_seconds(cfg)
         point = next(v.point for v in plan.variants if v.name == r.variant)
         ratio = accounting.training_flops(cfg) / point.budget if point is not None else 1.0
         if abs(ratio - 1) > OFF_BUDGET:
@@ -277,13 +219,7 @@ def _show_isoflop(plan: pl.Plan, preset: str, runs: list[pl.PlannedRun], db_path
             f"[bold]! {len(over)} run(s) exceed max_epochs = {iso.max_epochs:g}[/] ({', '.join(over[:4])}"
             f"{', ...' if len(over) > 4 else ''}): 'benchctl study' refuses the plan on this data."
         )
-    shapes = len(per_step)
-    how = (
-        f"each of the {shapes} model shapes (architecture, width, settings) at the speed of its finished {preset} runs "
-        f"in {db_path} "
-        f"(evaluations included) for {shapes - timed}, and from training steps of its own timed on this machine now "
-        f"(eager, {threads} thread(s), evaluations not included) for {timed}"
-    )
+    how = f"each of the {len(est.per_step)} model shapes (architecture, width, settings) {est.how()}"
     console.print(
         f"estimated training time: {format_duration(total)} for all {len(runs)} runs one after another, about "
         f"{format_duration(total / 2)} of wall time with --jobs 2 if each run keeps its speed ({how})"

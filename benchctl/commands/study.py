@@ -117,7 +117,7 @@ def study(
         typer.Option(
             "--bench/--no-bench",
             help="Time every model's training step with 'benchctl bench' for a clean cost ratio "
-            "[default: on for a CPU at tiny/small].",
+            "[default: on for a CPU at small].",
         ),
     ] = None,
     export: Annotated[
@@ -171,9 +171,13 @@ def study(
         export_dir=export_dir,
     )
     is_main = Dist.from_env().is_main  # under torchrun every rank trains; rank 0 alone speaks and runs the rest
-    path = run_study(opts, log=console.print if is_main else _quiet, confirm=terminal_confirm())
-    if path is not None:
-        console.print(f"[bold]report:[/] {path}")
+    # the study closes with its summary, which says where the report is
+    run_study(opts, log=_say if is_main else _quiet, confirm=terminal_confirm())
+
+
+def _say(line: str) -> None:
+    """One line of the study's log: wrapped to a terminal's width, but whole in a file or pipe (one line a line)."""
+    console.print(line, soft_wrap=not console.is_terminal)
 
 
 def _quiet(*_: object) -> None:

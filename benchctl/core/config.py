@@ -251,6 +251,15 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+# The preset that is a smoke run (its comment above): the stages after training do the least work that still runs
+# every one of their paths, each declaring that work in its options next to its full defaults.
+SMOKE_PRESET = "tiny"
+
+
+def is_smoke(preset: str | None) -> bool:
+    return preset == SMOKE_PRESET
+
+
 def llama2c_hidden_dim(dim: int, multiple_of: int) -> int:
     """llama2.c's SwiGLU width: 2/3 of 4*dim, rounded up to a multiple (688 at dim 256, multiple_of 16)."""
     hidden = int(2 * (4 * dim) / 3)

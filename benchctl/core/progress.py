@@ -4,7 +4,8 @@ On a terminal it draws rich progress bars; when output goes to a file or a pipe 
 writes one plain line per task every few seconds instead of thousands of carriage-return updates; disabled
 (`--no-progress`) it draws nothing. Messages (`log`) are always printed: they are output, not decoration.
 
-Libraries that draw their own tqdm bars (lm-eval, datasets) follow the same rule inside `library_bars()`.
+Libraries that draw their own tqdm bars (lm-eval, datasets, the Hugging Face hub) draw nothing of their own inside
+`library_bars()`: the bars that last become tasks of the reporter, the instant ones show nothing.
 
     progress = Progress(enabled=True)
     with progress.task("training control", total=400) as t:
@@ -29,6 +30,9 @@ from rich.progress import Progress as RichProgress
 from benchctl.core.errors import Aborted
 
 PLAIN_INTERVAL = 10.0  # seconds between plain progress lines when output is not a terminal
+# A library's tqdm bar becomes a task of the reporter once it has run this long (`Progress.library_bars`): long enough
+# that the instant bars of a library's bookkeeping never show, short enough that a download is seen to move.
+LIBRARY_BAR_AFTER = 2.0
 
 
 class Task:
@@ -191,53 +195,68 @@ class Progress:
     # ---- libraries' own tqdm bars ------------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def library_bars(self) -> Iterator[None]:
-        """Inside this block, tqdm bars (lm-eval, datasets) follow this reporter: hidden when disabled, one plain line
-        every `interval` seconds when output is not a terminal, unchanged on a terminal."""
-        if self.enabled and self.interactive:
-            yield
-            return
+    def library_bars(self, after: float | None = None) -> Iterator[None]:
+        """Inside this block, tqdm bars (lm-eval, datasets, the Hugging Face hub) draw nothing of their own: a bar
+        still running `after` seconds (None: LIBRARY_BAR_AFTER) after it started becomes a task of this reporter (a
+        rich bar on a terminal, a plain line every `interval` seconds otherwise), so a download shows how far it
+        is while the many sub-second bars of a library's bookkeeping (lm-eval builds each task's contexts under
+        one) show nothing. Disabled, every bar is hidden. tqdm is restored afterwards."""
         from tqdm import std  # only what runs a library's bars needs it: `benchctl runs` and `--help` never do
 
-        saved = std.tqdm.__dict__["__init__"]  # the class attribute itself (a descriptor in some tqdm versions)
-        original = std.tqdm.__init__
-        enabled, interval, stream = self.enabled, self.interval, _PlainLines(self.console.file)
+        wait = LIBRARY_BAR_AFTER if after is None else after
+        saved = {name: std.tqdm.__dict__[name] for name in ("__init__", "display", "close")}  # descriptors as stored
+        original_init, original_close = std.tqdm.__init__, std.tqdm.close
+        enabled, reporter, sink = self.enabled, self, _Discard()
 
-        def patched(bar: Any, *args: Any, **kw: Any) -> None:
+        def init(bar: Any, *args: Any, **kw: Any) -> None:
             if not enabled:
                 kw["disable"] = True
-            elif len(args) < 4:  # file / mininterval not given positionally
-                kw["file"] = stream
-                kw["mininterval"] = max(float(kw.get("mininterval") or 0.0), interval)
-                kw["ascii"] = True
-            original(bar, *args, **kw)
+            elif len(args) > 4:  # tqdm(iterable, desc, total, leave, file, ...): the file given positionally
+                args = (*args[:4], sink, *args[5:])
+            else:
+                kw["file"] = sink
+            original_init(bar, *args, **kw)
 
-        ds_bars = _datasets_bars(False)
-        # patching the class is the point here (every bar any library makes), hence the two ignores
-        std.tqdm.__init__ = patched  # type: ignore[method-assign,assignment]
+        def display(bar: Any, msg: str | None = None, pos: int | None = None) -> bool:
+            task = bar.__dict__.get("_benchctl_task")
+            if task is None:
+                started = getattr(bar, "start_t", None)  # unset during tqdm's own first refresh, in its __init__
+                if started is None or bar._time() - started < wait:
+                    return True
+                desc = (bar.desc or "").strip().rstrip(":").strip() or "working"
+                task = bar.__dict__["_benchctl_task"] = reporter.task(desc, total=bar.total, completed=bar.n)
+            else:
+                task.update(completed=bar.n, total=bar.total)
+            return True
+
+        def close(bar: Any) -> None:
+            original_close(bar)  # its last display() brings the task up to date
+            task = bar.__dict__.pop("_benchctl_task", None)
+            if task is not None:
+                task.close()
+
+        ds_bars = None if enabled else _datasets_bars(False)
+        # patching the class is the point here (every bar any library makes), hence the ignores
+        std.tqdm.__init__ = init  # type: ignore[method-assign,assignment]
+        std.tqdm.display = display  # type: ignore[method-assign,assignment]
+        std.tqdm.close = close  # type: ignore[method-assign,assignment]
         try:
             yield
         finally:
-            std.tqdm.__init__ = saved  # type: ignore[method-assign]
-            _datasets_bars(ds_bars)
+            for name, value in saved.items():
+                setattr(std.tqdm, name, value)
+            if ds_bars is not None:
+                _datasets_bars(ds_bars)
 
 
-class _PlainLines:
-    """A file for tqdm that turns its carriage-return redraws into whole lines."""
-
-    def __init__(self, stream: TextIO):
-        self._stream = stream
+class _Discard:
+    """The file tqdm writes its own bar to inside `library_bars`: nothing of it is shown."""
 
     def write(self, s: str) -> int:
-        text = s.replace("\r", "\n")
-        lines = [ln.strip() for ln in text.split("\n")]
-        for ln in lines:
-            if ln:
-                self._stream.write(ln + "\n")
         return len(s)
 
     def flush(self) -> None:
-        self._stream.flush()
+        pass
 
 
 def _fields_text(fields: dict[str, str]) -> str:

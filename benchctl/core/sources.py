@@ -226,7 +226,7 @@ def _read_hub_split(split: str, revision: str, limit: int | None, progress: Prog
     import datasets
 
     try:
-        with progress.library_bars():  # the download's own bars follow the reporter
+        with progress.library_bars():  # the download's bars that last become the reporter's own tasks
             ds = datasets.load_dataset(HUB_REPO, split=HUB_SPLITS[split], revision=revision)
     except ConnectionError as e:
         raise DataError(f"could not download {HUB_REPO} from the Hugging Face hub ({e}); {_HINT_LOCAL}") from None

@@ -11,6 +11,7 @@ into one, can be exported; it declares the formats in `export_formats`, and any 
 from __future__ import annotations
 
 import errno
+import importlib.util
 import json
 import os
 import shutil
@@ -22,6 +23,19 @@ from typing import Any
 from benchctl.core.files import partial_path, stale_partials
 
 FORMATS = ("hf", "llama2c")
+# The packages a format writes with beyond benchctl's own dependencies: its `export` extra.
+NEEDS = {"hf": ("transformers", "safetensors")}
+EXPORT_EXTRA = "pip install 'benchctl[export]'"
+
+
+def check_installed(fmt: str, option: str = "--format") -> None:
+    """A ConfigError naming the extra to install when `fmt` writes with packages this installation lacks, before
+    anything is trained or written."""
+    from benchctl.core.errors import ConfigError
+
+    missing = [m for m in NEEDS.get(fmt, ()) if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ConfigError(f"{option} {fmt} writes with {' and '.join(missing)}, not installed here: {EXPORT_EXTRA}")
 
 
 @dataclass(frozen=True)
@@ -44,6 +58,7 @@ def check_format(arch: str, fmt: str) -> None:
 
     if fmt not in FORMATS:
         raise ConfigError(f"--format: unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    check_installed(fmt)
     formats = export_formats(architectures.get(arch))
     if fmt not in formats:
         if formats:

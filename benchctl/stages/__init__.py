@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from benchctl.core.progress import format_duration
 from benchctl.stages.train.executors import Execution
 
 if TYPE_CHECKING:
@@ -69,6 +70,11 @@ class Stage:
     # whether the stage loads the trained runs' weights in this study (None: never). Training counts a run that
     # results.db has as done, but whose checkpoint is not here, as finished only when no later stage does.
     reads_weights: Callable[[StudyRun], bool] | None = None
+    # how long the stage's work in this study takes on this machine, asked before the study's first stage runs:
+    # (seconds, how that was worked out), or None when there is nothing to do or it cannot tell before the runs exist
+    estimate: Callable[[StudyRun], tuple[float, str] | None] | None = None
+    # the lines the stage adds to the summary that closes the study (what it found, in a few lines)
+    summary: Callable[[StudyRun], list[str]] | None = None
 
 
 def unless_skipped(name: str) -> Callable[[StudyRun], bool]:
@@ -117,7 +123,7 @@ class StudyOptions:
     out_dir: Path = Path("reports")
     judge_model: str = "gemini-2.5-flash"
     judge_concurrency: int = 8
-    n_prompts: int | None = None  # None: sample.py's default
+    n_prompts: int | None = None  # None: the sample stage's default at the preset (study_n_prompts)
     eval_tasks: list[str] | None = None  # None: the bundled tasks
     skip: tuple[str, ...] = ()  # names of skippable stages to leave out (sample, judge, eval)
     yes: bool = False
@@ -126,7 +132,7 @@ class StudyOptions:
     executor: str = "local"  # local, or ray: every run a task on a Ray cluster
     ray_address: str | None = None  # the cluster to join (None: $RAY_ADDRESS, else a new local instance)
     runs_dir: Path | None = None  # where run directories live (None: beside results.db); shared by every machine
-    bench: bool | None = None  # time every model's step (stage bench); None: on for a CPU at tiny/small
+    bench: bool | None = None  # time every model's step (stage bench); None: on for a CPU at small
     export: tuple[str, ...] = ()  # formats to export every finished run to (stage export); () is off
     export_dir: Path | None = None  # where the exports go (None: export/ in out_dir, beside the report)
 
@@ -164,10 +170,15 @@ class StudyRun:
     trained: TrainAllResult | None = None
     report_path: Path | None = None
     heading: str = ""  # "3/6 sample", set by the study loop before each stage runs
+    eta: float | None = None  # the running stage's estimated seconds (Stage.estimate), set by the study loop
+    # (stage, wall seconds, CPU seconds of this process and the processes it waited for), filled by the study loop
+    times: list[tuple[str, float, float]] = field(default_factory=list)
 
     def say(self, detail: str) -> None:
-        """The stage's one heading line, e.g. '== 3/6 sample: skipped'."""
-        self.log(f"== {self.heading}: {detail}")
+        """The stage's one heading line, e.g. '== 3/6 sample: skipped', with the time it should take when the stage
+        has an estimate."""
+        eta = "" if self.eta is None else f" (about {format_duration(self.eta)})"
+        self.log(f"== {self.heading}: {detail}{eta}")
 
     def skips(self, name: str) -> bool:
         return name in self.opts.skip

@@ -55,7 +55,7 @@ class Llama2cError(BenchctlError):
 def transformers_unavailable() -> str | None:
     """Why the transformers rows cannot be measured here, or None."""
     if importlib.util.find_spec("transformers") is None:
-        return "transformers is not installed"
+        return "transformers is not installed (pip install 'benchctl[export]')"
     return None
 
 

@@ -2,7 +2,9 @@
 
 Per-run training times are only a cost measure on a quiet machine; bench times every model's step in one process,
 taking turns step by step, so other load falls on all of them alike. The stage runs when `study --bench` asks for it,
-and by default on a CPU at the presets where it takes seconds to a minute (tiny, small). It measures the sweep's
+and by default on a CPU at the small preset, where it takes about a minute. At tiny, a smoke run, it is off unless
+asked for: a cost ratio of models that train for seconds says nothing, and timing them would take longer than
+training them. It measures the sweep's
 architectures (and the control, which every ratio is relative to) once: a preset, device and config already
 benchmarked is not measured again. The eager llama2.c reference is left out; `benchctl bench` times it.
 Its rows appear in the report's training cost section (the headline ratio) and its Benchmark section.
@@ -25,7 +27,7 @@ from benchctl.stages.bench import tables as bench_tables
 from benchctl.stages.bench.options import BenchOptions
 from benchctl.stages.bench.tables import TABLES, browse_queries
 
-AUTO_PRESETS = ("tiny", "small")  # where `study` benches by default on a CPU
+AUTO_PRESETS = ("small",)  # where `study` benches by default on a CPU
 
 
 def enabled(study: StudyRun, device_type: str) -> tuple[bool, str]:

@@ -264,7 +264,7 @@ def depth_all(
     plans, skipped = plan(
         db,
         rows,
-        depths=opts.depths or DEFAULT_DEPTHS,
+        depths=opts.depths or opts.sweep,
         exit_rule=opts.exit_rule,
         thresholds=opts.thresholds,
         max_depth=opts.max_depth,

@@ -10,11 +10,16 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from benchctl.core.config import is_smoke
 from benchctl.core.errors import ConfigError, did_you_mean
 from benchctl.stages import RunSelection
 
 DEFAULT_DEPTHS = (1, 2, 4, 8, 16, 32)
 DEFAULT_THRESHOLDS = (1e-2, 1e-3, 1e-4)
+# A smoke run (the tiny preset) sweeps depth 1 beside each run's trained depth and twice it (which the default sweep
+# adds too), and the exit at one threshold: every path of the stage and its report, on a fraction of the forwards.
+SMOKE_DEPTHS = (1,)
+SMOKE_THRESHOLDS = (1e-2,)
 EXIT_RULES = ("kl", "latent")
 # The deepest test-time recurrence `depth` and `sample` accept: far past any trained depth here (the presets train 4 to
 # 16 iterations), a bound on a typo (100000) that would otherwise run for days. Below it, work estimated at over an
@@ -83,7 +88,8 @@ class DepthOptions:
     numbers) and hold them parsed, as sorted tuples."""
 
     select: RunSelection = field(default_factory=RunSelection)
-    depths: Sequence[int] | str | None = None  # None: DEFAULT_DEPTHS and each run's trained depth and twice it
+    depths: Sequence[int] | str | None = None  # None: `sweep` and each run's trained depth and twice it
+    sweep: Sequence[int] = DEFAULT_DEPTHS  # the fixed depths of the default sweep (without `depths`)
     exit_rule: str | None = None  # kl | latent: the adaptive exit at each threshold instead of fixed depths
     thresholds: Sequence[float] | str | None = None  # None: DEFAULT_THRESHOLDS
     max_depth: int | None = None  # with an exit rule (None: each run's trained depth)
@@ -95,6 +101,7 @@ class DepthOptions:
     def __post_init__(self) -> None:
         if self.depths is not None:
             object.__setattr__(self, "depths", tuple(parse_depths(self.depths)))
+        object.__setattr__(self, "sweep", tuple(parse_depths(self.sweep)))
         object.__setattr__(self, "thresholds", tuple(parse_thresholds(self.thresholds)))
         check_exit_rule(self.exit_rule)
         check_extrapolate(self.extrapolate)
@@ -104,3 +111,11 @@ class DepthOptions:
             check_test_depth(self.max_depth, "--max-depth")
         if self.windows is not None and self.windows < 1:
             raise ConfigError(f"--windows must be >= 1, got {self.windows}")
+
+
+def for_study(preset: str | None, select: RunSelection, exit_rule: str | None) -> DepthOptions:
+    """What the study's depth stage measures for the runs `select` names at `preset` (fixed depths, or the exit
+    rule's thresholds): the short smoke sweep at the smoke preset, the defaults otherwise."""
+    if is_smoke(preset):
+        return DepthOptions(select=select, exit_rule=exit_rule, sweep=SMOKE_DEPTHS, thresholds=SMOKE_THRESHOLDS)
+    return DepthOptions(select=select, exit_rule=exit_rule)

@@ -6,8 +6,8 @@ stored with the same task version is skipped unless `force`. Tasks are bundled o
 tasks from the user's own YAML directories (`include_paths`, `--include-path`); see `benchctl.stages.eval.tasks`.
 When the Hugging Face hub is unreachable, standard tasks are tried from the local datasets cache only (offline mode,
 so no retry storm), and those that cannot load are reported and left out. lm-eval reseeds python/numpy/torch
-globally: all RNG states are saved before and restored after. lm-eval's own progress bars follow the `Progress`
-given (hidden when disabled, a line every few seconds when output is not a terminal).
+globally: all RNG states are saved before and restored after. lm-eval's own progress bars draw nothing: the
+adapter reports the requests on the `Progress` given, and any bar of lm-eval's that lasts becomes one of its tasks.
 """
 
 from __future__ import annotations

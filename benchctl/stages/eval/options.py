@@ -11,12 +11,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchctl.core.config import is_smoke
 from benchctl.core.errors import ConfigError, did_you_mean
 from benchctl.stages import RunSelection
 from benchctl.stages.train.executors import parse_jobs
 
 BUNDLED_TASKS = ("tinystories_ppl", "tinystories_ending", "tinystories_names", "tinystories_order")
 DEFAULT_DOCS = 200  # documents per bundled task
+# A smoke run (the tiny preset) evaluates the first few documents of each task (lm-eval's limit, stored as limit_n):
+# every task, request type and metric runs, on a fraction of the work.
+SMOKE_LIMIT = 10
 DEFAULT_BATCH_SIZE = 32  # requests per forward pass
 PRECISIONS = ("auto", "float32", "bfloat16", "float16")
 
@@ -27,6 +31,11 @@ def check_task_names(standard: Sequence[str]) -> None:
         if name.startswith("tinystories"):
             hint = did_you_mean(name, BUNDLED_TASKS)
             raise ConfigError(f"unknown task '{name}'{hint} bundled tasks: {', '.join(BUNDLED_TASKS)}")
+
+
+def study_limit(preset: str | None) -> int | None:
+    """The document limit of the study's eval stage at `preset` (None: every document)."""
+    return SMOKE_LIMIT if is_smoke(preset) else None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchctl.core.errors import ConfigError
-from benchctl.export import FORMATS
+from benchctl.export import FORMATS, check_installed
 from benchctl.stages import RunSelection
 
 EXPORT_SUBDIR = "export"  # beside report.md in the report folder, unless --export-dir says otherwise
@@ -22,6 +22,8 @@ def parse_formats(text: str | None) -> tuple[str, ...]:
     bad = [f for f in found if f not in FORMATS]
     if bad:
         raise ConfigError(f"--export accepts {', '.join(FORMATS)} (a comma list); got {', '.join(bad)}")
+    for fmt in found:
+        check_installed(fmt, "--export")
     return found
 
 

@@ -7,6 +7,9 @@ teacher-forced loss on the first 16 validation windows; the latent view on 2 win
 run that is 14 settings: full depth; the kl exit at thresholds 0, 1e-3 and 1e-2 under each KV strategy (full, last,
 budget:2, first; threshold 0 with `full` is full depth itself); speculative drafting at depths 1 and 2 with k = 4.
 
+A tiny study is a smoke run, so its infer stage measures the short set `SMOKE` declares instead (`for_study`): full
+depth, one exit setting and one speculative draft per recurrent run, on a few short prompts, each timed once.
+
 Cheap to import: the command line is built from it (`benchctl --help`).
 """
 
@@ -15,7 +18,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from benchctl.core.config import is_smoke
 from benchctl.core.errors import ConfigError, did_you_mean
 from benchctl.stages import RunSelection
 
@@ -24,6 +29,23 @@ DEFAULT_KV = ("full", "last", "budget:2", "first")
 DEFAULT_DRAFTS = (1, 2)
 EXIT_RULES = ("kl", "latent")
 KV_STRATEGIES = ("full", "last", "first", "budget:K")
+
+# What the study measures at the smoke preset: each kind of setting once (full depth, the reference; the kl exit under
+# the full cache; a speculative draft at depth 1) on four prompts of 8 tokens, 8 new tokens each, timed once beside
+# full depth. Enough to run every measurement path and fill every column; the timings of one repeat are noise, which
+# a smoke run may carry. `benchctl infer` and the other presets measure the full set above.
+SMOKE: dict[str, Any] = {
+    "thresholds": (1e-2,),
+    "kv": ("full",),
+    "drafts": (1,),
+    "batch": 4,
+    "single": 1,
+    "prompt_tokens": 8,
+    "new_tokens": 8,
+    "windows": 8,
+    "repeats": 1,
+    "latent_sequences": 1,
+}
 
 
 def _items(text: str | Sequence[object] | None) -> list[str]:
@@ -131,3 +153,10 @@ class InferOptions:
             raise ConfigError(
                 f"--single ({self.single}) cannot exceed --batch ({self.batch}): they are its first prompts"
             )
+
+
+def for_study(preset: str | None, select: RunSelection) -> InferOptions:
+    """What the study's infer stage measures for the runs `select` names at `preset`: the short `SMOKE` set at the
+    smoke preset, the full declared set otherwise."""
+    smoke = SMOKE if is_smoke(preset) else {}
+    return InferOptions(select=select, **smoke)

@@ -2,15 +2,16 @@
 adaptive exit under each KV strategy, speculative drafts), beside the teacher-forced loss and the agreement with
 full depth; and the latent view of its recurrent state. Its report section, "Inference cost".
 
-Runs after depth, with the default settings and sizes of `InferOptions` (rows already stored are skipped, so a rerun
-costs nothing). On the paper preset generation over every setting takes long on a CPU, so the stage only prints the
-command that measures it; the report section shows whatever rows exist.
+Runs after depth, with the default settings and sizes of `InferOptions` (at the tiny preset, a smoke run, the short
+set the options declare; rows already stored are skipped, so a rerun costs nothing). On the paper preset generation
+over every setting takes long on a CPU, so the stage only prints the command that measures it; the report section
+shows whatever rows exist.
 """
 
 from __future__ import annotations
 
 from benchctl.stages import RunSelection, Stage, StudyRun, story_only, unless_skipped
-from benchctl.stages.infer.options import InferOptions
+from benchctl.stages.infer.options import for_study
 from benchctl.stages.infer.report import FIGURES, inference_section
 from benchctl.stages.infer.tables import TABLES, browse_queries
 
@@ -28,9 +29,8 @@ def run(study: StudyRun) -> None:
     from benchctl.stages.infer import engine  # torch: loaded only when the stage runs
 
     study.say("inference cost per setting, and the latent view")
-    s = engine.infer_all(
-        study.db, study.opts.db_path, InferOptions(select=RunSelection(run_ids=ids)), progress=study.opts.progress
-    )
+    opts = for_study(study.opts.preset, RunSelection(run_ids=ids))
+    s = engine.infer_all(study.db, study.opts.db_path, opts, progress=study.opts.progress)
     study.log(f"   {len(s.rows)} row(s) measured, {s.skipped} already stored, {s.latents} run(s) traced")
     for run_id, setting, reason in s.unsupported:
         study.log(f"   skipped {setting} for {run_id}: {reason}")

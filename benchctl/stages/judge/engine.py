@@ -60,7 +60,7 @@ def require_key(spec: JudgeSpec, allow_insecure_key: bool = False) -> str:
 
 def has_key(spec: JudgeSpec) -> bool:
     """True when a job with this judge can be sent (its key is set, or it needs none)."""
-    return bool(backend_module(spec.backend).has_key(spec))
+    return judges.has_key(spec)
 
 
 def max_output_tokens(opts: JudgeOptions, budget: int | None) -> int:

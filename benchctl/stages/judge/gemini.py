@@ -40,9 +40,9 @@ from benchctl.stages.judge.client import (
     retry_after,
     retryable,
 )
-from benchctl.stages.judge.judges import JudgeSpec, check_key_transport
+from benchctl.stages.judge.judges import GEMINI_KEY_VARS, JudgeSpec, check_key_transport
 
-API_KEY_VARS = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
+API_KEY_VARS = GEMINI_KEY_VARS
 
 
 # --------------------------------------------------------------------------------------------------------------------

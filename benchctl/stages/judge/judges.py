@@ -37,6 +37,7 @@ GEMINI_BASE_URL_VAR = "GOOGLE_GEMINI_BASE_URL"  # read by google-genai itself wh
 OPENAI_DEFAULT_URL = "https://api.openai.com/v1"
 OPENAI_BASE_URL_VAR = "OPENAI_BASE_URL"  # read by the openai SDK itself; read here too, so the judge's name follows it
 OPENAI_KEY_VAR = "OPENAI_API_KEY"
+GEMINI_KEY_VARS = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
 # Thinking: off (budget 0) on the Gemini models that allow turning it off; other models keep their default (not
 # sent). The budget actually sent is stored with every request.
 _THINKING_OFF_MODELS = ("gemini-2.5-flash", "gemini-2.5-flash-lite")
@@ -61,6 +62,15 @@ class JudgeSpec:
         """True when the requests go to the backend's own service (so its key and prices apply)."""
         default = GEMINI_DEFAULT_URL if self.backend == GEMINI else OPENAI_DEFAULT_URL
         return self.endpoint == endpoint_of(default)
+
+
+def has_key(spec: JudgeSpec) -> bool:
+    """True when a job with this judge can be sent: its key is set, or it needs none (an OpenAI-compatible server
+    other than OpenAI's own). Read from the environment alone: a study without a key never loads a judge's SDK,
+    which takes seconds."""
+    if spec.backend == GEMINI:
+        return any(os.environ.get(var, "").strip() for var in GEMINI_KEY_VARS)
+    return bool(os.environ.get(OPENAI_KEY_VAR, "").strip()) or not spec.official
 
 
 def split_model(model: str) -> tuple[str, str]:

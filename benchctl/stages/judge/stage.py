@@ -6,6 +6,7 @@ bias, failure rates)."""
 from __future__ import annotations
 
 from benchctl.stages import RunSelection, Stage, StudyRun, story_only
+from benchctl.stages.judge import judges
 from benchctl.stages.judge.options import JudgeOptions
 from benchctl.stages.judge.reliability import reliability_section
 from benchctl.stages.judge.report import judge_section
@@ -13,23 +14,24 @@ from benchctl.stages.judge.tables import TABLES, browse_queries
 
 
 def run(study: StudyRun) -> None:
-    # the SDKs: kept out of 'benchctl report', which loads every stage for its report sections
-    from benchctl.stages.judge import api as judge
-
     opts, ids = study.opts, study.run_ids
     if study.skips("judge") or not ids:
         study.say("skipped")
         return
     if story_only(study):
         return
-    spec = judge.resolve(opts.judge_model)
-    if not judge.has_key(spec):
+    spec = judges.resolve(opts.judge_model)
+    if not judges.has_key(spec):
         keys = "GEMINI_API_KEY (or GOOGLE_API_KEY)" if spec.backend == "gemini" else "OPENAI_API_KEY"
         study.say(
             f"skipped — no {keys} set; set one and rerun "
             f"'benchctl study' (or 'benchctl judge --model {opts.judge_model}') to grade the stories"
         )
     else:
+        # the SDKs, seconds to load: kept out of 'benchctl report' (which loads every stage for its report sections)
+        # and out of a study without a key
+        from benchctl.stages.judge import api as judge
+
         study.say(f"grading with {opts.judge_model}")
         js = judge.judge_all(
             study.db,

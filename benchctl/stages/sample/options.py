@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from benchctl.core.config import is_smoke
 from benchctl.core.errors import ConfigError
 from benchctl.stages import RunSelection
 from benchctl.stages.depth.options import check_extrapolate, check_test_depth
@@ -24,6 +25,8 @@ SAMPLER = "benchctl-sample-v2"
 # (None) what the model's context leaves after each prompt, so no completion runs past the window the model was
 # trained on (see `context_limit`). 50 prompts per model: the study's scale for a judged comparison.
 DEFAULT_N_PROMPTS = 50
+# A smoke run (the tiny preset) completes a few prompts per model: enough to run generation, storage and the judge.
+SMOKE_N_PROMPTS = 4
 DEFAULT_TEMPERATURE = 1.0
 DEFAULT_TOP_K = 300
 DEFAULT_MAX_NEW_TOKENS: int | None = None
@@ -125,6 +128,13 @@ class SampleOptions:
     @property
     def hash(self) -> str:
         return hashlib.sha256(self.to_json().encode()).hexdigest()[:12]
+
+
+def study_n_prompts(preset: str | None, given: int | None = None) -> int:
+    """Story beginnings the study completes per model: `given` (--n-prompts), else the preset's default."""
+    if given is not None:
+        return given
+    return SMOKE_N_PROMPTS if is_smoke(preset) else DEFAULT_N_PROMPTS
 
 
 def context_limit(prompt_len: int, max_seq_len: int) -> int:

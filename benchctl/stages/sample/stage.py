@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from benchctl.stages import RunSelection, Stage, StudyRun, story_only, unless_skipped
 from benchctl.stages.sample import engine as sample
-from benchctl.stages.sample.options import DEFAULT_N_PROMPTS, SampleOptions
+from benchctl.stages.sample.options import SampleOptions, study_n_prompts
 from benchctl.stages.sample.tables import TABLES
 
 
@@ -17,7 +17,9 @@ def run(study: StudyRun) -> None:
         return
     study.say("story completions from the fixed prompt set")
     opts = SampleOptions(
-        select=RunSelection(run_ids=ids), n_prompts=study.opts.n_prompts or DEFAULT_N_PROMPTS, jobs=study.opts.jobs
+        select=RunSelection(run_ids=ids),
+        n_prompts=study_n_prompts(study.opts.preset, study.opts.n_prompts),
+        jobs=study.opts.jobs,
     )
     s = sample.sample_all(study.db, study.opts.db_path, opts, progress=study.opts.progress)
     study.log(f"   {s.generated} new sample(s), {s.skipped} already stored")

@@ -7,6 +7,8 @@ decide their own compute, their auxiliary losses and metrics, and for an IsoFLOP
 
 from __future__ import annotations
 
+from typing import Any
+
 from benchctl.stages import Stage, StudyRun, weights_read_after
 from benchctl.stages.train.options import TrainOptions
 from benchctl.stages.train.report import cost_section, loss_section, models_section, runs_section
@@ -47,10 +49,69 @@ def run(study: StudyRun) -> None:
     )
 
 
+def estimate(study: StudyRun) -> tuple[float, str] | None:
+    """The runs not yet done (by their stored configuration), at their shapes' speed here (the estimate `benchctl
+    plans show` makes), side by side in the study's local jobs; None when every run is done."""
+    from benchctl.stages.train import estimate as est
+    from benchctl.stages.train.executors import plan_slots
+
+    opts = study.opts
+    preset = str(opts.preset)
+    done = est.done_configs(opts.db_path, preset)
+    todo = [c for c in study.cfgs if c.to_json() not in done]
+    if not todo:
+        return None
+    jobs, threads = 1, None  # one at a time, in this process: with the threads torch has here
+    if opts.executor == "local":
+        slots = plan_slots(opts.jobs, len(todo), todo[0].train.device)
+        if slots.jobs > 1:  # side by side, each process with its share of the cores
+            jobs, threads = slots.jobs, slots.threads
+    e = est.estimate(todo, opts.db_path, preset, threads)
+    side = f", {jobs} at a time" if jobs > 1 else ""
+    return e.total(todo) / jobs, f"{len(todo)} run(s){side}; {e.brief()}"
+
+
+def summary(study: StudyRun) -> list[str]:
+    """Each model's final validation loss, the mean over its seeds with a 95% t-interval from two seeds on, and its
+    training time per run (steps, warm-up and evaluations), one line per variant of the study."""
+    from benchctl.core.config import run_id
+    from benchctl.core.progress import format_duration
+    from benchctl.core.stats import mean_ci
+    from benchctl.stages.train import tables as train_tables
+
+    names = study.variants or [c.arch for c in study.cfgs]
+    fingerprint = getattr(study.prepared, "fingerprint", None)
+    done = set(study.run_ids)
+    per: dict[str, list[dict[str, Any]]] = {}
+    for name, cfg in zip(names, study.cfgs):
+        rid = run_id(cfg, fingerprint) if fingerprint is not None else None
+        row = train_tables.get_run(study.db, rid) if rid in done else None
+        per.setdefault(name, []).append(row or {})
+    if not per:
+        return []
+    width = max(5, *(len(n) for n in per))
+    out = [f"{'model':<{width}}  seeds  final val loss (95% CI)     training time (per run)"]
+    for name, rows in per.items():
+        ok = [r for r in rows if r.get("final_val_loss") is not None]
+        ci = mean_ci(r["final_val_loss"] for r in ok)
+        if ci.mean is None:
+            loss = "not trained"
+        elif ci.lo is None or ci.hi is None:
+            loss = f"{ci.mean:.3f}"
+        else:
+            loss = f"{ci.mean:.3f} ({ci.lo:.3f} to {ci.hi:.3f})"
+        secs = [sum(float(r.get(k) or 0.0) for k in ("train_seconds", "warmup_seconds", "eval_seconds")) for r in ok]
+        train = format_duration(sum(secs) / len(secs)) if secs else "-"
+        out.append(f"{name:<{width}}  {f'{len(ok)}/{len(rows)}':>5}  {loss:<26}  {train}")
+    return out
+
+
 STAGE = Stage(
     name="train",
     order=ORDER,
     run=run,
+    estimate=estimate,
+    summary=summary,
     tables=TABLES,
     queries=browse_queries,
     sections=(
