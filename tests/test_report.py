@@ -121,6 +121,7 @@ def done_values(db: Path, column: str, arch: str, preset: str = "tiny") -> list[
     ]
 
 
+@pytest.mark.registry  # the report renders every registered stage's sections
 def test_every_section_present_in_order(full):
     md = full["md"]
     pos = [md.index(f"\n## {s}\n") for s in SECTIONS]
@@ -129,6 +130,7 @@ def test_every_section_present_in_order(full):
     assert "Runs of preset `tiny`: 12 done, 1 running, 1 failed." in md
 
 
+@pytest.mark.registry  # the report renders every registered stage's sections
 def test_no_missing_value_reaches_the_text_as_a_word(full):
     """A missing value is '-' or a sentence, never pandas' or Python's name for it: with pandas' string dtype a text
     column's None comes back as NaN, and `is None` or truthiness then lets 'nan' into a cell."""
@@ -570,6 +572,7 @@ def _one_line_sections(md: str, names) -> None:
         assert "`benchctl " in body[0], (name, body)
 
 
+@pytest.mark.registry  # the report renders every registered stage's sections
 def test_empty_database(tmp_path):
     p = tmp_path / "empty.db"
     stages.connect(p).conn.close()
@@ -584,6 +587,7 @@ def test_empty_database(tmp_path):
     assert not list((tmp_path / "r" / "figures").glob("*.png"))
 
 
+@pytest.mark.registry  # the report renders every registered stage's sections
 def test_database_without_tables(tmp_path):
     p = tmp_path / "bare.db"
     sqlite3.connect(p).execute("vacuum").connection.close()  # an SQLite file with nothing in it yet
@@ -594,6 +598,7 @@ def test_database_without_tables(tmp_path):
         report_engine.write_report(p, tmp_path / "r")
 
 
+@pytest.mark.registry  # the report renders every registered stage's sections
 def test_partial_database_runs_only(tmp_path):
     p = build_fixture_db(tmp_path / "r.db", judge=False, evals=False, seeds=(0, 1))
     md = report_engine.write_report(p, tmp_path / "r").read_text()
@@ -614,6 +619,7 @@ def test_partial_database_runs_only(tmp_path):
     ]
 
 
+@pytest.mark.registry  # the report renders every registered stage's sections
 def test_no_finished_runs(tmp_path):
     p = tmp_path / "r.db"
     db = stages.connect(p)
