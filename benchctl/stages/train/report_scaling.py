@@ -112,10 +112,12 @@ def optimum(points: pd.DataFrame, n_boot: int = BOOTSTRAP, seed: int = BOOTSTRAP
         return Optimum(fit, None, None, None, None, empty, None)
     rng = np.random.default_rng(seed)
     ns, ls = np.full(n_boot, np.nan), np.full(n_boot, np.nan)
+    # each width's columns as arrays once: read from the frame inside the loop they cost more than the fits
+    cols = [(g["params"].to_numpy(float), g["final"].to_numpy(float)) for g in groups]
     for i in range(n_boot):
-        idx = [rng.integers(0, len(g), len(g)) for g in groups]
-        p = np.concatenate([g["params"].to_numpy(float)[j] for g, j in zip(groups, idx)])
-        y = np.concatenate([g["final"].to_numpy(float)[j] for g, j in zip(groups, idx)])
+        idx = [rng.integers(0, len(gp), len(gp)) for gp, _ in cols]
+        p = np.concatenate([gp[j] for (gp, _), j in zip(cols, idx)])
+        y = np.concatenate([gy[j] for (_, gy), j in zip(cols, idx)])
         f = fit_parabola(p, y)
         if f is not None and f.problem is None:
             ns[i], ls[i] = f.n_star, f.l_star
