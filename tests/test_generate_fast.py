@@ -213,8 +213,10 @@ def test_each_model_has_its_own_compiled_graphs(monkeypatch):
 
     monkeypatch.setattr(gen, "compiler_unavailable", lambda device: None)
     kw = dict(max_new_tokens=6, temperature=0.0)
-    with _dynamo_eager(monkeypatch, limit=2):
-        for arch in ("control", "frailt", "three-part", "relaxed"):  # a graph each (batch of one, one span): four
+    # a graph each (batch of one, one span): two models past a limit of one show a shared step function as well as
+    # four past a limit of two, at half the tracing
+    with _dynamo_eager(monkeypatch, limit=1):
+        for arch in ("control", "three-part"):
             model = build(arch, "tiny")
             rep = DecodeReport()
             ref = run(model, PROMPTS[:1], fast=False, **kw)
