@@ -206,6 +206,7 @@ def _dynamo_eager(monkeypatch, limit: int):
     return torch._dynamo.config.patch(recompile_limit=limit)
 
 
+@pytest.mark.slow  # dynamo traces each model's decode step
 def test_each_model_has_its_own_compiled_graphs(monkeypatch):
     """Dynamo keeps at most recompile_limit graphs per code object: models that shared one step function would
     use that up between them, and the later ones would run eagerly while reported as compiled."""
@@ -224,6 +225,7 @@ def test_each_model_has_its_own_compiled_graphs(monkeypatch):
             assert rep.compiled and rep.reason == "", (arch, rep.reason)
 
 
+@pytest.mark.slow  # dynamo traces the step for every batch shape
 def test_a_step_past_the_graph_limit_is_reported_eager(monkeypatch):
     """A generation that needs more graphs than dynamo keeps (rows leave the batch: new shapes) says it fell back,
     instead of running eagerly under the name of the compiled step."""

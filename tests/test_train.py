@@ -135,6 +135,7 @@ def test_resume_in_process_is_bit_identical(tmp_path, tinystories_dir, monkeypat
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+@pytest.mark.slow  # two training processes, one killed
 def test_kill_9_then_rerun_resumes_to_the_same_loss(tmp_path, tinystories_dir, monkeypatch):
     cache = tmp_path / "cache"
     args = ["train", "--arch", "control", "--preset", "tiny", "--data", str(tinystories_dir), "--no-progress", *FAST]
@@ -268,6 +269,7 @@ def test_train_all_runs_four_architectures(tmp_path, tinystories_dir, monkeypatc
     assert all(abs(r[2] - torch.log(torch.tensor(512.0)).item()) < 0.5 for r in rows)
 
 
+@pytest.mark.slow  # a benchctl process per case
 @pytest.mark.parametrize(
     "extra, code, needle",
     [
@@ -441,6 +443,7 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path, tinystories_dir, monkeypa
     assert "unreadable" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a benchctl process importing torch
 def test_paper_on_cpu_asks_first_and_refuses_without_yes(tmp_path, tinystories_dir):
     # vocab 512: paper-scale compute either way, and fits the synthetic stories used where the real sample is absent
     p = cli_proc(
