@@ -42,6 +42,14 @@ BUILTIN_STAGES = (
 
 
 def pytest_collection_modifyitems(config, items):
+    # The `registry` mark: tests that list a registry, found in their syntax tree (tests/registry_marks.py says how);
+    # CI's second pass, with the extension examples in the tree, runs these.
+    from registry_marks import reads_registry
+
+    for item in items:
+        name = getattr(item, "originalname", None)
+        if name is not None and reads_registry(item.path, name, list(getattr(item, "fixturenames", ()))):
+            item.add_marker(pytest.mark.registry)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

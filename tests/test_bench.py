@@ -236,6 +236,7 @@ def test_profiled_step_separates_kernel_time_from_the_rest():
 BENCHED = ["control", "frailt"]
 
 
+@pytest.mark.slow  # each architecture trained, timed and profiled, beside the eager reference
 def test_bench_cli_smoke(tmp_path, monkeypatch):
     monkeypatch.delenv("BENCHCTL_DB", raising=False)
     db_path = tmp_path / "results.db"
@@ -342,6 +343,7 @@ def test_bench_table_output_and_equivalence_check(tmp_path):
     assert check["steps"] == 3 and check["max_abs_diff"] < 1e-4 and len(check["reference_losses"]) == 3
 
 
+@pytest.mark.slow  # every architecture's generation timed at two batches and two precisions
 def test_bench_decode_times_both_paths_and_checks_the_tokens(tmp_path):
     db_path = tmp_path / "r.db"
     argv = ["bench", "--decode", "--preset", "tiny", "--batches", "1,3", "--new-tokens", "6", "--repeats", "2"]

@@ -40,6 +40,7 @@ from benchctl.cli import main
 from tests.fixtures_db import build_fixture_db
 
 
+@pytest.mark.registry  # browse describes every registered stage's tables and serves their queries
 def test_every_described_table_is_in_the_metadata_with_its_columns(tmp_path):
     path = build_fixture_db(tmp_path / "results.db", seeds=(0,), judge=False, evals=False)
     served = browse.check_database(path)
@@ -86,6 +87,7 @@ def _add_accuracy_rows(path: Path) -> None:
     conn.close()
 
 
+@pytest.mark.registry  # browse describes every registered stage's tables and serves their queries
 def test_canned_queries_follow_the_schema(tmp_path):
     path = build_fixture_db(tmp_path / "results.db", seeds=(0,), judge=False, evals=False)
     served = browse.check_database(path)

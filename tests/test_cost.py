@@ -108,6 +108,7 @@ def test_every_run_records_cpu_time_load_threads_jobs_and_its_memory_baseline(tm
     assert row["cpu_seconds"] > 0 and row["load_avg"] is not None
 
 
+@pytest.mark.slow  # two training runs, then bench's profiled step of each
 def test_each_run_records_its_steps_own_memory_as_bench_measures_it(tmp_path, tinystories_dir, monkeypatch):
     """step_mem_bytes: parameters + optimizer state + the peak of torch's allocations during one optimizer step, as
     `benchctl bench` measures it. Unlike the process's RSS, a run trained after a larger one in the same process

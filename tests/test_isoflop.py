@@ -77,6 +77,7 @@ def test_the_grid_sets_widths_steps_and_a_scaled_schedule(tmp_path):
         assert cfg.train.eval_interval == max(1, round(cfg.train.max_steps * base.train.eval_interval / 30))
 
 
+@pytest.mark.slow  # trains the small preset's 4096-piece tokenizer
 def test_the_builtin_isoflop_plan_fits_the_sample_at_small():
     """At least 3 budgets, 4 widths, the study's four; no run beyond max_epochs of the bundled sample at small. The
     plan's budgets are sized for that sample's real text, so synthetic stories cannot stand in for it."""
@@ -679,6 +680,7 @@ def test_a_grid_whose_every_run_misses_its_budget_is_listed_not_fitted(tmp_path)
 # End to end
 
 
+@pytest.mark.slow  # a study training a grid of runs, twice
 def test_a_tiny_isoflop_study_trains_resumes_and_reports(tmp_path, tinystories_dir, monkeypatch):
     """Real training of a 2 widths x 2 budgets grid at tiny (a few steps each) through `study`: the plan's grid
     point and the split's size land in the database, the report has its Scaling section, and a rerun trains

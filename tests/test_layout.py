@@ -27,6 +27,11 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("benchctl", "architectures")
 
+# The import graph walks every module of the tree and `--help` loads every stage's command: the extension
+# examples' files and command are checked with the rest.
+pytestmark = pytest.mark.registry
+
+
 # (importer, what it must not import): a module is matched with its submodules
 FORBIDDEN = [
     ("architectures", ("benchctl",)),

@@ -193,6 +193,7 @@ def test_params_config_errors(capsys, argv, expect):
     assert code == 2 and expect in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow  # a benchctl process importing torch
 def test_console_script_error_has_no_traceback():
     proc = subprocess.run(
         [sys.executable, "-m", "benchctl", "params", "--arch", "thre-part"],

@@ -130,6 +130,7 @@ def done_values(db: Path, column: str, arch: str, preset: str = "tiny") -> list[
     ]
 
 
+@pytest.mark.registry  # the report renders every registered stage's sections
 def test_every_section_present_in_order(full):
     md = full["md"]
     pos = [md.index(f"\n## {s}\n") for s in SECTIONS]
@@ -138,6 +139,7 @@ def test_every_section_present_in_order(full):
     assert "Runs of preset `tiny`: 12 done, 1 running, 1 failed." in md
 
 
+@pytest.mark.registry  # the report renders every registered stage's sections
 def test_no_missing_value_reaches_the_text_as_a_word(full):
     """A missing value is '-' or a sentence, never pandas' or Python's name for it: with pandas' string dtype a text
     column's None comes back as NaN, and `is None` or truthiness then lets 'nan' into a cell."""
@@ -656,12 +658,21 @@ def test_figures_are_valid_pngs(full):
         assert f"](figures/{name})" in full["md"]
 
 
-def test_same_database_same_bytes(full, tmp_path):
-    out2 = report_engine.write_report(full["db"], tmp_path / "again")
-    assert out2.read_bytes() == full["out"].read_bytes()
+@pytest.fixture(scope="module")
+def cli_written(full):
+    """`benchctl report` run once on the fixture's database, into a folder of its own: a second rendering of the same
+    database, which the tests below compare with the first and start from (a whole report with its figures is slow
+    to draw, so it is drawn once)."""
+    out = full["dir"] / "cli"
+    res = CliRunner().invoke(app, ["report", "--db", str(full["db"]), "--out", str(out)])
+    return {"res": res, "dir": out}
+
+
+def test_same_database_same_bytes(full, cli_written):
+    again = cli_written["dir"]
+    assert (again / "report.md").read_bytes() == full["out"].read_bytes()
     for name in _expected_figures():
-        again = (tmp_path / "again" / "figures" / name).read_bytes()
-        assert again == (full["out"].parent / "figures" / name).read_bytes()
+        assert (again / "figures" / name).read_bytes() == (full["out"].parent / "figures" / name).read_bytes()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -675,6 +686,7 @@ def _one_line_sections(md: str, names) -> None:
         assert "`benchctl " in body[0], (name, body)
 
 
+@pytest.mark.registry  # the report renders every registered stage's sections
 def test_empty_database(tmp_path):
     p = tmp_path / "empty.db"
     stages.connect(p).conn.close()
@@ -689,6 +701,7 @@ def test_empty_database(tmp_path):
     assert not list((tmp_path / "r" / "figures").glob("*.png"))
 
 
+@pytest.mark.registry  # the report renders every registered stage's sections
 def test_database_without_tables(tmp_path):
     p = tmp_path / "bare.db"
     sqlite3.connect(p).execute("vacuum").connection.close()  # an SQLite file with nothing in it yet
@@ -699,6 +712,7 @@ def test_database_without_tables(tmp_path):
         report_engine.write_report(p, tmp_path / "r")
 
 
+@pytest.mark.registry  # the report renders every registered stage's sections
 def test_partial_database_runs_only(tmp_path):
     p = build_fixture_db(tmp_path / "r.db", judge=False, evals=False, seeds=(0, 1))
     md = report_engine.write_report(p, tmp_path / "r").read_text()
@@ -719,6 +733,7 @@ def test_partial_database_runs_only(tmp_path):
     ]
 
 
+@pytest.mark.registry  # the report renders every registered stage's sections
 def test_no_finished_runs(tmp_path):
     p = tmp_path / "r.db"
     db = stages.connect(p)
@@ -852,17 +867,21 @@ def test_paper_preset_shows_the_study_beside_ours(tmp_path):
 # CLI
 
 
-def test_cli_report(full, tmp_path):
-    res = CliRunner().invoke(app, ["report", "--db", str(full["db"]), "--out", str(tmp_path / "rep")])
+def test_cli_report(full, cli_written):
+    res, out = cli_written["res"], cli_written["dir"]
     assert res.exit_code == 0, res.output
     assert "wrote" in res.output and "report.md" in res.output and "preset: tiny" in res.output
-    assert (tmp_path / "rep" / "report.md").read_bytes() == full["out"].read_bytes()
-    assert len(list((tmp_path / "rep" / "figures").glob("*.png"))) == len(_expected_figures())
+    assert (out / "report.md").read_bytes() == full["out"].read_bytes()
+    assert len(list((out / "figures").glob("*.png"))) == len(_expected_figures())
 
 
-def test_cli_stale_figures_are_removed(full, tmp_path):
-    out = tmp_path / "rep"
-    assert CliRunner().invoke(app, ["report", "--db", str(full["db"]), "--out", str(out)]).exit_code == 0
+def test_cli_stale_figures_are_removed(cli_written, tmp_path):
+    import shutil
+
+    assert cli_written["res"].exit_code == 0
+    out = tmp_path / "rep"  # a copy of the command's folder, figures and all: the module's stays as it was
+    shutil.copytree(cli_written["dir"], out)
+    assert list((out / "figures").glob("*.png"))
     empty = tmp_path / "empty.db"
     stages.connect(empty).conn.close()
     assert CliRunner().invoke(app, ["report", "--db", str(empty), "--out", str(out)]).exit_code == 0

@@ -139,6 +139,7 @@ def _rows(db_path, sql):
     return rows
 
 
+@pytest.mark.slow  # three studies: training, a conversion, reports
 def test_study_converts_the_parent_resumes_a_stopped_conversion_and_a_rerun_trains_nothing(
     tmp_path, tinystories_dir, monkeypatch
 ):

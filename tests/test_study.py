@@ -16,6 +16,9 @@ from benchctl.stages.train import sweep
 from benchctl.study import StudyOptions, run_study
 from tests.conftest import BUILTIN_STAGES
 
+# The study runs every registered stage, in order: an added stage changes what each test here drives.
+pytestmark = pytest.mark.registry
+
 
 def test_registry_is_the_study_in_order():
     orders = [s.order for s in stages.registered()]

@@ -16,9 +16,15 @@ import sqlite3
 import subprocess
 import sys
 
+import pytest
+
 from benchctl import report, stages
 from benchctl.core.db import META, SCHEMA_VERSION
 from tests.conftest import BUILTIN_STAGES
+
+# A fresh database holds every registered stage's tables: an added stage's table is one more here.
+pytestmark = pytest.mark.registry
+
 
 EXPECTED_SQL = {
     "bench": (

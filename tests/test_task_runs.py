@@ -253,6 +253,7 @@ def test_accuracy_matches_the_tasks_scorer_on_the_decoded_answers(task_run):
     assert row["correct"] == right
 
 
+@pytest.mark.slow  # accuracy at every depth, then a whole report with its figures
 def test_the_report_shows_accuracy_per_level_and_against_depth(looped_run, tmp_path, capsys):
     from benchctl.stages.report import engine as report_engine
 
