@@ -231,7 +231,8 @@ def hardware_line(ctx: Context) -> str:
 
 def fig_loss_curves(ctx: Context, curves: pd.DataFrame) -> Any:
     """Figure 3 of the study: validation loss against tokens; mean over seeds, band = min–max over seeds;
-    right panel zooms into the second half of training, where the models differ."""
+    right panel zooms into the second half of each model's own training, where the models differ (models trained on
+    different token counts each keep their second half in view)."""
     if curves.empty:
         return None
     models = [m for m in ctx.models if m in set(curves["model"])]
@@ -241,13 +242,12 @@ def fig_loss_curves(ctx: Context, curves: pd.DataFrame) -> Any:
     with _style():
         fig = _figure(11.0, 5.2)
         axes = fig.subplots(1, 2)
-        half = xmax / 2
         for ax, zoom in zip(axes, (False, True)):
             ymin, ymax = math.inf, -math.inf
             for m in models:
                 c = curves[curves["model"] == m]
-                if zoom:
-                    c = c[c["tokens"] >= half]
+                if zoom:  # the second half of this model's own run: a model trained on fewer tokens stays in view
+                    c = c[c["tokens"] >= float(c["tokens"].max()) / 2]
                 if c.empty:
                     continue
                 x = c["tokens"].to_numpy(float) / scale
@@ -268,7 +268,7 @@ def fig_loss_curves(ctx: Context, curves: pd.DataFrame) -> Any:
             if zoom and math.isfinite(ymin):
                 pad = max((ymax - ymin) * 0.08, 1e-3)
                 ax.set_ylim(ymin - pad, ymax + pad)
-            ax.set_title("second half of training" if zoom else "whole run", fontsize=11)
+            ax.set_title("second half of each model's training" if zoom else "whole run", fontsize=11)
         handles, labels = unique_entries(*axes[0].get_legend_handles_labels())
         n = int(curves["n"].max())
         band = "band = min–max over seeds" if n > 1 else "one seed per model: no band"
@@ -366,11 +366,23 @@ def fig_final_loss(ctx: Context, loss: pd.DataFrame) -> Any:
             ax,
             "Final validation loss per model",
             [
-                f"preset {ctx.preset} · {ftokens(df['tokens'].max())} tokens per run · dots = seeds, "
+                f"preset {ctx.preset} · {tokens_per_run(df['tokens'])} · dots = seeds, "
                 + ("diamond = mean ± 95% CI" if df["final_n"].max() > 1 else "diamond = mean (one seed: no CI)")
             ],
         )
     return fig
+
+
+def tokens_per_run(tokens: pd.Series) -> str:
+    """The training tokens of a figure's models, as its subtitle states them: one count when every model trained on
+    as many, else the range (a model trained on more, such as a compute-matched control, must not lend its count to
+    the others)."""
+    values = sorted({float(t) for t in tokens if not missing(t)})
+    if not values:
+        return "tokens per run unknown"
+    if len(values) == 1:
+        return f"{ftokens(values[0])} tokens per run"
+    return f"{ftokens(values[0])} to {ftokens(values[-1])} tokens per run (by model)"
 
 
 def legend_groups(ctx: Context, models: list[str]) -> tuple[dict[str, str], dict[str, str]]:

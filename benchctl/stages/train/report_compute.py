@@ -191,9 +191,11 @@ def compute_section(frames: Frames) -> list[str]:
     ]
     out += md_table(headers, rows, right=range(2, len(headers))) + [""]
     out.append(
-        FLOP_DEFINITION + " The control family (every model of the control architecture) is drawn as a line: "
-        "a recurrent model below it reaches a lower loss than a plain transformer given the same training "
-        "compute."
+        FLOP_DEFINITION + " The control's frontier (a step line over the models of the control architecture) is, "
+        "at each x, the lowest mean final loss of any control model that spent that much compute or less: a model "
+        "below it reaches a lower loss than every control model that used no more training compute (or, on the "
+        "parameters panel, no more parameters). Between control models the frontier is flat, not interpolated: "
+        "nothing was measured there."
     )
     if adaptive:
         out[-1] += (
@@ -313,7 +315,8 @@ def _ci(r: dict[str, Any]) -> str:
 
 
 def _scatter_panel(ax: Any, ctx: Context, runs: pd.DataFrame, per: pd.DataFrame, x: str, xlabel: str) -> None:
-    """Final loss against `x` (log scale): a dot per seed, a diamond per model mean, the control family joined."""
+    """Final loss against `x` (log scale): a dot per seed, a diamond per model mean, the control's frontier as a
+    step line."""
     colour, entry = legend_groups(ctx, list(per["model"]))
     for m in per["model"]:
         g, r = runs[runs["model"] == m], per[per["model"] == m].iloc[0]
@@ -331,20 +334,40 @@ def _scatter_panel(ax: Any, ctx: Context, runs: pd.DataFrame, per: pd.DataFrame,
             zorder=3,
             label=entry[m],
         )
-    fam = per[[is_control_family(ctx, m) for m in per["model"]]].dropna(subset=[x, "final"]).sort_values(x)
+    fam = per[[is_control_family(ctx, m) for m in per["model"]]].dropna(subset=[x, "final"])
     if len(fam) > 1:
+        xs, ys = lower_envelope(fam[x].to_numpy(float), fam["final"].to_numpy(float))
         ax.plot(
-            fam[x],
-            fam["final"],
+            xs,
+            ys,
             color=ctx.colours.get(CONTROL, "#4D4D4D"),
             linewidth=1.4,
             linestyle="--",
+            drawstyle="steps-post",
             zorder=1,
-            label="control family",
+            label="control frontier (best control at ≤ x)",
         )
     _log_x(ax)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("final validation loss (nats/token)")
+
+
+def lower_envelope(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The staircase of the best y reached at or below each x: the points (sorted by x) where the running minimum
+    of y changes, then the largest x at the last minimum, so a "steps-post" line spans every model. A point under it
+    beats every model at its x or less; a line joining the models sorted by x claims that only where it happens to
+    fall."""
+    order = np.argsort(x, kind="stable")
+    xs, ys = x[order], y[order]
+    keep_x, keep_y = [xs[0]], [ys[0]]
+    for a, b in zip(xs[1:], ys[1:]):
+        if b < keep_y[-1]:
+            keep_x.append(a)
+            keep_y.append(b)
+    if xs[-1] > keep_x[-1]:
+        keep_x.append(xs[-1])
+        keep_y.append(keep_y[-1])
+    return np.array(keep_x), np.array(keep_y)
 
 
 def _log_x(ax: Any) -> None:
