@@ -30,7 +30,7 @@ training forward is causal is declared (`causal_training`, `inference_rule`) and
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
 
@@ -39,7 +39,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from architectures.blocks import AnyCache, Block, RMSNorm, StaticKVCache, block_forward_flops, precompute_rope
-from architectures.kernels import IGNORE_INDEX, linear_cross_entropy
+from architectures.kernels import IGNORE_INDEX, linear_cross_entropy, when_dynamo_loads
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -629,9 +629,19 @@ class BaseLM(nn.Module):
         return float(sum(f * (3 if bwd else 1) for f, bwd in terms))
 
 
-@torch.compiler.disable
-def _eager_embed(embedding: nn.Module, dropout: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+def _embed(embedding: nn.Module, dropout: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     return dropout(embedding(tokens))
+
+
+_eager_embed: Callable[..., torch.Tensor] = _embed  # left out of compiled graphs once dynamo loads (the loss's reason)
+
+
+def _disable_embed() -> None:
+    global _eager_embed
+    _eager_embed = torch.compiler.disable(_embed)
+
+
+when_dynamo_loads(_disable_embed)
 
 
 class _SlotScope:

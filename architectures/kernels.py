@@ -19,10 +19,58 @@ its reference. Each change here was measured with `benchctl bench`.
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any
 
 import torch
+
+
+def when_dynamo_loads(callback: Callable[[], None]) -> None:
+    """Run `callback` once torch._dynamo is imported: now if it is, else right after its import.
+
+    For what must be made with `torch.compiler.disable` (a function left out of torch.compile's graphs): making it
+    imports torch._dynamo, seconds that every process importing the architectures would pay, while only a process
+    that compiles needs it, and that one imports dynamo before it traces anything. The callback runs after the
+    module's own code, before the import statement that loaded it returns."""
+    if "torch._dynamo" in sys.modules:
+        callback()
+        return
+    _DYNAMO_WAITING.append(callback)
+    if not any(isinstance(f, _AfterDynamoImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterDynamoImport())
+
+
+_DYNAMO_WAITING: list[Callable[[], None]] = []
+
+
+class _AfterDynamoImport(importlib.abc.MetaPathFinder):
+    """Finds torch._dynamo as the other finders would, and has its loader run the waiting callbacks after it."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != "torch._dynamo":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        exec_module = loader.exec_module
+
+        def exec_then_call(module: Any) -> None:
+            exec_module(module)
+            waiting = list(_DYNAMO_WAITING)
+            _DYNAMO_WAITING.clear()
+            for callback in waiting:
+                callback()
+
+        loader.exec_module = exec_then_call  # type: ignore[method-assign]
+        return spec
+
 
 IGNORE_INDEX = -1  # targets equal to this are left out of the loss (llama2.c's ignore_index)
 
@@ -325,8 +373,17 @@ def _linear_cross_entropy(
 
 # Under torch.compile on a CPU the loss runs as written, between the compiled graphs of the model's body: its chunk
 # loop is already the fast form of the head there (the compiled step with it left eager beats the eager step), and its
-# host-side check of the targets would break the graph at the first chunk anyway.
-_eager_linear_cross_entropy = torch.compiler.disable(_linear_cross_entropy)
+# host-side check of the targets would break the graph at the first chunk anyway. Used only while compiling, so made
+# when dynamo loads (see when_dynamo_loads); until then it is the function itself.
+_eager_linear_cross_entropy: Callable[..., torch.Tensor] = _linear_cross_entropy
+
+
+def _disable_loss() -> None:
+    global _eager_linear_cross_entropy
+    _eager_linear_cross_entropy = torch.compiler.disable(_linear_cross_entropy)
+
+
+when_dynamo_loads(_disable_loss)
 
 
 def compute_dtype(h: torch.Tensor) -> torch.dtype:

@@ -1027,3 +1027,56 @@ def test_forward_on_cuda_matches_cpu(arch, tiny_model):
     assert abs(bf16_loss.item() - cpu_loss.item()) < 0.05
     outs = generate(gpu, x[:, :4].tolist(), max_new_tokens=5, temperature=0.0)
     assert [len(o.tokens) for o in outs] == [5, 5]
+
+
+def test_under_compile_the_embedding_and_the_cpu_loss_run_eagerly(tiny_args, monkeypatch):
+    """The embedding's backward and the CPU loss stay out of torch.compile's graphs (inductor's atomic adds would
+    make compiled runs irreproducible; the loss's chunk loop is already the fast form): both run as plain eager
+    calls between the graphs, and the step's loss and gradients are the eager step's."""
+    calls: dict[str, list[bool]] = {"embed": [], "loss": []}
+    chunked = kernels._chunked_cross_entropy
+
+    def spy_loss(*a):
+        calls["loss"].append(torch.compiler.is_compiling())
+        return chunked(*a)
+
+    monkeypatch.setattr(kernels, "_chunked_cross_entropy", spy_loss)
+    torch.manual_seed(0)
+    args = tiny_args("control")
+    model = architectures.build("control", args)
+    model.tok_embeddings.register_forward_hook(lambda *_: calls["embed"].append(torch.compiler.is_compiling()))
+    x = tokens(2, 16, args.vocab_size)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="eager")  # dynamo's tracing alone: what is left out of the graph
+    _, got = compiled(x, targets=x, return_logits=False)
+    got.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    _, want = model(x, targets=x, return_logits=False)
+    want.backward()
+    n = len(calls["embed"])
+    assert n == 2 and calls["loss"], calls  # the compiled call's and the eager one's
+    assert not any(calls["embed"] + calls["loss"]), calls
+    torch.testing.assert_close(got, want)
+    for a, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(a, p.grad)
+
+
+def test_dynamo_loads_only_in_a_process_that_compiles():
+    """torch._dynamo costs seconds to import: importing the architectures does not load it (a listing, an
+    evaluation, a training run without compile never pay for it), and once it loads, the functions kept out of
+    compiled graphs are made."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, architectures\n"
+        "from architectures import base, kernels\n"
+        "print('torch._dynamo' in sys.modules, base._eager_embed is base._embed,\n"
+        "      kernels._eager_linear_cross_entropy is kernels._linear_cross_entropy)\n"
+        "import torch._dynamo\n"
+        "print(base._eager_embed is base._embed,\n"
+        "      kernels._eager_linear_cross_entropy is kernels._linear_cross_entropy)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split("\n")[:2] == ["False True True", "False False"]
