@@ -153,3 +153,24 @@ def reads_registry(path: Path, function: str, fixtures: list[str]) -> bool:
     conftest = _module(TESTS / "conftest.py")
     names = {function, *fixtures}
     return bool(names & mod.bound()) or bool(set(fixtures) & conftest.bound())
+
+
+def reads_registry_beyond_parameters(path: Path, function: str, fixtures: list[str], argnames: list[str]) -> bool:
+    """Whether the test `function` lists a registry other than through its own `@pytest.mark.parametrize`
+    arguments `argnames`: in its body, or through a fixture it requests (a fixture parametrised over a registry
+    counts: its own code may list more). A test that lists a registry only in its parameters runs the same code for
+    a parameter whatever else is registered, so CI's pass with the examples needs only the new parameters' cases."""
+    mod = _module(Path(path).resolve())
+    conftest = _module(TESTS / "conftest.py")
+    bound = mod.bound()
+    defs = [d for d in mod.defs.get(function, []) if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    if len(defs) != 1:
+        return True  # not a plain module-level test function: assume the worst
+    body = ast.Module(body=defs[0].body, type_ignores=[])
+    args = ast.Module(
+        body=[ast.Expr(a) for a in [*defs[0].args.defaults, *defs[0].args.kw_defaults] if a], type_ignores=[]
+    )
+    if any(mod.references_registry(n) or _uses(n, bound - {function}) for n in (body, args)):
+        return True
+    requested = set(fixtures) - set(argnames)
+    return bool(requested & bound) or bool(requested & conftest.bound())

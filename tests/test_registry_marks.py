@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from registry_marks import LISTERS, TESTS, reads_registry
+from registry_marks import LISTERS, TESTS, reads_registry, reads_registry_beyond_parameters
 
 # The functions of the registry modules that read the registry but do not list it: they look one entry up by name,
 # or (connect) are how every test opens a database; a test whose outcome depends on the set of tables lists them
@@ -135,6 +135,15 @@ SAMPLE = """
     def test_fixture_db(tmp_path):
         build_fixture_db(tmp_path / "r.db", archs=STUDY_ARCHS)
         stages.connect(tmp_path / "r.db")
+
+
+    @pytest.mark.parametrize("arch", architectures.names())
+    def test_parametrised_and_listing(arch):
+        assert arch in architectures.names()
+
+
+    @pytest.mark.parametrize("arch", architectures.names())
+    def test_parametrised_with_a_listing_fixture(arch, skips): ...
     """
 
 
@@ -178,3 +187,75 @@ def test_the_suite_marks_its_registry_tests():
         ("test_integrity", "test_a_checkpoint_of_another_run_is_refused_with_exit_4"),
     ]:
         assert not reads_registry(TESTS / f"{module}.py", test, []), (module, test)
+
+
+@pytest.mark.parametrize(
+    "test, fixtures, argnames, beyond",
+    [
+        ("test_parametrised", ["arch"], ["arch"], False),  # a name's case runs the same code whatever else exists
+        ("test_derived", ["arch", "n"], ["arch", "n"], False),
+        ("test_parametrised_and_listing", ["arch"], ["arch"], True),  # its body lists the registry too
+        ("test_parametrised_with_a_listing_fixture", ["arch", "skips"], ["arch"], True),
+        ("test_helper", [], [], True),
+    ],
+)
+def test_which_cases_ci_reruns_with_the_examples(tmp_path, test, fixtures, argnames, beyond):
+    """CI's second pass leaves out a registry name's case that ran in the first pass only when the test lists the
+    registry in its parametrize arguments alone."""
+    assert reads_registry_beyond_parameters(_module(tmp_path, SAMPLE), test, fixtures, argnames) is beyond
+
+
+def test_the_second_pass_runs_the_new_names_cases_and_the_listing_tests(tmp_path):
+    """The conftest hook with $BENCHCTL_TESTS_NAMES_BEFORE: in a pytest run over the sample module with one
+    architecture named as existing before, that architecture's parametrised case is left out, every other
+    architecture's case and every test that lists a registry itself stays."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import architectures
+
+    before = architectures.names()[0]
+    module = _module(tmp_path, SAMPLE.replace("from test_architectures import NAMES", "NAMES = []"))
+    (tmp_path / "conftest.py").write_text(
+        "import importlib.util, sys\n"
+        f"sys.path.insert(0, {str(TESTS)!r})\n"
+        f"spec = importlib.util.spec_from_file_location('suite_conftest', {str(TESTS / 'conftest.py')!r})\n"
+        "suite = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(suite)\n"
+        "pytest_collection_modifyitems = suite.pytest_collection_modifyitems\n"
+    )
+    env = {**os.environ, "BENCHCTL_TESTS_NAMES_BEFORE": json.dumps([before])}
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-m",
+            "registry",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:xdist",
+            "-o",
+            "addopts=",
+            "--rootdir",
+            str(tmp_path),
+            str(module),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    ids = {line.split("::", 1)[1] for line in out.stdout.splitlines() if "::" in line}
+    assert f"test_parametrised[{before}]" not in ids, out.stdout + out.stderr
+    assert f"test_parametrised_and_listing[{before}]" in ids
+    assert f"test_parametrised_with_a_listing_fixture[{before}]" in ids
+    others = architectures.names()[1:]
+    assert all(f"test_parametrised[{a}]" in ids for a in others)
+    assert "test_helper" in ids
