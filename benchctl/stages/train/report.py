@@ -232,7 +232,7 @@ def models_section(frames: Frames) -> list[str]:
             "(`benchctl params` shows the accounting without training)."
         )
     else:
-        acc = accounting_frame(ctx)
+        acc = frames.once("accounting frame", lambda: accounting_frame(ctx))
         comps = [c for c in component_order(acc["components"]) if acc[c].fillna(0).astype(float).any()]
         headers = ["model"] + [_COMPONENT_NAMES.get(c, c) for c in comps]
         headers += ["unique total", "effective", "depth", "MFLOP/token"]

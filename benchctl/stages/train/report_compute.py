@@ -113,9 +113,13 @@ def flops_at_steps(frames: Frames, run_id: str, steps: np.ndarray) -> np.ndarray
 
 
 def _accounting(frames: Frames) -> dict[str, dict[str, Any]]:
-    """model -> its accounting row (cheap after the first call: the frames module caches each config's)."""
-    df = accounting_frame(frames.ctx)
-    return {} if df.empty else {r["model"]: r for r in df.to_dict("records")}
+    """model -> its accounting row, computed once per report (every section of a grid of a hundred models asks)."""
+
+    def rows() -> dict[str, dict[str, Any]]:
+        df = accounting_frame(frames.ctx)
+        return {} if df.empty else {r["model"]: r for r in df.to_dict("records")}
+
+    return frames.once("accounting rows", rows)
 
 
 def _num(v: Any) -> float | None:
