@@ -339,14 +339,18 @@ def cost_section(frames: Frames) -> list[str]:
     else:
         headers += [f"step memory ({sunit})", "× control", f"process peak RSS ({runit})"]
     unmeasured = "not measured"
+    # A wall-time ratio is no cost measure where either side has a run that shared the machine (the notes under
+    # "Time per trained token" name them): the cell says so instead of giving one, as the figure does.
+    busy = {str(r["model"]) for r in ctx.done.to_dict("records") if contention(r) is not None}
     rows = []
     for r in cost.to_dict("records"):
+        contended = r["model"] != CONTROL and (r["model"] in busy or CONTROL in busy)
         row = [
             r["model"],
             r["seeds"],
             fnum(scaled(r["time_mean"], tscale), 2),
             value_range(r["time_min"], r["time_max"], r["time_n"], tscale),
-            fnum(r["time_ratio"], 2),
+            "contended" if contended and not missing(r["time_ratio"]) else fnum(r["time_ratio"], 2),
             fnum(r["tokens_per_s"], 0),
             fnum(scaled(r["step_seconds"], 1e-3), 1),
         ]
@@ -369,6 +373,12 @@ def cost_section(frames: Frames) -> list[str]:
             "mean and range (fastest to slowest) over seeds; step = median optimizer-step time; "
             "× control = ratio of means to the control"
             + ("" if (cost["model"] == CONTROL).any() else " (no control runs, so no ratios)")
+            + (
+                ", not given ('contended') where the model's or the control's runs shared the machine: a wall time "
+                "measured beside other work is no cost measure (see the CPU-time ratio below)"
+                if busy
+                else ""
+            )
             + ". "
             + ("Peak GPU memory is torch's peak allocated GPU memory over the run. " if gpu else "")
             + "Step memory is the memory of one training step as `benchctl bench` measures it: parameters, optimizer "
