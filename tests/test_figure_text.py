@@ -22,15 +22,21 @@ def rendered():
     return engine.build(DB, "small", "controls")
 
 
+def query(sql: str) -> list[tuple]:
+    con = sqlite3.connect(f"file:{DB}?mode=ro", uri=True)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
 @pytest.fixture(scope="module")
 def per_model() -> dict[str, tuple[str, float, float]]:
     """variant -> (arch, mean tokens seen, mean final loss) of the done runs, straight from the runs table."""
-    con = sqlite3.connect(f"file:{DB}?mode=ro", uri=True)
-    rows = con.execute(
+    rows = query(
         "select variant, arch, avg(tokens_seen), avg(final_val_loss) from runs where status = 'done' "
         "and preset = 'small' group by variant, arch"
-    ).fetchall()
-    con.close()
+    )
     return {v: (a, t, f) for v, a, t, f in rows}
 
 
@@ -60,12 +66,10 @@ def test_the_second_half_panel_draws_every_model(rendered, per_model):
 def test_the_control_frontier_is_the_running_minimum_of_the_control_models(rendered, per_model):
     """The dashed line of the compute panel: at each control model's FLOPs, the best mean loss of any control model
     with at most those FLOPs (analytic FLOPs: no control here adapts its depth)."""
-    con = sqlite3.connect(f"file:{DB}?mode=ro", uri=True)
-    rows = con.execute(
+    rows = query(
         "select variant, avg(flops_per_token * tokens_seen), avg(final_val_loss) from runs "
         "where status = 'done' and preset = 'small' and arch = 'control' group by variant order by 2"
-    ).fetchall()
-    con.close()
+    )
     best, expected = np.inf, []
     for _, x, y in rows:
         if y < best:
