@@ -248,6 +248,11 @@ class BaseLM(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.build_extra(args)
+        # Built on the meta device (shapes only: counting parameters and FLOPs) there are no values to initialise,
+        # and meta's init ops run as Python decompositions, milliseconds each: a report describing a hundred models
+        # spent most of its time drawing random numbers that do not exist.
+        if self.output.weight.is_meta:
+            return
         self.apply(self._init_weights)
         for pn, p in self.named_parameters():
             if pn.endswith("w3.weight") or pn.endswith("wo.weight"):

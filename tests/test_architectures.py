@@ -59,8 +59,7 @@ def seeded_logits(model: BaseLM, x: torch.Tensor, seed: int = 123, **kw) -> torc
 
 def paper_model(arch: str, **overrides) -> BaseLM:
     cfg = make_config("paper", arch, overrides={f"model.{k}": v for k, v in overrides.items()})
-    with torch.device("meta"):  # shapes only: counting 5 M parameters needs no memory or init
-        return architectures.build(arch, cfg.model)
+    return architectures.build_shapes(arch, cfg.model)
 
 
 # ---- registry -------------------------------------------------------------------------------------------------------
@@ -1080,3 +1079,59 @@ def test_dynamo_loads_only_in_a_process_that_compiles():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.split("\n")[:2] == ["False True True", "False False"]
+
+
+@pytest.mark.parametrize("arch", architectures.names())
+def test_build_shapes_counts_what_a_built_model_counts_and_initialises_nothing(arch, tiny_args):
+    """Reports and estimates count every model of a grid on `build_shapes`: it must give the parameter report,
+    FLOPs, depth and resolved arguments of a real build, without running an init (a model built right after it,
+    outside, is initialised as always)."""
+    args = tiny_args(arch)
+    shapes = architectures.build_shapes(arch, args)
+    torch.manual_seed(0)
+    built = architectures.build(arch, args)
+    assert shapes.param_report() == built.param_report()
+    assert shapes.flops_per_token(32) == built.flops_per_token(32)
+    assert shapes.effective_depth() == built.effective_depth() and shapes.arch_args == built.arch_args
+    assert [(n, p.shape) for n, p in shapes.named_parameters()] == [(n, p.shape) for n, p in built.named_parameters()]
+    torch.manual_seed(0)
+    again = architectures.build(arch, args)  # the mode is gone: the same init, draw for draw
+    for (n, p), q in zip(built.named_parameters(), again.parameters()):
+        assert torch.equal(p, q), n
+    with torch.device("meta"):
+        marker = torch.empty(())
+    assert marker.is_meta and not torch.empty(()).is_meta  # no device or mode left behind
+
+
+def test_build_shapes_skips_the_init_and_never_loads_the_compiler():
+    """Counting a model must not pay for its init (a paper model's normal_ over millions of weights) nor import
+    torch._dynamo (seconds; meta-device builds did, through Python decompositions of every op)."""
+    import subprocess
+    import sys
+
+    from torch.overrides import TorchFunctionMode
+
+    class Seen(TorchFunctionMode):  # below build_shapes' own mode: what it lets through
+        def __init__(self):
+            super().__init__()
+            self.names: list[str] = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.names.append(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    for arch in architectures.names():
+        with Seen() as seen:
+            architectures.build_shapes(arch, make_config("paper", arch).model)
+        assert seen.names, "nothing reached the recording mode: it records nothing"
+        inits = {"normal_", "uniform_", "trunc_normal_", "kaiming_uniform_", "zeros_", "ones_", "constant_"}
+        assert not inits & set(seen.names), arch
+    code = (
+        "import sys, architectures\n"
+        "from benchctl.core.config import make_config\n"
+        "for a in architectures.names():\n"
+        "    architectures.build_shapes(a, make_config('paper', a).model)\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False"

@@ -12,8 +12,6 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-import torch
-
 import architectures
 from benchctl.core import paper
 from benchctl.core.config import RunConfig, make_config, overrides_for
@@ -29,8 +27,7 @@ def describe(cfg: RunConfig) -> dict[str, Any]:
     Each component the model reports is a key of the row (its unique parameter count); `components` lists those
     keys in the model's order, so the component columns of a row add up to `total_params`.
     """
-    with torch.device("meta"):  # shapes only: no memory, no init cost
-        model = architectures.build(cfg.arch, cfg.model)
+    model = architectures.build_shapes(cfg.arch, cfg.model)
     rep = model.param_report()
     row: dict[str, Any] = {"arch": cfg.arch, "preset": cfg.preset, "components": list(rep["components"])}
     for name, n in rep["components"].items():
@@ -68,13 +65,12 @@ _ROW_FIELDS = frozenset(
 
 def training_flops(cfg: RunConfig) -> float:
     """The FLOPs a run's training spends at its trained depth (forward and backward, every step): how much work it
-    is, for estimating its time and handing the longest runs out first. The model is built on the meta device
-    (shapes only), once per architecture and model config."""
+    is, for estimating its time and handing the longest runs out first. The model is built for its shapes only
+    (`architectures.build_shapes`), once per architecture and model config."""
     key = json.dumps([cfg.arch, asdict(cfg.model), cfg.train_seq_len], sort_keys=True, default=str)
     if key not in _FLOPS_PER_TOKEN:
-        with torch.device("meta"):
-            model = architectures.build(cfg.arch, cfg.model)
-            _FLOPS_PER_TOKEN[key] = float(model.flops_per_token(cfg.train_seq_len))
+        model = architectures.build_shapes(cfg.arch, cfg.model)
+        _FLOPS_PER_TOKEN[key] = float(model.flops_per_token(cfg.train_seq_len))
     return _FLOPS_PER_TOKEN[key] * cfg.tokens_per_step * cfg.train.max_steps
 
 

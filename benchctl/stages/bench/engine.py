@@ -225,8 +225,7 @@ def build_subject(
         optimizer = reference_optimizer(model, cfg, device)
         for g in optimizer.param_groups:
             g["lr"] = lr
-        with torch.device("meta"):  # shapes only
-            flops = architectures.build("control", cfg.model).flops_per_token(cfg.model.max_seq_len)
+        flops = architectures.build_shapes("control", cfg.model).flops_per_token(cfg.model.max_seq_len)
         return Subject(
             cfg.arch,
             impl,
@@ -339,8 +338,7 @@ def _compile_choice(cfg: RunConfig, device: torch.device, flag: bool | None) -> 
     (train.compile, auto by default: runtime.resolve_compile)."""
     if flag is not None:
         return flag
-    with torch.device("meta"):  # the architecture's resolved arguments only
-        args = architectures.build(cfg.arch, cfg.model).arch_args
+    args = architectures.build_shapes(cfg.arch, cfg.model).arch_args
     sampled = getattr(args, "recur_sampling", "fixed") != "fixed"
     return resolve_compile(
         cfg.train.compile, device, autocast_dtype(cfg, device), sampled, curriculum.enabled(cfg), cfg.arch

@@ -304,8 +304,7 @@ def planned_seconds(plans: list[_RunPlan]) -> float:
     for the confirmation before long work (`estimate_seconds` times a real batch instead)."""
     total = 0.0
     for p in plans:
-        with torch.device("meta"):  # the FLOP count needs no weights
-            model = architectures.build(p.cfg.arch, p.cfg.model)
+        model = architectures.build_shapes(p.cfg.arch, p.cfg.model)
         T = p.cfg.model.max_seq_len
         for s in p.settings:
             n = s.n_recur if model.iterable() else None

@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Any
 
 import pandas as pd
-import torch
 
 import architectures
 from benchctl.core.config import RunConfig
@@ -33,10 +32,9 @@ def _is_retrofit(runs: pd.DataFrame) -> pd.Series:
 
 def _flops_at(config_json: str, steps: list[int]) -> list[float]:
     """Training FLOPs spent after each of `steps` optimizer steps of a run with this config (the depth curriculum's
-    actual depths included), counted on a model built on the meta device (no memory, no weights)."""
+    actual depths included), counted on a model built for its shapes (`architectures.build_shapes`)."""
     cfg = RunConfig.from_json(config_json)
-    with torch.device("meta"):
-        model = architectures.build(cfg.arch, cfg.model)
+    model = architectures.build_shapes(cfg.arch, cfg.model)
     if not curriculum.enabled(cfg):
         per_step = model.flops_per_token(cfg.model.max_seq_len) * cfg.tokens_per_step
         return [s * per_step for s in steps]

@@ -312,8 +312,7 @@ def _check_n_recur(row: dict[str, Any], cfg, settings: SampleOptions) -> tuple[i
     """(recurrence, extrapolation rule applied or None) this run will sample with; an impossible setting is a
     ConfigError, before any work."""
     n_recur = settings.n_recur
-    with torch.device("meta"):  # no weights needed to ask the architecture what it can run
-        model = architectures.build(cfg.arch, cfg.model)
+    model = architectures.build_shapes(cfg.arch, cfg.model)
     try:
         n = model.resolve_n_recur(n_recur)
     except architectures.RecurrenceError as e:
@@ -602,8 +601,7 @@ def estimate_seconds(plans: list[RunPlan], settings: SampleOptions) -> float:
     total = 0.0
     for p in plans:
         cfg = RunConfig.from_json(p.row["config_json"])
-        with torch.device("meta"):  # the FLOP count needs no weights
-            model = architectures.build(cfg.arch, cfg.model)
+        model = architectures.build_shapes(cfg.arch, cfg.model)
         T = cfg.model.max_seq_len
         flops = model.flops_per_token(T, p.n_recur, training=False)
         new = settings.max_new_tokens or T
