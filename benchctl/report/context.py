@@ -59,10 +59,27 @@ class Context:
     other_presets: list[tuple[str, int, int]] = field(default_factory=list)  # (preset, done, total)
     plan: str | None = None  # the plan whose variant names the report uses first (None: the names stored with runs)
 
+    _done_by_model: dict[str, pd.DataFrame] | None = field(default=None, init=False, repr=False, compare=False)
+    _records_by_model: dict[str, list[dict[str, Any]]] = field(default_factory=dict, init=False, repr=False)
+
     @property
     def done_models(self) -> list[str]:
         have = set(self.done["model"])
         return [m for m in self.models if m in have]
+
+    def done_of(self, model: str) -> pd.DataFrame:
+        """The done runs of one model (empty when it has none). Split once per report: a grid report asks for each
+        of its hundred models many times, and a boolean mask over every run per question made that quadratic."""
+        if self._done_by_model is None:
+            self._done_by_model = {str(m): g for m, g in self.done.groupby("model", sort=False)}
+        found = self._done_by_model.get(model)
+        return found if found is not None else self.done.iloc[0:0]
+
+    def records_of(self, model: str) -> list[dict[str, Any]]:
+        """`done_of(model)` as row dicts, made once per model (a wide frame's rows are slow to convert)."""
+        if model not in self._records_by_model:
+            self._records_by_model[model] = self.done_of(model).to_dict("records")
+        return self._records_by_model[model]
 
     @property
     def is_paper(self) -> bool:

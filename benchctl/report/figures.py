@@ -304,7 +304,7 @@ def fig_final_loss(ctx: Context, loss: pd.DataFrame) -> Any:
         fig = _figure(width, height)
         ax = fig.add_subplot()
         for i, row in enumerate(df.itertuples()):
-            seeds = vals(ctx.done[ctx.done["model"] == row.model], "final_val_loss")
+            seeds = vals(ctx.done_of(row.model), "final_val_loss")
             offs = np.linspace(-0.12, 0.12, len(seeds)) if len(seeds) > 1 else np.zeros(1)
             ax.scatter(
                 *at(i + offs, seeds),

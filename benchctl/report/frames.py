@@ -137,7 +137,7 @@ def loss_frame(ctx: Context) -> pd.DataFrame:
     """Initial and final validation loss per model: mean and 95% t-CI over seeds (done runs)."""
     rows = []
     for m in ctx.done_models:
-        g = ctx.done[ctx.done["model"] == m]
+        g = ctx.done_of(m)
         row: dict[str, Any] = {"model": m, "arch": ctx.arch_of[m], "seeds": len(g)}
         row.update(ci_cols("initial", stats.mean_ci(vals(g, "initial_val_loss"))))
         row.update(ci_cols("final", stats.mean_ci(vals(g, "final_val_loss"))))

@@ -90,6 +90,6 @@ def comparison_frame(ctx: Context, judge: JudgeGroup | None = None) -> pd.DataFr
 
 def _per_seed(ctx: Context, model: str) -> dict[int, float | None]:
     """seed -> final validation loss of the model's done run at that seed (the mean if a seed ran twice)."""
-    g = ctx.done[ctx.done["model"] == model]
+    g = ctx.done_of(model)
     v = pd.to_numeric(g["final_val_loss"], errors="coerce")
     return {int(k): (None if pd.isna(x) else float(x)) for k, x in v.groupby(g["seed"].astype(int)).mean().items()}

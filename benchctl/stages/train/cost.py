@@ -76,10 +76,10 @@ def contention(run: dict[str, Any]) -> str | None:
     return None
 
 
-def _per_token(g: pd.DataFrame, col: str) -> list[float]:
+def _per_token(runs: list[dict[str, Any]], col: str) -> list[float]:
     """Seconds per trained token over the timed steps, one value per run, from `col` (train_seconds, cpu_seconds)."""
     out = []
-    for r in g.to_dict("records"):
+    for r in runs:
         secs, steps, wall = _num(r.get(col)), _num(r.get("timed_steps")), _num(r.get("train_seconds"))
         tps, seen, step = _num(r.get("tokens_per_s")), _num(r.get("tokens_seen")), _num(r.get("step"))
         if secs is None:
@@ -101,7 +101,7 @@ def latest_bench(ctx: Context, bench: pd.DataFrame) -> dict[str, dict[str, Any]]
     hardware = str(first["device_name"] or "").split(" (", 1)[0]
     b = bench[(bench["preset"] == ctx.preset) & (bench["impl"] == "benchctl") & (bench["device"] == first["device"])]
     b = b[b["device_name"].map(lambda n: str(n or "").split(" (", 1)[0] == hardware)]
-    keys = {m: model_keys(ctx.done[ctx.done["model"] == m]["config_json"].iloc[0]) for m in ctx.done_models}
+    keys = {m: model_keys(ctx.done_of(m)["config_json"].iloc[0]) for m in ctx.done_models}
     order = b.groupby("bench_id")["created_at"].max().sort_values(ascending=False, kind="mergesort").index
     for bench_id in order:
         rows = b[b["bench_id"] == bench_id].to_dict("records")
@@ -122,15 +122,16 @@ def timing_frame(ctx: Context, bench: pd.DataFrame) -> pd.DataFrame:
     rows = []
     bench_rows = latest_bench(ctx, bench)
     for m in ctx.done_models:
-        g = ctx.done[ctx.done["model"] == m]
-        wall, cpu = _per_token(g, "train_seconds"), _per_token(g, "cpu_seconds")
+        g = ctx.done_of(m)
+        runs = ctx.records_of(m)
+        wall, cpu = _per_token(runs, "train_seconds"), _per_token(runs, "cpu_seconds")
         secs = [v for v in (_num(x) for x in g["train_seconds"]) if v]
         row: dict[str, Any] = {
             "model": m,
             "seeds": len(g),
             "wall": np.mean(wall) if wall else None,
             "cpu": np.mean(cpu) if len(cpu) == len(g) and cpu else None,
-            "cuda": _mean(pd.Series(_per_token(g, "cuda_seconds"))),
+            "cuda": _mean(pd.Series(_per_token(runs, "cuda_seconds"))),
             "gpu_util": _mean(g["gpu_util"]),
             "threads": _distinct(g["threads"]),
             "jobs": _distinct(g["concurrent_jobs"]),
@@ -251,7 +252,7 @@ def cost_frame(ctx: Context) -> pd.DataFrame:
     mem_col = "peak_gpu_mem_bytes" if kind == "gpu" else "step_mem_bytes"
     rows = []
     for m in ctx.done_models:
-        g = ctx.done[ctx.done["model"] == m]
+        g = ctx.done_of(m)
         row: dict[str, Any] = {"model": m, "seeds": len(g), "memory_kind": kind}
         row["devices"] = ", ".join(sorted({str(d) for d in g["device_name"].dropna()})) or "unknown"
         # Cost is shown as mean and min–max over seeds: a t-interval from 2–3 timings (t = 12.7 at n = 2) is wide

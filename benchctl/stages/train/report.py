@@ -84,7 +84,7 @@ def fig_cost_bars(ctx: Context, cost: pd.DataFrame, what: str) -> Any:
     # bar of a model with a contended run is hatched, and where only some of its seeds were, their dots are red.
     per_seed: dict[str, list[tuple[float, bool]]] = {}
     for m in models:
-        runs = ctx.done[ctx.done["model"] == m].to_dict("records")
+        runs = ctx.records_of(m)
         per_seed[m] = [
             (float(v), q == "time" and contention(r) is not None)
             for r in runs

@@ -79,13 +79,35 @@ def run_frame(frames: Frames) -> pd.DataFrame:
 
 
 def _flops_metric(frames: Frames) -> pd.DataFrame:
-    """The done runs' `train_flops` rows: run_id, step, value (cumulative training FLOPs spent up to the step)."""
-    m = frames.data.metrics
-    if m.empty or frames.ctx.done.empty:
-        return pd.DataFrame(columns=["run_id", "step", "value"])
-    df = m[(m["name"] == "train_flops") & m["run_id"].isin(set(frames.ctx.done["id"]))][["run_id", "step", "value"]]
-    df = df.assign(step=pd.to_numeric(df["step"], errors="coerce"), value=pd.to_numeric(df["value"], errors="coerce"))
-    return df.dropna().sort_values(["run_id", "step"])
+    """The done runs' `train_flops` rows: run_id, step, value (cumulative training FLOPs spent up to the step);
+    once per report."""
+
+    def compute() -> pd.DataFrame:
+        m = frames.data.metrics
+        if m.empty or frames.ctx.done.empty:
+            return pd.DataFrame(columns=["run_id", "step", "value"])
+        df = m[(m["name"] == "train_flops") & m["run_id"].isin(set(frames.ctx.done["id"]))][["run_id", "step", "value"]]
+        df = df.assign(
+            step=pd.to_numeric(df["step"], errors="coerce"), value=pd.to_numeric(df["value"], errors="coerce")
+        )
+        return df.dropna().sort_values(["run_id", "step"])
+
+    return frames.once("train_flops rows", compute)
+
+
+def _flops_by_run(frames: Frames) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """run id -> (steps, cumulative FLOPs) of its `train_flops` rows, each starting at (0, 0); once per report."""
+
+    def compute() -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        return {
+            str(rid): (
+                np.concatenate([[0.0], g["step"].to_numpy(float)]),
+                np.concatenate([[0.0], g["value"].to_numpy(float)]),
+            )
+            for rid, g in _flops_metric(frames).groupby("run_id", sort=False)
+        }
+
+    return frames.once("train_flops by run", compute)
 
 
 def spent_flops(frames: Frames) -> dict[str, float]:
@@ -103,12 +125,10 @@ def spent_flops(frames: Frames) -> dict[str, float]:
 def flops_at_steps(frames: Frames, run_id: str, steps: np.ndarray) -> np.ndarray | None:
     """A run's cumulative training FLOPs spent at the given steps, interpolated between its logged steps (None when
     it recorded none)."""
-    g = _flops_metric(frames)
-    g = g[g["run_id"] == run_id]
-    if g.empty:
+    found = _flops_by_run(frames).get(run_id)
+    if found is None:
         return None
-    xs = np.concatenate([[0.0], g["step"].to_numpy(float)])
-    ys = np.concatenate([[0.0], g["value"].to_numpy(float)])
+    xs, ys = found
     return np.interp(steps.astype(float), xs, ys)
 
 
@@ -247,7 +267,7 @@ def depth_families(ctx: Context, per: pd.DataFrame) -> dict[str, list[str]]:
     for arch in dict.fromkeys(per["arch"]) if not per.empty else []:
         groups: dict[str, list[str]] = {}
         for m in per.loc[per["arch"] == arch, "model"]:
-            cfg = ctx.done.loc[ctx.done["model"] == m, "config_json"].iloc[0]
+            cfg = ctx.done_of(m)["config_json"].iloc[0]
             keys = {k: v for k, v in model_keys(cfg).items() if k != "model.n_recur"}
             groups.setdefault(repr(sorted(keys.items(), key=lambda kv: kv[0])), []).append(m)
         best = max(groups.values(), key=len)
@@ -270,7 +290,7 @@ def depth_section(frames: Frames) -> list[str]:
     for arch, models in fams.items():
         for m in models:
             r = per[per["model"] == m].iloc[0].to_dict()
-            n_recur = model_keys(ctx.done.loc[ctx.done["model"] == m, "config_json"].iloc[0]).get("model.n_recur")
+            n_recur = model_keys(ctx.done_of(m)["config_json"].iloc[0]).get("model.n_recur")
             rows.append(
                 [
                     arch,
@@ -403,10 +423,7 @@ def _curve_flops(frames: Frames | None, model: str, c: pd.DataFrame, fpt: float 
     """x of a model's validation curve: the cumulative training FLOPs its runs spent at each step (mean over its
     seeds), or tokens x FLOPs/token for runs that recorded none."""
     if frames is not None:
-        done = frames.ctx.done
-        per_run = [
-            flops_at_steps(frames, rid, c["step"].to_numpy(float)) for rid in done.loc[done["model"] == model, "id"]
-        ]
+        per_run = [flops_at_steps(frames, rid, c["step"].to_numpy(float)) for rid in frames.ctx.done_of(model)["id"]]
         got = [f for f in per_run if f is not None]
         if got and len(got) == len(per_run):
             return np.mean(got, axis=0)
