@@ -116,18 +116,23 @@ def build_shapes(name: str, args: Any) -> BaseLM:
 
 
 class _SkipInit(TorchFunctionMode):
-    """Returns the tensor untouched from `torch.nn.init`'s functions and from the in-place fills they are made of.
-    A mode, not a patch of `torch.nn.init`: it is active in this thread only, inside `build_shapes`."""
+    """Returns the tensor untouched from `torch.nn.init`'s functions, and zeros it for the random fills that code
+    below that API draws (`trunc_normal_` reaches `normal_` directly, then redraws until every value is in bounds:
+    on never-written memory that loop need not end). A mode, not a patch of `torch.nn.init`: it is active in this
+    thread only, inside `build_shapes`."""
 
     _FILLS = frozenset(
         getattr(torch.Tensor, f)
-        for f in ("normal_", "uniform_", "zero_", "fill_", "copy_", "exponential_", "bernoulli_", "random_")
+        for f in ("normal_", "uniform_", "exponential_", "bernoulli_", "random_", "log_normal_", "cauchy_")
     )
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if func in self._FILLS or getattr(func, "__module__", None) == "torch.nn.init":
-            return args[0] if args else next(iter((kwargs or {}).values()))
-        return func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return args[0] if args else kwargs.get("tensor")
+        if func in self._FILLS:
+            return args[0].zero_()
+        return func(*args, **kwargs)
 
 
 def _discover() -> None:
