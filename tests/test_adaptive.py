@@ -97,6 +97,7 @@ def _metrics(db_path: Path, run_id: str) -> dict[str, list[tuple[int, float]]]:
     return out
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_an_adaptive_run_stores_its_terms_metrics_and_spent_flops_across_a_resume(
     tmp_path, tinystories_dir, monkeypatch
 ):
@@ -139,6 +140,7 @@ def test_an_adaptive_run_stores_its_terms_metrics_and_spent_flops_across_a_resum
         assert flops[-1] < analytic
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_every_run_records_its_training_flops(tmp_path, tinystories_dir, monkeypatch):
     """An architecture that reports no compute spends its analytic count, recorded the same way."""
     from benchctl.core import data
@@ -159,6 +161,7 @@ def test_every_run_records_its_training_flops(tmp_path, tinystories_dir, monkeyp
     assert _metrics(db_path, r.run_id)["train_flops"] == [(2, 2 * per_step), (4, 4 * per_step)]
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_report_shows_spent_flops_and_the_adaptive_metrics(tmp_path, tinystories_dir, monkeypatch):
     """A report over an adaptive model and the control: training FLOPs as spent beside the analytic maximum, the
     auxiliary losses and metrics with the validation depth distribution, and their figure."""

@@ -137,7 +137,7 @@ def test_registering_a_new_architecture_is_picked_up(reversed_arch, tiny_args):
 
 
 @pytest.mark.parametrize("arch", STUDY)
-@pytest.mark.slow  # over 2 s here: kept out of the fast loop
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_paper_totals_exact(arch):
     rep = paper_model(arch).param_report()
     assert rep["total"] == PAPER_TOTALS[arch]
@@ -213,7 +213,7 @@ FLOP_CASES = [(a, FIXED_TRAINING_DEPTH.get(a, {}), {}) for a in NAMES] + [
 
 
 @pytest.mark.parametrize("arch,overrides,kw", FLOP_CASES)
-@pytest.mark.slow  # over 2 s here: kept out of the fast loop
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_flops_per_token_match_flop_counter(arch, overrides, kw, tiny_model):
     model = tiny_model(arch, **overrides).train()
     T = 16  # below the context, so the formula must use the actual sequence length
@@ -238,7 +238,7 @@ def test_flops_per_token_match_flop_counter(arch, overrides, kw, tiny_model):
 
 
 @pytest.mark.parametrize("arch", STUDY)
-@pytest.mark.slow  # over 2 s here: kept out of the fast loop
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_paper_flops_match_flop_counter_on_meta(arch):
     model = paper_model(arch).train()
     with torch.device("meta"):
@@ -457,7 +457,7 @@ def generated(model: BaseLM, idx: torch.Tensor, n: int, **kw) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("arch", NAMES)
-@pytest.mark.slow  # over 2 s here: kept out of the fast loop
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_generate(arch, tiny_model):
     overrides = NO_RANDOM_STATE.get(arch, {})
     model = tiny_model(arch, **overrides)
@@ -807,7 +807,7 @@ def test_causal_attention_is_the_fused_kernels_function(T):
     not (shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")),
     reason="torch.compile on a CPU needs a C++ compiler",
 )
-@pytest.mark.slow  # over 2 s here: kept out of the fast loop
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_compiled_causal_attention_is_the_eager_function():
     """Under torch.compile the explicit CPU attention is written whole for inductor: outputs and gradients within
     bf16 rounding of the eager chunked kernel's (and it compiles without a graph break: fullgraph)."""
@@ -1033,7 +1033,7 @@ def test_forward_on_cuda_matches_cpu(arch, tiny_model):
     assert [len(o.tokens) for o in outs] == [5, 5]
 
 
-@pytest.mark.slow  # over 2 s here: kept out of the fast loop
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_under_compile_the_embedding_and_the_cpu_loss_run_eagerly(tiny_args, monkeypatch):
     """The embedding's backward and the CPU loss stay out of torch.compile's graphs (inductor's atomic adds would
     make compiled runs irreproducible; the loss's chunk loop is already the fast form): both run as plain eager
@@ -1067,7 +1067,7 @@ def test_under_compile_the_embedding_and_the_cpu_loss_run_eagerly(tiny_args, mon
         torch.testing.assert_close(a, p.grad)
 
 
-@pytest.mark.slow  # over 2 s here: kept out of the fast loop
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_dynamo_loads_only_in_a_process_that_compiles():
     """torch._dynamo costs seconds to import: importing the architectures does not load it (a listing, an
     evaluation, a training run without compile never pay for it), and once it loads, the functions kept out of

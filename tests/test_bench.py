@@ -308,6 +308,7 @@ def test_bench_cli_smoke(tmp_path, monkeypatch):
     assert rows[1]["tokens_per_s"] == control["reference_tokens_per_s"]
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_bench_table_output_and_equivalence_check(tmp_path):
     db_path = tmp_path / "r.db"
     result = runner.invoke(

@@ -246,6 +246,7 @@ OVERVIEW_COLUMNS = [
 ]
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_the_runs_overview_reads_first_what_people_read_first(browser):
     base, path, _ = browser
     rows = _rows(base, "/results/runs_overview.json?_shape=array")
@@ -360,6 +361,7 @@ class _BuggyPlugin:
         raise ValueError("a bug in a plugin")
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_a_server_error_stays_a_500_with_its_traceback(tmp_path, capfd):
     path = build_fixture_db(tmp_path / "results.db", seeds=(0,), judge=False, evals=False, curves=False)
     ds = browse.app(browse.check_database(path))
@@ -400,6 +402,7 @@ def test_refuses_what_is_not_a_results_database(tmp_path, capsys):
         assert words in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_a_taken_port_is_one_line(tmp_path, capsys):
     path = build_fixture_db(tmp_path / "results.db", seeds=(0,), judge=False, evals=False, curves=False)
     with socket.socket() as s:

@@ -59,6 +59,7 @@ def test_a_wrong_benchctl_data_is_reported_the_same_way(tmp_path):
     assert ran.err.startswith("error: $BENCHCTL_DATA: data source")
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_a_good_data_directory_and_the_hub_pass_the_check(tinystories_dir):
     """The check lets a valid directory through (the command goes on to its next mistake: here an unknown
     architecture, exit 2) and never looks at the hub."""

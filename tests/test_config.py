@@ -48,6 +48,7 @@ def test_preset_names():
 
 
 @pytest.mark.parametrize("preset,arch", ALL)
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_every_preset_builds_resolved(preset, arch):
     cfg = make_config(preset, arch)
     m = cfg.model

@@ -48,6 +48,7 @@ def _train(tmp_path, tinystories_dir, arch, **kw):
     return train_run(cfg, prepared, stages.connect(path), path, progress=False, log=lambda *_: None, **kw), path
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_every_run_records_cpu_time_load_threads_jobs_and_its_memory_baseline(tmp_path, tinystories_dir, monkeypatch):
     """A run stopped after 3 steps and resumed: CPU time and timed steps add up over both processes; a run an
     executor started (env vars) records its threads and jobs.
@@ -230,6 +231,7 @@ def _timing_table(sec: str) -> dict[str, dict[str, str]]:
     return by_model(tables(sec)[1])
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_quiet_machine_report_has_the_bench_headline_and_no_warning(tmp_path):
     db, sec, _ = _report(tmp_path, bench=True, run_extra=lambda a, s: {"device_name": TWO_CORES})
     t = _timing_table(sec)
@@ -245,6 +247,7 @@ def test_quiet_machine_report_has_the_bench_headline_and_no_warning(tmp_path):
     assert "not a cost measure" not in sec
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_contended_runs_point_to_the_cpu_time_and_bench_ratios(tmp_path):
     """A CPU hog beside training: the load average stays far above the cores, the wall times say nothing about
     cost, and the report says so for every run and names the number to trust."""
@@ -271,6 +274,7 @@ def test_contended_runs_point_to_the_cpu_time_and_bench_ratios(tmp_path):
     assert "trust the CPU-time ratio (better: run `benchctl bench`) instead." in sec
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_the_training_time_figure_flags_the_runs_the_notes_flag(tmp_path):
     """The figure says what the notes under the timing table say: a model with a contended run has a hatched bar
     and a legend entry says what hatching means; where only some of a model's seeds were contended, their dots are
@@ -311,6 +315,7 @@ def test_the_training_time_figure_flags_the_runs_the_notes_flag(tmp_path):
     assert all(bar.get_hatch() is None for bar in quiet.axes[0].patches) and not quiet.legends
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_a_bench_of_some_models_is_trusted_for_those_models(tmp_path):
     """`benchctl bench --archs control,frailt` beside a four-model study: the CPU-time ratio stays the headline (the
     one every model has), but the benched models' sentences and a line under the headline point to their bench
@@ -343,6 +348,7 @@ def test_a_bench_of_some_models_is_trusted_for_those_models(tmp_path):
     )
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_seeds_that_disagree_and_parallel_jobs_get_a_sentence(tmp_path):
     def extra(arch, seed):
         out = {"device_name": TWO_CORES}
@@ -363,6 +369,7 @@ def test_seeds_that_disagree_and_parallel_jobs_get_a_sentence(tmp_path):
     assert "control seed" not in sec
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_memory_compared_is_each_steps_own_and_rss_only_a_process_fact(tmp_path):
     """The compared memory is a training step's own (`step_mem_bytes`, as bench measures it), with its ratio to the
     control; the process's peak RSS is shown as such, with no ratio, and never as the model's."""
@@ -382,6 +389,7 @@ def test_memory_compared_is_each_steps_own_and_rss_only_a_process_fact(tmp_path)
     assert "as `benchctl bench` measures it" in sec and "not measured" not in sec
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_a_database_from_before_the_step_memory_shows_it_not_measured(tmp_path):
     db = build_fixture_db(tmp_path / "results.db", judge=False, evals=False, archs=("control", "frailt"), seeds=(0,))
     conn = sqlite3.connect(db)
@@ -396,6 +404,7 @@ def test_a_database_from_before_the_step_memory_shows_it_not_measured(tmp_path):
     assert "peak_memory.png" not in rendered.figures  # no memory to compare: the process's RSS is not drawn per model
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_bench_rows_of_another_config_or_device_give_no_bench_ratio(tmp_path):
     db = build_fixture_db(tmp_path / "results.db", judge=False, evals=False, bench=True)
     conn = stages.connect(db)
@@ -493,6 +502,7 @@ def test_study_bench_defaults(tmp_path):
     assert enabled(study, "cpu") == (False, "--no-bench")
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_cuda_runs_show_gpu_time_and_utilisation(tmp_path):
     extra = lambda a, s: {"cuda_seconds": 6.0, "gpu_util": 81.0}  # noqa: E731
     db, sec, _ = _report(

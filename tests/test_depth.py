@@ -73,6 +73,7 @@ def test_threshold_zero_is_the_full_depth_forward_exactly(arch, rule, tiny_model
 
 
 @pytest.mark.parametrize("arch", RECURRENT)
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_exit_checks_that_never_fire_keep_the_cached_forward_exact(arch, tiny_model):
     """With a KV cache (prefill then one token at a time), an exit check that runs but never fires (a tiny positive
     threshold: the coda probes run and write the cache) gives the full-depth logits exactly."""
@@ -116,6 +117,7 @@ def test_mean_depth_is_within_one_and_the_maximum(arch, tiny_model):
 
 
 @pytest.mark.parametrize("arch", RECURRENT)
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_generation_with_exit_threshold_zero_matches_full_depth(arch, tiny_model):
     model = trained_like(tiny_model(arch))
     prompts = [[1, 5, 6, 7], [1, 9, 10, 11, 12, 13]]
@@ -224,6 +226,7 @@ def results(trained, tmp_path, monkeypatch) -> Path:
     return tmp_path / "results" / "results.db"
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_depth_rows_are_idempotent_and_resumable(results):
     db = stages.connect(results)
     s = dp.depth_all(db, results, DepthOptions(depths="1,4,8", windows=8), progress=False)
@@ -282,6 +285,7 @@ def test_cli_errors_are_one_line(results, capsys):
         assert len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_depth_samples_are_tagged(results):
     db = stages.connect(results)
     small = dict(n_prompts=3, max_new_tokens=6, batch_size=3)
@@ -312,6 +316,7 @@ def test_depth_samples_are_tagged(results):
 # ---- report ----------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_report_section_renders_on_a_fixture(tmp_path):
     path = build_fixture_db(tmp_path / "results.db", seeds=(0, 1), judge=False, evals=False, depth=True)
     built = report.build(path)
@@ -328,6 +333,7 @@ def test_report_section_renders_on_a_fixture(tmp_path):
     assert "No test-time depth rows" in empty
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_frontier_labels_every_exit_threshold_once_and_none_overlaps(tmp_path):
     """frailt and relaxed exit at the same mean depths with the same losses here, so each threshold's points of the
     two lines coincide: one label says the threshold there, and no label is printed over another text."""

@@ -142,6 +142,7 @@ STORY = (
 # ---- the adapter ---------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_loglikelihood_equals_direct_computation(trained):
     lm = lm_for(trained, "frailt", batch_size=3)  # FraiLT's forward is deterministic
     assert lm.max_length == 32 and lm.eot_token_id == lm.prefix_token_id == 1 and lm.n_recur == 4
@@ -231,6 +232,7 @@ def _gen(lm, context: str, **kw) -> str:
     return lm.generate_until([req])[0]
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_generate_until_stops_at_stop_sequences(trained, monkeypatch):
     lm = lm_for(trained, "frailt")
     calls = []
@@ -409,6 +411,7 @@ class OrderBlindLM(LM):
         raise NotImplementedError
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_an_order_blind_model_scores_exactly_one_half(trained):
     """Through lm-eval's own multiple_choice scoring: every document is a tie, lm-eval picks the first choice, and
     the original is first in exactly one document of each pair."""
@@ -500,6 +503,7 @@ def test_bundled_tasks_are_written_and_found(trained):
 # ---- benchctl eval -------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_eval_end_to_end_stores_rows(trained):
     run_cli(["eval", "--db", str(trained.db), "--limit", "8", "--batch-size", "16", "--threads", "1", "--no-progress"])
     db = stages.connect(trained.db)

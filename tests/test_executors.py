@@ -176,6 +176,7 @@ def test_two_jobs_give_the_same_runs_as_one(tmp_path, tinystories_dir, monkeypat
     assert any(ln.startswith("[1/3] control seed 1 (preset tiny) -> job") for ln in lines), lines
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_a_done_run_without_its_checkpoint_counts_as_done_when_nothing_reads_weights(
     tmp_path, tinystories_dir, monkeypatch
 ):

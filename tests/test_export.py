@@ -99,6 +99,7 @@ def validation_batch(tinystories_dir: Path, tok: datamod.Tokenizer, n: int = 8) 
 
 
 @pytest.mark.parametrize("arch", ["control", "relaxed"])
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_hf_logits_equal_benchctl(trained, tinystories_dir, arch):
     out = export(trained, arch, "hf")
     model, cfg, tok = benchctl_model(trained, arch)
@@ -262,6 +263,7 @@ def read_tokenizer_bin(path: Path, vocab_size: int) -> tuple[int, list[bytes], l
 
 
 @pytest.mark.parametrize("arch", ["control", "relaxed"])
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_llama2c_bin_read_back_continues_as_benchctl(trained, tinystories_dir, arch):
     out = export(trained, arch, "llama2c")
     model, cfg, tok = benchctl_model(trained, arch)
@@ -350,6 +352,7 @@ def test_lm_eval_hf_model_gives_benchctl_eval_perplexity(trained, tinystories_di
 # ---- benchctl study --export -----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_study_exports_every_finished_run_resumably(trained, tinystories_dir, monkeypatch):
     """A tiny study over the fixture's runs (found trained, so nothing trains again) exports control and relaxed,
     skips frailt in one line, keeps a complete export on a rerun and redoes one left half-written."""

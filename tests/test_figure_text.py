@@ -44,6 +44,7 @@ def _texts(fig) -> list[str]:
     return [t.get_text() for t in fig.findobj(Text) if t.get_text()]
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_final_loss_subtitle_states_the_token_range_the_models_trained_on(rendered, per_model):
     tokens = sorted({t for _, t, _ in per_model.values()})
     assert len(tokens) > 1, "the committed database trains one model on more tokens: the case this test is for"

@@ -48,6 +48,7 @@ def run(model, prompts, **kw):
 
 @pytest.mark.parametrize("preset", ["tiny", "small"])
 @pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_greedy_decode_path_equals_reference(arch, preset):
     model = build(arch, preset)
     kw = dict(max_new_tokens=12, temperature=0.0)
@@ -73,6 +74,7 @@ def test_greedy_decode_path_equals_reference(arch, preset):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_inference_layout_keeps_the_model_and_its_greedy_output(arch):
     """Linear weights laid out column-major for inference: the same parameters (shapes, values, ties) and, on the
     decode path and the reference loop alike, the greedy tokens of the model as trained."""
@@ -109,6 +111,7 @@ def test_projections_of_column_major_weights_equal_row_major():
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_sampled_decode_path_equals_reference(arch):
     model = build(arch, "tiny")
 
@@ -124,6 +127,7 @@ def test_sampled_decode_path_equals_reference(arch):
 
 
 @pytest.mark.parametrize("arch", [a for a in ARCHS if architectures.get(a).iterable()])
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_decode_path_with_test_time_depth(arch):
     model = build(arch, "tiny")
     deeper = model.args.n_recur + 2
@@ -320,6 +324,7 @@ def test_compiled_decode_path_equals_reference(arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_attention_reads_the_filled_span_and_crosses_its_steps(arch, monkeypatch):
     """The decode path's attention reads each slot up to the next multiple of SPAN_STEP past the last written
     position; generating past two of those boundaries gives the reference's tokens."""

@@ -185,6 +185,7 @@ def test_a_checkpoint_from_before_the_compile_record_compiled_as_its_config_said
     assert ckpt.saved_hardware({"config": "{}"}) is None  # no record at all: nothing to compare
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_auto_resumed_on_a_cpu_without_bf16_warns_and_restarts_the_speed_record(tmp_path, tinystories_dir, monkeypatch):
     """`train.dtype=auto` is the run's identity; what it resolves to is the machine's. A run started with native bf16
     and resumed without it says so, records the new precision and times its steps afresh."""

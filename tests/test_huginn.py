@@ -109,6 +109,7 @@ class CountAdapterCalls:
         return out
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_sampled_depth_and_truncated_backprop(tiny_model):
     model = tiny_model("huginn")
     assert model.arch_args.mean_backprop_depth == 2  # auto: a quarter of r_bar = 7, rounded

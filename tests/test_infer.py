@@ -103,6 +103,7 @@ def _section(md: str, title: str) -> str:
     return sec[: sec.index("\n## ", 5)] if "\n## " in sec[5:] else sec
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_report_section_renders_on_a_fixture(tmp_path):
     path = build_fixture_db(tmp_path / "results.db", seeds=(0, 1), judge=False, evals=False, infer=True)
     built = report.build(path)
@@ -169,6 +170,7 @@ def _paired(arch: str, seed: int, setting: str) -> dict:
     return extra
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_frontier_draws_each_setting_against_full_depth_as_its_rows_say(tmp_path):
     """Every point of a model's panels is one of its settings, where the rows put it: the median of the stored
     paired speed-ups (full depth at 1), the KV bytes over full depth's, the loss change paired by seed; the labels
@@ -231,6 +233,7 @@ def test_frontier_draws_each_setting_against_full_depth_as_its_rows_say(tmp_path
     assert "control: full depth only, nothing to set against it." in sec
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_rows_without_load_still_report_and_gain_the_columns_when_opened_to_write(tmp_path):
     """A database from before the load was recorded: the report shows neither the load columns nor a flag, and
     the next writing command adds the columns (empty for the old rows)."""
@@ -340,6 +343,7 @@ def results(trained, tmp_path, monkeypatch):
     return tmp_path / "results" / "results.db"
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_infer_measures_every_setting_once_and_resumes(results):
     from benchctl import stages
     from benchctl.stages.infer import engine

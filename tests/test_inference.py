@@ -122,6 +122,7 @@ def test_supports_names_what_an_architecture_cannot_run(models):
 
 
 @pytest.mark.parametrize("arch", architectures.names())
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_full_depth_reproduces_generate_and_iterate(models, arch):
     model = models(arch)
     prompts = [[1, 5, 9, 3, 7], [1, 7, 2, 8, 11, 4, 6, 2], [1, 3, 4]]  # ragged
@@ -161,6 +162,7 @@ def test_sampling_draws_what_generate_draws(models):
 
 
 @pytest.mark.parametrize("arch", ITERABLE)
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_full_with_an_exit_is_iterates_adaptive_exit(models, arch):
     model = models(arch)
     tokens = batch(12)
@@ -325,6 +327,7 @@ _THRESHOLDS: dict[tuple, list[tuple[str, float]]] = {}  # per model (the fixture
 
 @pytest.mark.parametrize("kv", STRATEGIES)
 @pytest.mark.parametrize("arch", ITERABLE)
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_every_strategy_equals_its_non_skipping_reference(models, arch, kv):
     model = models(arch)
     tokens = batch(12)
@@ -355,6 +358,7 @@ def test_every_strategy_equals_its_non_skipping_reference(models, arch, kv):
 
 
 @pytest.mark.parametrize("arch", ITERABLE)
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_budget_loss_is_what_token_by_token_generation_reads(models, arch):
     """Under budget:K one forward over a sequence never reads another iteration's keys, so the teacher-forced loss is
     taken one token at a time: the reference fed token by token gives it, and it differs from full depth."""
@@ -394,6 +398,7 @@ def test_skipping_spends_less_when_tokens_exit(models, arch):
 
 
 @pytest.mark.parametrize("arch", ITERABLE)
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_each_strategy_holds_the_cache_it_declares(models, arch):
     model = models(arch)
     n = model.resolve_n_recur(None)
@@ -446,6 +451,7 @@ def test_flops_are_counted_at_the_real_context(models, arch):
 
 
 @pytest.mark.parametrize("arch", ITERABLE)
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_speculative_greedy_equals_full_depth_greedy(models, arch):
     model = models(arch, deterministic=True)
     prompts = [[1, 5, 9, 3, 7], [1, 7, 2]]

@@ -229,6 +229,7 @@ def runs_of(db: Path) -> list[tuple]:
         conn.close()
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_a_copied_runs_dir_is_never_resumed_nor_marked_done_by_a_new_database(
     tmp_path, tinystories_dir, capsys, monkeypatch
 ):
@@ -366,6 +367,7 @@ def test_sigterm_records_the_run_interrupted_like_ctrl_c(tmp_path, tinystories_d
     assert (status, error, pid) == ("failed", "interrupted", None)
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_a_sweep_waits_for_a_run_another_process_trains_and_reports_no_failure(tmp_path, tinystories_dir, monkeypatch):
     import socket
     import subprocess
@@ -446,6 +448,7 @@ def swapped(tmp_path_factory, tinystories_dir):
     ],
     ids=lambda a: a[0],
 )
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_a_checkpoint_of_another_run_is_refused_with_exit_4(swapped, capsys, monkeypatch, tmp_path, argv):
     root, db_path, ids = swapped
     monkeypatch.setenv("BENCHCTL_CACHE", str(root / "cache"))

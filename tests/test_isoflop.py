@@ -143,6 +143,7 @@ def test_a_width_key_on_the_command_line_is_refused(tmp_path):
         plans.planned_runs(str(write(tmp_path, ISO)), None, None, [0], {"model.n_heads": "4"})
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_plans_show_isoflop_lists_every_run(tmp_path, capsys, tinystories_dir, monkeypatch):
     """Width, heads, parameters, tokens, epochs over the prepared data and the time estimate: a shape with finished
     runs in the database at their speed, every other shape from one step of its own timed here."""
@@ -474,6 +475,7 @@ def _scaling(db, *args) -> str:
     return md[md.index("\n## Scaling\n") :]
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_the_scaling_section_reports_optima_fits_and_sentences(tmp_path):
     rendered = report_engine.build(_iso_db(tmp_path), "tiny", "iso", only_plan=True)
     md = rendered.markdown
@@ -500,6 +502,7 @@ def test_the_scaling_section_reports_optima_fits_and_sentences(tmp_path):
     assert "Mixed precision" not in sec
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_one_machine_s_time_is_one_clause(tmp_path):
     db = _iso_db(tmp_path)
     with sqlite3.connect(db) as conn:
@@ -512,6 +515,7 @@ def test_one_machine_s_time_is_one_clause(tmp_path):
     ) in sec
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_a_grid_that_mixes_precisions_says_so(tmp_path):
     db = _iso_db(tmp_path)
     with sqlite3.connect(db) as conn:  # the frailt runs resumed on a machine with native bf16
@@ -521,6 +525,7 @@ def test_a_grid_that_mixes_precisions_says_so(tmp_path):
     assert "h on CPU B in bfloat16, 2 jobs at a time" in sec
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_a_degenerate_point_is_said_and_not_used(tmp_path):
     rendered = report_engine.build(_iso_db(tmp_path, degenerate_at=2e9), "tiny", "iso", only_plan=True)
     sec = rendered.markdown[rendered.markdown.index("\n## Scaling\n") :]
@@ -539,6 +544,7 @@ def _optimum_row(sec: str, budget: str, name: str) -> str:
     return next(x for x in sec[start:].splitlines() if x.startswith(f"| {budget} | {name} |"))
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_an_edge_point_is_shown_but_anchors_nothing(tmp_path):
     """frailt's optimum at 2e9 lies between its two smallest widths: its N* and L* are listed with the reason, and
     neither its exponents nor the comparison at that budget use it."""
@@ -552,6 +558,7 @@ def test_an_edge_point_is_shown_but_anchors_nothing(tmp_path):
     assert sec.count("| ok |") == 5
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_adaptive_runs_are_placed_at_the_flops_they_spent(tmp_path):
     """frailt's runs recorded spending 0.8 of their budgets: its optima sit at 0.8 C in the fits against compute,
     the comparison at the nominal budget says so, and the fits are compared over the compute both spent."""
@@ -568,6 +575,7 @@ def _law_row(sec: str, name: str) -> list[str]:
     return next(x for x in sec[start:].splitlines() if x.startswith(f"| {name} |")).strip("| ").split(" | ")
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_the_exponents_of_n_star_and_l_star_are_reported_with_their_intervals(tmp_path):
     """The grid's optima grow 1.3× per doubling of C, so a = ln 1.3 / ln 2; non-embedding N* grows faster (the
     embedding, a large share of these models, grows only with the width); L* = 4.0, 3.8, 3.6 gives b."""
@@ -627,6 +635,7 @@ def check_figures(figures: dict) -> None:
         assert legends_over_data(fig) == [], name
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_every_figure_of_a_grid_report_is_at_most_2000_px_wide_and_its_legends_clear_the_data(tmp_path):
     """A grid of 30 models (2 architectures x 5 widths x 3 budgets): the per-model charts turn to one row per model,
     the legends name architectures, below the panels."""
@@ -666,6 +675,7 @@ def test_the_committed_isoflop_report_s_figures_are_bounded():
     check_figures(rendered.figures)
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_a_grid_whose_every_run_misses_its_budget_is_listed_not_fitted(tmp_path):
     """Runs too short for their budget (too few steps) are listed and not fitted; with no run left to fit, the
     section still renders: no optimum, no power law, no comparison."""

@@ -383,6 +383,7 @@ def test_gemini_and_an_openai_compatible_server_are_two_judges_cached_apart(tmp_
         assert run(db, other.url).n_ok == 6 and other.count == 6
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_report_names_both_judges_and_their_agreement(tmp_path, server, monkeypatch):
     from benchctl.stages.report import engine as report_engine
 

@@ -155,11 +155,13 @@ def violations(graph: dict[str, set[str]]) -> list[str]:
     ]
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_no_import_cycles():
     found = cycles(import_graph())
     assert not found, "import cycles:\n" + "\n".join(" -> ".join(c) for c in found)
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_layers_point_one_way():
     found = violations(import_graph())
     assert not found, "imports against the layers:\n" + "\n".join(found)
@@ -234,6 +236,7 @@ def stage_imports(graph: dict[str, set[str]]) -> list[str]:
     ]
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_the_framework_imports_no_stage():
     found = stage_imports(import_graph())
     assert not found, "the framework imports a stage's module:\n" + "\n".join(found)

@@ -59,6 +59,7 @@ def test_accounting_table_paper():
     assert [by[a]["n_recur"] for a in TOTALS] == [1, 4, 7, 4]
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_accounting_off_paper_has_no_study_total():
     rows = accounting.table("tiny", ["three-part"], {"model.n_recur": 3})
     (r,) = rows
@@ -91,6 +92,7 @@ def test_describe_uses_the_config_sequence_length():
     )
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_params_table():
     result = runner.invoke(app, ["params", "--preset", "paper"])
     assert result.exit_code == 0, result.output

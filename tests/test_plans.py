@@ -189,6 +189,7 @@ def test_a_variant_is_a_label_not_part_of_the_run_id(controls_tiny):
     assert run_id(depth["three-part-r7"], "fp") == run_id(study["three-part"], "fp")
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_relaxed_lora_rank_rule():
     paper = make_config("paper", "relaxed")
     assert paper.model.arch_args.lora_rank == 16 and accounting.describe(paper)["total_params"] == 5_462_272
@@ -280,6 +281,7 @@ def rendered(plan_db):
     return report_engine.build(plan_db, plan="controls")
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_report_names_models_by_the_plans_variants(plan_db, rendered):
     md = rendered.markdown
     for name in ("control-2x", "control-16", "control-iso-flops", "frailt-r1", "three-part-r14"):
@@ -366,6 +368,7 @@ def test_a_fixture_run_reached_again_keeps_its_name(plan_db):
     assert {r["variant"] for r in train_tables.plan_runs(db, "depth") if r["run_id"] == frailt} == {"frailt-r4"}
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_study_with_a_plan_names_its_runs_and_records_the_plan(tmp_path, tinystories_dir, monkeypatch):
     """Real training (two steps each): a plan variant's name lands in runs.variant and plan_runs, and a run the
     plan reaches again under another name keeps its first name."""

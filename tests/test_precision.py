@@ -81,6 +81,7 @@ PARITY_RTOL = 2e-3
 
 
 @pytest.mark.parametrize("arch", architectures.names())
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_bf16_steps_stay_close_to_fp32(arch):
     cfg = make_config("tiny", arch, 0, {"train.grad_accum": 1})
     g = torch.Generator().manual_seed(1)

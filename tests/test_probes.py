@@ -109,6 +109,7 @@ def test_a_bad_value_is_one_line(tmp_path, capsys, argv, code, words):
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else None,
 )
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_bad_input_to_sample_eval_and_depth_exits_2(trained, capsys, argv, words):
     """Bad input is exit 2 in every command (sample and eval once used 7, the code of an evaluation that cannot run);
     an unknown extrapolation rule is refused even when only fixed-depth runs (the control) are selected."""
@@ -126,6 +127,7 @@ def test_a_plan_without_variants_says_what_is_missing(tmp_path, capsys):
         assert f"plan {plan} defines no [[variant]] tables" in one_line(err)  # the brackets shown as written
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_html_in_a_variant_name_is_escaped_in_the_report(trained, tmp_path, capsys):
 
     db = copy_db(trained, tmp_path / "results.db")

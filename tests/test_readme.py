@@ -42,6 +42,7 @@ def test_headline_table_is_the_committed_reports():
         assert row in report, row
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_committed_report_is_what_benchctl_makes_of_the_committed_database(tmp_path):
     try:
         main(

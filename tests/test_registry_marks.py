@@ -205,6 +205,7 @@ def test_which_cases_ci_reruns_with_the_examples(tmp_path, test, fixtures, argna
     assert reads_registry_beyond_parameters(_module(tmp_path, SAMPLE), test, fixtures, argnames) is beyond
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_the_second_pass_runs_the_new_names_cases_and_the_listing_tests(tmp_path):
     """The conftest hook with $BENCHCTL_TESTS_NAMES_BEFORE: in a pytest run over the sample module with one
     architecture named as existing before, that architecture's parametrised case is left out, every other

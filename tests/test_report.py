@@ -131,6 +131,7 @@ def done_values(db: Path, column: str, arch: str, preset: str = "tiny") -> list[
 
 
 @pytest.mark.registry  # the report renders every registered stage's sections
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_every_section_present_in_order(full):
     md = full["md"]
     pos = [md.index(f"\n## {s}\n") for s in SECTIONS]
@@ -199,6 +200,7 @@ def test_loss_section_states_what_the_intervals_cover_read_from_the_configs(full
     )
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_epochs_per_run_from_the_recorded_split_or_a_run_on_the_same_data(tmp_path):
     kw = dict(archs=("control", "frailt"), judge=False, evals=False, failed_run=False, running_run=False)
     old = section(report_engine.build(build_fixture_db(tmp_path / "old.db", **kw)).markdown, "Loss")
@@ -220,6 +222,7 @@ def test_epochs_per_run_from_the_recorded_split_or_a_run_on_the_same_data(tmp_pa
     assert "taken from a run on the same prepared data (same data fingerprint)" in sec
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_warm_up_share_is_shown_only_where_the_models_differ(full, tmp_path):
     assert "warm-up" not in tables(section(full["md"], "Loss"))[0][0]  # one recipe: nothing to flag
     p = build_plan_fixture_db(tmp_path / "c.db", "controls", CONTROLS_VARIANTS, seeds=(0, 1))
@@ -236,6 +239,7 @@ def test_warm_up_share_is_shown_only_where_the_models_differ(full, tmp_path):
     assert not conditions.warmups_differ(same) and conditions.warmups_differ(same.assign(warmup=[0.2, 0.2, 0.08]))
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_runs_from_a_dirty_tree_are_flagged(full, tmp_path):
     assert "uncommitted changes" not in section(full["md"], "Loss")
     dirty = {("frailt", 1): "abc1234-dirty", ("control", 0): "abc1234-dirty", ("control", 2): "def5678"}
@@ -475,6 +479,7 @@ def test_comparisons_match_scipy(full):
     assert f"judge `{JUDGE_MODEL}`, protocol `json`, prompt `{PROMPT_HASH}`" in sec
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_raw_significance_that_holm_removes_is_not_called_a_difference(tmp_path):
     """A fixture where one pair has raw p < 0.05 but Holm p > 0.05: its verdict never says lower/higher."""
     p = build_fixture_db(tmp_path / "r.db", judge=False, evals=False, failed_run=False, running_run=False)
@@ -668,6 +673,7 @@ def cli_written(full):
     return {"res": res, "dir": out}
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_same_database_same_bytes(full, cli_written):
     again = cli_written["dir"]
     assert (again / "report.md").read_bytes() == full["out"].read_bytes()
@@ -713,6 +719,7 @@ def test_database_without_tables(tmp_path):
 
 
 @pytest.mark.registry  # the report renders every registered stage's sections
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_partial_database_runs_only(tmp_path):
     p = build_fixture_db(tmp_path / "r.db", judge=False, evals=False, seeds=(0, 1))
     md = report_engine.write_report(p, tmp_path / "r").read_text()
@@ -760,6 +767,7 @@ def test_no_finished_runs(tmp_path):
     assert "| frailt-x | frailt | 0 | failed |" in section(md, "Runs")
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_single_seed(tmp_path):
     p = build_fixture_db(tmp_path / "r.db", seeds=(0,), failed_run=False, running_run=False)
     md = report_engine.write_report(p, tmp_path / "r").read_text()
@@ -779,6 +787,7 @@ def test_single_seed(tmp_path):
     assert "about these two trained models only" in cmp
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_preset_choice_and_other_presets(tmp_path):
     p = build_fixture_db(tmp_path / "r.db", seeds=(0, 1), judge=False, evals=False, failed_run=False, running_run=False)
     build_fixture_db(
@@ -804,6 +813,7 @@ def test_preset_choice_and_other_presets(tmp_path):
     assert "No runs for this preset" in section(report_engine.build(p, "paper").markdown, "Runs")
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_config_variants_are_separate_models(tmp_path):
     p = build_fixture_db(
         tmp_path / "r.db",
@@ -836,6 +846,7 @@ def test_config_variants_are_separate_models(tmp_path):
     )
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_paper_preset_shows_the_study_beside_ours(tmp_path):
     p = build_fixture_db(
         tmp_path / "r.db",
@@ -910,6 +921,7 @@ def test_cli_bad_format_and_corrupt_file(tmp_path):
         report_engine.write_report(bad, tmp_path / "r")
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_two_judges_are_reported_apart(tmp_path):
     p = build_fixture_db(
         tmp_path / "r.db",
@@ -949,6 +961,7 @@ def test_two_judges_are_reported_apart(tmp_path):
     assert len(cmp) == 1 and cmp[0]["n (a, b)"] == "2 shared (12 prompts)"  # the primary judge: 2 seeds, 12 prompts
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_every_pair_of_judges_agreement_and_where_their_rankings_differ(tmp_path):
     """A second judge (an OpenAI-compatible server, named fully) that reverses the grades: alpha and Kendall's tau
     per pair against independent computations, a ranking table that says the judges disagree, and the Comparisons

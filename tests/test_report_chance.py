@@ -56,6 +56,7 @@ def test_binom_above_chance_is_scipys_one_sided_exact_test():
         bstats.binom_above_chance(5, 4, 0.5)
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_cells_are_marked_from_an_independent_binomial_test(ladder):
     db, sec = ladder["db"], section(ladder["md"], "lm-eval")
     main, against = tables(sec)
@@ -110,6 +111,7 @@ def test_a_task_at_chance_gets_the_sentence_instead_of_a_comparison(ladder):
     assert "Holm-adjusted p over the 20 tested accuracy cells of the table):" in sec
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_some_models_above_chance_and_untested_cells(tmp_path):
     """A task where one model is above chance names it and the others; a run without a document count leaves its
     cell untested (no mark, no claim), and with no accuracy tasks there are no marks at all."""

@@ -23,6 +23,7 @@ def _report(capsys, db, out, *extra) -> tuple[int, str, str]:
     return e.value.code, cap.out, cap.err
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_report_plan_keeps_only_that_plans_runs(two_plans, tmp_path, capsys):
     code, _, err = _report(capsys, two_plans, tmp_path / "depth", "--plan", "depth")
     assert code == 0, err

@@ -58,6 +58,7 @@ def _row(db_path, where, params):
     return dict(row) if row else None
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_retrofit_makes_a_done_run_that_starts_near_the_parent(parent, capsys):
     db_path, pid = parent
     p = _row(db_path, "id = ?", [pid])
@@ -101,6 +102,7 @@ def test_retrofit_makes_a_done_run_that_starts_near_the_parent(parent, capsys):
     assert "already done" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_three_part_selection_and_frailt_stepwise(parent):
     db_path, pid = parent
     assert _retrofit(db_path, "--from", "control", "--to", "three-part", "--init", "select") == 0
@@ -130,6 +132,7 @@ def test_impossible_retrofits_are_one_clear_line(parent, capsys, args, needle):
     assert needle in err and "Traceback" not in err
 
 
+@pytest.mark.slow  # reads the runs the slow tests above made
 def test_unknown_parent_and_a_recurrent_parent_are_refused(parent, capsys):
     db_path, _ = parent
     assert _retrofit(db_path, "--from", "nope", "--to", "relaxed", "--init", "average") != 0
@@ -139,6 +142,7 @@ def test_unknown_parent_and_a_recurrent_parent_are_refused(parent, capsys):
     assert "converts a plain transformer" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # reads the runs the slow tests above made
 def test_init_from_without_retrofit_is_refused(parent, capsys, tinystories_dir):
     db_path, pid = parent
     code = run_cli(
@@ -161,6 +165,7 @@ def test_init_from_without_retrofit_is_refused(parent, capsys, tinystories_dir):
     assert train_tables.retrofit_runs(stages.connect(db_path))  # the retrofitted runs are listed
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_report_has_a_retrofit_section_with_compute_including_the_parent(parent):
     from benchctl.stages.report.engine import build
 

@@ -40,6 +40,7 @@ def write(tmp_path, text: str):
     return p
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_builtin_retrofit_plan_converts_control_16_with_and_without_the_curriculum():
     assert "retrofit" in plans.builtin_names()
     plan = plans.load("retrofit")
@@ -279,6 +280,7 @@ def test_study_plan_retrofit_at_tiny_from_the_command_line(tmp_path, tinystories
     assert "| three-part-select-curr | select |" in section and "| three-part-select | select |" in section
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_plans_show_lists_the_conversions_with_their_parent_and_init(capsys, monkeypatch):
     from benchctl import cli
 

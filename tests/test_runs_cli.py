@@ -128,6 +128,7 @@ def _table(out: str) -> tuple[list[str], list[list[str]]]:
 
 
 @pytest.mark.parametrize("columns", [80, 100, 60])
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_every_number_of_the_runs_table_is_whole(realistic_db, columns):
     res = benchctl("runs", "--db", str(realistic_db), columns=columns)
     assert res.returncode == 0, res.stderr
@@ -239,6 +240,7 @@ def _states(capsys, db: Path, *args: str) -> dict[str, str]:
     return {r["id"]: r["status"] for r in json.loads(_runs(capsys, "--db", str(db), "--json", *args))}
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_a_killed_training_shows_as_interrupted_and_a_live_one_as_running(tmp_path, tinystories_dir, capsys):
     """A real training process, told to train far longer than the test waits: running while it lives, interrupted
     once it is killed with SIGKILL (which lets it record nothing), in `runs`, its filters and the report."""

@@ -131,6 +131,7 @@ def _naive_greedy(model, prompt: list[int], n: int, stop=()) -> list[int]:
 
 
 @pytest.mark.parametrize("arch", architectures.names())
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_greedy_cached_ragged_batch_equals_naive_loop(arch, tiny_model):
     # three-part and huginn draw a fresh random s0 every forward; without it they are deterministic, as the
     # comparison needs
@@ -149,6 +150,7 @@ def test_greedy_cached_ragged_batch_equals_naive_loop(arch, tiny_model):
     )
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_sampling_draws_one_stream_per_row_and_matches_the_models_sampler(tiny_model):
     model = _perturbed(tiny_model, "frailt")
     prompts = _prompts([4, 4, 7, 2], model.args.vocab_size, seed=3)
@@ -272,6 +274,7 @@ def _samples(db) -> list[dict]:
     return list(db.query("select * from samples order by run_id, prompt_id, settings_hash"))
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_samples_are_stored_with_every_setting_and_the_same_prompts_for_every_model(results):
     db = stages.connect(results)
     rng_before = torch.get_rng_state()
@@ -340,6 +343,7 @@ def test_samples_fit_the_context_and_record_precision_and_decode_path(results):
     assert past and all(r["decode"].startswith("reference: ") and "context" in r["decode"] for r in past)
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_rerun_adds_nothing_and_other_settings_add_rows(results):
     db = stages.connect(results)
     sample_all(db, results, **SMALL)
@@ -356,6 +360,7 @@ def test_rerun_adds_nothing_and_other_settings_add_rows(results):
     assert db["prompts"].count == 11
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_a_killed_run_resumes_with_identical_samples(results):
     db = stages.connect(results)
     s = sample_all(db, results, **SMALL)

@@ -325,6 +325,7 @@ def test_compare_judge_with_one_seed_is_about_the_trained_models():
 
 
 @pytest.mark.parametrize("seeds,prompts", [(1, 5), (1, 10), (1, 50), (3, 5), (3, 10), (3, 50)])
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_judge_comparison_false_positive_rate_under_no_difference(seeds, prompts):
     """Under no true difference the judge comparison rejects at most 7% of the time at alpha = 0.05.
 

@@ -57,6 +57,7 @@ def test_registry_is_the_study_in_order():
     assert not hasattr(study, "STAGES")
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_a_new_stage_runs_in_order_and_adds_its_section(tmp_path, monkeypatch):
     seen: list[str] = []
 
@@ -184,6 +185,7 @@ def test_skip_accepts_only_skippable_stages(tmp_path, capsys):
     assert f"--skip accepts {', '.join(stages.skippable())}; got train" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_study_end_to_end_on_tiny_data(tmp_path, tinystories_dir, monkeypatch, capsys):
     """The real stages from the command line, as a user sees them with output going to a file: prepare, train two
     small runs, evaluate them with lm-eval (the tiny preset's few documents, one task), skip the rest, write the

@@ -404,6 +404,7 @@ def test_held_out_problems_never_reach_training(name):
     check_disjoint(task, n_train=2_000 if slow else 5_000, n_held=100 if slow else 300)
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_held_out_problems_never_reach_training_in_a_small_space():
     """10^5 training draws from a space of 1,100 prompts (sums of 2 or 3 digits): every training prompt is drawn
     many times and almost every held-out one at least once, so any leak between the splits would show."""

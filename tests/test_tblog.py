@@ -64,6 +64,7 @@ def expected(rows: list[dict]) -> dict[str, list[tuple[int, float]]]:
     return {tag: sorted(points.items()) for tag, points in out.items()}
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_killed_and_resumed_run_has_the_final_values_and_no_duplicated_steps(tmp_path):
     db_path = tmp_path / "results.db"
     # First attempt: a trainer mirrors steps 0..20 (flushed as it goes) and is killed with SIGKILL.

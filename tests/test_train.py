@@ -102,6 +102,7 @@ def _final_state(db_path: Path, arch: str = "control"):
     return row, metrics, ckpt["model"]
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_resume_in_process_is_bit_identical(tmp_path, tinystories_dir, monkeypatch):
     """stop after step 5 (mid checkpoint interval) and resume: same weights, same metrics as one go."""
     from benchctl.core import data
@@ -237,6 +238,7 @@ def test_rerun_of_a_done_run_is_skipped(tmp_path, tinystories_dir, monkeypatch, 
     assert tps > 0 and secs > 0
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_train_all_runs_four_architectures(tmp_path, tinystories_dir, monkeypatch, capsys):
     monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
     db_path = tmp_path / "results.db"
@@ -331,6 +333,7 @@ def test_compile_without_a_compiler_is_one_clear_line(tmp_path, tinystories_dir)
     not (shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")),
     reason="torch.compile on a CPU needs a C++ compiler",
 )
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_compile_auto_trains_a_bf16_cpu_run_compiled(tmp_path, tinystories_dir, monkeypatch):
     """train.compile=auto on a CPU in bf16: the run compiles, records that and why, ends where the same run trained
     eagerly ends (compilation changes float rounding only), and ends there again when trained again (the embedding's
@@ -375,6 +378,7 @@ def test_compile_auto_trains_a_bf16_cpu_run_compiled(tmp_path, tinystories_dir, 
     assert finals["auto"][2] == pytest.approx(finals["false"][2], abs=0.02)
 
 
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_checkpoint_from_another_config_is_refused(tmp_path, tinystories_dir, monkeypatch, capsys):
     monkeypatch.setenv("BENCHCTL_CACHE", str(tmp_path / "cache"))
     db_path = tmp_path / "results.db"

@@ -34,6 +34,7 @@ def synthetic_dir(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("arch", list(PINNED))
+@pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
 def test_tiny_losses_are_pinned(arch, synthetic_dir, tmp_path, monkeypatch):
     from benchctl.core import data
     from benchctl.core.config import make_config
