@@ -248,9 +248,9 @@ class BaseLM(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.build_extra(args)
-        # Built on the meta device (shapes only: counting parameters and FLOPs) there are no values to initialise,
-        # and meta's init ops run as Python decompositions, milliseconds each: a report describing a hundred models
-        # spent most of its time drawing random numbers that do not exist.
+        # Built on the meta device (shapes only: a weight surgery checked before any training, FLOPs counted on
+        # meta inputs) there are no values to initialise, and meta's init ops run as Python decompositions,
+        # milliseconds each. (`architectures.build_shapes` is the cheaper way to count: no meta device at all.)
         if self.output.weight.is_meta:
             return
         self.apply(self._init_weights)

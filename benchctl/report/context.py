@@ -60,7 +60,9 @@ class Context:
     plan: str | None = None  # the plan whose variant names the report uses first (None: the names stored with runs)
 
     _done_by_model: dict[str, pd.DataFrame] | None = field(default=None, init=False, repr=False, compare=False)
-    _records_by_model: dict[str, list[dict[str, Any]]] = field(default_factory=dict, init=False, repr=False)
+    _records_by_model: dict[str, list[dict[str, Any]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @property
     def done_models(self) -> list[str]:
