@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -158,6 +161,28 @@ def test_the_help_reads_each_stage_as_the_registry_has_it(stage):
     (dec,) = [d for d in stages.declared() if d.name == stage]
     assert (dec.order, dec.skippable) == (reg.order, reg.skippable)
     assert [d.name for d in stages.declared()] == stages.names()
+    # the tables the database is opened with, read without importing the stage, are the stage's own objects
+    if dec.tables is not None:
+        light = tuple(t for module, attr in dec.tables for t in getattr(importlib.import_module(module), attr))
+        assert len(light) == len(reg.tables) and all(a is b for a, b in zip(light, reg.tables, strict=True))
+
+
+def test_opening_the_database_imports_no_stage(tmp_path):
+    """Every command that opens results.db creates its tables: that reads the stages' `tables.py` modules, not the
+    stages (their engines and reports import torch, scipy and seaborn), and gives the same tables in the same order."""
+    code = (
+        "import sys; from benchctl import stages; db = stages.connect(sys.argv[1]);"
+        "print(sorted(m for m in sys.modules if m.endswith('.stage') or m.split('.')[0] in ('torch', 'scipy')));"
+        "print(db.table_names())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "r.db")], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert out[0] == "[]"
+    from benchctl import stages
+
+    assert [t.name for t in stages.tables()] == [t.name for s in stages.registered() for t in s.tables]
+    assert {t.name for t in stages.tables()} <= set(eval(out[1]))
 
 
 def test_a_declaration_not_written_out_is_left_to_the_import(tmp_path):
@@ -176,3 +201,10 @@ def test_a_declaration_not_written_out_is_left_to_the_import(tmp_path):
     assert _read_declaration(path, "norms") is None
     path.write_text('STAGE = Stage(name="norms", order=57)\n')
     assert _read_declaration(path, "norms") == Declared("norms", 57, False, "norms")
+    # tables imported by name are read from their module; any other expression imports the stage for them
+    path.write_text('from .tables import TABLES as T\nSTAGE = Stage(name="norms", order=57, tables=T)\n')
+    found = _read_declaration(path, "norms")
+    assert found is not None and found.tables == (("benchctl.stages.norms.tables", "TABLES"),)
+    path.write_text('from .tables import TABLES\nSTAGE = Stage(name="norms", order=57, tables=TABLES + EXTRA)\n')
+    found = _read_declaration(path, "norms")
+    assert found is not None and found.tables is None

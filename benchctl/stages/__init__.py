@@ -22,6 +22,7 @@ import ast
 import dataclasses
 import functools
 import importlib
+import importlib.util
 import os
 import pkgutil
 from collections.abc import Callable
@@ -236,6 +237,10 @@ class Declared:
     order: int
     skippable: bool
     folder: str
+    # where its `tables` come from: (module, attribute) pairs whose tuples, concatenated, are the stage's tables,
+    # so that opening the database needs the light `tables.py` modules and not the stages (None: not written out,
+    # the stage itself is imported for them)
+    tables: tuple[tuple[str, str], ...] | None = ()
 
 
 @functools.lru_cache(maxsize=1)
@@ -255,7 +260,7 @@ def declared() -> tuple[Declared, ...]:
             stage = getattr(importlib.import_module(f"{__name__}.{mod.name}.stage"), "STAGE", None)
             if not isinstance(stage, Stage):
                 continue
-            info = Declared(stage.name, stage.order, stage.skippable, mod.name)
+            info = Declared(stage.name, stage.order, stage.skippable, mod.name, tables=None)
         found.append(info)
     return tuple(sorted(found, key=lambda d: d.order))
 
@@ -272,8 +277,16 @@ def _read_declaration(path: Path, folder: str) -> Declared | None:
     except (OSError, SyntaxError, ValueError):
         return None
     constants: dict[str, Any] = {}
+    imported: dict[str, tuple[str, str]] = {}  # a name bound by `from M import A [as name]` -> (M, A)
     call: ast.Call | None = None
     for node in tree.body:
+        if isinstance(node, ast.ImportFrom):
+            try:
+                module = importlib.util.resolve_name("." * node.level + (node.module or ""), f"{__name__}.{folder}")
+            except (ImportError, ValueError):
+                continue
+            imported.update({a.asname or a.name: (module, a.name) for a in node.names})
+            continue
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
             continue
         target, value = node.targets[0].id, node.value
@@ -303,7 +316,11 @@ def _read_declaration(path: Path, folder: str) -> Declared | None:
         return None
     if not (isinstance(name, str) and type(order) is int and isinstance(skippable, bool)):
         return None
-    return Declared(name, order, skippable, folder)
+    tables: tuple[tuple[str, str], ...] | None = ()
+    if "tables" in given:
+        node = given["tables"]
+        tables = (imported[node.id],) if isinstance(node, ast.Name) and node.id in imported else None
+    return Declared(name, order, skippable, folder, tables)
 
 
 def names() -> list[str]:
@@ -322,13 +339,25 @@ def figure_names() -> tuple[str, ...]:
 
 def tables() -> tuple[Table, ...]:
     """Every registered stage's tables, in stage order (so a table comes after the tables its foreign keys point
-    at: training's runs first). A table two stages claim is a programming error."""
-    found = tuple(t for s in registered() for t in s.tables)
+    at: training's runs first). A table two stages claim is a programming error.
+
+    Read through `declared()`: a stage that passes `tables=TABLES` imported from its `tables.py` gives them without
+    being imported itself. Every command that opens the database calls this, and importing every stage (engines,
+    reports: torch, scipy, seaborn, lm-eval) took several seconds that `benchctl runs` and each training process
+    paid for nothing."""
+    found: list[Table] = []
+    for d in declared():
+        if d.tables is None:
+            stage = getattr(importlib.import_module(f"{__name__}.{d.folder}.stage"), "STAGE", None)
+            found.extend(stage.tables if isinstance(stage, Stage) else ())
+            continue
+        for module, attr in d.tables:
+            found.extend(getattr(importlib.import_module(module), attr))
     names = [t.name for t in found]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         raise RuntimeError(f"tables owned by two stages: {', '.join(twice)}")
-    return found
+    return tuple(found)
 
 
 def canned_queries(columns: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
