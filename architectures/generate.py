@@ -25,7 +25,8 @@ and read up to the filled span (`SPAN_STEP`), RoPE rows gathered by a position t
 head on the last position only, and finished rows looked for every `check_every` tokens instead of after every
 token (the rows that finished in between keep running until then and their extra tokens are discarded, so each
 row's tokens are the same). Its per-token step can be
-compiled (`compile=True`: inductor; on a CPU with a C++ wrapper, on CUDA with CUDA graphs; see `compile_attempts`),
+compiled (`compile=True`: inductor; on a CPU with a C++ wrapper, on CUDA as CUDA graphs where inductor records them;
+see `compile_attempts`),
 falling back to eager with the reason logged and reported. The reference path (`fast=False`) is the plain KV-cached
 loop under `torch.no_grad()`, dropping finished rows at once; the decode path falls back to it, with the reason
 reported, when the generation would run past the context window (where the window slides and every step re-encodes
@@ -184,7 +185,7 @@ class DecodeReport:
     path: str = ""  # "fast" (the decode path) | "reference"
     reason: str = ""  # why the reference path ran, or why the decode path's step was not compiled ("" otherwise)
     compiled: bool = False  # the decode path's per-token step ran compiled
-    compile_mode: str = ""  # how it was compiled: cpp-wrapper or python-wrapper (CPU), cudagraphs (CUDA)
+    compile_mode: str = ""  # how it was compiled: cpp-wrapper or python-wrapper (CPU), cudagraphs or inductor (CUDA)
     dtype: str = ""  # the weights' dtype during generation, e.g. "float32"
     autocast: str | None = None  # the enclosing autocast's dtype, None without autocast
     check_every: int | None = None  # tokens between looks for finished rows (decode path)
@@ -281,13 +282,17 @@ def compile_attempts(device: torch.device) -> list[tuple[str, dict[str, Any]]]:
 
     fallback_random: random ops (three-part's initial state) draw from torch's own generator, as in eager, so a
     compiled generation draws the same numbers. On a CUDA device triton.cudagraphs (what mode="reduce-overhead" sets)
-    replays each step as one graph launch. On a CPU the generated code that calls the kernels is C++ (cpp_wrapper)
-    first: a decode step of a small model is a few dozen small kernels, and the Python wrapper calling them one by one
-    costs about as much as the kernels themselves; where that build fails, the Python wrapper.
+    replays each step as one graph launch; inductor leaves a graph out of CUDA graphs with no more than a logged
+    warning when it cannot record it (an input the step writes that is not a static address, say), so
+    `cudagraph_or_error` makes that an error and the next way, the same kernels launched one by one (`inductor`),
+    runs and is reported as such. On a CPU the generated code that calls the kernels is C++ (cpp_wrapper) first: a
+    decode step of a small model is a few dozen small kernels, and the Python wrapper calling them one by one costs
+    about as much as the kernels themselves; where that build fails, the Python wrapper.
     """
     base: dict[str, Any] = {"fallback_random": True}
     if device.type == "cuda":
-        return [("cudagraphs", {**base, "triton.cudagraphs": True})]
+        graphs = {**base, "triton.cudagraphs": True, "triton.cudagraph_or_error": True}
+        return [("cudagraphs", graphs), ("inductor", base)]
     # the wrapper built apart from the kernels: one C++ unit holding both took minutes to build for the recurrent
     # models (every kernel compiled again inside the wrapper at -O3) and ran no faster
     cpp = {**base, "cpp_wrapper": True, "cpp_wrapper_build_separate": True}
@@ -312,6 +317,36 @@ def _compiled_step(model: torch.nn.Module, key: tuple[Any, ...], options: dict[s
             step = _STEP_FNS[structure] = types.FunctionType(code, _decode_step.__globals__, _decode_step.__name__)
         per_model[key] = torch.compile(step, backend="inductor", options=options)
     return per_model[key]
+
+
+def _static(t: torch.Tensor) -> torch.Tensor:
+    """`t` if it was made by `_static` before, else a copy of it in ordinary memory marked as a static address."""
+    if getattr(t, "_benchctl_static", False):
+        return t
+    c = t.clone()
+    torch._dynamo.mark_static_address(c)
+    c._benchctl_static = True  # type: ignore[attr-defined]
+    return c
+
+
+def _static_cache(cache: StaticKVCache) -> None:
+    """The cache's tensors as static addresses, before a step replayed as a CUDA graph: the step writes its slots in
+    place, which inductor records only for static inputs. A copy is made once per tensor: the first time, and after
+    rows leave the batch (`select_rows`)."""
+    cache.k = [_static(t) for t in cache.k]
+    cache.v = [_static(t) for t in cache.v]
+    if cache._keys is not None:
+        cache._keys = _static(cache._keys)
+
+
+def _out_of_graph_memory(out: Any, cache: StaticKVCache) -> Any:
+    """After a step replayed as a CUDA graph: its outputs, and any cache tensor it created, copied out of the graphs'
+    memory pool, which the next step's replay reuses (CUDA graph trees start a new generation at every call of an
+    inference step, freeing the last one's outputs)."""
+    _static_cache(cache)
+    if isinstance(out, tuple):
+        return tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in out)
+    return out.clone() if isinstance(out, torch.Tensor) else out
 
 
 # A step whose inputs have the shapes, dtypes and devices of the step before it (same batch, same model, same
@@ -398,7 +433,11 @@ class _FastDecoder:
                 key, compiled = current
                 name = key[-1]
                 try:
+                    if name == "cudagraphs":
+                        _static_cache(cache)
                     out = self._call_compiled(compiled, tokens, cache, pos)
+                    if name == "cudagraphs":
+                        out = _out_of_graph_memory(out, cache)
                 except Exception as e:  # compilation failed (no toolchain, an unsupported op): the next way, then eager
                     if isinstance(e, torch._dynamo.exc.FailOnRecompileLimitHit):
                         limit = torch._dynamo.config.recompile_limit

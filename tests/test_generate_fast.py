@@ -364,3 +364,50 @@ def _check_attended_span(arch: str, compile: bool, monkeypatch) -> None:
     assert rep.compiled == compile
     if not compile:  # every attention call of every step read a bounded span, three lengths in all
         assert sorted(set(lengths)) == [SPAN_STEP, 2 * SPAN_STEP, 3 * SPAN_STEP]
+
+
+def test_cuda_attempts_make_a_skipped_cuda_graph_an_error_then_run_plain_inductor():
+    """Inductor leaves a step out of CUDA graphs with only a logged warning: the attempt named `cudagraphs` must fail
+    instead, so a step launched kernel by kernel is never stored under that name."""
+    import architectures.generate as gen
+
+    attempts = gen.compile_attempts(torch.device("cuda", 0))
+    assert [name for name, _ in attempts] == ["cudagraphs", "inductor"]
+    assert attempts[0][1]["triton.cudagraphs"] and attempts[0][1]["triton.cudagraph_or_error"]
+    assert not any(k.startswith("triton.cudagraph") for k in attempts[1][1])
+
+
+def test_a_cuda_graph_step_keeps_its_cache_and_outputs_out_of_the_graph_pool(monkeypatch):
+    """A step replayed as a CUDA graph returns tensors in the graphs' memory pool, which the next replay reuses: the
+    decode loop copies the outputs and the cache slots the prefill created out of it, once, and marks the slots as
+    static addresses so later steps write them inside their graph. The tokens are the reference path's; when that
+    way fails (inductor refused the CUDA graph), the next way runs and is the one reported."""
+    import architectures.generate as gen
+
+    seen: list[tuple[str, list[bool]]] = []  # (way, whether each cache slot was static when the step began)
+
+    def fake_compiled_step(m, key, options):
+        name = key[-1]
+
+        def step(m, tokens, cache, pos, kw, greedy):
+            if name == "cudagraphs" and fail:
+                raise RuntimeError("skipping cudagraphs due to mutated inputs")
+            seen.append((name, [getattr(t, "_benchctl_static", False) for t in cache.k + cache.v]))
+            return gen._decode_step(m, tokens, cache, pos, kw, greedy)
+
+        return step
+
+    monkeypatch.setattr(gen, "compiler_unavailable", lambda device: None)
+    monkeypatch.setattr(gen, "compile_attempts", lambda device: [("cudagraphs", {}), ("inductor", {})])
+    monkeypatch.setattr(gen, "_compiled_step", fake_compiled_step)
+    model = build("control", "tiny")
+    kw = dict(max_new_tokens=6, temperature=0.0)
+    ref = run(model, PROMPTS, fast=False, **kw)
+    for fail in (False, True):
+        seen.clear()
+        rep = DecodeReport()
+        assert run(model, PROMPTS, compile=True, report=rep, **kw) == ref
+        way = "inductor" if fail else "cudagraphs"
+        assert rep.compiled and rep.compile_mode == way and {s[0] for s in seen} == {way}
+        if not fail:  # a step replayed as a CUDA graph finds every slot a static copy
+            assert seen and all(s[1] and all(s[1]) for s in seen)
