@@ -87,8 +87,10 @@ def resolve_compile(
     stands in the way: a bf16-autocast step on a CPU with a C++ compiler, at a fixed depth. There inductor fuses the
     elementwise work between the matmuls (norms, rotary embedding, gates, casts, residual adds) that eager kernels do
     pass by pass, and a study-length run wins back its one-off compilation many times over. Elsewhere auto stays
-    eager: on CUDA and in fp32 benchctl has no measurement that compile pays, and a depth that changes during
-    training (sampled, or a curriculum) would recompile for every depth. Compilation changes float rounding only,
+    eager: in fp32 benchctl has no measurement that compile pays; on CUDA it paid for the two architectures measured
+    on one GPU, but whether every architecture compiles there is not yet checked, and a run that fails to compile
+    would be worse than a slower one; and a depth that changes during training (sampled, or a curriculum) would
+    recompile for every depth. Compilation changes float rounding only,
     never the maths."""
     if setting is not None:
         if setting and sampled_depth:
