@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import subprocess
 import sys
@@ -182,7 +183,7 @@ def test_opening_the_database_imports_no_stage(tmp_path):
     from benchctl import stages
 
     assert [t.name for t in stages.tables()] == [t.name for s in stages.registered() for t in s.tables]
-    assert {t.name for t in stages.tables()} <= set(eval(out[1]))
+    assert {t.name for t in stages.tables()} <= set(ast.literal_eval(out[1]))
 
 
 def test_a_declaration_not_written_out_is_left_to_the_import(tmp_path):

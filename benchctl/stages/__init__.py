@@ -343,7 +343,7 @@ def tables() -> tuple[Table, ...]:
 
     Read through `declared()`: a stage that passes `tables=TABLES` imported from its `tables.py` gives them without
     being imported itself. Every command that opens the database calls this, and importing every stage (engines,
-    reports: torch, scipy, seaborn, lm-eval) took several seconds that `benchctl runs` and each training process
+    reports: torch, scipy, seaborn) took several seconds that `benchctl runs` and each training process
     paid for nothing."""
     found: list[Table] = []
     for d in declared():
