@@ -7,6 +7,7 @@ import hashlib
 import math
 import re
 import sqlite3
+import time
 from pathlib import Path
 
 import numpy as np
@@ -1046,3 +1047,64 @@ def test_point_labels_never_cover_each_other_or_the_axes_text():
     label_points(fig, [(ax, list(zip(xs, ys, texts)))])
     assert labels(fig) == texts
     assert not overlapping_labels(fig) and not outside_figure(fig)
+
+
+def _small_figures(n: int) -> dict:
+    from matplotlib.figure import Figure
+
+    figs = {}
+    for i in range(n):
+        fig = Figure(figsize=(3, 2), dpi=50, layout="constrained")
+        ax = fig.add_subplot()
+        ax.plot(range(5), [i * x for x in range(5)])
+        ax.set_title(f"figure {i}")
+        figs[f"f{i}.png"] = fig
+    return figs
+
+
+def test_figures_saved_on_several_cores_are_the_bytes_of_saving_them_one_by_one(tmp_path):
+    from benchctl.report.figures import save_figure, save_figures
+
+    figs = _small_figures(5)
+    (tmp_path / "serial").mkdir()
+    (tmp_path / "forked").mkdir()
+    for name, fig in figs.items():
+        save_figure(fig, tmp_path / "serial" / name)
+    save_figures(figs, tmp_path / "forked", workers=3)
+    assert sorted(p.name for p in (tmp_path / "forked").iterdir()) == sorted(figs)
+    for name in figs:
+        assert (tmp_path / "forked" / name).read_bytes() == (tmp_path / "serial" / name).read_bytes()
+
+
+def test_a_figure_that_fails_in_a_forked_writer_raises_its_own_error_here(tmp_path):
+    from benchctl.report.figures import save_figures
+
+    class Broken:
+        def savefig(self, *args, **kwargs):
+            raise ValueError("this figure cannot be drawn")
+
+    figs = _small_figures(3)
+    figs["f1.png"] = Broken()  # sorted f0, f1, f2: with two writers f1 is the forked child's
+    with pytest.raises(ValueError, match="cannot be drawn"):
+        save_figures(figs, tmp_path, workers=2)
+    assert (tmp_path / "f0.png").exists() and (tmp_path / "f2.png").exists()
+
+
+def test_a_forked_writer_that_hangs_is_stopped_and_its_figures_written_here(tmp_path):
+    import os
+
+    from benchctl.report import figures
+
+    parent = os.getpid()
+
+    class Hangs:
+        def savefig(self, path, **kwargs):
+            if os.getpid() != parent:  # only in the child: the deadlock a fork can inherit
+                while True:
+                    time.sleep(1)
+            Path(path).write_bytes(b"written by the parent")
+
+    figs = _small_figures(3)
+    figs["f1.png"] = Hangs()
+    figures.save_figures(figs, tmp_path, workers=2, patience=1.0)
+    assert (tmp_path / "f1.png").read_bytes() == b"written by the parent"

@@ -16,7 +16,7 @@ from benchctl import stages
 from benchctl.core import liveness
 from benchctl.core.errors import ConfigError
 from benchctl.report.context import Context, build_context
-from benchctl.report.figures import save_figure
+from benchctl.report.figures import save_figures
 from benchctl.report.fmt import escape_html, need
 from benchctl.report.frames import Frames
 from benchctl.report.load import Data, read
@@ -135,8 +135,7 @@ def _save(rendered: Rendered, out: Path, figdir: Path) -> Path:
     for name in figure_names():
         if name not in rendered.figures and (figdir / name).exists():
             (figdir / name).unlink()  # a stale figure from an earlier report would contradict this one
-    for name, fig in sorted(rendered.figures.items()):
-        save_figure(fig, figdir / name)
+    save_figures(rendered.figures, figdir)
     path = out / "report.md"
     tmp = path.with_suffix(".md.tmp")
     tmp.write_text(rendered.markdown, encoding="utf-8")
