@@ -609,16 +609,18 @@ def _png_width(fig) -> int:
     return Image.open(buf).size[0]
 
 
-def legends_over_data(fig) -> list[str]:
+def legends_over_data(fig, renderer=None) -> list[str]:
     """For each legend of the figure that covers part of any visible axes (its data area) or has more entries than
-    MAX_LEGEND: its first entry. Drawn first, so every box is where the PNG has it."""
+    MAX_LEGEND: its first entry. Drawn first (unless given the renderer that just drew it), so every box is where
+    the PNG has it."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     from benchctl.report.figures import MAX_LEGEND
 
-    FigureCanvasAgg(fig)
-    fig.draw_without_rendering()
-    renderer = fig.canvas.get_renderer()
+    if renderer is None:
+        FigureCanvasAgg(fig)
+        fig.draw_without_rendering()
+        renderer = fig.canvas.get_renderer()
     legends = list(fig.legends) + [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
     bad = []
     for leg in legends:
@@ -630,9 +632,18 @@ def legends_over_data(fig) -> list[str]:
 
 
 def check_figures(figures: dict) -> None:
+    """Each figure drawn once, as `save_figure` draws it (the figure's own dpi is the PNG's, so the pixels drawn
+    are the PNG's; the test above checks that against a written PNG): at most 2000 px wide, no legend over data."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from benchctl.report.figures import FIG_DPI
+
     for name, fig in figures.items():
-        assert _png_width(fig) <= 2000, name
-        assert legends_over_data(fig) == [], name
+        assert fig.dpi == FIG_DPI, name
+        canvas = FigureCanvasAgg(fig)
+        canvas.draw()
+        assert canvas.get_renderer().width <= 2000, name
+        assert legends_over_data(fig, canvas.get_renderer()) == [], name
 
 
 @pytest.mark.slow  # over 2 s on a 2-core CPU: out of the fast loop
@@ -651,11 +662,15 @@ def test_the_checks_catch_a_wide_figure_and_a_legend_over_the_data():
     wide = _figure(14.0, 3.0)
     wide.add_subplot().plot([0, 1], [0, 1])
     assert _png_width(wide) == 2100
+    with pytest.raises(AssertionError, match="wide"):
+        check_figures({"wide": wide})
     over = _figure(6.0, 4.0)
     ax = over.add_subplot()
     ax.plot([0, 1], [0, 1], label="line")
     ax.legend(loc="center")
     assert legends_over_data(over) == ["line"]
+    with pytest.raises(AssertionError, match="over"):
+        check_figures({"over": over})
     crowded = _figure(6.0, 4.0)
     ax = crowded.add_subplot()
     for i in range(13):
