@@ -480,8 +480,11 @@ def test_bench_decode_llama2c_compiles_runs_and_stores_run_c_rows(tmp_path, tiny
     assert "| x transformers | x runfast |" in record.read_text()
 
 
-def _decode_row(bench_id: str, arch: str, dtype: str, tps: float, device_name: str, when: str) -> dict:
+def _decode_row(
+    bench_id: str, arch: str, dtype: str, tps: float, device_name: str, when: str, agreement: float | None = 1.0
+) -> dict:
     return {
+        "agreement": agreement,
         "bench_id": bench_id,
         "arch": arch,
         "mode": "decode",
@@ -527,6 +530,44 @@ def test_inference_precision_is_the_newest_measured_fastest_on_this_hardware(tmp
     )
     dtype, reason = choose_precision(db, "auto", cpu)
     assert dtype == torch.float32 and reason.startswith("measured: float32 decoded fastest (bench --decode b4")
+
+
+def test_a_faster_precision_that_changes_the_tokens_is_not_chosen(tmp_path):
+    """bf16 decoding 1.5x faster but agreeing with float32's greedy tokens on 62% of them would change every sample
+    and score after it: float32 stays, and the reason says why; a faithful faster precision is still chosen."""
+    from benchctl.core import telemetry
+    from benchctl.stages.bench.precision import MIN_AGREEMENT, choose_precision
+
+    cpu = torch.device("cpu")
+    here = telemetry.hardware_name(cpu) + " (2 cores, 2 threads)"
+    db = stages.connect(tmp_path / "r.db")
+    db["bench"].insert_all(
+        [
+            _decode_row("b1", "control", "float32", 100.0, here, "2026-01-01"),
+            _decode_row("b1", "control", "bfloat16", 150.0, here, "2026-01-01", agreement=1.0),
+            _decode_row("b1", "relaxed", "float32", 100.0, here, "2026-01-01"),
+            _decode_row("b1", "relaxed", "bfloat16", 150.0, here, "2026-01-01", agreement=0.62),
+        ]
+    )
+    dtype, reason = choose_precision(db, "auto", cpu)
+    assert dtype == torch.float32 and reason.startswith("measured: float32 (bench --decode b1")
+    assert (
+        f"bfloat16 was faster but its greedy tokens agreed only 0.62 with float32's (at least {MIN_AGREEMENT}" in reason
+    )
+    db["bench"].insert_all(  # newer: one row without an agreement (an older database) is not taken on trust
+        [
+            _decode_row("b2", "control", "float32", 100.0, here, "2026-02-01"),
+            _decode_row("b2", "control", "bfloat16", 150.0, here, "2026-02-01", agreement=None),
+        ]
+    )
+    assert choose_precision(db, "auto", cpu)[0] == torch.float32
+    db["bench"].insert_all(
+        [
+            _decode_row("b3", "control", "float32", 100.0, here, "2026-03-01"),
+            _decode_row("b3", "control", "bfloat16", 150.0, here, "2026-03-01", agreement=MIN_AGREEMENT),
+        ]
+    )
+    assert choose_precision(db, "auto", cpu)[0] == torch.bfloat16
 
 
 @pytest.mark.parametrize(

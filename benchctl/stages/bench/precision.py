@@ -10,6 +10,11 @@ The measurement used is the newest `bench --decode` invocation on the same hardw
 that timed the decode path in float32 and in at least one other precision. Within it, each other precision is
 compared with float32 row by row (same architecture and batch size: the rows took turns in one process); the
 precision with the highest geometric mean of decode tokens/s over float32's wins, float32 when none is above 1.
+
+Speed alone is not enough: a cast that changes what the model generates changes every sample and score computed
+after it. Each decode row stores its greedy tokens' agreement with the float32 reference loop, and a precision is
+chosen only when every one of its rows in that comparison agreed at least MIN_AGREEMENT; a faster precision that
+agreed less is named in the reason and float32 is kept (`--precision` still casts to it on request).
 """
 
 from __future__ import annotations
@@ -23,13 +28,15 @@ import torch
 from benchctl.core import telemetry
 from benchctl.core.runtime import INFERENCE_DTYPES, inference_precision
 
+MIN_AGREEMENT = 0.99  # share of greedy tokens equal to float32's, in every row, for a precision to be chosen
+
 
 def _decode_rows(db: sqlite_utils.Database, device: torch.device) -> list[dict[str, Any]]:
     if "bench" not in db.table_names():
         return []
     hardware = telemetry.hardware_name(device)
     rows = db.query(
-        "select bench_id, arch, batch, dtype, tokens_per_s, device_name, created_at from bench "
+        "select bench_id, arch, batch, dtype, tokens_per_s, agreement, device_name, created_at from bench "
         "where mode = 'decode' and impl = 'decode' and device = ? and tokens_per_s > 0 "
         "order by created_at desc, id desc",
         [device.type],
@@ -44,20 +51,32 @@ def measured_precision(db: sqlite_utils.Database, device: torch.device) -> tuple
         mine = [r for r in rows if r["bench_id"] == bench_id]
         fp32 = {(r["arch"], r["batch"]): r["tokens_per_s"] for r in mine if r["dtype"] == "float32"}
         ratios: dict[str, list[float]] = {}
+        agreed: dict[str, float] = {}  # the lowest agreement of each precision's rows (0 where one was not measured)
         for r in mine:
             base = fp32.get((r["arch"], r["batch"]))
             if r["dtype"] != "float32" and r["dtype"] in INFERENCE_DTYPES and base:
                 ratios.setdefault(r["dtype"], []).append(r["tokens_per_s"] / base)
+                agree = r.get("agreement")
+                agreed[r["dtype"]] = min(agreed.get(r["dtype"], 1.0), 0.0 if agree is None else float(agree))
         if not ratios:
             continue
         means = {d: math.exp(sum(map(math.log, v)) / len(v)) for d, v in ratios.items()}
-        best = max(means, key=lambda d: means[d])
         where = f"bench --decode {bench_id} on {telemetry.hardware_name(device)}"
         others = ", ".join(f"{d} {m:.2f}x" for d, m in sorted(means.items()))
         n = max(len(v) for v in ratios.values())
         how = f"decode tokens/s over float32's, geometric mean of {n} architecture-batch rows: {others}"
-        if means[best] > 1.0:
+        faithful = {d: m for d, m in means.items() if agreed[d] >= MIN_AGREEMENT}
+        best = max(faithful, key=lambda d: faithful[d]) if faithful else None
+        if best is not None and faithful[best] > 1.0:
             return INFERENCE_DTYPES[best], f"measured: {best} decoded fastest ({where}; {how})"
+        unfaithful = [d for d, m in sorted(means.items()) if m > 1.0 and d not in faithful]
+        if unfaithful:
+            why = "; ".join(
+                f"{d} was faster but its greedy tokens agreed only {agreed[d]:.2f} with float32's "
+                f"(at least {MIN_AGREEMENT} in every row to be chosen)"
+                for d in unfaithful
+            )
+            return torch.float32, f"measured: float32 ({where}; {how}; {why})"
         return torch.float32, f"measured: float32 decoded fastest ({where}; {how})"
     return None
 
